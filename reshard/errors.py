@@ -1,0 +1,103 @@
+"""The exceptions reshard raises, and the exit status each one maps to.
+
+Pure module: imports nothing from AWS or the CLI. The command line catches
+:class:`ReshardError` in exactly one place (``reshard.cli``) and turns it into one
+line on stderr plus :attr:`ReshardError.exit_code`.
+
+Exit status contract (PRODUCT.md): 0 done; 1 the operation failed or found
+differences; 2 bad input or a refused transition.
+"""
+
+from __future__ import annotations
+
+
+class ReshardError(Exception):
+    """Base class of every error reshard raises on purpose."""
+
+    exit_code = 1
+
+
+class BadInput(ReshardError):
+    """The operator or the application gave us something we cannot use (exit 2)."""
+
+    exit_code = 2
+
+
+class MigrationFileError(BadInput):
+    """A migration file is missing, unreadable or invalid.
+
+    The message always names the file, the key and what is wrong, in one line:
+    ``migrations/x.toml: from.shards: must be an integer from 1 to 1000 (got 0)``.
+    """
+
+    def __init__(self, path: str, key: str | None, problem: str):
+        self.path = path
+        self.key = key
+        self.problem = problem
+        where = f"{path}: {key}: " if key else f"{path}: "
+        super().__init__(where + problem)
+
+
+class UnmappableItem(ReshardError):
+    """An item whose keys cannot be computed or parsed with a layout.
+
+    Never fatal for a backfill: such items are counted, reported and left alone.
+    ``reason`` is a short machine-friendly tag (``missing-field``, ``unparseable-key``,
+    ``too-large`` ...), ``detail`` the human explanation.
+    """
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+class RefusedTransition(BadInput):
+    """A phase change that the rules or the fleet's state do not allow (exit 2)."""
+
+
+class ConcurrentChange(RefusedTransition):
+    """Another operator (or worker) changed the record first; our conditional write lost."""
+
+
+class MigrationNotFound(BadInput):
+    """No migration with that id (or file) is registered in the control table."""
+
+
+class TableProblem(BadInput):
+    """The DynamoDB table is missing, or its key schema does not match the file."""
+
+
+class ShimUnavailable(ReshardError):
+    """The shim refuses to act: its phase cache is older than the liveness window.
+
+    Acting on a stale phase could break the guarantees while the fleet moves on
+    without us (our heartbeat has expired, so nobody waits for us), so the shim
+    fails the request loudly instead.
+    """
+
+
+class AWSError(ReshardError):
+    """A DynamoDB call failed after retries. Carries the AWS error code and request id."""
+
+    def __init__(self, operation: str, code: str, message: str, request_id: str | None = None):
+        self.operation = operation
+        self.code = code
+        self.aws_message = message
+        self.request_id = request_id
+        rid = f" (request id {request_id})" if request_id else ""
+        super().__init__(f"{operation} failed: {code}: {message}{rid}")
+
+
+class ConditionalCheckFailed(AWSError):
+    """The application's own ConditionExpression did not hold on the authoritative copy."""
+
+
+class AccessDenied(AWSError):
+    """The credentials lack a permission reshard needs (the message names the action)."""
+
+    exit_code = 1
+
+
+class ResourceNotFound(AWSError):
+    """A table (the data table or the control table) does not exist."""
