@@ -32,6 +32,12 @@ from .migration import SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePa
 #: Bookkeeping attributes, all under the one reserved prefix, never shown to the app.
 VERSION_ATTR = RESERVED_PREFIX + "v"  # write version, see reshard.versions
 TOMBSTONE_ATTR = RESERVED_PREFIX + "del"  # present (BOOL true) on a delete marker
+#: Marks a *new-layout copy*: an item reshard wrote at a new-layout key that differs
+#: from the item's old-layout key. Its value is the migration id. Both layouts live in
+#: the same table, and with templates like ``{sensor_id}#{shard}`` on both sides a
+#: key alone cannot say which layout an item belongs to; the marker can. Items whose
+#: key does not move are one physical item serving both layouts and carry no marker.
+NEW_COPY_ATTR = RESERVED_PREFIX + "new"
 
 #: DynamoDB's item size limit.
 MAX_ITEM_BYTES = 400 * 1024
@@ -410,10 +416,21 @@ class KeyMapper:
             if f in values and f not in item and f not in self.new.template_fields and f not in self.old.derived:
                 item[f] = to_av(values[f])
         item.update(new_key)
+        item[NEW_COPY_ATTR] = {"S": self.migration.id}
         size = item_size(item)
         if size > MAX_ITEM_BYTES:
             raise UnmappableItem("too-large", f"{size} bytes after re-keying (limit {MAX_ITEM_BYTES})")
         return item, True
+
+    def is_new_copy(self, item: Mapping[str, Any]) -> bool:
+        """True for an item that exists only as this migration's new-layout copy."""
+        marker = item.get(NEW_COPY_ATTR)
+        return marker is not None and marker.get("S") == self.migration.id
+
+    def mark_new_copy(self, item: Wire) -> Wire:
+        """Mark a physical item written at a new-layout key that differs from its old key."""
+        item[NEW_COPY_ATTR] = {"S": self.migration.id}
+        return item
 
     def old_key_of(self, old_item: Mapping[str, Any]) -> Wire:
         return {a: old_item[a] for a in self.old.key_attrs}
