@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import UnmappableItem
-from .layout import KeyMapper, item_size, scalar
+from .layout import KeyMapper, is_tombstone, item_size, scalar
 from .migration import SHARD
 
 KB = 1024
@@ -155,14 +155,18 @@ def histogram(dist: Distribution, width: int = 40, label: str = "shard") -> str:
 class SampleAnalysis:
     """What a sample of old-layout items says about a migration.
 
-    Feed every scanned item to :meth:`observe`. Tombstones and items already in the
-    new layout are not expected before ``start``; an item that fails the old layout
-    is counted as unmappable with the reason from :class:`UnmappableItem`.
+    Feed every scanned item to :meth:`observe`. ``plan`` is meant for before
+    ``start``, but when it runs later the table also holds shim tombstones and copies
+    in the new layout: those are counted apart (``tombstones``, ``in_new_layout``)
+    rather than as unmappable. An item that fits neither layout is unmappable, with
+    the reason from :class:`UnmappableItem` (of the old layout).
     """
 
     mapper: KeyMapper
     examples_limit: int = EXAMPLES
     scanned: int = 0
+    tombstones: int = 0
+    in_new_layout: int = 0
     mappable: int = 0
     moves: int = 0
     bytes_all: int = 0  # every scanned item, old size
@@ -181,12 +185,18 @@ class SampleAnalysis:
         self.scanned += 1
         size = item_size(item)
         self.bytes_all += size
+        if is_tombstone(item):
+            self.tombstones += 1
+            return
         try:
             values = self.mapper.fields(item, self.mapper.old)
             old_shard = self.mapper.old.parse(item)[SHARD]
             new_shard = self.mapper.new.shard_for(values)
             new_item, moved = self.mapper.remap(item)
         except UnmappableItem as e:
+            if self._fits_new(item):
+                self.in_new_layout += 1
+                return
             self.unmappable[e.reason] = self.unmappable.get(e.reason, 0) + 1
             if len(self.examples) < self.examples_limit:
                 key = {a: _show(item[a]) for a in self.mapper.old.key_attrs if a in item}
@@ -203,6 +213,14 @@ class SampleAnalysis:
             self.readback_rcu += read_units(size, consistent=True)
             self.write_wcu += write_units(new_size)
             self.retire_wcu += write_units(size)
+
+    def _fits_new(self, item: Mapping[str, Any]) -> bool:
+        # Only items the new layout fully accounts for (key parses, shard agrees).
+        try:
+            self.mapper.fields(item, self.mapper.new)
+        except UnmappableItem:
+            return False
+        return True
 
     @property
     def unmappable_count(self) -> int:

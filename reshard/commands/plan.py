@@ -171,6 +171,9 @@ def build_report(env: Env, m: Migration, file: str, table: dict, ttl: dict, a: p
     if a.unmappable_count:
         warnings.append(f"{a.unmappable_count} sampled item(s) cannot be mapped: the backfill will count, "
                         "list and skip them (see the examples)")
+    if a.in_new_layout or a.tombstones:
+        warnings.append(f"{a.in_new_layout} sampled item(s) are already in the new layout and {a.tombstones} are "
+                        "tombstones: a migration has written this table (plan is meant for before `start`)")
     if a.scanned == 0:
         warnings.append(f"{m.table} looks empty: nothing to sample, estimates are zero")
     if rec and rec.warning:
@@ -214,6 +217,7 @@ def build_report(env: Env, m: Migration, file: str, table: dict, ttl: dict, a: p
         "sample": {"requested": sample, "full_scan": full_scan(sample), "segments": segments,
                    "scanned": a.scanned, "scale": round(est.scale, 6)},
         "items": {"table": table_items, "sampled": a.scanned, "mappable": a.mappable,
+                  "in_new_layout": a.in_new_layout, "tombstones": a.tombstones,
                   "unmappable": a.unmappable_count, "unmappable_by_reason": dict(sorted(a.unmappable.items())),
                   "unmappable_examples": a.examples, "moves": a.moves, "stays": a.mappable - a.moves,
                   "moves_pct": round(100.0 * a.moves / a.mappable, 2) if a.mappable else 0.0,
@@ -279,6 +283,9 @@ def render(r: dict, a: planning.SampleAnalysis) -> str:
         if it["unmappable"] else ""))
     add(f"  move        {it['moves']:>8}  ({it['moves_pct']:.1f}% of mappable; ~{it['estimated_moves']} in the table)")
     add(f"  stay        {it['stays']:>8}")
+    if it["in_new_layout"] or it["tombstones"]:
+        add(f"  new layout  {it['in_new_layout']:>8}  (already copied)")
+        add(f"  tombstones  {it['tombstones']:>8}")
     for ex in it["unmappable_examples"]:
         key = ", ".join(f"{k}={v!r}" for k, v in ex["key"].items())
         add(f"    e.g. {key}: {ex['reason']}: {ex['detail']}")

@@ -193,14 +193,18 @@ def test_plan_invoices_random_suffix(moto_dynamo, capsys):
         items.append({"PK": {"S": f"InvoiceNumber#{invoice}#{old}"}, "SK": {"S": line},
                       "InvoiceDate": {"S": f"2018-05-{1 + i % 28:02d}"}, "amount": {"N": str(i * 10)}})
         expected.append((old, md5(f"{invoice}#{line}") % 20))
-    broken = [{"PK": {"S": "InvoiceNumber#121212#10"}, "SK": {"S": "Client#9#txid#1"}},   # shard 10 of 0..9
+    broken = [{"PK": {"S": "InvoiceNumber#121212#25"}, "SK": {"S": "Client#9#txid#1"}},   # shard 25: in neither layout
               {"PK": {"S": "Invoice-121299"}, "SK": {"S": "Client#9#txid#2"}}]            # no template match
-    fill(moto_dynamo, "Invoices", items + broken)
+    # A copy already in the new layout (md5("121212#Client#9#txid#1") % 20 == 10): not unmappable.
+    assert md5("121212#Client#9#txid#1") % 20 == 10
+    copied = {"PK": {"S": "InvoiceNumber#121212#10"}, "SK": {"S": "Client#9#txid#1"}}
+    fill(moto_dynamo, "Invoices", items + broken + [copied])
 
     r = plan_json(capsys, INVOICES, "--sample", "0", "--segments", "3")
     it = r["items"]
-    assert (it["mappable"], it["unmappable"]) == (150, 2)
+    assert (it["mappable"], it["unmappable"], it["in_new_layout"]) == (150, 2, 1)
     assert it["unmappable_by_reason"] == {"bad-shard": 1, "unparseable-key": 1}
+    assert any("already in the new layout" in w for w in r["warnings"])
     assert it["moves"] == sum(1 for o, n in expected if o != n)
     assert r["distribution"]["old"]["counts"] == counts([o for o, _ in expected], 10)
     assert r["distribution"]["new"]["counts"] == counts([n for _, n in expected], 20)

@@ -165,3 +165,14 @@ def test_estimate_empty_table_and_lagging_item_count():
     a.scanned, a.write_wcu = 10, 5
     # DescribeTable's ItemCount lags: never scale below what was seen.
     assert planning.estimate(a, 3).scale == 1
+
+
+def test_new_layout_copies_and_tombstones_are_not_unmappable():
+    mapper = KeyMapper(migration.parse(SENSOR))
+    e = next(f"e{i}" for i in range(100) if h(f"e{i}") % 4 >= 2)  # lives in new shard 2 or 3
+    copy = {"PK": {"S": f"s1#{h(e) % 4}"}, "SK": {"S": "t"}, "sensor_id": {"S": "s1"}, "event_id": {"S": e}}
+    tomb = {**sensor_item("e1"), "_rs_v": {"S": "1"}, "_rs_del": {"BOOL": True}}
+    a = planning.SampleAnalysis(mapper)
+    for item in (copy, tomb, sensor_item("e2")):
+        a.observe(item)
+    assert (a.scanned, a.in_new_layout, a.tombstones, a.mappable, a.unmappable_count) == (3, 1, 1, 1, 0)
