@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import shlex
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -60,9 +61,12 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     full = sample == 0
     if full:
         env.info(f"scanning all of {m.table} ({segments} segments) ...")
-    for items in scan_segments(dynamo, m.table, segments, None if full else sample):
+
+    def observe(items: list[dict]) -> None:
         for item in items:
             analysis.observe(item)
+
+    scan_segments(dynamo, m.table, segments, None if full else sample, observe)
 
     item_count = int(table.get("ItemCount", 0) or 0)
     table_items = analysis.scanned if full else max(item_count, analysis.scanned)
@@ -115,33 +119,40 @@ def describe_ttl(dynamo: Dynamo, table: str) -> dict:
     return {"status": d.get("TimeToLiveStatus", "DISABLED"), "attribute": d.get("AttributeName")}
 
 
-def scan_segments(dynamo: Dynamo, table: str, segments: int, sample: int | None):
-    """Items of each parallel-scan segment, segments scanned concurrently.
+def scan_segments(dynamo: Dynamo, table: str, segments: int, sample: int | None,
+                  on_page: Callable[[list[dict]], None]) -> None:
+    """Scan every parallel-scan segment concurrently, handing each page to ``on_page``.
 
     With ``sample`` each segment stops after its share (:func:`planning.sample_quota`),
     so the sample comes from every part of the key space, not only the first pages.
-    Yields one list per segment, in segment order.
+    Pages are handed over one at a time under a lock and not kept, so a full scan
+    of a large table needs memory for a page per segment only.
     """
     quotas = planning.sample_quota(sample, segments) if sample is not None else [None] * segments
+    lock = threading.Lock()
 
-    def one(segment: int) -> list[dict]:
+    def one(segment: int) -> None:
         quota = quotas[segment]
         if quota == 0:
-            return []
+            return
         kwargs: dict[str, Any] = {"TableName": table, "Segment": segment, "TotalSegments": segments}
-        out: list[dict] = []
+        seen = 0
         while True:
             if quota is not None:
-                kwargs["Limit"] = min(1000, quota - len(out))
+                kwargs["Limit"] = min(1000, quota - seen)
             resp = dynamo.call("scan", **kwargs)
-            out.extend(resp.get("Items", []))
+            items = resp.get("Items", [])
+            seen += len(items)
+            with lock:
+                on_page(items)
             lek = resp.get("LastEvaluatedKey")
-            if not lek or (quota is not None and len(out) >= quota):
-                return out
+            if not lek or (quota is not None and seen >= quota):
+                return
             kwargs["ExclusiveStartKey"] = lek
 
     with ThreadPoolExecutor(max_workers=min(segments, 8)) as pool:
-        yield from pool.map(one, range(segments))
+        for f in [pool.submit(one, s) for s in range(segments)]:
+            f.result()  # re-raise a segment's error
 
 
 # --------------------------------------------------------------------------- the report
