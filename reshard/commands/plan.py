@@ -190,8 +190,11 @@ def build_report(env: Env, m: Migration, file: str, table: dict, ttl: dict, a: p
     if rec and rec.warning:
         warnings.append(rec.warning)
     if new.total and new.skew > 2:
+        # A small sample is uneven by chance alone; say so rather than stay silent.
+        noise = (f" (only {new.mean:.1f} sampled items per shard: part of that is sampling noise)"
+                 if new.mean < 20 else "")
         warnings.append(f"new layout is skewed: the hottest shard holds {new.hottest_pct:.1f}% "
-                        f"(skew {new.skew:.2f}); check shard_by has enough distinct values")
+                        f"(skew {new.skew:.2f}); check shard_by has enough distinct values{noise}")
 
     prefix = _global_prefix(env)
     fq = shlex.quote(file)

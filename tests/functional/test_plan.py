@@ -12,7 +12,6 @@ import pathlib
 import random
 import re
 
-import pytest
 
 from reshard.cli import main
 
