@@ -114,6 +114,19 @@ class Template:
         self.text = text
         self.fields = [p.field for p in parts if p.field]
         self.identity = len(parts) == 1 and parts[0].field is not None and not parts[0].spec
+        # Two regexes: every field lazy, and every field greedy. The lazy match is the
+        # split with the shortest first field (then second, ...), the greedy one the
+        # split with the longest; when they agree, the split is the only one. When they
+        # differ (``{kind}#{name}`` over "a#b#c"), the key is ambiguous: a value held the
+        # separator, and the round-trip check alone cannot see it, because every split
+        # formats back to the same text.
+        self._regex = self._compile(parts, lazy=True)
+        self._greedy = self._compile(parts, lazy=False)
+        self._free_fields = len(set(self.fields))
+
+    @staticmethod
+    def _compile(parts: tuple[TemplatePart, ...], lazy: bool) -> re.Pattern:
+        q = "?" if lazy else ""
         pattern, seen = [], set()
         for p in parts:
             if p.field is None:
@@ -122,9 +135,10 @@ class Template:
                 pattern.append(f"(?P={_group(p.field)})")
             else:
                 seen.add(p.field)
-                body = r"-?\d+" if p.field == SHARD else ".*?"
+                body = (r"-?\d+" if p.field == SHARD else ".*") + q
                 pattern.append(f"(?P<{_group(p.field)}>{body})")
-        self._regex = re.compile("^" + "".join(pattern) + "$", re.DOTALL)
+        # \Z, not $: "$" also matches before a trailing newline, which a key value may end with.
+        return re.compile("^" + "".join(pattern) + r"\Z", re.DOTALL)
 
     def format(self, values: Mapping[str, Any]) -> dict:
         """The attribute value for these field values (identity templates keep the type)."""
@@ -150,9 +164,10 @@ class Template:
     def parse(self, av: Mapping[str, Any]) -> dict[str, Any]:
         """Recover the field values from an attribute value; raises UnmappableItem.
 
-        The result is checked by formatting it again: a key that does not round-trip
-        (a field value containing the separator, a zero-padded shard the template does
-        not pad) is refused rather than guessed.
+        A key with more than one split (a field value containing the separator next to
+        another free field) is refused as ambiguous, and the result is checked by
+        formatting it again: a key that does not round-trip (a zero-padded shard the
+        template does not pad) is refused rather than guessed.
         """
         if self.identity:
             return {self.parts[0].field: scalar(av)}
@@ -162,6 +177,9 @@ class Template:
         m = self._regex.match(s)
         if not m:
             raise UnmappableItem("unparseable-key", f"{s!r} does not match template {self.text!r}")
+        if self._free_fields > 1 and self._greedy.match(s).groupdict() != m.groupdict():
+            raise UnmappableItem("unparseable-key", f"{s!r} is ambiguous under template {self.text!r}: "
+                                                    "a field value contains the separator")
         values: dict[str, Any] = {}
         for name in dict.fromkeys(self.fields):
             raw = m.group(_group(name))
