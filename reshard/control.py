@@ -43,6 +43,9 @@ META = "META"
 
 #: A shim refuses to act once it could not refresh for this long (seconds).
 DEFAULT_LIVENESS_SECONDS = 30.0
+#: What an operator needs on the control table (named in permission errors).
+CONTROL_TABLE_PERMISSIONS = ("dynamodb:DescribeTable, CreateTable, GetItem, PutItem, UpdateItem, DeleteItem, "
+                             "Query and Scan")
 #: The census keeps a heartbeat this much longer than the shim's own liveness window,
 #: to absorb clock skew between the shim's host and the operator's.
 CLOCK_SKEW_ALLOWANCE_SECONDS = 15.0
@@ -185,6 +188,10 @@ class ControlStore:
             return True
         except errors.ResourceNotFound:
             return False
+        except errors.AccessDenied as e:
+            raise errors.AccessDenied(e.operation, e.code, f"cannot describe control table {self.table!r}: "
+                                      f"{e.aws_message} (reshard needs {CONTROL_TABLE_PERMISSIONS} on it)",
+                                      e.request_id) from None
 
     def ensure_table(self) -> bool:
         """Create the control table if missing (idempotent). True if we created it."""
@@ -199,8 +206,8 @@ class ControlStore:
             )
         except errors.AccessDenied as e:
             raise errors.AccessDenied(e.operation, e.code, f"cannot create control table {self.table!r}: "
-                                      f"{e.aws_message} (grant dynamodb:CreateTable, or have an admin "
-                                      "create it; see `reshard iam-policy`)", e.request_id) from None
+                                      f"{e.aws_message} (grant dynamodb:CreateTable, or have an admin create "
+                                      "it: PAY_PER_REQUEST, key pk (S, HASH) + sk (S, RANGE))", e.request_id) from None
         except errors.AWSError as e:
             if e.code != "ResourceInUseException":  # another process created it first: fine
                 raise
