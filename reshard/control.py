@@ -225,14 +225,25 @@ class ControlStore:
 
     def require_table(self) -> None:
         if not self.exists():
-            raise errors.MigrationNotFound(f"control table {self.table!r} does not exist at "
-                                           f"{self.dynamo.endpoint_url}: run `reshard start FILE` first "
-                                           "(or pass --control-table)")
+            raise self._missing_table()
+
+    def _missing_table(self) -> errors.MigrationNotFound:
+        return errors.MigrationNotFound(f"control table {self.table!r} does not exist at "
+                                        f"{self.dynamo.endpoint_url}: run `reshard start FILE` first "
+                                        "(or pass --control-table)")
+
+    def _read(self, operation: str, **kwargs) -> dict:
+        """A read of the control table; a missing table becomes the one clear line above
+        (exit 2) instead of DynamoDB's bare ResourceNotFoundException."""
+        try:
+            return self.dynamo.call(operation, **kwargs)
+        except errors.ResourceNotFound:
+            raise self._missing_table() from None
 
     # ------------------------------------------------------------------ primitives
     def get(self, pk: str, sk: str, consistent: bool = True) -> dict | None:
-        resp = self.dynamo.call("get_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
-                                ConsistentRead=consistent)
+        resp = self._read("get_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
+                          ConsistentRead=consistent)
         return resp.get("Item")
 
     def query(self, pk: str, prefix: str = "", consistent: bool = True) -> list[dict]:
@@ -243,7 +254,10 @@ class ControlStore:
             kwargs["ExpressionAttributeValues"][":p"] = S(prefix)
         else:
             kwargs["KeyConditionExpression"] = "pk = :pk"
-        return list(self.dynamo.query_all(**kwargs))
+        try:
+            return list(self.dynamo.query_all(**kwargs))
+        except errors.ResourceNotFound:
+            raise self._missing_table() from None
 
     def put(self, item: dict, condition: str | None = None, names: dict | None = None,
             values: dict | None = None) -> None:
@@ -340,7 +354,7 @@ class ControlStore:
         out, kwargs = [], {"TableName": self.table, "FilterExpression": "sk = :m",
                            "ExpressionAttributeValues": {":m": S(META)}, "ConsistentRead": True}
         while True:
-            resp = self.dynamo.call("scan", **kwargs)
+            resp = self._read("scan", **kwargs)
             out.extend(_state(i) for i in resp.get("Items", []))
             if not resp.get("LastEvaluatedKey"):
                 return sorted(out, key=lambda s: s.created_at)
