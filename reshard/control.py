@@ -396,6 +396,11 @@ class ControlStore:
         state = self.load_state(migration_id)
         if expected_version is not None and state.phase_version != expected_version:
             raise self._lost_race(migration_id, expected_version)
+        if state.last is not None:
+            # The previous transition wrote META first and its history row second; if that
+            # process died in between, record the row now (write-once, so a no-op normally),
+            # before META's copy of it is overwritten and the history would keep a gap.
+            self._record_history(migration_id, state.last)
         census = self.census(migration_id, state.phase_version)
         decision = decide(action, state.phase, self.facts(state, census))
         if not decision.allowed:
