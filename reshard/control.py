@@ -316,15 +316,7 @@ class ControlStore:
                 return existing, False
             raise errors.BadInput(f"migration {m.id!r} is already registered with different content; "
                                   f"{diff_summary(existing.file_text, m.text)}. Give the changed file a new id.")
-        # Claim the table first: at most one active migration per data table.
-        try:
-            self.put({"pk": S(f"T#{m.table}"), "sk": S("ACTIVE"), "migration_id": S(m.id), "at": N(now)},
-                     condition="attribute_not_exists(pk) OR migration_id = :id", values={":id": S(m.id)})
-        except errors.ConditionalCheckFailed:
-            owner = self.get(f"T#{m.table}", "ACTIVE")
-            other = _s(owner or {}, "migration_id", "?")
-            raise errors.BadInput(f"table {m.table!r} already has an active migration {other!r}; "
-                                  "complete or abort it first") from None
+        self._claim_table(m, now)
         item = {
             "pk": S(self.mpk(m.id)), "sk": S(META), "id": S(m.id), "table": S(m.table),
             "file_text": S(m.text), "file_hash": S(m.content_hash), "file_path": S(m.path),
@@ -339,6 +331,31 @@ class ControlStore:
             return self.register(m, who)
         self._record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True
+
+    def _claim_table(self, m: Migration, now: float) -> None:
+        """Take the ``T#<table>`` lock: at most one active migration per data table."""
+        lock = {"pk": S(f"T#{m.table}"), "sk": S("ACTIVE"), "migration_id": S(m.id), "at": N(now)}
+        try:
+            # Conditional: free, or already ours (a retried start). Two starts of different
+            # migrations on one table race here and exactly one wins.
+            self.put(lock, condition="attribute_not_exists(pk) OR migration_id = :id", values={":id": S(m.id)})
+            return
+        except errors.ConditionalCheckFailed:
+            pass
+        owner = self.get(f"T#{m.table}", "ACTIVE")
+        other = _s(owner or {}, "migration_id", "?")
+        other_state = self.load_state(other, missing_ok=True)
+        if other_state is not None and other_state.phase not in TERMINAL:
+            raise errors.BadInput(f"table {m.table!r} already has an active migration {other!r} "
+                                  f"(in {other_state.phase}); complete or abort it first")
+        # A stale lock: its owner finished (and died before releasing the lock) or never
+        # got its META written. Take it over only if it still names that owner, so two
+        # operators taking over at once cannot both win.
+        try:
+            self.put(lock, condition="migration_id = :other", values={":other": S(other)})
+        except errors.ConditionalCheckFailed:
+            raise errors.ConcurrentChange(f"another operator claimed table {m.table!r} at the same moment; "
+                                          "check `reshard status` and retry") from None
 
     def load_state(self, migration_id: str, missing_ok: bool = False) -> MigrationState | None:
         item = self.get(self.mpk(migration_id), META)
