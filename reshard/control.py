@@ -490,13 +490,19 @@ class ControlStore:
 
     def wait_for_ack(self, migration_id: str, version: int, seconds: float,
                      sleep: Callable[[float], None] = time.sleep, poll: float = 1.0) -> Census:
-        """Poll the census until every live shim acknowledged ``version`` or time runs out."""
-        deadline = time.monotonic() + max(0.0, seconds)
+        """Poll the census until every live shim acknowledged ``version`` or time runs out.
+
+        The deadline is measured with the store's clock, the same clock that decides
+        liveness, so a test that injects a clock and a ``sleep`` advancing it sees
+        heartbeats expire while it waits (and never spins on the real clock).
+        """
+        deadline = self.clock() + max(0.0, seconds)
         while True:
             c = self.census(migration_id, version)
-            if c.acknowledged or time.monotonic() >= deadline:
+            left = deadline - self.clock()
+            if c.acknowledged or left <= 0:
                 return c
-            sleep(min(poll, max(0.0, deadline - time.monotonic())))
+            sleep(min(poll, left))
 
 
 def diff_summary(old: str, new: str, limit: int = 6) -> str:
