@@ -449,7 +449,7 @@ class ControlStore:
         who = now.last.who if now.last else "?"
         return errors.ConcurrentChange(
             f"another operator ({who}) moved migration {migration_id!r} first: it is now in {now.phase} "
-            f"(phase version {now.phase_version}, you acted on {version}); check `reshard status` and retry")
+            f"(phase version {now.phase_version}, you acted on {version}); check `reshard status` before acting again")
 
     def _release_table(self, table: str, migration_id: str) -> None:
         try:
