@@ -42,7 +42,8 @@ def cli() -> None:
 
 def _register() -> None:
     # Each area module adds its commands to `cli` when imported.
-    from .commands import plan, phase  # noqa: F401
+    # One import per line, so areas are added (and merged) independently.
+    from .commands import phase  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
