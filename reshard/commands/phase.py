@@ -270,7 +270,11 @@ def run_transition(env: Env, ref: str | None, action: Action, wait: float | None
     if wait:
         start_at = store.clock()
         before = store.load_state(mid)
-        census = store.wait_for_ack(mid, before.phase_version, wait)
+        census = store.census(mid, before.phase_version)
+        if not census.acknowledged:
+            env.info(f"waiting up to {wait:g}s for {len(census.lagging)} live shim(s) to acknowledge "
+                     f"{before.phase} v{before.phase_version}")
+            census = store.wait_for_ack(mid, before.phase_version, max(0.0, wait - (store.clock() - start_at)))
         if not census.acknowledged:
             env.info(f"gave up after {wait:g}s waiting for the fleet to acknowledge {before.phase} "
                      f"v{before.phase_version}; lagging: {', '.join(h.describe() for h in census.lagging)}")
