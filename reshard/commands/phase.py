@@ -17,7 +17,7 @@ from ..cli_options import Env, command, migration_argument
 from ..control import Census, ControlStore, MigrationState
 from ..dynamo import from_wire
 from ..migration import Migration, load
-from ..phases import Action, Phase, decide
+from ..phases import TERMINAL, Action, Phase, decide
 
 wait_option = click.option(
     "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
@@ -50,6 +50,8 @@ def start(env: Env, file: str) -> None:
     else:
         text = (f"migration {state.id!r} is already registered with this file: phase {state.phase} "
                 f"(phase version {state.phase_version}); nothing changed")
+        if state.phase in TERMINAL:
+            text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
     env.emit(data, f"{text}\nnext: {nxt}")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
+import time
 
 import pytest
 
@@ -242,3 +244,25 @@ def test_the_loser_of_a_race_is_told_in_one_line(aws, capsys, monkeypatch, store
         "(phase version 2, you acted on 1); check `reshard status` before acting again")
     hist = store.history(MID)
     assert [(t.phase_version, t.to_phase, t.who) for t in hist][1:] == [(2, "dual_write", "rival@h9")]
+
+
+def test_status_shows_expired_shims_which_no_longer_block(aws, capsys, store):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    long_ago = ControlStore(aws, "rs-control", clock=lambda: time.time() - 3600)
+    long_ago.heartbeat(MID, "i-old", "planned", 0, host="h0", pid=5, liveness_seconds=30)
+    store.heartbeat(MID, "i-new", "planned", 1, host="h1", pid=6)
+    report = status_json(capsys)
+    assert [(s["instance"], s["live"], s["acknowledged"]) for s in report["shims"]] == [
+        ("i-new", True, True), ("i-old", False, False)]
+    assert report["fleet"] == {"phase_version": 1, "live": 1, "expired": 1, "acknowledged": True, "lagging": []}
+    code, out, err = run(capsys, "status")
+    assert "shims:     1 live (all acknowledged phase version 1), 1 expired" in out
+    assert re.search(r"i-old\s+h0 pid 5\s+on planned v0\s+\d+\.\ds ago  expired", out), out
+    assert run(capsys, "advance")[0] == 0
+
+
+def test_restarting_a_finished_migration_says_what_to_do(aws, capsys):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    assert run(capsys, "abort")[0] == 0
+    code, out, err = run(capsys, "start", SENSOR_FILE)
+    assert code == 0 and "phase aborted" in out and "give the file a new id" in out
