@@ -43,6 +43,9 @@ META = "META"
 
 #: A shim refuses to act once it could not refresh for this long (seconds).
 DEFAULT_LIVENESS_SECONDS = 30.0
+#: What an operator needs on the control table (named in permission errors).
+CONTROL_TABLE_PERMISSIONS = ("dynamodb:DescribeTable, CreateTable, GetItem, PutItem, UpdateItem, DeleteItem, "
+                             "Query and Scan")
 #: The census keeps a heartbeat this much longer than the shim's own liveness window,
 #: to absorb clock skew between the shim's host and the operator's.
 CLOCK_SKEW_ALLOWANCE_SECONDS = 15.0
@@ -185,6 +188,10 @@ class ControlStore:
             return True
         except errors.ResourceNotFound:
             return False
+        except errors.AccessDenied as e:
+            raise errors.AccessDenied(e.operation, e.code, f"cannot describe control table {self.table!r}: "
+                                      f"{e.aws_message} (reshard needs {CONTROL_TABLE_PERMISSIONS} on it)",
+                                      e.request_id) from None
 
     def ensure_table(self) -> bool:
         """Create the control table if missing (idempotent). True if we created it."""
@@ -199,8 +206,8 @@ class ControlStore:
             )
         except errors.AccessDenied as e:
             raise errors.AccessDenied(e.operation, e.code, f"cannot create control table {self.table!r}: "
-                                      f"{e.aws_message} (grant dynamodb:CreateTable, or have an admin "
-                                      "create it; see `reshard iam-policy`)", e.request_id) from None
+                                      f"{e.aws_message} (grant dynamodb:CreateTable, or have an admin create "
+                                      "it: PAY_PER_REQUEST, key pk (S, HASH) + sk (S, RANGE))", e.request_id) from None
         except errors.AWSError as e:
             if e.code != "ResourceInUseException":  # another process created it first: fine
                 raise
@@ -218,14 +225,25 @@ class ControlStore:
 
     def require_table(self) -> None:
         if not self.exists():
-            raise errors.MigrationNotFound(f"control table {self.table!r} does not exist at "
-                                           f"{self.dynamo.endpoint_url}: run `reshard start FILE` first "
-                                           "(or pass --control-table)")
+            raise self._missing_table()
+
+    def _missing_table(self) -> errors.MigrationNotFound:
+        return errors.MigrationNotFound(f"control table {self.table!r} does not exist at "
+                                        f"{self.dynamo.endpoint_url}: run `reshard start FILE` first "
+                                        "(or pass --control-table)")
+
+    def _read(self, operation: str, **kwargs) -> dict:
+        """A read of the control table; a missing table becomes the one clear line above
+        (exit 2) instead of DynamoDB's bare ResourceNotFoundException."""
+        try:
+            return self.dynamo.call(operation, **kwargs)
+        except errors.ResourceNotFound:
+            raise self._missing_table() from None
 
     # ------------------------------------------------------------------ primitives
     def get(self, pk: str, sk: str, consistent: bool = True) -> dict | None:
-        resp = self.dynamo.call("get_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
-                                ConsistentRead=consistent)
+        resp = self._read("get_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
+                          ConsistentRead=consistent)
         return resp.get("Item")
 
     def query(self, pk: str, prefix: str = "", consistent: bool = True) -> list[dict]:
@@ -236,7 +254,10 @@ class ControlStore:
             kwargs["ExpressionAttributeValues"][":p"] = S(prefix)
         else:
             kwargs["KeyConditionExpression"] = "pk = :pk"
-        return list(self.dynamo.query_all(**kwargs))
+        try:
+            return list(self.dynamo.query_all(**kwargs))
+        except errors.ResourceNotFound:
+            raise self._missing_table() from None
 
     def put(self, item: dict, condition: str | None = None, names: dict | None = None,
             values: dict | None = None) -> None:
@@ -295,15 +316,7 @@ class ControlStore:
                 return existing, False
             raise errors.BadInput(f"migration {m.id!r} is already registered with different content; "
                                   f"{diff_summary(existing.file_text, m.text)}. Give the changed file a new id.")
-        # Claim the table first: at most one active migration per data table.
-        try:
-            self.put({"pk": S(f"T#{m.table}"), "sk": S("ACTIVE"), "migration_id": S(m.id), "at": N(now)},
-                     condition="attribute_not_exists(pk) OR migration_id = :id", values={":id": S(m.id)})
-        except errors.ConditionalCheckFailed:
-            owner = self.get(f"T#{m.table}", "ACTIVE")
-            other = _s(owner or {}, "migration_id", "?")
-            raise errors.BadInput(f"table {m.table!r} already has an active migration {other!r}; "
-                                  "complete or abort it first") from None
+        self._claim_table(m, now)
         item = {
             "pk": S(self.mpk(m.id)), "sk": S(META), "id": S(m.id), "table": S(m.table),
             "file_text": S(m.text), "file_hash": S(m.content_hash), "file_path": S(m.path),
@@ -319,6 +332,31 @@ class ControlStore:
         self._record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True
 
+    def _claim_table(self, m: Migration, now: float) -> None:
+        """Take the ``T#<table>`` lock: at most one active migration per data table."""
+        lock = {"pk": S(f"T#{m.table}"), "sk": S("ACTIVE"), "migration_id": S(m.id), "at": N(now)}
+        try:
+            # Conditional: free, or already ours (a retried start). Two starts of different
+            # migrations on one table race here and exactly one wins.
+            self.put(lock, condition="attribute_not_exists(pk) OR migration_id = :id", values={":id": S(m.id)})
+            return
+        except errors.ConditionalCheckFailed:
+            pass
+        owner = self.get(f"T#{m.table}", "ACTIVE")
+        other = _s(owner or {}, "migration_id", "?")
+        other_state = self.load_state(other, missing_ok=True)
+        if other_state is not None and other_state.phase not in TERMINAL:
+            raise errors.BadInput(f"table {m.table!r} already has an active migration {other!r} "
+                                  f"(in {other_state.phase}); complete or abort it first")
+        # A stale lock: its owner finished (and died before releasing the lock) or never
+        # got its META written. Take it over only if it still names that owner, so two
+        # operators taking over at once cannot both win.
+        try:
+            self.put(lock, condition="migration_id = :other", values={":other": S(other)})
+        except errors.ConditionalCheckFailed:
+            raise errors.ConcurrentChange(f"another operator claimed table {m.table!r} at the same moment; "
+                                          "check `reshard status` and retry") from None
+
     def load_state(self, migration_id: str, missing_ok: bool = False) -> MigrationState | None:
         item = self.get(self.mpk(migration_id), META)
         if item is None:
@@ -333,7 +371,7 @@ class ControlStore:
         out, kwargs = [], {"TableName": self.table, "FilterExpression": "sk = :m",
                            "ExpressionAttributeValues": {":m": S(META)}, "ConsistentRead": True}
         while True:
-            resp = self.dynamo.call("scan", **kwargs)
+            resp = self._read("scan", **kwargs)
             out.extend(_state(i) for i in resp.get("Items", []))
             if not resp.get("LastEvaluatedKey"):
                 return sorted(out, key=lambda s: s.created_at)
@@ -375,6 +413,11 @@ class ControlStore:
         state = self.load_state(migration_id)
         if expected_version is not None and state.phase_version != expected_version:
             raise self._lost_race(migration_id, expected_version)
+        if state.last is not None:
+            # The previous transition wrote META first and its history row second; if that
+            # process died in between, record the row now (write-once, so a no-op normally),
+            # before META's copy of it is overwritten and the history would keep a gap.
+            self._record_history(migration_id, state.last)
         census = self.census(migration_id, state.phase_version)
         decision = decide(action, state.phase, self.facts(state, census))
         if not decision.allowed:
@@ -406,7 +449,7 @@ class ControlStore:
         who = now.last.who if now.last else "?"
         return errors.ConcurrentChange(
             f"another operator ({who}) moved migration {migration_id!r} first: it is now in {now.phase} "
-            f"(phase version {now.phase_version}, you acted on {version}); check `reshard status` and retry")
+            f"(phase version {now.phase_version}, you acted on {version}); check `reshard status` before acting again")
 
     def _release_table(self, table: str, migration_id: str) -> None:
         try:
@@ -447,13 +490,19 @@ class ControlStore:
 
     def wait_for_ack(self, migration_id: str, version: int, seconds: float,
                      sleep: Callable[[float], None] = time.sleep, poll: float = 1.0) -> Census:
-        """Poll the census until every live shim acknowledged ``version`` or time runs out."""
-        deadline = time.monotonic() + max(0.0, seconds)
+        """Poll the census until every live shim acknowledged ``version`` or time runs out.
+
+        The deadline is measured with the store's clock, the same clock that decides
+        liveness, so a test that injects a clock and a ``sleep`` advancing it sees
+        heartbeats expire while it waits (and never spins on the real clock).
+        """
+        deadline = self.clock() + max(0.0, seconds)
         while True:
             c = self.census(migration_id, version)
-            if c.acknowledged or time.monotonic() >= deadline:
+            left = deadline - self.clock()
+            if c.acknowledged or left <= 0:
                 return c
-            sleep(min(poll, max(0.0, deadline - time.monotonic())))
+            sleep(min(poll, left))
 
 
 def diff_summary(old: str, new: str, limit: int = 6) -> str:

@@ -167,7 +167,7 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
     if facts.lagging:
         shown = ", ".join(facts.lagging[:5]) + (f" and {len(facts.lagging) - 5} more" if len(facts.lagging) > 5 else "")
         refusals.append(f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
-                        "(wait with `reshard advance --wait SECONDS`, or see `reshard status`)")
+                        f"(wait with `reshard {action.value} --wait SECONDS`, or see `reshard status`)")
     if action is Action.ADVANCE and target is Phase.CUTOVER:
         for missing in (facts.backfill_missing, facts.verify_missing):
             if missing:

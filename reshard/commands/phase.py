@@ -1,0 +1,314 @@
+"""The phase commands: ``start``, ``status``, ``advance``, ``rollback``, ``abort``.
+
+Thin functions over :class:`reshard.control.ControlStore`: the rules live in
+:mod:`reshard.phases`, the conditional writes in :mod:`reshard.control`. What is
+here is the operator's view: which checks run before a write, how long to wait for
+the fleet, and what to print (text for people, ``--output json`` for scripts).
+"""
+
+from __future__ import annotations
+
+import time
+import click
+
+from .. import errors
+from ..cli import cli
+from ..cli_options import Env, command, migration_argument
+from ..control import Census, ControlStore, MigrationState
+from ..dynamo import from_wire
+from ..migration import Migration, load
+from ..phases import TERMINAL, Action, Phase, decide
+
+wait_option = click.option(
+    "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+    help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "
+         "then, after the transition, for it to acknowledge the new one.")
+
+
+# ---------------------------------------------------------------------- start
+@command(cli, "start")
+@click.argument("file", metavar="FILE")
+def start(env: Env, file: str) -> None:
+    """Register a migration (phase `planned`); creates the control table if missing.
+
+    Idempotent for the same file. A changed file under the same id is refused with
+    a summary of the changes (give it a new id).
+    """
+    m = load(file)
+    check_data_table(env, m)
+    store = env.store()
+    created_table = store.ensure_table()
+    if created_table:
+        env.info(f"created control table {store.table!r} (PAY_PER_REQUEST)")
+    state, created = store.register(m)
+    nxt = next_step(state)
+    data = {"migration": state.id, "table": state.table, "control_table": store.table, "created": created,
+            "control_table_created": created_table, "phase": state.phase.value,
+            "phase_version": state.phase_version, "next": nxt}
+    if created:
+        text = f"registered migration {state.id!r} on table {state.table!r}: phase {state.phase}"
+    else:
+        text = (f"migration {state.id!r} is already registered with this file: phase {state.phase} "
+                f"(phase version {state.phase_version}); nothing changed")
+        if state.phase in TERMINAL:
+            text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
+    env.emit(data, f"{text}\nnext: {nxt}")
+
+
+def check_data_table(env: Env, m: Migration) -> dict:
+    """The data table must exist and have the key attributes the file names (exit 2 otherwise)."""
+    desc = env.dynamo().describe_table(m.table)  # TableProblem (exit 2) when missing
+    schema = {k["KeyType"]: k["AttributeName"] for k in desc.get("KeySchema", [])}
+    want = {"HASH": m.keys.partition, "RANGE": m.keys.sort}
+    if schema.get("HASH") != want["HASH"] or schema.get("RANGE") != want["RANGE"]:
+        def show(d: dict) -> str:
+            return f"partition {d.get('HASH')!r}, sort {d.get('RANGE')!r}"
+        raise errors.TableProblem(f"{m.path}: keys: table {m.table!r} has {show(schema)}, "
+                                  f"the file says {show(want)}")
+    return desc
+
+
+# ---------------------------------------------------------------------- status
+@command(cli, "status")
+@migration_argument
+def status(env: Env, migration: str | None) -> None:
+    """Phase, history, live shims and what each acknowledged, and job progress."""
+    store = env.store()
+    report = status_report(store, env.migration_id(migration))
+    env.emit(report, lambda: render_status(report))
+
+
+def status_report(store: ControlStore, migration_id: str) -> dict:
+    """Everything ``status`` shows, as plain data (the JSON output)."""
+    state = store.load_state(migration_id)
+    now = store.clock()
+    census = store.census(migration_id, state.phase_version)
+    decision = decide(Action.ADVANCE, state.phase, store.facts(state, census))
+    lagging = {h.instance for h in census.lagging}
+    shims = [dict(h.as_dict(now), acknowledged=h.instance not in lagging) for h in census.live]
+    shims += [dict(h.as_dict(now), acknowledged=False) for h in census.expired]
+    return {
+        "migration": state.id, "table": state.table, "control_table": store.table,
+        "phase": state.phase.value, "phase_version": state.phase_version,
+        "created_at": state.created_at, "created_by": state.created_by,
+        "history": [t.as_dict() for t in store.history(migration_id)],
+        "fleet": fleet_summary(census),
+        "shims": shims,
+        "jobs": job_runs(store, migration_id),
+        "advance": {"allowed": decision.allowed, "to": decision.target.value if decision.target else None,
+                    "refusals": list(decision.refusals)},
+        "next": next_step(state),
+    }
+
+
+def fleet_summary(census: Census) -> dict:
+    return {"phase_version": census.version, "live": len(census.live), "expired": len(census.expired),
+            "acknowledged": census.acknowledged, "lagging": [h.describe() for h in census.lagging]}
+
+
+# Job items are written by the backfill/verify/cleanup engines; status reads them
+# generically (segment items under J#<job>#<run>#<segment>, runs under R#<job>#<run>)
+# so their progress shows up whatever else those engines store.
+_DONE_STATES = frozenset({"done", "finished", "complete", "completed"})
+
+
+def _segment_done(item: dict) -> bool:
+    if item.get("done", {}).get("BOOL") is True:
+        return True
+    for k in ("status", "state"):
+        if item.get(k, {}).get("S", "").lower() in _DONE_STATES:
+            return True
+    return "finished_at" in item
+
+
+def _first(item: dict, *names: str) -> str | None:
+    for n in names:
+        if n in item:
+            v = from_wire({n: item[n]})[n]
+            return str(v)
+    return None
+
+
+def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
+    """Job runs found under ``R#`` / ``J#``: segments done/total, owners, errors."""
+    pk = store.mpk(migration_id)
+    runs: dict[tuple[str, str], dict] = {}
+
+    def run(job: str, run_id: str) -> dict:
+        return runs.setdefault((job, run_id), {"job": job, "run": run_id, "segments_total": 0,
+                                               "segments_done": 0, "owners": [], "errors": [], "info": {}})
+
+    for item in store.query(pk, "R#"):
+        parts = item["sk"]["S"].split("#", 2) + ["", ""]
+        r = run(parts[1], parts[2])
+        r["info"] = {k: v for k, v in from_wire(item).items() if k not in ("pk", "sk")}
+    for item in store.query(pk, "J#"):
+        parts = item["sk"]["S"].split("#")
+        if len(parts) < 4:
+            continue
+        job, run_id, segment = parts[1], "#".join(parts[2:-1]), parts[-1]
+        r = run(job, run_id)
+        r["segments_total"] += 1
+        if _segment_done(item):
+            r["segments_done"] += 1
+        else:
+            owner = _first(item, "owner", "lease_owner")
+            if owner and owner not in r["owners"]:
+                r["owners"].append(owner)
+        err = _first(item, "error", "last_error")
+        if err:
+            r["errors"].append({"segment": segment, "error": err})
+    for r in runs.values():
+        declared = r["info"].get("segments") or r["info"].get("total_segments")
+        if declared is not None and int(declared) > r["segments_total"]:
+            r["segments_total"] = int(declared)
+    return sorted(runs.values(), key=lambda r: (r["job"], r["run"]))
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at)) if at else "?"
+
+
+def _since(history: list[dict]) -> str:
+    return f", since {_when(history[-1]['at'])} by {history[-1]['who']}" if history else ""
+
+
+def render_status(r: dict) -> str:
+    """The text form of :func:`status_report`, for an operator."""
+    lines = [f"migration {r['migration']}  (table {r['table']}, control table {r['control_table']})",
+             f"phase:     {r['phase']}  (phase version {r['phase_version']}" + _since(r["history"]) + ")"]
+    adv = r["advance"]
+    if adv["to"] is None:
+        lines.append(f"advance:   not possible: {'; '.join(adv['refusals'])}")
+    elif adv["allowed"]:
+        lines.append(f"advance:   to {adv['to']} allowed now")
+    else:
+        lines.append(f"advance:   to {adv['to']} refused now:")
+        lines += [f"             - {why}" for why in adv["refusals"]]
+    lines.append(f"next:      {r['next']}")
+
+    lines += ["", "history:"]
+    for t in r["history"]:
+        frm = t["from"] or "-"
+        lines.append(f"  v{t['phase_version']:<3} {_when(t['at'])}  {t['action']:<8} {frm:>10} -> {t['to']:<10}"
+                     f"  by {t['who']}")
+
+    f = r["fleet"]
+    ack = (f"all acknowledged phase version {f['phase_version']}" if f["acknowledged"]
+           else f"{len(f['lagging'])} lagging behind phase version {f['phase_version']}")
+    lines += ["", f"shims:     {f['live']} live ({ack}), {f['expired']} expired"]
+    if not r["shims"]:
+        lines.append("  (no shim has reported: the acknowledgement is immediate)")
+    for s in r["shims"]:
+        mark = "expired" if not s["live"] else ("ok" if s["acknowledged"] else "LAGGING")
+        lines.append(f"  {s['instance']:<24} {s['host']} pid {s['pid']:<7} on {s['phase']} v{s['phase_version']:<4}"
+                     f" {s['seconds_ago']:>7}s ago  {mark}")
+
+    lines += ["", "jobs:" if r["jobs"] else "jobs:      none yet"]
+    for j in r["jobs"]:
+        line = f"  {j['job']} run {j['run']}: {j['segments_done']}/{j['segments_total']} segments done"
+        if j["owners"]:
+            line += f"; working: {', '.join(j['owners'])}"
+        if j["errors"]:
+            line += f"; {len(j['errors'])} error(s)"
+        lines.append(line)
+        for e in j["errors"][:5]:
+            lines.append(f"    segment {e['segment']}: {e['error']}")
+    return "\n".join(lines)
+
+
+def next_step(state: MigrationState) -> str:
+    """The command an operator most likely runs next, for the printed hints."""
+    mid = state.id
+    return {
+        Phase.PLANNED: f"deploy the shim, then `reshard advance {mid}` (to dual_write)",
+        Phase.DUAL_WRITE: f"`reshard advance {mid}` (to dual_read) once the fleet acknowledged",
+        Phase.DUAL_READ: f"`reshard advance {mid}` (to backfill)",
+        Phase.BACKFILL: f"`reshard backfill {mid} --segments 16`, then `reshard verify {mid}`, "
+                        f"then `reshard advance {mid}` (to cutover)",
+        Phase.CUTOVER: f"check the application, then `reshard advance {mid}` (to cleanup; "
+                       "no rollback after that)",
+        Phase.CLEANUP: f"`reshard cleanup {mid}`, then `reshard advance {mid}` (to complete)",
+        Phase.COMPLETE: "nothing: the new layout is the steady state",
+        Phase.ABORTED: f"`reshard cleanup {mid}` removes the new-layout items",
+    }[state.phase]
+
+
+# ---------------------------------------------------------------------- transitions
+@command(cli, "advance")
+@migration_argument
+@wait_option
+def advance(env: Env, migration: str | None, wait: float | None) -> None:
+    """Move the migration one phase forward (checks the fleet and the gates)."""
+    run_transition(env, migration, Action.ADVANCE, wait)
+
+
+@command(cli, "rollback")
+@migration_argument
+@wait_option
+def rollback(env: Env, migration: str | None, wait: float | None) -> None:
+    """Move the migration one phase back, losslessly (up to cutover)."""
+    run_transition(env, migration, Action.ROLLBACK, wait)
+
+
+@command(cli, "abort")
+@migration_argument
+@wait_option
+def abort(env: Env, migration: str | None, wait: float | None) -> None:
+    """Return to the old layout only (`aborted`); `reshard cleanup` then removes new-layout items."""
+    run_transition(env, migration, Action.ABORT, wait)
+
+
+def run_transition(env: Env, ref: str | None, action: Action, wait: float | None) -> None:
+    """Apply one transition; with ``wait``, wait for the fleet before and after it.
+
+    Refusals (rules, a lagging fleet, a lost race) raise and exit 2. Once the
+    transition happened the exit status is 0 even if the fleet has not caught up,
+    but the output says so plainly.
+    """
+    store = env.store()
+    mid = env.migration_id(ref)
+    expected = None
+    if wait:
+        start_at = store.clock()
+        before = store.load_state(mid)
+        census = store.census(mid, before.phase_version)
+        if not census.acknowledged:
+            env.info(f"waiting up to {wait:g}s for {len(census.lagging)} live shim(s) to acknowledge "
+                     f"{before.phase} v{before.phase_version}")
+            census = store.wait_for_ack(mid, before.phase_version, max(0.0, wait - (store.clock() - start_at)))
+        if not census.acknowledged:
+            env.info(f"gave up after {wait:g}s waiting for the fleet to acknowledge {before.phase} "
+                     f"v{before.phase_version}; lagging: {', '.join(h.describe() for h in census.lagging)}")
+        # Act only on the state we waited for: if another operator moved the migration
+        # meanwhile, the compare-and-set below fails and we say so instead of moving it again.
+        expected = before.phase_version
+        remaining = max(0.0, wait - (store.clock() - start_at))
+    before, after = store.transition(mid, action, expected_version=expected)
+    census = store.wait_for_ack(mid, after.phase_version, remaining) if wait else \
+        store.census(mid, after.phase_version)
+    nxt = next_step(after)
+    data = {"migration": mid, "action": action.value, "from": before.phase.value, "to": after.phase.value,
+            "phase": after.phase.value, "phase_version": after.phase_version,
+            "who": after.last.who if after.last else None, "fleet": fleet_summary(census), "next": nxt}
+    env.emit(data, lambda: _transition_text(before, after, action, census, wait, nxt))
+
+
+def _transition_text(before: MigrationState, after: MigrationState, action: Action, census: Census,
+                     wait: float | None, nxt: str) -> str:
+    lines = [f"{action.value}: {after.id} moved {before.phase} -> {after.phase} (phase version {after.phase_version})"]
+    if not census.live:
+        lines.append("fleet: no live shims; acknowledged at once")
+    elif census.acknowledged:
+        lines.append(f"fleet: all {len(census.live)} live shim(s) acknowledged {after.phase}")
+    else:
+        lag = census.lagging
+        lines.append(f"fleet: NOT caught up: {len(lag)} of {len(census.live)} live shim(s) still act on an "
+                     f"earlier phase" + (" after waiting" if wait else "") + ":")
+        lines += [f"  {h.describe()}" for h in lag[:20]]
+        if len(lag) > 20:
+            lines.append(f"  ... and {len(lag) - 20} more")
+        lines.append(f"the next transition is refused until they acknowledge {after.phase}; "
+                     "watch `reshard status`, or use `--wait SECONDS`")
+    lines.append(f"next: {nxt}")
+    return "\n".join(lines)

@@ -1,0 +1,313 @@
+"""The control store against moto: registration, history, census, acknowledgement, gates."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from reshard import control, errors
+from reshard.control import ControlStore, resolve
+from reshard.migration import parse
+from reshard.phases import Action, Phase
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SENSOR = (ROOT / "migrations" / "0001_sensor_events.toml").read_text()
+MID = "sensor-events-16-to-32"
+
+
+class FakeClock:
+    """Wall time the test controls; ``sleep`` advances it (and counts the calls)."""
+
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def store(moto_dynamo, clock):
+    return ControlStore(moto_dynamo, "rs-control", clock=clock)
+
+
+@pytest.fixture
+def no_providers(monkeypatch):
+    """An empty provider list for this test (restored afterwards)."""
+    monkeypatch.setattr(control, "_fact_providers", [])
+
+
+def migration(text: str = SENSOR, **replace: str):
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    return parse(text, "migrations/test.toml")
+
+
+def other_migration():
+    return migration(**{'id = "sensor-events-16-to-32"': 'id = "sensor-events-16-to-64"',
+                        "shards = 32": "shards = 64"})
+
+
+def test_register_is_idempotent_for_the_same_file(store):
+    state, created = store.register(migration(), who="alice@h1")
+    assert created and state.phase is Phase.PLANNED and state.phase_version == 1
+    again, created = store.register(migration(), who="bob@h2")
+    assert not created and again.phase_version == 1 and again.created_by == "alice@h1"
+    assert [(t.phase_version, t.to_phase, t.who) for t in store.history(MID)] == [(1, "planned", "alice@h1")]
+    assert store.exists() and store.ensure_table() is False  # the table was created once
+
+
+def test_a_changed_file_under_the_same_id_is_refused_with_a_diff(store):
+    store.register(migration())
+    with pytest.raises(errors.BadInput) as e:
+        store.register(migration(**{"shards = 32": "shards = 48"}))
+    msg = str(e.value)
+    assert "already registered with different content" in msg
+    assert "2 changed line(s): -shards = 32 | +shards = 48" in msg
+    assert store.load_state(MID).migration().target.shards == 32  # unchanged
+
+
+def test_one_active_migration_per_table(store):
+    store.register(migration())
+    with pytest.raises(errors.BadInput, match=f"already has an active migration '{MID}' \\(in planned\\)"):
+        store.register(other_migration())
+    store.transition(MID, Action.ABORT)  # terminal: releases the table
+    state, created = store.register(other_migration())
+    assert created and state.id == "sensor-events-16-to-64"
+    assert store.active_migration_ids() == ["sensor-events-16-to-64"]
+
+
+def test_a_stale_table_lock_is_taken_over(store):
+    store.ensure_table()
+    # A lock whose owner never got registered (its process died between the two writes).
+    store.put({"pk": {"S": "T#SensorEvents"}, "sk": {"S": "ACTIVE"}, "migration_id": {"S": "ghost"}})
+    state, created = store.register(migration())
+    assert created
+    assert store.get("T#SensorEvents", "ACTIVE")["migration_id"]["S"] == MID
+
+
+def test_history_records_who_when_from_to(store, clock, no_providers):
+    store.register(migration(), who="alice@h1")
+    clock.t += 10
+    store.transition(MID, Action.ADVANCE, who="bob@h2")
+    clock.t += 5
+    store.transition(MID, Action.ADVANCE, who="carol@h3")
+    clock.t += 5
+    before, after = store.transition(MID, Action.ROLLBACK, who="alice@h1")
+    assert (before.phase, after.phase, after.phase_version) == (Phase.DUAL_READ, Phase.DUAL_WRITE, 4)
+    t0 = 1_000_000.0
+    assert [t.as_dict() for t in store.history(MID)] == [
+        {"phase_version": 1, "from": "", "to": "planned", "action": "start", "who": "alice@h1", "at": t0},
+        {"phase_version": 2, "from": "planned", "to": "dual_write", "action": "advance", "who": "bob@h2", "at": t0 + 10},
+        {"phase_version": 3, "from": "dual_write", "to": "dual_read", "action": "advance", "who": "carol@h3",
+         "at": t0 + 15},
+        {"phase_version": 4, "from": "dual_read", "to": "dual_write", "action": "rollback", "who": "alice@h1",
+         "at": t0 + 20},
+    ]
+
+
+def test_a_history_row_lost_to_a_crash_is_recorded_by_the_next_transition(store):
+    store.register(migration())
+    store.transition(MID, Action.ADVANCE, who="bob@h2")
+    store.delete(store.mpk(MID), "H#00000002")  # as if bob's process died after the compare-and-set
+    assert [t.phase_version for t in store.history(MID)] == [1, 2]  # META's copy fills in
+    store.transition(MID, Action.ADVANCE)
+    hist = store.history(MID)
+    assert [t.phase_version for t in hist] == [1, 2, 3]
+    assert (hist[1].who, hist[1].to_phase) == ("bob@h2", "dual_write")
+    assert store.get(store.mpk(MID), "H#00000002") is not None
+
+
+def test_census_and_expiry_follow_the_injected_clock(store, clock):
+    store.register(migration())
+    store.heartbeat(MID, "i-1", "planned", 1, liveness_seconds=30, host="h1", pid=11)
+    clock.t += 10
+    store.heartbeat(MID, "i-2", "planned", 1, liveness_seconds=30, host="h2", pid=12)
+    window = 30 + control.CLOCK_SKEW_ALLOWANCE_SECONDS
+    clock.t += window - 10  # i-1 exactly at the edge of its window: still live
+    c = store.census(MID, 1)
+    assert [h.instance for h in c.live] == ["i-1", "i-2"] and c.expired == () and c.acknowledged
+    clock.t += 1
+    c = store.census(MID, 1)
+    assert [h.instance for h in c.live] == ["i-2"] and [h.instance for h in c.expired] == ["i-1"]
+    assert store.census(MID, 2).lagging[0].describe() == "i-2 (h2 pid 12, on planned v1)"
+    store.forget_shim(MID, "i-2")
+    assert store.census(MID, 2).live == ()
+
+
+def test_advance_is_refused_while_a_shim_lags_and_allowed_once_it_acknowledges(store, clock):
+    store.register(migration())
+    store.heartbeat(MID, "i-1", "planned", 1, host="h1", pid=7)
+    store.transition(MID, Action.ADVANCE)  # the fleet acknowledged v1
+    with pytest.raises(errors.RefusedTransition) as e:
+        store.transition(MID, Action.ADVANCE)
+    assert not isinstance(e.value, errors.ConcurrentChange)
+    assert "1 live shim(s) have not acknowledged dual_write yet: i-1 (h1 pid 7, on planned v1)" in str(e.value)
+    assert store.load_state(MID).phase is Phase.DUAL_WRITE
+    store.heartbeat(MID, "i-1", "dual_write", 2, host="h1", pid=7)
+    _, after = store.transition(MID, Action.ADVANCE)
+    assert after.phase is Phase.DUAL_READ
+
+
+def test_rollback_and_abort_also_wait_for_the_fleet(store):
+    store.register(migration())
+    store.transition(MID, Action.ADVANCE)
+    store.heartbeat(MID, "i-1", "planned", 1)
+    for action in (Action.ROLLBACK, Action.ABORT):
+        with pytest.raises(errors.RefusedTransition, match=f"reshard {action.value} --wait"):
+            store.transition(MID, action)
+
+
+def test_an_expired_heartbeat_drops_out_and_stops_blocking(store, clock):
+    store.register(migration())
+    store.heartbeat(MID, "i-gone", "planned", 0, liveness_seconds=5)
+    with pytest.raises(errors.RefusedTransition, match="i-gone"):
+        store.transition(MID, Action.ADVANCE)
+    clock.t += 5 + control.CLOCK_SKEW_ALLOWANCE_SECONDS + 0.1
+    _, after = store.transition(MID, Action.ADVANCE)
+    assert after.phase is Phase.DUAL_WRITE
+
+
+def test_no_shims_means_immediate_acknowledgement(store, clock):
+    store.register(migration())
+    c = store.wait_for_ack(MID, 1, seconds=60, sleep=clock.sleep)
+    assert c.acknowledged and c.live == () and clock.sleeps == []
+
+
+def test_wait_for_ack_returns_when_the_laggard_catches_up(store, clock):
+    store.register(migration())
+    store.heartbeat(MID, "i-1", "planned", 0)
+
+    def sleep(seconds):
+        clock.sleep(seconds)
+        if len(clock.sleeps) == 3:  # the shim refreshes during our third nap
+            store.heartbeat(MID, "i-1", "planned", 1)
+
+    c = store.wait_for_ack(MID, 1, seconds=60, sleep=sleep, poll=1.0)
+    assert c.acknowledged and len(clock.sleeps) == 3
+
+
+def test_wait_for_ack_gives_up_at_the_deadline_with_the_laggards(store, clock):
+    store.register(migration())
+    store.heartbeat(MID, "i-1", "planned", 0, liveness_seconds=600)
+    c = store.wait_for_ack(MID, 1, seconds=2.5, sleep=clock.sleep, poll=1.0)
+    assert not c.acknowledged and [h.instance for h in c.lagging] == ["i-1"]
+    assert clock.sleeps == [1.0, 1.0, 0.5]
+
+
+def test_wait_for_ack_sees_a_laggard_expire(store, clock):
+    store.register(migration())
+    store.heartbeat(MID, "i-1", "planned", 0, liveness_seconds=5)
+    c = store.wait_for_ack(MID, 1, seconds=60, sleep=clock.sleep, poll=2.0)
+    assert c.acknowledged and [h.instance for h in c.expired] == ["i-1"]
+    assert sum(clock.sleeps) <= 5 + control.CLOCK_SKEW_ALLOWANCE_SECONDS + 2
+
+
+def _walk_to(store, phase):
+    while store.load_state(MID).phase is not phase:
+        store.transition(MID, Action.ADVANCE)
+
+
+def test_facts_providers_open_the_gates(store, no_providers):
+    store.register(migration())
+    _walk_to(store, Phase.BACKFILL)
+    with pytest.raises(errors.RefusedTransition, match="the backfill has not run.*no passing verify"):
+        store.transition(MID, Action.ADVANCE)
+    calls = []
+
+    @control.register_facts_provider
+    def fake_gates(st, state):
+        calls.append((st, state.phase))
+        return {"backfill_missing": None, "verify_missing": None, "cleanup_missing": "3 segments left: run cleanup"}
+
+    _, after = store.transition(MID, Action.ADVANCE)
+    assert after.phase is Phase.CUTOVER and calls[-1] == (store, Phase.BACKFILL)
+    store.transition(MID, Action.ADVANCE)
+    with pytest.raises(errors.RefusedTransition, match="3 segments left: run cleanup"):
+        store.transition(MID, Action.ADVANCE)
+    with pytest.raises(errors.RefusedTransition, match="rollback is refused in cleanup"):
+        store.transition(MID, Action.ROLLBACK)
+
+
+def test_the_provider_registry_is_clean_after_a_test(no_providers):
+    assert control._fact_providers == []
+
+
+def test_expected_version_pins_the_state_we_acted_on(store, no_providers):
+    store.register(migration(), who="alice@h1")
+    store.transition(MID, Action.ADVANCE, who="bob@h2")
+    with pytest.raises(errors.ConcurrentChange) as e:
+        store.transition(MID, Action.ADVANCE, expected_version=1)
+    assert str(e.value) == (f"another operator (bob@h2) moved migration '{MID}' first: it is now in dual_write "
+                            "(phase version 2, you acted on 1); check `reshard status` before acting again")
+
+
+def test_a_lost_compare_and_set_names_the_winner(store, moto_dynamo):
+    """The loser read the state, then someone else wrote before its conditional update."""
+    store.register(migration())
+    rival = ControlStore(moto_dynamo.__class__(region="us-east-1"), store.table)
+    fired = []
+
+    def rival_moves_first(**kwargs):
+        if not fired:
+            fired.append(True)
+            rival.transition(MID, Action.ADVANCE, who="rival@h9")
+
+    moto_dynamo.client.meta.events.register("before-call.dynamodb.UpdateItem", rival_moves_first)
+    with pytest.raises(errors.ConcurrentChange, match=r"another operator \(rival@h9\) .* now in dual_write"):
+        store.transition(MID, Action.ADVANCE, who="me@h1")
+    hist = store.history(MID)
+    assert [t.phase_version for t in hist] == [1, 2] and (hist[1].who, hist[1].to_phase) == ("rival@h9", "dual_write")
+
+
+def test_a_missing_control_table_is_one_clear_error(store):
+    for call in (lambda: store.load_state(MID), lambda: resolve(store, None),
+                 lambda: store.history(MID)):
+        with pytest.raises(errors.MigrationNotFound, match="control table 'rs-control' does not exist"):
+            call()
+
+
+def test_an_unknown_migration_is_named(store):
+    store.ensure_table()
+    with pytest.raises(errors.MigrationNotFound, match="no migration 'nope'"):
+        store.load_state("nope")
+    with pytest.raises(errors.MigrationNotFound, match="no active migration"):
+        resolve(store, None)
+
+
+def test_resolve_by_file_id_or_the_only_active_one(store, tmp_path):
+    store.register(migration())
+    f = tmp_path / "m.toml"
+    f.write_text(SENSOR)
+    assert resolve(store, str(f)) == MID == resolve(store, MID) == resolve(store, None)
+
+
+def test_permission_to_create_the_control_table_is_explained(store, moto_dynamo):
+    from botocore.awsrequest import AWSResponse
+
+    class Raw:
+        def stream(self, **_):
+            yield b""
+
+    def deny(**kwargs):
+        body = b'{"__type":"com.amazonaws.dynamodb.v20120810#AccessDeniedException","message":"not allowed"}'
+        r = AWSResponse("https://x", 400, {"x-amzn-requestid": "req-1"}, Raw())
+        r._content = body
+        return r
+
+    moto_dynamo.client.meta.events.register("before-send.dynamodb.CreateTable", deny)
+    with pytest.raises(errors.AccessDenied) as e:
+        store.ensure_table()
+    assert "cannot create control table 'rs-control': not allowed (grant dynamodb:CreateTable" in str(e.value)
+    assert e.value.exit_code == 1 and e.value.request_id == "req-1"

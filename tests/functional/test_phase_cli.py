@@ -1,0 +1,268 @@
+"""The phase commands end to end through ``reshard.cli.main`` against moto."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import time
+
+import pytest
+
+from reshard import control, dynamo as dynamo_module
+from reshard.cli import main
+from reshard.control import ControlStore
+from reshard.dynamo import Dynamo
+from reshard.phases import Action
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SENSOR_FILE = str(ROOT / "migrations" / "0001_sensor_events.toml")
+INVOICES_FILE = str(ROOT / "migrations" / "0002_invoices.toml")
+MID = "sensor-events-16-to-32"
+CT = ["--control-table", "rs-control"]
+
+
+def make_table(d: Dynamo, name: str, keys=("PK", "SK")) -> None:
+    schema = [{"AttributeName": keys[0], "KeyType": "HASH"}]
+    attrs = [{"AttributeName": keys[0], "AttributeType": "S"}]
+    if len(keys) > 1:
+        schema.append({"AttributeName": keys[1], "KeyType": "RANGE"})
+        attrs.append({"AttributeName": keys[1], "AttributeType": "S"})
+    d.call("create_table", TableName=name, BillingMode="PAY_PER_REQUEST", KeySchema=schema,
+           AttributeDefinitions=attrs)
+
+
+@pytest.fixture
+def aws(moto_dynamo):
+    make_table(moto_dynamo, "SensorEvents")
+    return moto_dynamo
+
+
+@pytest.fixture
+def store(aws):
+    return ControlStore(aws, "rs-control")
+
+
+@pytest.fixture
+def gates_open(monkeypatch):
+    """A fake backfill/verify/cleanup provider, registered for this test only."""
+    monkeypatch.setattr(control, "_fact_providers", [])
+    control.register_facts_provider(lambda st, state: {"backfill_missing": None, "verify_missing": None,
+                                                       "cleanup_missing": None})
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main([*args, *CT])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reshard: error: "), err
+    return lines[0]
+
+
+def status_json(capsys, *ref: str) -> dict:
+    code, out, err = run(capsys, "status", *ref, "--output", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_phase_commands_end_to_end(aws, capsys, gates_open):
+    code, out, err = run(capsys, "start", SENSOR_FILE)
+    assert code == 0, err
+    assert f"registered migration '{MID}' on table 'SensorEvents': phase planned" in out
+    assert f"next: deploy the shim, then `reshard advance {MID}`" in out
+    assert "created control table 'rs-control'" in out + err
+
+    code, out, err = run(capsys, "status")
+    assert code == 0 and "phase:     planned  (phase version 1" in out and "advance:   to dual_write allowed now" in out
+
+    for expected in ("planned -> dual_write", "dual_write -> dual_read"):
+        code, out, err = run(capsys, "advance")
+        assert code == 0 and expected in out and "fleet: no live shims; acknowledged at once" in out
+
+    code, out, err = run(capsys, "rollback", MID)
+    assert code == 0 and "rollback: sensor-events-16-to-32 moved dual_read -> dual_write (phase version 4)" in out
+
+    report = status_json(capsys, SENSOR_FILE)  # MIGRATION as a file path
+    assert report["phase"] == "dual_write" and report["phase_version"] == 4
+    assert [(h["from"], h["to"], h["action"]) for h in report["history"]] == [
+        ("", "planned", "start"), ("planned", "dual_write", "advance"), ("dual_write", "dual_read", "advance"),
+        ("dual_read", "dual_write", "rollback")]
+    assert all(h["who"] and h["at"] > 0 for h in report["history"])
+    assert report["shims"] == [] and report["jobs"] == [] and report["fleet"]["acknowledged"] is True
+
+    code, out, err = run(capsys, "abort", "--output", "json")
+    assert code == 0
+    moved = json.loads(out)
+    assert (moved["from"], moved["to"], moved["phase_version"]) == ("dual_write", "aborted", 5)
+    assert "reshard cleanup" in moved["next"]
+
+    code, out, err = run(capsys, "advance")  # nothing active any more
+    assert code == 2 and "no active migration" in one_error_line(err)
+    code, out, err = run(capsys, "advance", MID)
+    assert code == 2 and "there is no next phase" in one_error_line(err)
+
+
+def test_start_is_idempotent_and_refuses_a_changed_file(aws, capsys, tmp_path):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    code, out, err = run(capsys, "start", SENSOR_FILE)
+    assert code == 0 and "already registered with this file: phase planned" in out and "nothing changed" in out
+    changed = tmp_path / "changed.toml"
+    changed.write_text(pathlib.Path(SENSOR_FILE).read_text().replace("retain_hours = 168", "retain_hours = 24"))
+    code, out, err = run(capsys, "start", str(changed))
+    line = one_error_line(err)
+    assert code == 2 and "already registered with different content" in line
+    assert "-retain_hours = 168 | +retain_hours = 24" in line and "new id" in line
+
+
+def test_start_checks_the_data_table(moto_dynamo, capsys, tmp_path):
+    code, out, err = run(capsys, "start", SENSOR_FILE)
+    assert code == 2 and "table 'SensorEvents' does not exist" in one_error_line(err)
+    make_table(moto_dynamo, "SensorEvents", keys=("pk", "sk"))
+    code, out, err = run(capsys, "start", SENSOR_FILE)
+    line = one_error_line(err)
+    assert code == 2 and "has partition 'pk', sort 'sk', the file says partition 'PK', sort 'SK'" in line
+    assert not ControlStore(moto_dynamo, "rs-control").exists()  # nothing created on bad input
+
+
+def test_a_bad_file_is_one_line(aws, capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('id = "x"\n')
+    code, out, err = run(capsys, "start", str(bad))
+    assert code == 2 and str(bad) in one_error_line(err)
+
+
+def test_status_without_a_control_table_is_one_clear_line(aws, capsys):
+    for args in (("status",), ("status", MID), ("advance",)):
+        code, out, err = run(capsys, *args)
+        assert code == 2 and "control table 'rs-control' does not exist" in one_error_line(err)
+
+
+def test_two_active_migrations_must_be_named(aws, capsys):
+    make_table(aws, "Invoices")
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    assert run(capsys, "start", INVOICES_FILE)[0] == 0
+    code, out, err = run(capsys, "advance")
+    assert code == 2 and "2 active migrations" in one_error_line(err)
+    assert run(capsys, "advance", "invoices-random-10-to-hashed-20")[0] == 0
+    assert status_json(capsys, MID)["phase"] == "planned"
+
+
+def test_advance_waits_for_the_fleet(aws, capsys, store):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    store.heartbeat(MID, "i-1", "planned", 1, host="h1", pid=11)
+    store.heartbeat(MID, "i-2", "planned", 0, host="h2", pid=12, liveness_seconds=600)
+
+    code, out, err = run(capsys, "advance")
+    line = one_error_line(err)
+    assert code == 2 and "1 live shim(s) have not acknowledged planned yet: i-2 (h2 pid 12, on planned v0)" in line
+
+    code, out, err = run(capsys, "advance", "--wait", "0.2")
+    assert code == 2 and "gave up after 0.2s waiting for the fleet to acknowledge planned v1" in out + err
+
+    report = status_json(capsys)
+    assert {s["instance"]: s["acknowledged"] for s in report["shims"]} == {"i-1": True, "i-2": False}
+    assert report["advance"]["allowed"] is False and report["fleet"]["lagging"] == ["i-2 (h2 pid 12, on planned v0)"]
+
+    store.forget_shim(MID, "i-2")
+    code, out, err = run(capsys, "advance", "--wait", "0.2")
+    assert code == 0, err  # the transition happened; the fleet has not caught up
+    assert "moved planned -> dual_write" in out
+    assert "fleet: NOT caught up: 1 of 1 live shim(s) still act on an earlier phase after waiting:" in out
+    assert "i-1 (h1 pid 11, on planned v1)" in out
+
+    code, out, err = run(capsys, "advance", "--output", "json")
+    assert code == 2 and "have not acknowledged dual_write" in one_error_line(err) and out == ""
+
+    store.heartbeat(MID, "i-1", "dual_write", 2, host="h1", pid=11)
+    code, out, err = run(capsys, "advance", "--wait", "0.2", "--output", "json")
+    assert code == 0
+    moved = json.loads(out)
+    assert moved["to"] == "dual_read" and moved["fleet"]["acknowledged"] is False
+    assert moved["fleet"]["lagging"] == ["i-1 (h1 pid 11, on dual_write v2)"]
+
+
+def test_rollback_is_refused_once_cleanup_began(aws, capsys, gates_open):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    for _ in range(5):
+        assert run(capsys, "advance")[0] == 0
+    assert status_json(capsys)["phase"] == "cleanup"
+    for cmd, why in (("rollback", "rollback is refused in cleanup: cleanup has begun"),
+                     ("abort", "abort is refused in cleanup")):
+        code, out, err = run(capsys, cmd)
+        assert code == 2 and why in one_error_line(err)
+
+
+def test_status_lists_job_runs_and_segments(aws, capsys, store):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    pk = {"S": f"M#{MID}"}
+    store.put({"pk": pk, "sk": {"S": "R#backfill#r1"}, "segments": {"N": "3"}, "started_by": {"S": "alice@h1"}})
+    store.put({"pk": pk, "sk": {"S": "J#backfill#r1#00000"}, "done": {"BOOL": True}, "owner": {"S": "w1"}})
+    store.put({"pk": pk, "sk": {"S": "J#backfill#r1#00001"}, "owner": {"S": "w2"},
+               "last_error": {"S": "ThrottlingException after 10 attempts"}})
+    store.put({"pk": pk, "sk": {"S": "J#verify#v1#00000"}, "status": {"S": "finished"}})
+    jobs = status_json(capsys)["jobs"]
+    assert jobs == [
+        {"job": "backfill", "run": "r1", "segments_total": 3, "segments_done": 1, "owners": ["w2"],
+         "errors": [{"segment": "00001", "error": "ThrottlingException after 10 attempts"}],
+         "info": {"segments": 3, "started_by": "alice@h1"}},
+        {"job": "verify", "run": "v1", "segments_total": 1, "segments_done": 1, "owners": [], "errors": [],
+         "info": {}},
+    ]
+    code, out, err = run(capsys, "status")
+    assert "backfill run r1: 1/3 segments done; working: w2; 1 error(s)" in out
+    assert "segment 00001: ThrottlingException after 10 attempts" in out
+    assert "verify run v1: 1/1 segments done" in out
+
+
+def test_the_loser_of_a_race_is_told_in_one_line(aws, capsys, monkeypatch, store):
+    """Another operator's advance lands between our read and our compare-and-set."""
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    rival = ControlStore(Dynamo(region="us-east-1"), "rs-control")
+    real_make_client = dynamo_module.make_client
+    fired = []
+
+    def make_client(**kwargs):
+        client = real_make_client(**kwargs)
+
+        def rival_moves_first(**_):
+            if not fired:
+                fired.append(True)
+                rival.transition(MID, Action.ADVANCE, who="rival@h9")
+
+        client.meta.events.register("before-call.dynamodb.UpdateItem", rival_moves_first)
+        return client
+
+    monkeypatch.setattr(dynamo_module, "make_client", make_client)
+    code, out, err = run(capsys, "advance")
+    assert code == 2 and fired
+    assert one_error_line(err) == (
+        f"reshard: error: another operator (rival@h9) moved migration '{MID}' first: it is now in dual_write "
+        "(phase version 2, you acted on 1); check `reshard status` before acting again")
+    hist = store.history(MID)
+    assert [(t.phase_version, t.to_phase, t.who) for t in hist][1:] == [(2, "dual_write", "rival@h9")]
+
+
+def test_status_shows_expired_shims_which_no_longer_block(aws, capsys, store):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    long_ago = ControlStore(aws, "rs-control", clock=lambda: time.time() - 3600)
+    long_ago.heartbeat(MID, "i-old", "planned", 0, host="h0", pid=5, liveness_seconds=30)
+    store.heartbeat(MID, "i-new", "planned", 1, host="h1", pid=6)
+    report = status_json(capsys)
+    assert [(s["instance"], s["live"], s["acknowledged"]) for s in report["shims"]] == [
+        ("i-new", True, True), ("i-old", False, False)]
+    assert report["fleet"] == {"phase_version": 1, "live": 1, "expired": 1, "acknowledged": True, "lagging": []}
+    code, out, err = run(capsys, "status")
+    assert "shims:     1 live (all acknowledged phase version 1), 1 expired" in out
+    assert re.search(r"i-old\s+h0 pid 5\s+on planned v0\s+\d+\.\ds ago  expired", out), out
+    assert run(capsys, "advance")[0] == 0
+
+
+def test_restarting_a_finished_migration_says_what_to_do(aws, capsys):
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    assert run(capsys, "abort")[0] == 0
+    code, out, err = run(capsys, "start", SENSOR_FILE)
+    assert code == 0 and "phase aborted" in out and "give the file a new id" in out
