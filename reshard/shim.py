@@ -107,13 +107,13 @@ class ShardedTable:
     def __init__(self, migration: Migration, dynamo: Dynamo, *, control_table: str | None = DEFAULT_CONTROL_TABLE,
                  refresh_seconds: float = 5.0, liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
                  clock: Callable[[], float] = time.monotonic, writer_id: str | None = None,
-                 query_workers: int = 8, start: bool = True):
+                 query_workers: int = 8, start: bool = True, version_clock: VersionClock | None = None):
         self.migration = migration
         self.mapper = KeyMapper(migration)
         self.table = migration.table
         self.dynamo = dynamo
         self.instance_id = writer_id or uuid.uuid4().hex[:12]
-        self.versions = VersionClock(self.instance_id)
+        self.versions = version_clock or VersionClock(self.instance_id)
         self.refresh_seconds = refresh_seconds
         self.liveness_seconds = liveness_seconds
         self._clock = clock
