@@ -126,6 +126,7 @@ class ShardedTable:
         self._inflight: dict[int, int] = {}
         self._states: dict[int, PhaseState] = {}
         self._acked: int | None = None
+        self._announced = False  # a heartbeat of ours is in the control table
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -181,7 +182,7 @@ class ShardedTable:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
-        if self._control is not None and not self._pinned:
+        if self._control is not None and not self._pinned and self._announced:
             try:
                 self._control.forget_shim(self.migration.id, self.instance_id)
             except errors.ReshardError as e:
@@ -270,6 +271,7 @@ class ShardedTable:
     def _heartbeat(self, phase: str, version: int) -> None:
         self._control.heartbeat(self.migration.id, self.instance_id, phase, version,
                                 liveness_seconds=self.liveness_seconds, table=self.table)
+        self._announced = True
 
     def _pin_phase(self, phase: Phase | str | None, version: int = 1) -> None:
         """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table."""

@@ -103,6 +103,8 @@ def run_query(t: "ShardedTable", st: "PhaseState", key: Mapping[str, Any], condi
         for item in items:
             sv = scalar(item[sort_attr]) if sort_attr else None
             ident = _identity(t, item, p.layouts)
+            if ident is None:
+                continue  # not an item of a layout this phase reads
             if p.fresh and last_pos is not None and not _after((sv, ident), last_pos, forward):
                 continue  # already returned on an earlier page (read through another layout)
             entries.append(((sv, ident), item))
@@ -200,15 +202,26 @@ def _key_condition(pk_attr: str, sk_attr: str | None, condition) -> tuple[str, d
                           "('>=', v), ('between', a, b) or ('begins_with', prefix)")
 
 
-def _identity(t: "ShardedTable", item: Mapping[str, Any], layouts: list) -> tuple:
+def _identity(t: "ShardedTable", item: Mapping[str, Any], layouts: list) -> tuple | None:
+    """The logical identity of ``item`` if it belongs to one of ``layouts``, else None.
+
+    A physical partition can hold items of both layouts (``s-1#5`` is a partition of
+    the 16-shard and of the 32-shard layout), so an item found there counts only if the
+    layout's rule gives it exactly this key: a ``cutover`` query must not return an
+    old-layout item that happens to share a partition with the new layout. Items that
+    map to no layout (other entity types in the same partitions) are not returned.
+    """
+    m = t.mapper
+    key = {a: item[a] for a in m.old.key_attrs}
     for layout in layouts:
         try:
-            logical = t.mapper.to_logical(item, layout)
-            return tuple(_plain(v) for v in t.mapper.identity(t.mapper.logical_fields(logical)))
+            fields = m.fields(item, layout)
+            if not layout.random and layout.key(fields) != key:
+                continue
         except errors.UnmappableItem:
             continue
-    # Not mappable: its physical key still identifies it uniquely.
-    return ("\x00raw",) + tuple(json.dumps(_jsonable(item[a]), sort_keys=True) for a in t.mapper.old.key_attrs)
+        return tuple(_plain(v) for v in m.identity(fields))
+    return None
 
 
 def _plain(v: Any) -> str:
