@@ -139,7 +139,7 @@ class ShardedTable:
         self._key_field_set = set(m.key_fields)
         # Names the app's update may not write: key fields (they are the identity) and
         # the physical key attributes.
-        self._frozen_attrs = (set(m.key_fields) | self._key_attrs) - set()
+        self._frozen_attrs = set(m.key_fields) | self._key_attrs
         if self._control and start:
             self._start()
 

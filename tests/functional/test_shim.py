@@ -359,3 +359,46 @@ def test_unregistered_migration_is_steady_and_from_migration_id(moto_dynamo, sen
         create_table(moto_dynamo, t.migration)
         t.put_item(Item=event(2))
         assert t.get_item(Key=key_of(event(2))) == event(2)
+
+
+def test_acknowledges_a_new_phase_only_after_older_requests_finish(moto_dynamo, sensor):
+    store = ControlStore(moto_dynamo, "ctl3")
+    store.register(sensor, who="test")
+    with ShardedTable(sensor, moto_dynamo, control_table="ctl3", refresh_seconds=3600) as t:
+        running = t._begin()  # a request in flight under planned (v1)
+        store.transition(sensor.id, Action.ADVANCE, who="test")
+        assert t.refresh() and t.phase == "dual_write"  # new requests use the new phase...
+        assert [h.phase_version for h in store.heartbeats(sensor.id)] == [1]  # ...but v2 is not acknowledged
+        assert not store.census(sensor.id, 2).acknowledged
+        t._end(running)
+        assert t.refresh()
+        assert store.census(sensor.id, 2).acknowledged
+
+
+def test_throttling_is_retried_and_errors_carry_code_and_request_id(moto_dynamo, sensor):
+    from botocore.awsrequest import AWSResponse
+
+    class Raw:
+        def __init__(self, body):
+            self.body = body
+
+        def stream(self, **kw):
+            yield self.body
+
+    sent = {"n": 0}
+
+    def throttle_once(request, **kw):
+        sent["n"] += 1
+        if sent["n"] == 1:
+            body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"slow"}'
+            return AWSResponse(request.url, 400, {"x-amzn-RequestId": "req-1"}, Raw(body))
+        return None
+
+    t = shim(sensor, moto_dynamo, "dual_write")
+    moto_dynamo.client.meta.events.register("before-send.dynamodb.PutItem", throttle_once)
+    t.put_item(Item=event(1))
+    assert moto_dynamo.stats.throttles == 1
+    assert t.get_item(Key=key_of(event(1))) == event(1)
+    with pytest.raises(errors.ConditionalCheckFailed) as e:
+        t.put_item(Item=event(1), ConditionExpression="attribute_not_exists(sensor_id)")
+    assert e.value.code == "ConditionalCheckFailedException" and e.value.request_id
