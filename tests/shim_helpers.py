@@ -1,0 +1,81 @@
+"""Helpers shared by the shim's functional, model and integration tests."""
+
+from __future__ import annotations
+
+import pathlib
+
+from reshard.layout import KeyMapper, is_tombstone
+from reshard.migration import load
+from reshard.shim import ShardedTable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MIGRATIONS = {
+    "sensor": ROOT / "migrations" / "0001_sensor_events.toml",
+    "invoices": ROOT / "migrations" / "0002_invoices.toml",
+    "hourly": ROOT / "migrations" / "0003_sensor_hourly.toml",
+}
+
+
+def migration(name: str, table: str | None = None):
+    """A migration from migrations/, optionally renamed to another table."""
+    m = load(MIGRATIONS[name])
+    if table:
+        import dataclasses
+        m = dataclasses.replace(m, table=table)
+    return m
+
+
+def create_table(dynamo, m) -> None:
+    keys = [{"AttributeName": m.keys.partition, "KeyType": "HASH"}]
+    attrs = [{"AttributeName": m.keys.partition, "AttributeType": "S"}]
+    if m.keys.sort:
+        keys.append({"AttributeName": m.keys.sort, "KeyType": "RANGE"})
+        attrs.append({"AttributeName": m.keys.sort, "AttributeType": "S"})
+    dynamo.call("create_table", TableName=m.table, KeySchema=keys, AttributeDefinitions=attrs,
+                BillingMode="PAY_PER_REQUEST")
+
+
+def shim(m, dynamo, phase=None, writer_id=None, **kw) -> ShardedTable:
+    """A shim with no control table, pinned to ``phase`` (None: steady)."""
+    t = ShardedTable(m, dynamo, control_table=None, writer_id=writer_id, **kw)
+    t._pin_phase(phase)
+    return t
+
+
+def scan(dynamo, table: str) -> list[dict]:
+    out, kwargs = [], {"TableName": table, "ConsistentRead": True}
+    while True:
+        resp = dynamo.call("scan", **kwargs)
+        out.extend(resp.get("Items", []))
+        if not resp.get("LastEvaluatedKey"):
+            return out
+        kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+
+def by_layout(mapper: KeyMapper, items: list[dict]) -> dict[str, dict[tuple, list[dict]]]:
+    """Physical items per layout per logical identity.
+
+    An item belongs to a layout when that layout's rule gives it its key (for a random
+    layout: when its key parses); an unmoved item belongs to both.
+    """
+    out: dict[str, dict[tuple, list[dict]]] = {"old": {}, "new": {}}
+    for item in items:
+        key = {a: item[a] for a in mapper.old.key_attrs}
+        for side in ("old", "new"):
+            layout = mapper.layout(side)
+            try:
+                fields = mapper.fields(item, layout)
+            except Exception:
+                continue
+            if not layout.random and layout.key(fields) != key:
+                continue
+            out[side].setdefault(mapper.identity(fields), []).append(item)
+    return out
+
+
+def content(item: dict | None) -> dict | None:
+    """What a layout says about a logical item: None if absent or a tombstone, else its
+    attributes without physical keys (the version included)."""
+    if item is None or is_tombstone(item):
+        return None
+    return item
