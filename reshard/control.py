@@ -227,8 +227,8 @@ class ControlStore:
         if not self.exists():
             raise self._missing_table()
 
-    def _missing_table(self) -> errors.MigrationNotFound:
-        return errors.MigrationNotFound(f"control table {self.table!r} does not exist at "
+    def _missing_table(self) -> errors.ControlTableMissing:
+        return errors.ControlTableMissing(f"control table {self.table!r} does not exist at "
                                         f"{self.dynamo.endpoint_url}: run `reshard start FILE` first "
                                         "(or pass --control-table)")
 

@@ -64,6 +64,10 @@ class MigrationNotFound(BadInput):
     """No migration with that id (or file) is registered in the control table."""
 
 
+class ControlTableMissing(MigrationNotFound):
+    """The control table does not exist (so no migration is registered anywhere in it)."""
+
+
 class TableProblem(BadInput):
     """The DynamoDB table is missing, or its key schema does not match the file."""
 

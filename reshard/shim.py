@@ -66,7 +66,7 @@ from typing import Any, Callable, Mapping
 from . import errors
 from .control import DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, ControlStore
 from .dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
-from .layout import TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
+from .layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
 from .migration import RESERVED_PREFIX, Migration, load
 from .phases import ROUTING, STEADY, Phase, Routing
 from .shim_expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
@@ -226,7 +226,7 @@ class ShardedTable:
         try:
             try:
                 state = self._control.load_state(self.migration.id, missing_ok=True)
-            except errors.ResourceNotFound:
+            except (errors.ResourceNotFound, errors.ControlTableMissing):
                 state = None  # the control table does not exist: nothing is registered
                 table_exists = False
             else:
@@ -346,15 +346,41 @@ class ShardedTable:
         return "#".join(p.hex() if isinstance(p, bytes) else p for p in self.mapper.identity(fields))
 
     # ------------------------------------------------------------------ routing
-    def _write_keys(self, st: PhaseState, fields: dict) -> list[dict]:
-        """Physical keys to write, authoritative first; an unmoved item's equal keys once."""
+    def _write_keys(self, st: PhaseState, fields: dict) -> list[tuple[dict, bool]]:
+        """Physical keys to write, authoritative first, each with whether it gets the
+        new-copy marker (``_rs_new``); an unmoved item's equal keys are written once.
+
+        The marker goes on a new-layout item whose key differs from the item's old key,
+        so scans (backfill, verify, cleanup, abort) can tell the layouts apart. When the
+        old layout is not written (cutover's mirror aside: cleanup, complete) and is random,
+        the old key is unknown without a lookup: mark anyway. That is harmless there: abort
+        is impossible from those phases and cleanup only skips marked items.
+        """
         keys: list[dict] = []
+        sides: list[str] = []
         for side in st.routing.writes:
             layout = self.mapper.layout(side)
             key = self._locate(layout, fields) if layout.random else layout.key(fields)
             if key not in keys:
                 keys.append(key)
-        return keys
+                sides.append(side)
+        if "new" not in sides:
+            return [(k, False) for k in keys]
+        if "old" in sides:
+            old_key = keys[sides.index("old")]
+        elif self.mapper.old.random:
+            old_key = None
+        else:
+            old_key = self.mapper.old.key(fields)
+        return [(k, side == "new" and k != old_key) for k, side in zip(keys, sides)]
+
+    def _marked(self, item: dict, mark: bool) -> dict:
+        """``item`` with the new-copy marker set or removed as its target key needs."""
+        if mark:
+            item[NEW_COPY_ATTR] = {"S": self.migration.id}
+        else:
+            item.pop(NEW_COPY_ATTR, None)
+        return item
 
     def _locate(self, layout: Layout, fields: dict) -> dict:
         """Where an item of a random-suffix layout lives: a consistent BatchGetItem of every
@@ -362,10 +388,9 @@ class ShardedTable:
         candidates = layout.candidate_keys(fields)
         found = self.dynamo.batch_get(self.table, candidates, consistent=True)
         if found:
-            # The new layout's key may also parse as an old candidate (same template): prefer
-            # the item's genuine old location, so the new copy is never taken for it.
-            new_key = None if self.mapper.new is layout else self.mapper.new.key(fields)
-            genuine = [i for i in found if self._key_of(i) != new_key] or found
+            # The new layout's key may also parse as an old candidate (same template): the
+            # new-copy marker tells the copy apart from the item's genuine old location.
+            genuine = [i for i in found if not self.mapper.is_new_copy(i)] or found
             return self._key_of(newest(genuine))
         return layout.key(fields, hash_shard(self._identity_text(fields), layout.shards))
 
@@ -475,12 +500,14 @@ class ShardedTable:
         app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
         st = self._begin()
         try:
-            keys = self._write_keys(st, fields)
+            targets = self._write_keys(st, fields)
+            keys = [k for k, _ in targets]
             built: dict = {}
 
             def attempt(version, condition, names, values):
                 item = dict(logical)
                 item.update(keys[0])
+                self._marked(item, targets[0][1])
                 if version:
                     item[VERSION_ATTR] = {"S": version}
                 built["item"] = item
@@ -488,10 +515,10 @@ class ShardedTable:
                                  return_old=ReturnValues == "ALL_OLD")
 
             _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
-            for key in keys[1:]:
+            for key, mark in targets[1:]:
                 mirrored = dict(built["item"])
                 mirrored.update(key)
-                self._mirror(mirrored)
+                self._mirror(self._marked(mirrored, mark))
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
@@ -509,7 +536,8 @@ class ShardedTable:
         want_old = ReturnValues == "ALL_OLD"
         st = self._begin()
         try:
-            keys = self._write_keys(st, fields)
+            targets = self._write_keys(st, fields)
+            keys = [k for k, _ in targets]
             if not st.routing.tombstones:
                 # No racing copy exists in these phases (steady, cleanup, complete): a
                 # plain delete, with the app's condition as DynamoDB would check it.
@@ -535,6 +563,7 @@ class ShardedTable:
             def attempt(version, condition, names, values):
                 item = dict(marker_base)
                 item.update(keys[0])
+                self._marked(item, targets[0][1])
                 item[VERSION_ATTR] = {"S": version}
                 item[TOMBSTONE_ATTR] = {"BOOL": True}
                 built["item"] = item
@@ -542,10 +571,10 @@ class ShardedTable:
                                  {**app_values, **values} or None, return_old=want_old)
 
             _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
-            for key in keys[1:]:
+            for key, mark in targets[1:]:
                 marker = dict(built["item"])
                 marker.update(key)
-                self._mirror(marker)
+                self._mirror(self._marked(marker, mark))
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
@@ -579,9 +608,14 @@ class ShardedTable:
             extra_set.append(f"#rs_k{i} = if_not_exists(#rs_k{i}, :rs_k{i})")
         st = self._begin()
         try:
-            keys = self._write_keys(st, fields)
-            mirrors = keys[1:]
+            write_targets = self._write_keys(st, fields)
+            keys = [k for k, _ in write_targets]
+            mirrors = write_targets[1:]
             extra_remove = []
+            if write_targets[0][1]:
+                extra_set.append("#rs_new = :rs_new")
+                our_names["#rs_new"] = NEW_COPY_ATTR
+                our_values[":rs_new"] = {"S": self.migration.id}
             if st.stamps:
                 extra_set.append("#rs_v = :rs_nv")
                 our_names["#rs_v"] = VERSION_ATTR
@@ -614,10 +648,10 @@ class ShardedTable:
                     full = self.dynamo.call("get_item", TableName=self.table, Key=keys[0],
                                             ConsistentRead=True).get("Item")
                 if full:
-                    for key in mirrors:
+                    for key, mark in mirrors:
                         mirrored = dict(full)
                         mirrored.update(key)
-                        self._mirror(mirrored)
+                        self._mirror(self._marked(mirrored, mark))
         finally:
             self._end(st)
         if rv == "NONE":

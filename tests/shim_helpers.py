@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-from reshard.layout import KeyMapper, is_tombstone
+from reshard.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
 from reshard.migration import load
 from reshard.shim import ShardedTable
 
@@ -55,21 +55,27 @@ def scan(dynamo, table: str) -> list[dict]:
 def by_layout(mapper: KeyMapper, items: list[dict]) -> dict[str, dict[tuple, list[dict]]]:
     """Physical items per layout per logical identity.
 
-    An item belongs to a layout when that layout's rule gives it its key (for a random
-    layout: when its key parses); an unmoved item belongs to both.
+    A new-layout copy carries the ``_rs_new`` marker; an unmarked item belongs to the old
+    layout when that layout's rule gives it its key (for a random layout: when its key
+    parses), and also to the new layout when it does not move (one item serves both).
     """
     out: dict[str, dict[tuple, list[dict]]] = {"old": {}, "new": {}}
     for item in items:
         key = {a: item[a] for a in mapper.old.key_attrs}
-        for side in ("old", "new"):
-            layout = mapper.layout(side)
-            try:
-                fields = mapper.fields(item, layout)
-            except Exception:
-                continue
-            if not layout.random and layout.key(fields) != key:
-                continue
-            out[side].setdefault(mapper.identity(fields), []).append(item)
+        if mapper.is_new_copy(item):
+            fields = mapper.fields(item, mapper.new)
+            assert mapper.new.key(fields) == key, f"misplaced new copy {item}"
+            out["new"].setdefault(mapper.identity(fields), []).append(item)
+            continue
+        try:
+            fields = mapper.fields(item, mapper.old)
+        except Exception:
+            continue
+        if not mapper.old.random and mapper.old.key(fields) != key:
+            continue
+        out["old"].setdefault(mapper.identity(fields), []).append(item)
+        if mapper.new.key(fields) == key:
+            out["new"].setdefault(mapper.identity(fields), []).append(item)
     return out
 
 
@@ -78,4 +84,4 @@ def content(item: dict | None) -> dict | None:
     attributes without physical keys (the version included)."""
     if item is None or is_tombstone(item):
         return None
-    return item
+    return {k: v for k, v in item.items() if k != NEW_COPY_ATTR}

@@ -79,6 +79,13 @@ def test_put_routes_per_phase_and_reads_back(moto_dynamo, sensor, phase):
     assert t.get_item(Key=key_of(event(unmoved)), ConsistentRead=True) == event(unmoved, temp=Decimal(1))
 
 
+def sensor_new_key(m, item):
+    from reshard.dynamo import to_wire
+    from reshard.layout import KeyMapper
+    mapper = KeyMapper(m)
+    return mapper.new.key(mapper.logical_fields(to_wire(item)))
+
+
 @pytest.mark.parametrize("phase", ALL)
 def test_delete_tombstones_per_phase(moto_dynamo, sensor, phase):
     t = shim(sensor, moto_dynamo, phase)
@@ -94,7 +101,9 @@ def test_delete_tombstones_per_phase(moto_dynamo, sensor, phase):
     else:
         assert tombstones and all(i.get("_rs_del") == {"BOOL": True} for i in tombstones)
         for i in tombstones:  # physical key + logical key fields + bookkeeping only
-            assert set(i) == {"PK", "SK", "sensor_id", "event_id", "ts", "_rs_v", "_rs_del"}
+            assert set(i) - {"_rs_new"} == {"PK", "SK", "sensor_id", "event_id", "ts", "_rs_v", "_rs_del"}
+            # the new-layout copy (and only it) carries the new-copy marker
+            assert ("_rs_new" in i) == (i["PK"] == sensor_new_key(sensor, item)["PK"])
     assert t.query(Key={"sensor_id": "s-1"}, ConsistentRead=True)["Items"] == []
     # A put after the delete brings it back (the tombstone is replaced, fenced by a newer version).
     t.put_item(Item=item)
@@ -118,8 +127,8 @@ def test_update_semantics(moto_dynamo, sensor, phase):
     if phase in ("dual_read", "cutover"):  # the full resulting item reached the other layout
         found = where(moto_dynamo, sensor, item)
         assert found["old"][0]["_rs_v"] == found["new"][0]["_rs_v"]
-        assert {x: v for x, v in found["old"][0].items() if x != "PK"} == \
-               {x: v for x, v in found["new"][0].items() if x != "PK"}
+        assert {x: v for x, v in found["old"][0].items() if x not in ("PK", "_rs_new")} == \
+               {x: v for x, v in found["new"][0].items() if x not in ("PK", "_rs_new")}
     # The app's own condition failing surfaces as ConditionalCheckFailed; nothing changes.
     with pytest.raises(errors.ConditionalCheckFailed):
         t.update_item(Key=k, UpdateExpression="SET #t = :t", ConditionExpression="#t > :big",
@@ -402,3 +411,27 @@ def test_throttling_is_retried_and_errors_carry_code_and_request_id(moto_dynamo,
     with pytest.raises(errors.ConditionalCheckFailed) as e:
         t.put_item(Item=event(1), ConditionExpression="attribute_not_exists(sensor_id)")
     assert e.value.code == "ConditionalCheckFailedException" and e.value.request_id
+
+
+@pytest.mark.parametrize("phase", ALL)
+def test_new_copy_marker_per_phase(moto_dynamo, sensor, phase):
+    """Only a new-layout item at a key that differs from the old key carries `_rs_new`,
+    whatever the operation; the marker never reaches the application."""
+    t = shim(sensor, moto_dynamo, phase)
+    moved, unmoved = moved_and_unmoved(sensor)
+    for n in (moved, unmoved):
+        item = event(n, temp=Decimal(1))
+        t.put_item(Item=item)
+        t.update_item(Key=key_of(item), UpdateExpression="SET temp = :t", ExpressionAttributeValues={":t": 2})
+        assert "_rs_new" not in t.get_item(Key=key_of(item), ConsistentRead=True)
+    items = scan(moto_dynamo, sensor.table)
+    mapper = KeyMapper(sensor)
+    for i in items:
+        fields = mapper.fields(i, mapper.new) if "_rs_new" in i else mapper.fields(i, mapper.old)
+        old_key, new_key = mapper.old.key(fields), mapper.new.key(fields)
+        here = {a: i[a] for a in ("PK", "SK")}
+        assert ("_rs_new" in i) == (here == new_key != old_key), i
+    if phase in ("dual_write", "dual_read", "backfill", "cutover", "cleanup", "complete"):
+        assert any("_rs_new" in i for i in items)  # the moved item's new copy
+    else:
+        assert not any("_rs_new" in i for i in items)
