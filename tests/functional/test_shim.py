@@ -422,7 +422,8 @@ def test_new_copy_marker_per_phase(moto_dynamo, sensor, phase):
     for n in (moved, unmoved):
         item = event(n, temp=Decimal(1))
         t.put_item(Item=item)
-        t.update_item(Key=key_of(item), UpdateExpression="SET temp = :t", ExpressionAttributeValues={":t": 2})
+        t.update_item(Key=key_of(item), UpdateExpression="SET #t = :t",
+                      ExpressionAttributeNames={"#t": "temp"}, ExpressionAttributeValues={":t": 2})
         assert "_rs_new" not in t.get_item(Key=key_of(item), ConsistentRead=True)
     items = scan(moto_dynamo, sensor.table)
     mapper = KeyMapper(sensor)
