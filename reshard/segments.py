@@ -213,6 +213,7 @@ class Lease:
     token: int
     expires: float
     renew_due: float
+    attempts: int = 0  # failed attempts so far in this invocation's count
 
 
 @dataclass(frozen=True)
@@ -349,7 +350,7 @@ class SegmentEngine:
         values = {":me": S(me), ":exp": N(expires), ":one": N(1), ":zero": N(0), ":f": {"BOOL": False},
                   ":job": S(self.job), ":run": N(self.run), ":seg": N(rec.segment), ":tk": N(1 if d.takeover else 0)}
         sets = ["#owner = :me", "lease_expires = :exp", "lease_counter = if_not_exists(lease_counter, :zero) + :one",
-                "done = if_not_exists(done, :f)", "job = :job", "run = :run", "segment = :seg",
+                "done = if_not_exists(done, :f)", "job = :job", "run = :run", "#seg = :seg",
                 "takeovers = if_not_exists(takeovers, :zero) + :tk"]
         if rec.failed:
             # A segment failed by an earlier invocation gets a fresh set of attempts.
@@ -363,11 +364,12 @@ class SegmentEngine:
             condition = "attribute_not_exists(pk)"
         try:
             new = self.store.update(self.pk, segment_sk(self.job, self.run, rec.segment), "SET " + ", ".join(sets),
-                                    condition=condition, names={"#owner": "owner"}, values=values, return_new=True)
+                                    condition=condition, names={"#owner": "owner", "#seg": "segment"}, values=values,
+                                    return_new=True)
         except errors.ConditionalCheckFailed:
             return None
         fresh = SegmentRecord.from_item(rec.segment, new)
-        lease = Lease(rec.segment, me, fresh.lease_counter, expires, self._renew_due(expires))
+        lease = Lease(rec.segment, me, fresh.lease_counter, expires, self._renew_due(expires), fresh.attempts)
         return lease, fresh, d
 
     def _renew_due(self, expires: float) -> float:
@@ -414,32 +416,26 @@ class SegmentEngine:
                              ":none": S("")})
 
     def release(self, lease: Lease, error: str | None = None) -> SegmentRecord | None:
-        """Give the lease back (after an error or a stop); count the attempt if it failed."""
+        """Give the lease back (after an error or a stop); count the attempt if it failed.
+
+        The attempt count and the ``failed`` flag are set in the same fenced write as
+        the release, so no other worker can claim the segment in between.
+        """
         values = {":free": S(FREE), ":zero": N(0)}
         sets = ["#owner = :free", "lease_expires = :zero"]
         if error is not None:
-            values.update({":err": S(error[:1000]), ":one": N(1)})
-            sets += ["last_error = :err", "attempts = if_not_exists(attempts, :zero) + :one"]
+            attempts = lease.attempts + 1
+            values.update({":err": S(error[:1000]), ":n": N(attempts)})
+            sets += ["last_error = :err", "attempts = :n"]
+            if attempts >= self.max_attempts:
+                values.update({":t": {"BOOL": True}, ":inv": S(self.invocation)})
+                sets += ["failed = :t", "failed_by = :inv"]
         try:
             self._fenced_update(lease, sets, values)
         except LeaseLost:
             return None
-        rec = SegmentRecord.from_item(lease.segment, self.store.get(self.pk, segment_sk(self.job, self.run,
+        return SegmentRecord.from_item(lease.segment, self.store.get(self.pk, segment_sk(self.job, self.run,
                                                                                          lease.segment)))
-        if error is not None and rec.attempts >= self.max_attempts and rec.owner == FREE and not rec.done:
-            try:
-                # Mark failed only if nobody claimed it since (counter unchanged).
-                self.store.update(self.pk, segment_sk(self.job, self.run, lease.segment),
-                                  "SET failed = :t, failed_by = :inv",
-                                  condition="lease_counter = :tok AND #owner = :free",
-                                  names={"#owner": "owner"},
-                                  values={":t": {"BOOL": True}, ":inv": S(self.invocation), ":tok": N(lease.token),
-                                          ":free": S(FREE)})
-                rec = SegmentRecord.from_item(lease.segment, self.store.get(
-                    self.pk, segment_sk(self.job, self.run, lease.segment)))
-            except errors.ConditionalCheckFailed:
-                pass
-        return rec
 
     def _maybe_finish_run(self) -> None:
         recs = self.records()
