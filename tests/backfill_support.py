@@ -124,13 +124,18 @@ class Shim:
                 raise
 
     def put(self, item: dict) -> None:
+        self.put_split(item)()
+
+    def put_split(self, item: dict):
+        """The authoritative write now; returns the mirror write, for the caller to run later."""
         ident = self.ident(item)
         version = self.clock.next()
         item = dict(item, _rs_v={"S": version})
         old = self.mapper.to_physical(item, self.mapper.old, self._shard(ident))
         self._fenced(old, version, must=True)        # authoritative first
         self.model[ident] = old
-        self._fenced(self.mapper.to_physical(item, self.mapper.new), version, must=False)  # fenced mirror
+        new = self.mapper.to_physical(item, self.mapper.new)
+        return lambda: self._fenced(new, version, must=False)  # fenced mirror
 
     def delete(self, item: dict) -> None:
         ident = self.ident(item)
