@@ -120,8 +120,14 @@ class Shim:
         try:
             self.dynamo.call("put_item", **kw)
         except errors.ConditionalCheckFailed:
-            if must:
+            if must and not self._landed(item, version):
                 raise
+
+    def _landed(self, item: dict, version: str) -> bool:
+        """A retried write whose first attempt was applied (the connection dropped after it)."""
+        key = {a: item[a] for a in self.mapper.old.key_attrs}
+        got = self.dynamo.call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+        return bool(got) and got.get("_rs_v", {}).get("S") == version
 
     def put(self, item: dict) -> None:
         self.put_split(item)()
