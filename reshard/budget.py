@@ -124,8 +124,9 @@ class Aimd:
 
     def __init__(self, budget: float | None, unit: str, clock: Callable[[], float], *,
                  decrease: float = 0.5, increase_fraction: float = 0.05, cooldown: float = 1.0,
-                 min_fraction: float = 0.02):
+                 min_fraction: float = 0.02, min_observed: float = 20.0):
         self.budget = budget
+        self.min_observed = min_observed
         self.unit = unit
         self.clock = clock
         self.decrease = decrease
@@ -147,7 +148,12 @@ class Aimd:
         op = _OPERATION_NAMES.get(operation, operation)
         before = self.rate
         if before is None:  # no budget: start from what we were actually consuming
-            self.ceiling = max(observed_rate, 1.0)
+            if observed_rate < self.min_observed:
+                # Too little history to estimate a rate (e.g. the first request was throttled):
+                # leave the pacing to the per-request backoff rather than crawl at ~0.
+                return Decision(now, self.unit, None, f"throttled on {op}: no budget set and too little "
+                                                      "traffic to size one; retrying with backoff")
+            self.ceiling = observed_rate
             before = self.ceiling
         floor = (self.budget or self.ceiling) * self.min_fraction
         self.rate = max(floor, before * self.decrease)

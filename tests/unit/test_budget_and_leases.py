@@ -69,6 +69,9 @@ def test_aimd_without_budget_starts_from_the_observed_rate_and_returns_to_unlimi
     assert a.rate == 150 and d.reason == "throttled on Scan: rate 300 → 150 RCU/s"
     clock.t += 60
     assert "unlimited" in a.tick().reason and a.rate is None
+    clock.t += 5
+    d = a.on_throttle("scan", observed_rate=3)       # too little traffic to size a rate from
+    assert a.rate is None and "retrying with backoff" in d.reason
 
 
 def test_aimd_never_goes_below_the_floor():
