@@ -8,7 +8,11 @@ The copy protocol, per page of one parallel-scan segment (:func:`Backfill.page`)
        Tombstones are copied like items: they carry the logical key fields.
     3. One *unconditional* BatchWriteItem of the re-keyed items (``UnprocessedItems``
        re-sent by :meth:`Dynamo.batch_write`): one plain write per moved item.
-    4. A *consistent* BatchGetItem of the *source* keys, then
+    4. A *consistent* read-back of the *source* items (:meth:`Backfill._read_back`: a
+       strongly consistent Scan of the same page range, projected to key + version, with
+       a consistent BatchGetItem for the sources it does not meet; every shim write and
+       delete stamps a new version, so an unchanged version means an unchanged item and
+       the full item is read, consistently, only for those that changed), then
        :func:`reshard.versions.copy_action` per item:
          * ``done`` -- the source is what we scanned, so what we wrote is right;
          * ``recopy`` -- the source changed since the scan (a shim write or delete):
@@ -43,7 +47,7 @@ from . import errors
 from .budget import CapacityBudget, read_units, scan_units, write_units
 from .control import ControlStore, N, S, register_facts_provider
 from .dynamo import Dynamo
-from .layout import KeyMapper, item_size
+from .layout import VERSION_ATTR, KeyMapper, item_size
 from .phases import Phase
 from .segments import (DEFAULT_LEASE_SECONDS, PageContext, RunResult, SegmentEngine, Subscriber, describe,
                        read_run)
@@ -92,6 +96,11 @@ def _key_json(key: dict) -> str:
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
+def _kid(item: dict, attrs) -> tuple:
+    """A cheap hashable id of an item's key (type and value of each key attribute)."""
+    return tuple(next(iter(item[a].items())) for a in attrs)
+
+
 class Backfill:
     """The copy loop of one migration: the page function handed to the segment engine."""
 
@@ -107,6 +116,11 @@ class Backfill:
         self.old_attrs = mapper.old.key_attrs
         self.new_attrs = mapper.new.key_attrs
         self._avg_bytes = 1024.0
+        names = {f"#k{i}": a for i, a in enumerate(self.old_attrs)}
+        names["#v"] = VERSION_ATTR
+        self._projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
+        o, n = mapper.old.spec, mapper.new.spec
+        self._same_templates = (o.partition_text, o.sort_text) == (n.partition_text, n.sort_text)
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
@@ -122,29 +136,35 @@ class Backfill:
         items = resp.get("Items", [])
         next_key = resp.get("LastEvaluatedKey")
         counts["scanned"] = len(items)
-        if items:
-            self._avg_bytes = 0.8 * self._avg_bytes + 0.2 * (sum(map(item_size, items)) / len(items))
+        if items:  # a running average item size from a sample, for the capacity estimates
+            sample = items[:: max(1, len(items) // 8)]
+            self._avg_bytes = 0.8 * self._avg_bytes + 0.2 * (sum(map(item_size, sample)) / len(sample))
 
         # Re-key. `moved` keeps (scanned source, new item) pairs, one per new key.
         moved: list[tuple[dict, dict]] = []
         extra: list[tuple[dict, dict]] = []  # a second source for a new key already in this batch
-        seen_new: dict[str, int] = {}
+        seen_new: dict[tuple, int] = {}
         for item in items:
-            if self._in_new_layout(item):
-                # The table holds both layouts: this one is already at its new key (a shim
-                # mirror write, an earlier copy, or an item whose key does not change).
-                counts["unmoved" if self._valid_old(item) else "new_layout"] += 1
+            if not self._same_templates and self._in_new_layout(item):
+                counts["new_layout"] += 1
                 continue
             try:
                 new_item, moves = self.mapper.remap(item)
             except errors.UnmappableItem as e:
-                counts["unmappable"] += 1
-                self.record_unmappable(item, e)
+                # The table holds both layouts: an item already at its new key (a shim mirror
+                # write, or a copy made earlier in this run) is not an old item at all.
+                if self._in_new_layout(item):
+                    counts["new_layout"] += 1
+                else:
+                    counts["unmappable"] += 1
+                    self.record_unmappable(item, e)
                 continue
             if not moves:
+                # With the same templates on both sides, a new-layout item that also parses as
+                # an old one maps onto itself, so it lands here too: nothing to copy either way.
                 counts["unmoved"] += 1
                 continue
-            nk = _key_json({a: new_item[a] for a in self.new_attrs})
+            nk = _kid(new_item, self.new_attrs)
             if nk in seen_new:
                 # Two old items for one logical item (a random layout can hold duplicates):
                 # BatchWriteItem refuses duplicate keys, and the newer version must win,
@@ -157,17 +177,13 @@ class Backfill:
         if moved:
             ctx.ensure_lease()  # do not start unconditional writes on a lease that is about to expire
             writes = [{"PutRequest": {"Item": new}} for _, new in moved]
-            with self.budget.spend("write", write_units(new for _, new in moved)):
+            with self.budget.spend("write", len(moved) * max(1.0, -(-self._avg_bytes // 1024))):
                 # Unconditional on purpose: one plain write per item; step 4 repairs races.
                 self.dynamo.batch_write(self.table, writes, capacity=True)
             counts["moved"] = len(moved)
-            sources = [src for src, _ in moved]
-            with self.budget.spend("read", read_units(sources)):
-                current = self.dynamo.batch_get(self.table, [self._old_key(s) for s in sources],
-                                                consistent=True, capacity=True)
-            now = {_key_json(self._old_key(c)): c for c in current}
+            now = self._read_back(ctx, start_key, len(items), [src for src, _ in moved])
             for src, new in moved:
-                self._settle(src, new, now.get(_key_json(self._old_key(src))), counts)
+                self._settle(src, new, now.get(_kid(src, self.old_attrs)), counts)
         for src, new in extra:
             counts["moved"] += 1
             self._fenced_put(new, version_of(src), counts, recopy=False)
@@ -176,6 +192,43 @@ class Backfill:
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, next_key
 
+    def _read_back(self, ctx: PageContext, start_key: dict | None, evaluated: int, sources: list[dict]) -> dict:
+        """Step 4's consistent read of the sources, as ``{old key id: key + version}``.
+
+        A strongly consistent Scan of the same page range (same start key, same Limit),
+        projected to key and version, reads every source that still exists in one call
+        and at scan prices (4 KB units over the page, not per item). Sources it does not
+        meet -- deleted since, or pushed past the Limit by items inserted into the range
+        -- are read with a consistent BatchGetItem. Every shim write and delete stamps
+        a new version, so "same version" means "unchanged"; the full item is fetched
+        only for those that changed (:meth:`_settle`).
+        """
+        kw = {"TableName": self.table, "Segment": ctx.segment, "TotalSegments": ctx.total_segments,
+              # A little past the first scan's Limit: items copied into this range since
+              # (by other workers) would otherwise push sources out of the read.
+              "Limit": evaluated + evaluated // 8 + 4, "ConsistentRead": True, "ReturnConsumedCapacity": "TOTAL",
+              **self._projection}
+        if start_key:
+            kw["ExclusiveStartKey"] = start_key
+        with self.budget.spend("read", scan_units(evaluated, self._avg_bytes, consistent=True)):
+            resp = self.dynamo.call("scan", **kw)
+        attrs = self.old_attrs
+        found = {_kid(i, attrs): i for i in resp.get("Items", []) if all(a in i for a in attrs)}
+        missing = [self._old_key(s) for s in sources if _kid(s, attrs) not in found]
+        if missing:
+            with self.budget.spend("read", float(len(missing))):
+                for c in self.dynamo.batch_get(self.table, missing, consistent=True, capacity=True,
+                                               projection=self._projection):
+                    found[_kid(c, attrs)] = c
+        return found
+
+    def _view(self, item: dict) -> dict:
+        """What the read-back returns for an item: its old key and its version."""
+        view = self._old_key(item)
+        if VERSION_ATTR in item:
+            view[VERSION_ATTR] = item[VERSION_ATTR]
+        return view
+
     def _in_new_layout(self, item: dict) -> bool:
         try:
             values = self.mapper.fields(item, self.mapper.new)
@@ -183,18 +236,18 @@ class Backfill:
         except errors.UnmappableItem:
             return False
 
-    def _valid_old(self, item: dict) -> bool:
-        try:
-            self.mapper.fields(item, self.mapper.old)
-            return True
-        except errors.UnmappableItem:
-            return False
-
     def _old_key(self, item: dict) -> dict:
         return {a: item[a] for a in self.old_attrs}
 
-    def _settle(self, scanned: dict, copied: dict, current: dict | None, counts: dict) -> None:
+    def _settle(self, scanned: dict, copied: dict, current_view: dict | None, counts: dict) -> None:
         """Step 4: make the new layout right for one source item after the unconditional copy."""
+        current = current_view
+        if current_view is not None:
+            if copy_action(self._view(scanned), current_view).kind == "done":
+                return
+            with self.budget.spend("read", read_units([scanned])):
+                current = self.dynamo.call("get_item", TableName=self.table, Key=self._old_key(scanned),
+                                           ConsistentRead=True, ReturnConsumedCapacity="TOTAL").get("Item")
         action = copy_action(scanned, current)
         if action.kind == "done":
             return

@@ -495,8 +495,11 @@ class SegmentEngine:
                     if claimed:
                         break
                 if not claimed:
-                    # Everything left is leased by live workers elsewhere: wait for them
-                    # to finish, or for their leases to expire.
+                    mine = f"{self._owner_prefix()}:"
+                    if all(r.owner.startswith(mine) for r in open_):
+                        return  # the rest is in this process's hands: its workers finish or release it
+                    # Some is leased by live workers elsewhere: wait for them to finish, or for
+                    # their leases to expire (then we take over).
                     self.sleep(self.poll_seconds)
                     continue
                 self._work(*claimed)
