@@ -4,8 +4,9 @@ The simulated shim (tests.backfill_support.Shim) writes the old, authoritative
 layout first and then the fenced mirror, exactly as the shim does in the backfill
 phase. A wrapper around ``Dynamo.call`` runs shim operations right after chosen
 backfill calls: after the Scan (between scan and batch write), after the
-BatchWriteItem (between the write and the read-back), after the BatchGetItem and
-after fenced PutItems. The end state must equal the model: the last acknowledged
+BatchWriteItem (between the write and the read-back), after the read-back (a
+consistent Scan, plus BatchGetItem for stragglers), after the full GetItem of a
+changed source, and after fenced PutItems. The end state must equal the model: the last acknowledged
 write per item in both layouts, deletes (tombstones) not resurrected, one item per
 key per layout. (Deletes that bypass the shim are only covered by the deterministic
 test, in the page being copied: once a page is read back, a hard delete of its source
@@ -22,7 +23,7 @@ from reshard.backfill import BackfillOptions, run_backfill
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 
-HOOKED = ("scan", "batch_write_item", "batch_get_item", "put_item")
+HOOKED = ("scan", "batch_write_item", "batch_get_item", "get_item", "put_item")
 
 
 class Interleaver:
@@ -38,10 +39,12 @@ class Interleaver:
     def call(self, op, **kw):
         resp = self.real(op, **kw)
         if op in HOOKED and not self.busy and kw.get("TableName", "") != "reshard-control":
+            # The read-back is a consistent Scan (plus BatchGetItem for stragglers).
+            step = "read_back" if op == "batch_get_item" or (op == "scan" and kw.get("ConsistentRead")) else op
             self.busy = True
             try:
-                if self.callback(op):
-                    self.fired[op] = self.fired.get(op, 0) + 1
+                if self.callback(step):
+                    self.fired[step] = self.fired.get(step, 0) + 1
             finally:
                 self.busy = False
         return resp
@@ -87,7 +90,7 @@ def test_random_shim_traffic_between_backfill_steps_converges_to_the_model(moto_
     while in_flight:
         in_flight.pop(0)()
     assert result.done
-    assert hook.fired.get("scan") and hook.fired.get("batch_write_item") and hook.fired.get("batch_get_item")
+    assert hook.fired.get("scan") and hook.fired.get("batch_write_item") and hook.fired.get("read_back")
     moto_dynamo.call = hook.real
     assert diff(scan_all(moto_dynamo, m.table), expected_table(mapper, shim.model)) == []
 
