@@ -41,8 +41,12 @@ from tests.servers import DynaliteServer  # noqa: E402
 KIND = "invoices"  # random suffix 10 -> hashed 20: about 95 % of the items move
 
 
-def client(endpoint: str) -> Dynamo:
-    return Dynamo(endpoint_url=endpoint, region="us-east-1", retry=RetryPolicy(base_seconds=0.02))
+def client(endpoint: str, latency_ms: float = 0.0) -> Dynamo:
+    """A reshard client; ``latency_ms`` adds a network round trip to every request (before-send hook)."""
+    d = Dynamo(endpoint_url=endpoint, region="us-east-1", retry=RetryPolicy(base_seconds=0.02))
+    if latency_ms > 0:
+        d.client.meta.events.register("before-send.dynamodb", lambda **kw: time.sleep(latency_ms / 1000))
+    return d
 
 
 def prepare(dynamo: Dynamo, name: str, n: int):
@@ -212,6 +216,10 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=500)
     ap.add_argument("--max-wcu", type=float, default=150)
     ap.add_argument("--wcu-seconds", type=float, default=30)
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="emulated network latency per request for the three throughput copies "
+                         "(dynalite on loopback answers in ~1 ms; DynamoDB in-region is a few ms)")
+    ap.add_argument("--skip-rss-wcu", action="store_true", help="only the throughput comparison")
     ap.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
@@ -220,7 +228,8 @@ def main() -> None:
         return
 
     with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp)) as server:
-        d = client(server.endpoint)
+        d = client(server.endpoint, args.latency_ms)
+        plain = client(server.endpoint)
         S, P = args.segments, args.page_size
         # Alternate the two fast copies twice and keep each one's best, so neither pays for warm-up.
         runs_ours, runs_base = [], []
@@ -231,10 +240,14 @@ def main() -> None:
         best_base = max(runs_base, key=lambda x: x["items_per_s"])
         slow = naive(d, "naive", args.naive_items)
         # The backfill keeps one page per worker in memory, whatever the table size.
-        rss1 = rss(d, server.endpoint, "rss1", args.rss_items, S, P)
-        rss10 = rss(d, server.endpoint, "rss10", args.rss_items * 10, S, P)
         need = int(args.max_wcu * (args.wcu_seconds + 10) * 1.2)
-        wcu = wcu_windows(d, "wcu", need, args.max_wcu, args.wcu_seconds, S, 100)
+        if args.skip_rss_wcu:
+            rss1 = rss10 = 1
+            wcu = {"windows_wcu_per_s": []}
+        else:
+            rss1 = rss(plain, server.endpoint, "rss1", args.rss_items, S, P)
+            rss10 = rss(plain, server.endpoint, "rss10", args.rss_items * 10, S, P)
+            wcu = wcu_windows(plain, "wcu", need, args.max_wcu, args.wcu_seconds, S, 100)
 
     full = wcu["windows_wcu_per_s"]
     used = [x / args.max_wcu for x in full]
@@ -253,6 +266,7 @@ def main() -> None:
                   "rss_growth_10x": "<= 1.2", "wcu_window_fraction_of_budget": "within 0.95..1.05"},
     }
     rows = [
+        ("emulated latency per request", f"{args.latency_ms:g} ms", ""),
         ("backfill items/s", f"{results['backfill_items_per_s']:.0f}", ""),
         ("unconditional scan+batch items/s", f"{results['unconditional_items_per_s']:.0f}", ""),
         ("naive scan+put_item items/s", f"{results['naive_items_per_s']:.0f}", ""),
@@ -267,7 +281,8 @@ def main() -> None:
     print(f"\n{'measure'.ljust(width)}  {'value':<28} goal")
     for name, value, goal in rows:
         print(f"{name.ljust(width)}  {value:<28} {goal}")
-    out = ROOT / "benchmarks" / "results" / "backfill.json"
+    suffix = f"-latency{args.latency_ms:g}ms" if args.latency_ms else ""
+    out = ROOT / "benchmarks" / "results" / f"backfill{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"\nwritten to {out.relative_to(ROOT)}")

@@ -206,7 +206,7 @@ class Backfill:
         kw = {"TableName": self.table, "Segment": ctx.segment, "TotalSegments": ctx.total_segments,
               # A little past the first scan's Limit: items copied into this range since
               # (by other workers) would otherwise push sources out of the read.
-              "Limit": evaluated + evaluated // 8 + 4, "ConsistentRead": True, "ReturnConsumedCapacity": "TOTAL",
+              "Limit": evaluated + evaluated // 4 + 8, "ConsistentRead": True, "ReturnConsumedCapacity": "TOTAL",
               **self._projection}
         if start_key:
             kw["ExclusiveStartKey"] = start_key
@@ -222,13 +222,6 @@ class Backfill:
                     found[_kid(c, attrs)] = c
         return found
 
-    def _view(self, item: dict) -> dict:
-        """What the read-back returns for an item: its old key and its version."""
-        view = self._old_key(item)
-        if VERSION_ATTR in item:
-            view[VERSION_ATTR] = item[VERSION_ATTR]
-        return view
-
     def _in_new_layout(self, item: dict) -> bool:
         try:
             values = self.mapper.fields(item, self.mapper.new)
@@ -243,8 +236,8 @@ class Backfill:
         """Step 4: make the new layout right for one source item after the unconditional copy."""
         current = current_view
         if current_view is not None:
-            if copy_action(self._view(scanned), current_view).kind == "done":
-                return
+            if version_of(current_view) == version_of(scanned):
+                return  # copy_action(view(scanned), view(current)) is "done": same key, same version
             with self.budget.spend("read", read_units([scanned])):
                 current = self.dynamo.call("get_item", TableName=self.table, Key=self._old_key(scanned),
                                            ConsistentRead=True, ReturnConsumedCapacity="TOTAL").get("Item")
