@@ -473,6 +473,9 @@ class SegmentEngine:
                 t.join(self.lease_seconds)
         if self._errors:
             raise self._errors[0]
+        # Normally the worker that finished the last segment stamped the run; if that
+        # process died in between, whoever sees every segment done does it now.
+        self._maybe_finish_run()
         result = RunResult(read_run(self.store, self.migration_id, self.job, self.run) or info, self.records(),
                            sorted(self._worked), time.monotonic() - start, self.stop_event.is_set())
         self.subs.on_run_done(result)

@@ -45,6 +45,11 @@ def test_copy_is_exact_for_each_example_migration(moto_dynamo, kind):
     assert t["moved"] > 0
     assert read_run(store, m.id, JOB, RUN).finished_at is not None
     assert backfill_facts(store, store.load_state(m.id)) == {"backfill_missing": None}
+    # A crash between the last segment and the run stamp: the next invocation stamps it.
+    store.update(store.mpk(m.id), "R#backfill#000001", "REMOVE finished_at")
+    assert "incomplete" in backfill_facts(store, store.load_state(m.id))["backfill_missing"]
+    run_backfill(moto_dynamo, store, m.id, _opts())
+    assert backfill_facts(store, store.load_state(m.id)) == {"backfill_missing": None}
     assert {e[1] for e in log.kinds("done")} == {0, 1, 2}
 
 
