@@ -55,7 +55,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Callable, Iterable
 
 from . import errors
 from .control import ControlStore, N, S, _n, _s

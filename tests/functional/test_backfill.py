@@ -8,9 +8,8 @@ from reshard import errors
 from reshard.backfill import BackfillOptions, JOB, RUN, Backfill, backfill_facts, run_backfill, unmappable_items
 from reshard.budget import CapacityBudget
 from reshard.control import ControlStore
-from reshard.dynamo import to_wire
 from reshard.progress import EventLog
-from reshard.segments import SegmentEngine, SegmentRecord, read_run, segment_sk
+from reshard.segments import SegmentEngine, read_run
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 

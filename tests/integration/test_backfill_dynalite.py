@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 
-import pytest
 
 from reshard.backfill import BackfillOptions, run_backfill, status
 from reshard.dynamo import Dynamo, RetryPolicy, make_client
