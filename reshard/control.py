@@ -396,6 +396,7 @@ class ControlStore:
 
     # ------------------------------------------------------------------ transitions
     def facts(self, state: MigrationState, census: Census) -> Facts:
+        from . import gates  # noqa: F401  (registers the job gates' facts providers once)
         extra: dict = {}
         for provider in _fact_providers:
             extra.update(provider(self, state))

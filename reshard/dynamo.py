@@ -39,7 +39,8 @@ TRANSIENT_CODES = frozenset({
     "InternalServerError", "InternalFailure", "ServiceUnavailable", "InternalServerErrorException",
 })
 _NETWORK_ERRORS = (
-    botocore.exceptions.ConnectionError,  # includes EndpointConnectionError, ConnectionClosedError
+    botocore.exceptions.ConnectionError,  # includes EndpointConnectionError
+    botocore.exceptions.ConnectionClosedError,  # an HTTPClientError, not a ConnectionError
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectTimeoutError,
 )

@@ -1,0 +1,73 @@
+"""`reshard backfill` through the CLI entry point (moto, in-process): exit codes and the summary."""
+
+from __future__ import annotations
+
+import json
+
+from reshard.cli import main
+
+from tests.backfill_support import Shim, logical, setup_migration
+
+
+def test_backfill_command_summary_and_exit_codes(moto_dynamo, capsys, tmp_path):
+    m, mapper, store = setup_migration(moto_dynamo, "sensor", "Tcli", path=tmp_path / "m.toml")
+    shim = Shim(moto_dynamo, mapper, m.table)
+    for i in range(30):
+        shim.seed(logical("sensor", i))
+    moto_dynamo.call("put_item", TableName=m.table, Item={"PK": {"S": "junk"}, "SK": {"S": "x"}})
+    code = main(["--output", "json", "backfill", str(tmp_path / "m.toml"), "--segments", "2", "--page-size", "8"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    summary = json.loads(out.out)
+    assert summary["finished"] and summary["done"] == 2 and summary["failed"] == []
+    assert summary["moved"] == sum(mapper.moves(o) for o in shim.model.values())
+    assert summary["unmappable"] == 1 and summary["unmoved"] >= 1
+    assert set(summary) >= {"scanned", "recopied", "undone", "consumed_here", "elapsed_seconds"}
+
+    # Re-running a finished backfill redoes nothing and still succeeds.
+    assert main(["--output", "json", "backfill", m.id, "--segments", "2"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["worked_here"] == [] and again["moved"] == summary["moved"]
+
+    # A different segment count than the started run: refused, exit 2, one line.
+    assert main(["backfill", m.id, "--segments", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reshard: error: ") and "--segments 2" in err and err.count("\n") == 1
+
+
+def test_backfill_command_refuses_outside_the_backfill_phase(moto_dynamo, capsys):
+    from reshard.control import ControlStore
+    from reshard.layout import KeyMapper
+    from reshard.migration import parse
+    from tests.backfill_support import create_table, migration_text
+    m = parse(migration_text("hourly", "Tphase"))
+    create_table(moto_dynamo, m.table, KeyMapper(m))
+    ControlStore(moto_dynamo).register(m)
+    assert main(["backfill", m.id]) == 2
+    assert "in planned" in capsys.readouterr().err
+
+
+def test_failed_segments_are_listed_and_exit_1(moto_dynamo, capsys, monkeypatch):
+    from reshard import errors
+    from reshard.dynamo import Dynamo
+    m, mapper, store = setup_migration(moto_dynamo, "invoices", "Tfail")
+    shim = Shim(moto_dynamo, mapper, m.table)
+    for i in range(12):
+        shim.seed(logical("invoices", i))
+    real = Dynamo.call
+
+    def call(self, op, **kw):
+        if op == "scan" and kw.get("Segment") == 1 and kw.get("TableName") == m.table:
+            raise errors.AWSError("scan", "InternalServerError", "injected, after retries")
+        return real(self, op, **kw)
+
+    monkeypatch.setattr(Dynamo, "call", call)
+    assert main(["--output", "json", "backfill", m.id, "--segments", "2", "--workers", "1"]) == 1
+    out = capsys.readouterr()
+    summary = json.loads(out.out)
+    assert [f["segment"] for f in summary["failed"]] == [1] and summary["failed"][0]["attempts"] == 3
+    assert "InternalServerError" in summary["failed"][0]["error"]
+    assert "1 segment(s) failed: 1" in out.err
+    monkeypatch.setattr(Dynamo, "call", real)
+    assert main(["--output", "json", "backfill", m.id, "--segments", "2"]) == 0   # the next run retries it
+    assert json.loads(capsys.readouterr().out)["worked_here"] == [1]

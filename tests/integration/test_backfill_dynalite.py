@@ -1,0 +1,242 @@
+"""The backfill against dynalite: SIGKILL-and-resume, two processes sharing a run, injected faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+from reshard.backfill import BackfillOptions, run_backfill, status
+from reshard.dynamo import Dynamo, RetryPolicy, make_client
+
+from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
+from tests.conftest import ROOT
+from tests.servers import DynaliteServer
+
+
+def _seed(dynamo, shim: Shim, kind: str, n: int, versioned_every: int = 10) -> None:
+    """n pre-migration items, batch-written; every ``versioned_every``-th also rewritten through the shim."""
+    phys = []
+    for i in range(n):
+        it = logical(kind, i)
+        ident = shim.ident(it)
+        p = shim.mapper.to_physical(it, shim.mapper.old, shim._shard(ident))
+        shim.model[ident] = p
+        phys.append({"PutRequest": {"Item": p}})
+    dynamo.batch_write(shim.table, phys)
+    for i in range(0, n, versioned_every):
+        shim.put(logical(kind, i, temp=i + 1000))
+
+
+def _cli(endpoint: str, control: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "reshard", "--endpoint-url", endpoint, "--control-table", control, *args]
+
+
+def _env() -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_DEFAULT_REGION="us-east-1")
+    env.pop("AWS_PROFILE", None)
+    return env
+
+
+class Traffic(threading.Thread):
+    """Light shim traffic (puts and deletes) until stopped; bounded in count."""
+
+    def __init__(self, shim: Shim, kind: str, n: int, max_ops: int = 3000, pause: float = 0.02):
+        super().__init__(daemon=True)
+        self.shim, self.kind, self.n, self.max_ops, self.pause = shim, kind, n, max_ops, pause
+        self.stop = threading.Event()
+        self.ops = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        try:
+            while not self.stop.is_set() and self.ops < self.max_ops:
+                i = rng.randrange(self.n)
+                if rng.random() < 0.7:
+                    self.shim.put(logical(self.kind, i, temp=rng.randrange(10 ** 6)))
+                else:
+                    self.shim.delete(logical(self.kind, i))
+                self.ops += 1
+                self.stop.wait(self.pause)
+        except BaseException as e:  # surfaced by the test
+            self.error = e
+
+
+def test_sigkill_at_random_points_then_resume_loses_and_duplicates_nothing(tmp_path):
+    kind, n, segments = "sensor", 9000, 4
+    with DynaliteServer(tmp_path / "kill") as server:
+        # A patient retry policy rides out dynalite's restarts (see Watchdog).
+        dynamo = Dynamo(endpoint_url=server.endpoint, region="us-east-1",
+                        retry=RetryPolicy(max_attempts=40, base_seconds=0.05, max_backoff_seconds=0.5))
+        m, mapper, store = setup_migration(dynamo, kind, "KillEvents", control="kill-control")
+        shim = Shim(dynamo, mapper, m.table, writer="app")
+        _seed(dynamo, shim, kind, n)
+        traffic = Traffic(shim, kind, n)
+        traffic.start()
+        watchdog = Watchdog(server)
+        watchdog.start()
+        cmd = _cli(server.endpoint, "kill-control", "--output", "json", "backfill", m.id, "--segments",
+                   str(segments), "--workers", "2", "--page-size", "10", "--lease-seconds", "5")
+        rng = random.Random(2024)
+        kills, attempts, deadline = 0, 0, time.monotonic() + 60
+        while kills < 10 and attempts < 25 and time.monotonic() < deadline:
+            attempts += 1
+            proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            time.sleep(rng.uniform(0.75, 1.3))  # the interpreter needs ~0.7 s before its first page
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+            proc.communicate(timeout=30)
+            done = (status(store, m.id) or {}).get("done", 0)
+            if done == segments:
+                break
+        traffic.stop.set()
+        traffic.join(20)
+        assert traffic.error is None and traffic.ops > 0
+        final = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+        assert final.returncode == 0, final.stderr
+        summary = json.loads(final.stdout)
+        st = status(store, m.id)
+        redone = sum(s["takeovers"] for s in st["segments"])
+        print(f"\nkill test: {kills} SIGKILLs in {attempts} runs ({watchdog.restarts} dynalite restarts), "
+              f"{traffic.ops} shim ops raced, "
+              f"{st['totals']['pages']:.0f} pages checkpointed, pages redone after takeovers: {redone}, "
+              f"moved {st['totals']['moved']:.0f}")
+        assert kills >= 10, f"only {kills} kills landed before the backfill finished"
+        assert summary["finished"] and st["done"] == segments and st["finished_at"]
+        assert 1 <= redone <= kills * 2          # each kill leaves at most one page per worker to redo
+        assert diff(scan_all(dynamo, m.table), expected_table(mapper, shim.model)) == []
+        watchdog.stop.set()
+        watchdog.join(5)
+
+
+class Watchdog(threading.Thread):
+    """Restarts dynalite (same port, same data directory) whenever it dies.
+
+    dynalite throws, and exits, when a client vanishes mid-request ("Error: aborted" in
+    its request handler) -- which a SIGKILLed backfill does. So the kill test also
+    proves resumption across server restarts.
+    """
+
+    def __init__(self, server: DynaliteServer):
+        super().__init__(daemon=True)
+        self.server = server
+        self.stop = threading.Event()
+        self.restarts = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            if self.server.proc is not None and self.server.proc.poll() is not None:
+                self.restarts += 1
+                self.server.start()
+
+
+def test_two_processes_split_the_segments(dynalite, dynalite_server, unique_name):
+    kind, segments = "invoices", 8
+    control = f"{unique_name}-ctl"
+    m, mapper, store = setup_migration(dynalite, kind, unique_name, control=control, mid=unique_name)
+    shim = Shim(dynalite, mapper, m.table)
+    _seed(dynalite, shim, kind, 2000)
+    cmd = _cli(dynalite_server.endpoint, control, "--output", "json", "backfill", m.id, "--segments",
+               str(segments), "--workers", "2", "--page-size", "50")
+    procs = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
+    worked = [set(json.loads(o[0])["worked_here"]) for o in outs]
+    assert worked[0] and worked[1], f"one process did all the work: {worked}"
+    assert worked[0] & worked[1] == set() and worked[0] | worked[1] == set(range(segments))
+    assert all(s["takeovers"] == 0 and s["state"] == "done" for s in status(store, m.id)["segments"])
+    assert diff(scan_all(dynalite, m.table), expected_table(mapper, shim.model)) == []
+
+
+class _Body:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, **kw):
+        yield self.data
+
+
+def _answer(status_code: int, body: dict):
+    from botocore.awsrequest import AWSResponse
+    return AWSResponse("http://127.0.0.1/", status_code, {"x-amzn-RequestId": "injected"},
+                       _Body(json.dumps(body).encode()))
+
+
+class Faults:
+    """A before-send hook: throttles, 5xx, and BatchWriteItem split (part applied, the rest unprocessed)."""
+
+    def __init__(self, endpoint: str, rate: float, seed: int = 3):
+        self.rng = random.Random(seed)
+        self.rate = rate
+        self.plain = make_client(endpoint_url=endpoint, region="us-east-1")  # applies the processed part
+        self.counts = {"throttle": 0, "5xx": 0, "split": 0, "passed": 0}
+        self.lock = threading.Lock()
+
+    def __call__(self, request, **kwargs):
+        op = request.headers.get("X-Amz-Target", b"")
+        op = (op.decode() if isinstance(op, bytes) else op).split(".")[-1]
+        with self.lock:
+            r = self.rng.random()
+        if r < self.rate / 3:
+            self._count("throttle")
+            return _answer(400, {"__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                                 "message": "injected throttle"})
+        if r < 2 * self.rate / 3:
+            self._count("5xx")
+            return _answer(500, {"__type": "com.amazon.coral.service#InternalFailure", "message": "injected"})
+        if r < 1.6 * self.rate and op == "BatchWriteItem":
+            body = json.loads(request.body)
+            (table, reqs), = body["RequestItems"].items()
+            if len(reqs) > 1:
+                cut = self.rng.randrange(1, len(reqs))
+                self.plain.batch_write_item(RequestItems={table: reqs[:cut]})  # really apply only this part
+                self._count("split")
+                return _answer(200, {"UnprocessedItems": {table: reqs[cut:]},
+                                     "ConsumedCapacity": [{"TableName": table, "CapacityUnits": float(cut)}]})
+        self._count("passed")
+        return None
+
+    def _count(self, k: str) -> None:
+        with self.lock:
+            self.counts[k] += 1
+
+
+def test_throttling_5xx_and_split_batches_leave_the_same_result(dynalite, dynalite_server, unique_name):
+    kind = "hourly"
+    results = {}
+    for label, rate in (("clean", 0.0), ("faulty", 0.25)):
+        table = f"{unique_name}-{label}"
+        m, mapper, store = setup_migration(dynalite, kind, table, control=f"{table}-ctl", mid=table)
+        shim = Shim(dynalite, mapper, m.table)
+        _seed(dynalite, shim, kind, 600)
+        client = make_client(endpoint_url=dynalite_server.endpoint, region="us-east-1")
+        faults = Faults(dynalite_server.endpoint, rate)
+        for op in ("Scan", "BatchWriteItem", "BatchGetItem", "PutItem"):
+            client.meta.events.register(f"before-send.dynamodb.{op}", faults)
+        data = Dynamo(client, retry=RetryPolicy(max_attempts=12, base_seconds=0.005, max_backoff_seconds=0.1))
+        from reshard.control import ControlStore
+        result, budget = run_backfill(data, ControlStore(dynalite, f"{table}-ctl"), m.id,
+                                      BackfillOptions(segments=3, workers=3, page_size=40, max_wcu=5000))
+        assert result.done
+        assert diff(scan_all(dynalite, m.table), expected_table(mapper, shim.model)) == []
+        # The two tables hold the same data; only the seeding time (the versions) differs.
+        results[label] = sorted(json.dumps({k: a for k, a in v.items() if k != "_rs_v"}, sort_keys=True)
+                                for v in scan_all(dynalite, m.table).values())
+        if rate:
+            assert faults.counts["throttle"] >= 5 and faults.counts["5xx"] >= 5 and faults.counts["split"] >= 2, \
+                faults.counts
+            st = status(ControlStore(dynalite, f"{table}-ctl"), m.id)
+            assert "throttled on" in budget.latest_reason()
+            assert any((s["last_throttle"] or "").startswith(("throttled on", "no throttling"))
+                       for s in st["segments"])
+    assert results["clean"] == results["faulty"]

@@ -1,0 +1,150 @@
+"""Pure logic: token bucket, AIMD, budget accounting (fake clock), lease decisions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from reshard.budget import Aimd, CapacityBudget, TokenBucket, read_units, scan_units, write_units
+from reshard.segments import FREE, SegmentRecord, lease_decision
+
+
+class FakeClock:
+    def __init__(self, t: float = 100.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_token_bucket_paces_to_the_rate_and_caps_bursts():
+    clock = FakeClock()
+    b = TokenBucket(100.0, clock, burst_seconds=0.5)
+    assert b.reserve(50) == pytest.approx(0.5)       # starts empty: 50 units need 0.5 s
+    clock.t += 0.5
+    assert b.reserve(100) == pytest.approx(1.0)      # reservations queue behind each other
+    clock.t += 100                                    # a long idle spell saves at most 0.5 s of tokens
+    assert b.reserve(50) == 0 and b.reserve(100) == pytest.approx(1.0)
+
+
+def test_token_bucket_adjust_charges_actual_units():
+    clock = FakeClock()
+    b = TokenBucket(10.0, clock)
+    b.reserve(5)
+    b.adjust(-5)                                      # estimate refunded ...
+    b.adjust(20)                                      # ... actual charged
+    assert b.reserve(0) == pytest.approx(2.0)
+
+
+def test_unlimited_bucket_never_waits():
+    b = TokenBucket(None, FakeClock())
+    assert b.reserve(1e9) == 0
+
+
+def test_aimd_halves_once_per_cooldown_and_climbs_back_additively():
+    clock = FakeClock()
+    a = Aimd(400.0, "WCU", clock, increase_fraction=0.05, cooldown=1.0)
+    d = a.on_throttle("batch_write_item", observed_rate=390)
+    assert d.reason == "throttled on BatchWriteItem: rate 400 → 200 WCU/s" and a.rate == 200
+    assert a.on_throttle("batch_write_item", 390) is None and a.rate == 200   # same overload
+    clock.t += 1.5                                    # +5 % of the budget per second meanwhile
+    assert a.on_throttle("put_item", 190).reason == "throttled on PutItem: rate 230 → 115 WCU/s"
+    clock.t += 5
+    assert a.tick() is None and a.rate == pytest.approx(115 + 400 * 0.05 * 5)
+    clock.t += 100
+    d = a.tick()
+    assert a.rate == 400 and "rate back to 400 WCU/s" in d.reason
+
+
+def test_aimd_without_budget_starts_from_the_observed_rate_and_returns_to_unlimited():
+    clock = FakeClock()
+    a = Aimd(None, "RCU", clock)
+    assert a.rate is None
+    d = a.on_throttle("scan", observed_rate=300)
+    assert a.rate == 150 and d.reason == "throttled on Scan: rate 300 → 150 RCU/s"
+    clock.t += 60
+    assert "unlimited" in a.tick().reason and a.rate is None
+    clock.t += 5
+    d = a.on_throttle("scan", observed_rate=3)       # too little traffic to size a rate from
+    assert a.rate is None and "retrying with backoff" in d.reason
+
+
+def test_aimd_never_goes_below_the_floor():
+    clock = FakeClock()
+    a = Aimd(100.0, "WCU", clock, min_fraction=0.1, increase_fraction=0.0)
+    for _ in range(20):
+        clock.t += 2
+        a.on_throttle("batch_write_item", 0)
+    assert a.rate == pytest.approx(10.0)
+
+
+def test_budget_charges_reported_units_or_else_the_estimate():
+    clock = FakeClock()
+    budget = CapacityBudget(max_wcu=100, clock=clock, sleep=clock.sleep)
+    budget.table = "T"
+    with budget.spend("write", 10):
+        budget._on_capacity("T", 25.0)          # the answer said 25
+        budget._on_capacity("other", 99.0)      # another table's units are not ours
+    with budget.spend("write", 10):
+        pass                                     # no ConsumedCapacity: the estimate stands
+    assert budget.consumed()["wcu"] == 35
+    assert budget.take_usage() == {"rcu": 0.0, "wcu": 35.0}
+    with budget.spend("write", 100):
+        pass
+    # 35 + 100 units at 100/s from an empty bucket: the last request waited until 1.35 s.
+    assert clock.t - 100.0 == pytest.approx(1.35, abs=0.01)
+
+
+def test_budget_throttle_records_a_reason_and_tells_listeners():
+    clock = FakeClock()
+    budget = CapacityBudget(max_wcu=400, max_rcu=100, clock=clock, sleep=clock.sleep)
+    heard = []
+    budget.listeners.append(heard.append)
+    budget.on_throttle("batch_write_item")
+    budget.on_throttle("batch_get_item")
+    assert budget.rate("write") == 200 and budget.rate("read") == 50
+    assert budget.latest_reason() == "throttled on BatchGetItem: rate 100 → 50 RCU/s"
+    assert [d.reason for d in heard][0] == "throttled on BatchWriteItem: rate 400 → 200 WCU/s"
+
+
+def test_capacity_estimates_follow_dynamodb_units():
+    small = {"PK": {"S": "a"}, "v": {"S": "x" * 100}}
+    big = {"PK": {"S": "a"}, "v": {"S": "x" * 5000}}
+    assert write_units([small, big]) == 1 + 5
+    assert read_units([small, big]) == 1 + 2 and read_units([big], consistent=False) == 1
+    assert scan_units(100, 1024) == 12.5
+
+
+REC = dict(segment=3, exists=True, owner="h:1:inv:0", lease_expires=200.0, lease_counter=4)
+
+
+@pytest.mark.parametrize("rec,now,claim,reason", [
+    (SegmentRecord(3), 100, True, "new"),
+    (SegmentRecord(**{**REC, "owner": FREE}), 100, True, "free"),
+    (SegmentRecord(**REC), 100, False, "leased by h:1:inv:0"),
+    (SegmentRecord(**REC), 200, True, "lease of h:1:inv:0 expired"),
+    (SegmentRecord(**{**REC, "owner": "me"}), 100, True, "already mine"),
+    (SegmentRecord(**{**REC, "done": True, "owner": FREE}), 999, False, "done"),
+    (SegmentRecord(**{**REC, "failed": True, "failed_by": "inv", "attempts": 3, "owner": FREE}), 999, False,
+     "failed in this run after 3 attempts"),
+    (SegmentRecord(**{**REC, "failed": True, "failed_by": "earlier", "owner": FREE}), 100, True, "free"),
+])
+def test_lease_decision(rec, now, claim, reason):
+    d = lease_decision(rec, me="me", invocation="inv", now=now)
+    assert (d.claim, d.reason) == (claim, reason)
+
+
+def test_a_dead_owner_on_this_host_is_taken_over_before_expiry():
+    d = lease_decision(SegmentRecord(**REC), me="me", invocation="inv", now=100, is_dead=lambda o: True)
+    assert d.claim and d.takeover and "dead process" in d.reason
+
+
+def test_budget_module_is_pure():
+    code = ("import sys, reshard.budget; bad = [m for m in ('boto3', 'botocore', 'click', 'tqdm', 'tenacity') "
+            "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
