@@ -120,7 +120,6 @@ class Backfill:
         names["#v"] = VERSION_ATTR
         self._projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
         o, n = mapper.old.spec, mapper.new.spec
-        self._same_templates = (o.partition_text, o.sort_text) == (n.partition_text, n.sort_text)
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
@@ -145,24 +144,19 @@ class Backfill:
         extra: list[tuple[dict, dict]] = []  # a second source for a new key already in this batch
         seen_new: dict[tuple, int] = {}
         for item in items:
-            if not self._same_templates and self._in_new_layout(item):
+            # The table holds both layouts: a new-layout copy (a shim's mirror write, or a
+            # copy made earlier) carries the _rs_new marker and is not an old item at all.
+            if self.mapper.is_new_copy(item):
                 counts["new_layout"] += 1
                 continue
             try:
                 new_item, moves = self.mapper.remap(item)
             except errors.UnmappableItem as e:
-                # The table holds both layouts: an item already at its new key (a shim mirror
-                # write, or a copy made earlier in this run) is not an old item at all.
-                if self._in_new_layout(item):
-                    counts["new_layout"] += 1
-                else:
-                    counts["unmappable"] += 1
-                    self.record_unmappable(item, e)
+                counts["unmappable"] += 1
+                self.record_unmappable(item, e)
                 continue
             if not moves:
-                # With the same templates on both sides, a new-layout item that also parses as
-                # an old one maps onto itself, so it lands here too: nothing to copy either way.
-                counts["unmoved"] += 1
+                counts["unmoved"] += 1  # one physical item serves both layouts
                 continue
             nk = _kid(new_item, self.new_attrs)
             if nk in seen_new:
@@ -221,13 +215,6 @@ class Backfill:
                                                projection=self._projection):
                     found[_kid(c, attrs)] = c
         return found
-
-    def _in_new_layout(self, item: dict) -> bool:
-        try:
-            values = self.mapper.fields(item, self.mapper.new)
-            return all(item.get(a) == v for a, v in self.mapper.new.key(values).items())
-        except errors.UnmappableItem:
-            return False
 
     def _old_key(self, item: dict) -> dict:
         return {a: item[a] for a in self.old_attrs}

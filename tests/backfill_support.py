@@ -132,6 +132,14 @@ class Shim:
     def put(self, item: dict) -> None:
         self.put_split(item)()
 
+    def _new_copy(self, item: dict, old: dict) -> dict:
+        """The new-layout physical item, marked as a new copy when its key differs from the old one
+        (as the real shim does)."""
+        new = self.mapper.to_physical(item, self.mapper.new)
+        if self.mapper.old_key_of(new) != self.mapper.old_key_of(old):
+            self.mapper.mark_new_copy(new)
+        return new
+
     def put_split(self, item: dict):
         """The authoritative write now; returns the mirror write, for the caller to run later."""
         ident = self.ident(item)
@@ -140,7 +148,7 @@ class Shim:
         old = self.mapper.to_physical(item, self.mapper.old, self._shard(ident))
         self._fenced(old, version, must=True)        # authoritative first
         self.model[ident] = old
-        new = self.mapper.to_physical(item, self.mapper.new)
+        new = self._new_copy(item, old)
         return lambda: self._fenced(new, version, must=False)  # fenced mirror
 
     def delete(self, item: dict) -> None:
@@ -150,7 +158,7 @@ class Shim:
         old = tombstone(self.mapper.to_physical(keys, self.mapper.old, self._shard(ident)), version)
         self._fenced(old, version, must=True)
         self.model[ident] = old
-        self._fenced(tombstone(self.mapper.to_physical(keys, self.mapper.new), version), version, must=False)
+        self._fenced(tombstone(self._new_copy(keys, old), version), version, must=False)
 
     def hard_delete(self, item: dict) -> None:
         ident = self.ident(item)
