@@ -119,7 +119,6 @@ class Backfill:
         names = {f"#k{i}": a for i, a in enumerate(self.old_attrs)}
         names["#v"] = VERSION_ATTR
         self._projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
-        o, n = mapper.old.spec, mapper.new.spec
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
