@@ -45,7 +45,7 @@ from .compare import KINDS, classify, live
 from .control import ControlStore, S, register_facts_provider
 from .dynamo import Dynamo
 from .jobs import latest_run, make_engine, require_phase_and_ack, run_to_join
-from .layout import VERSION_ATTR, KeyMapper
+from .layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper
 from .phases import Phase
 from .segments import DEFAULT_LEASE_SECONDS, PageContext, RunResult, Subscriber, read_run
 from .versions import fence_for, version_of
@@ -91,8 +91,9 @@ class VerifyResult:
                 "started_at": self.started_at, "finished_at": self.finished_at}
 
 
-def _kid(key: dict) -> str:
-    return json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
+def _kid(key: dict) -> tuple:
+    """A cheap hashable id of a key: (attribute, type, value) per key attribute."""
+    return tuple((a, *next(iter(key[a].items()))) for a in sorted(key))
 
 
 class Verifier:
@@ -111,16 +112,20 @@ class Verifier:
         self.opts = opts
         self.sleep = sleep
         self.key_attrs = mapper.old.key_attrs
+        names = {f"#k{i}": a for i, a in enumerate(self.key_attrs)}
+        names.update({"#v": VERSION_ATTR, "#d": TOMBSTONE_ATTR, "#n": NEW_COPY_ATTR})
+        self._liveness_projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
 
     def _key(self, item: dict) -> dict:
         return {a: item[a] for a in self.key_attrs}
 
-    def _read(self, keys: list[dict], consistent: bool) -> dict[str, dict]:
+    def _read(self, keys: list[dict], consistent: bool, projection: dict | None = None) -> dict[str, dict]:
         unique = list({_kid(k): k for k in keys}.values())
         if not unique:
             return {}
         with self.budget.spend("read", len(unique) * (1.0 if consistent else 0.5)):
-            found = self.dynamo.batch_get(self.table, unique, consistent=consistent, capacity=True)
+            found = self.dynamo.batch_get(self.table, unique, consistent=consistent, capacity=True,
+                                          projection=projection)
         return {_kid(self._key(i)): i for i in found}
 
     # ---------------------------------------------------------------- one page
@@ -162,7 +167,7 @@ class Verifier:
                     ident = self.mapper.identity(fields) if fields else ()
                     self._report(counts, "duplicate", ident, None, self._key(item), None, item, detail)
                     continue
-                checks.append(("new", self.mapper.old.candidate_keys(fields), self._key(item)))
+                checks.append(("new", self.mapper.old.candidate_keys(fields), self._key(item), item))
                 continue
             try:
                 fields = self.mapper.fields(item, self.mapper.old)
@@ -175,7 +180,7 @@ class Verifier:
                 continue
             # From the old side one old key is enough: duplicates among a random layout's
             # shards are judged from the new side, which reads every candidate.
-            checks.append(("old", [self._key(item)], new_key))
+            checks.append(("old", [self._key(item)], new_key, item))
 
         suspects = self._first_look(checks)
         for side, old_keys, new_key in suspects:
@@ -184,12 +189,24 @@ class Verifier:
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, resp.get("LastEvaluatedKey")
 
-    def _first_look(self, checks: list[tuple[str, list[dict], dict]]) -> list[tuple[str, list[dict], dict]]:
-        """Eventually consistent reads of every pair; returns the pairs that look different."""
-        keys = [k for _, old_keys, new_key in checks for k in (*old_keys, new_key)]
-        found = self._read(keys, consistent=False)
-        return [(side, old_keys, new_key) for side, old_keys, new_key in checks
-                if self._judge(side, old_keys, new_key, found)[0] is not None]
+    def _first_look(self, checks: list[tuple]) -> list[tuple[str, list[dict], dict]]:
+        """Eventually consistent reads of every pair's counterpart (the scanned item is its own
+        side); returns the pairs that look different.
+
+        From the new side only the old item's liveness matters (extra, resurrected,
+        duplicate), so those reads are projected to the key and bookkeeping attributes.
+        """
+        found: dict[str, dict] = {}
+        found.update(self._read([new_key for side, _, new_key, _ in checks if side == "old"], consistent=False))
+        found.update(self._read([k for side, old_keys, _, _ in checks if side == "new" for k in old_keys],
+                                consistent=False, projection=self._liveness_projection))
+        suspects = []
+        for side, old_keys, new_key, scanned in checks:
+            view = dict(found)
+            view[_kid(self._key(scanned))] = scanned
+            if self._judge(side, old_keys, new_key, view)[0] is not None:
+                suspects.append((side, old_keys, new_key))
+        return suspects
 
     #: Which side of a pair judges which kinds (see ``page``).
     SIDE_KINDS = {"old": frozenset({"missing", "stale", "diverged"}),
@@ -197,20 +214,22 @@ class Verifier:
 
     def _judge(self, side: str, old_keys: list[dict], new_key: dict, found: dict[str, dict]):
         """(kind or None, old item, new item, versions) for one logical item, judged from ``side``."""
-        kind, old, new, versions = self._compare(old_keys, new_key, found)
+        kind, old, new, versions = self._compare(side, old_keys, new_key, found)
         if kind not in self.SIDE_KINDS[side]:
             kind = None
         return kind, old, new, versions
 
-    def _compare(self, old_keys: list[dict], new_key: dict, found: dict[str, dict]):
+    def _compare(self, side: str, old_keys: list[dict], new_key: dict, found: dict[str, dict]):
         new = found.get(_kid(new_key))
         olds = [found[_kid(k)] for k in old_keys if _kid(k) in found and not self.mapper.is_new_copy(found[_kid(k)])]
         live_olds = [o for o in olds if live(o)]
         if len(live_olds) > 1:
             return "duplicate", live_olds[0], new, tuple(version_of(o) for o in olds) + (version_of(new),)
         old = live_olds[0] if live_olds else (olds[0] if olds else None)
-        kind = classify(self.mapper, old, new)
-        return kind, old, new, (version_of(old), version_of(new), old is None, new is None)
+        versions = (version_of(old), version_of(new), old is None, new is None)
+        if side == "new" and old is not None and live(old):
+            return None, old, new, versions  # content is judged from the old side
+        return classify(self.mapper, old, new), old, new, versions
 
     def _settle(self, counts: dict, side: str, old_keys: list[dict], new_key: dict) -> None:
         """Re-read a suspect consistently until it agrees or stays the same twice."""
