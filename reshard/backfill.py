@@ -51,7 +51,8 @@ from .layout import VERSION_ATTR, KeyMapper, item_size
 from .phases import Phase
 from .segments import (DEFAULT_LEASE_SECONDS, PageContext, RunResult, SegmentEngine, Subscriber, describe,
                        read_run)
-from .versions import copy_action, fence_for, version_of
+from .jobs import conditional_delete, conditional_put
+from .versions import copy_action, fence_for, unchanged, version_of
 
 JOB = "backfill"
 #: The first backfill run of a migration. Re-running resumes the current run (finished
@@ -247,35 +248,19 @@ class Backfill:
         self._undo(scanned, copied, counts)
 
     def _fenced_put(self, item: dict, version: str, counts: dict, recopy: bool) -> None:
-        fence = fence_for(version)
-        kwargs = {"TableName": self.table, "Item": item, "ConditionExpression": fence.expression,
-                  "ExpressionAttributeNames": fence.names, "ReturnConsumedCapacity": "TOTAL"}
-        if fence.values:
-            kwargs["ExpressionAttributeValues"] = fence.values
-        try:
-            with self.budget.spend("write", write_units([item])):
-                self.dynamo.call("put_item", **kwargs)
-        except errors.ConditionalCheckFailed:
-            # The target holds this version or a newer one (the shim's mirror write): keep it.
+        # A failed fence: the target holds this version or a newer one (the shim's mirror
+        # write): keep it.
+        if not conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version), write_units([item])):
             if recopy:
                 counts["recopy_fenced"] += 1
 
     def _undo(self, scanned: dict, copied: dict, counts: dict) -> None:
         """The source vanished: delete our copy, but only if it is still ours."""
-        version = version_of(scanned)
-        kwargs = {"TableName": self.table, "Key": {a: copied[a] for a in self.new_attrs},
-                  "ExpressionAttributeNames": {"#rs_v": "_rs_v"}, "ReturnConsumedCapacity": "TOTAL"}
-        if version:
-            kwargs["ConditionExpression"] = "#rs_v = :rs_v"
-            kwargs["ExpressionAttributeValues"] = {":rs_v": {"S": version}}
-        else:
-            kwargs["ConditionExpression"] = "attribute_exists(#rs_k) AND attribute_not_exists(#rs_v)"
-            kwargs["ExpressionAttributeNames"]["#rs_k"] = self.new_attrs[0]
-        try:
-            with self.budget.spend("write", 1.0):
-                self.dynamo.call("delete_item", **kwargs)
+        key = {a: copied[a] for a in self.new_attrs}
+        if conditional_delete(self.dynamo, self.budget, self.table, key,
+                              unchanged(version_of(scanned), self.new_attrs[0])):
             counts["undone"] += 1
-        except errors.ConditionalCheckFailed:
+        else:
             counts["undo_skipped"] += 1  # a shim write replaced our copy: it stays
 
     # ---------------------------------------------------------------- unmappable report

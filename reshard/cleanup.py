@@ -34,12 +34,12 @@ from . import errors
 from .budget import CapacityBudget, scan_units
 from .control import ControlStore, N, register_facts_provider
 from .dynamo import Dynamo
-from .jobs import entered_at, latest_run, make_engine, require_phase_and_ack, run_to_join
-from .layout import VERSION_ATTR, KeyMapper, is_tombstone
+from .jobs import conditional_delete, entered_at, latest_run, make_engine, require_phase_and_ack, run_to_join
+from .layout import KeyMapper, is_tombstone, item_size
 from .migration import Migration
 from .phases import Phase
 from .segments import DEFAULT_LEASE_SECONDS, PageContext, RunResult, Subscriber
-from .versions import version_of
+from .versions import unchanged, version_of
 
 JOB = "cleanup"
 
@@ -167,22 +167,12 @@ class Cleaner:
 
     def _delete_if_unchanged(self, item: dict) -> bool:
         """Delete an item only if its version is still the one scanned (a newer write wins)."""
-        v = version_of(item)
-        kwargs: dict[str, Any] = {"TableName": self.table, "Key": self._key(item),
-                                  "ConditionExpression": "#rs_v = :rs_v" if v else "attribute_not_exists(#rs_v)",
-                                  "ExpressionAttributeNames": {"#rs_v": VERSION_ATTR}}
-        if v:
-            kwargs["ExpressionAttributeValues"] = {":rs_v": {"S": v}}
-        try:
-            with self.budget.spend("write", 1.0):
-                self.dynamo.call("delete_item", **kwargs)
-            return True
-        except errors.ConditionalCheckFailed:
-            return False
+        return conditional_delete(self.dynamo, self.budget, self.table, self._key(item),
+                                  unchanged(version_of(item), self.key_attrs[0]))
 
     def _set_ttl(self, item: dict) -> str:
         """Give an old item the TTL attribute, unless its own TTL expires sooner."""
-        units = max(1.0, math.ceil(sum(len(k) for k in item) / 1024))
+        units = max(1.0, math.ceil(item_size(item) / 1024))  # an update is billed on the item's size
         try:
             with self.budget.spend("write", units):
                 self.dynamo.call(

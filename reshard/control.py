@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import errors
-from .dynamo import Dynamo
+from .dynamo import Dynamo, expression_kwargs
 from .migration import Migration, parse
 from .phases import Action, Facts, Phase, TERMINAL, decide
 
@@ -273,40 +273,21 @@ class ControlStore:
 
     def put(self, item: dict, condition: str | None = None, names: dict | None = None,
             values: dict | None = None) -> None:
-        kwargs: dict[str, Any] = {"TableName": self.table, "Item": item}
-        if condition:
-            kwargs["ConditionExpression"] = condition
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        if values:
-            kwargs["ExpressionAttributeValues"] = values
-        self.dynamo.call("put_item", **kwargs)
+        self.dynamo.call("put_item", TableName=self.table, Item=item, **expression_kwargs(condition, names, values))
 
     def update(self, pk: str, sk: str, expression: str, condition: str | None = None,
                names: dict | None = None, values: dict | None = None, return_new: bool = False) -> dict | None:
-        kwargs: dict[str, Any] = {"TableName": self.table, "Key": {"pk": S(pk), "sk": S(sk)},
-                                  "UpdateExpression": expression}
-        if condition:
-            kwargs["ConditionExpression"] = condition
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        if values:
-            kwargs["ExpressionAttributeValues"] = values
+        kwargs = expression_kwargs(condition, names, values)
         if return_new:
             kwargs["ReturnValues"] = "ALL_NEW"
-        resp = self.dynamo.call("update_item", **kwargs)
+        resp = self.dynamo.call("update_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
+                                UpdateExpression=expression, **kwargs)
         return resp.get("Attributes")
 
     def delete(self, pk: str, sk: str, condition: str | None = None, names: dict | None = None,
                values: dict | None = None) -> None:
-        kwargs: dict[str, Any] = {"TableName": self.table, "Key": {"pk": S(pk), "sk": S(sk)}}
-        if condition:
-            kwargs["ConditionExpression"] = condition
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        if values:
-            kwargs["ExpressionAttributeValues"] = values
-        self.dynamo.call("delete_item", **kwargs)
+        self.dynamo.call("delete_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
+                         **expression_kwargs(condition, names, values))
 
     # ------------------------------------------------------------------ migrations
     @staticmethod

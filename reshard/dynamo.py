@@ -316,6 +316,18 @@ def _is_loopback(url: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def expression_kwargs(condition: str | None = None, names: dict | None = None, values: dict | None = None) -> dict:
+    """The condition keyword arguments of a call, leaving out the empty ones (DynamoDB refuses them)."""
+    out: dict[str, Any] = {}
+    if condition:
+        out["ConditionExpression"] = condition
+    if names:
+        out["ExpressionAttributeNames"] = names
+    if values:
+        out["ExpressionAttributeValues"] = values
+    return out
+
+
 def chunks(seq: list, n: int) -> Iterable[list]:
     for i in range(0, len(seq), n):
         yield seq[i:i + n]

@@ -16,6 +16,7 @@ from .control import ControlStore, MigrationState, _n, _s
 from .dynamo import Dynamo
 from .phases import Phase
 from .segments import DEFAULT_LEASE_SECONDS, PageFn, RunInfo, SegmentEngine, Subscriber, read_run
+from .versions import Fence
 
 
 def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, phases: Iterable[Phase],
@@ -97,3 +98,25 @@ def make_engine(dynamo: Dynamo, store: ControlStore, migration_id: str, job: str
 def finished_run(store: ControlStore, migration_id: str, job: str, run: int) -> RunInfo | None:
     info = read_run(store, migration_id, job, run)
     return info if info and info.finished_at is not None else None
+
+
+def conditional_put(dynamo: Dynamo, budget: CapacityBudget, table: str, item: dict, fence: Fence,
+                    units: float = 1.0) -> bool:
+    """PutItem under a version condition, within the budget; False when the condition failed
+    (a newer write is there, and it stays)."""
+    try:
+        with budget.spend("write", units):
+            dynamo.call("put_item", TableName=table, Item=item, ReturnConsumedCapacity="TOTAL", **fence.kwargs())
+        return True
+    except errors.ConditionalCheckFailed:
+        return False
+
+
+def conditional_delete(dynamo: Dynamo, budget: CapacityBudget, table: str, key: dict, fence: Fence) -> bool:
+    """DeleteItem under a version condition, within the budget; False when the condition failed."""
+    try:
+        with budget.spend("write", 1.0):
+            dynamo.call("delete_item", TableName=table, Key=key, ReturnConsumedCapacity="TOTAL", **fence.kwargs())
+        return True
+    except errors.ConditionalCheckFailed:
+        return False

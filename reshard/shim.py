@@ -64,7 +64,7 @@ from typing import Any, Callable, Mapping
 
 from . import errors
 from .control import DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, ControlStore
-from .dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
+from .dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from .layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
 from .migration import RESERVED_PREFIX, Migration, load
 from .phases import ROUTING, STEADY, Phase, Routing
@@ -415,16 +415,10 @@ class ShardedTable:
     # ------------------------------------------------------------------ low-level writes
     def _put(self, item: dict, condition: str | None, names: dict | None, values: dict | None,
              return_old: bool = False) -> dict:
-        kwargs: dict[str, Any] = {"TableName": self.table, "Item": item}
-        if condition:
-            kwargs["ConditionExpression"] = condition
-        if names:
-            kwargs["ExpressionAttributeNames"] = names
-        if values:
-            kwargs["ExpressionAttributeValues"] = values
+        kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
-        return self.dynamo.call("put_item", **kwargs)
+        return self.dynamo.call("put_item", TableName=self.table, Item=item, **kwargs)
 
     def _mirror(self, item: dict) -> None:
         """Write the full resulting item to the other layout, fenced by its own version."""

@@ -44,11 +44,11 @@ from .budget import CapacityBudget, scan_units
 from .compare import KINDS, classify, live
 from .control import ControlStore, S, register_facts_provider
 from .dynamo import Dynamo
-from .jobs import latest_run, make_engine, require_phase_and_ack, run_to_join
+from .jobs import conditional_delete, conditional_put, latest_run, make_engine, require_phase_and_ack, run_to_join
 from .layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper
 from .phases import Phase
 from .segments import DEFAULT_LEASE_SECONDS, PageContext, RunResult, Subscriber, read_run
-from .versions import fence_for, version_of
+from .versions import fence_for, unchanged, version_of
 
 JOB = "verify"
 DIFFERENCE_KINDS = tuple(KINDS)
@@ -289,46 +289,23 @@ class Verifier:
                 if version_of(new) > version_of(old):
                     return False  # a newer write sits in the new layout only: leave it, report it
                 target, _ = self.mapper.remap(old)  # a tombstone re-keys to a tombstone copy
-                fence = fence_for(version_of(old))
-                cond, names, values = fence.expression, dict(fence.names), dict(fence.values)
-                if new is not None and version_of(new) == version_of(old):
-                    # Same version, different content: only this exact stale copy may be replaced.
-                    cond, values = "#rs_v = :rs_v", {":rs_v": {"S": version_of(old)}}
-                    if not version_of(old):
-                        cond, values = "attribute_not_exists(#rs_v)", {}
-                kwargs: dict[str, Any] = {"TableName": self.table, "Item": target, "ConditionExpression": cond,
-                                          "ExpressionAttributeNames": names}
-                if values:
-                    kwargs["ExpressionAttributeValues"] = values
-                with self.budget.spend("write", 1.0):
-                    self.dynamo.call("put_item", **kwargs)
-                return True
+                # Same version but other content: only this exact stale copy may be replaced.
+                fence = unchanged(version_of(old), self.key_attrs[0]) \
+                    if new is not None and version_of(new) == version_of(old) else fence_for(version_of(old))
+                return conditional_put(self.dynamo, self.budget, self.table, target, fence)
             if kind == "extra" and new is not None and self.mapper.is_new_copy(new):
                 # A copy with no old item behind it. (Duplicates among old shards are
                 # reported, not repaired: which one the application meant is not ours to
                 # guess; the shim reads the newest.)
                 return self._delete_copy(new, new_key)
-        except errors.ConditionalCheckFailed:
-            return False  # it changed under us: a newer write won; the next verify looks again
         except errors.UnmappableItem:
             return False
         return False
 
-
     def _delete_copy(self, item: dict, key: dict) -> bool:
         """Delete a new-layout copy if it is still the one we saw (same version)."""
-        v = version_of(item)
-        kwargs: dict[str, Any] = {"TableName": self.table, "Key": key,
-                                  "ConditionExpression": "#rs_v = :rs_v" if v else "attribute_not_exists(#rs_v)",
-                                  "ExpressionAttributeNames": {"#rs_v": VERSION_ATTR}}
-        if v:
-            kwargs["ExpressionAttributeValues"] = {":rs_v": {"S": v}}
-        try:
-            with self.budget.spend("write", 1.0):
-                self.dynamo.call("delete_item", **kwargs)
-            return True
-        except errors.ConditionalCheckFailed:
-            return False
+        return conditional_delete(self.dynamo, self.budget, self.table, key,
+                                  unchanged(version_of(item), self.key_attrs[0]))
 
 
 def check_preconditions(store: ControlStore, migration_id: str, repair: bool):

@@ -102,11 +102,19 @@ def newest(items):
 
 @dataclass(frozen=True)
 class Fence:
-    """A condition that lets a write through only onto an older version of the item."""
+    """A version condition for a write (``fence_for``: only onto an older version;
+    ``unchanged``: only onto exactly this version)."""
 
     expression: str
     names: dict
     values: dict
+
+    def kwargs(self) -> dict:
+        """The ConditionExpression / ExpressionAttributeNames / ExpressionAttributeValues of a call."""
+        out = {"ConditionExpression": self.expression, "ExpressionAttributeNames": dict(self.names)}
+        if self.values:
+            out["ExpressionAttributeValues"] = dict(self.values)
+        return out
 
 
 def fence_for(version: str) -> Fence:
@@ -120,6 +128,19 @@ def fence_for(version: str) -> Fence:
     if not version:
         return Fence("attribute_not_exists(#rs_v)", names, {})
     return Fence("attribute_not_exists(#rs_v) OR #rs_v < :rs_v", names, {":rs_v": {"S": version}})
+
+
+def unchanged(version: str, key_attr: str) -> Fence:
+    """Only if the item still holds exactly ``version`` (``""``: still unversioned, and present).
+
+    For deleting or replacing something we looked at: a write that landed since (a newer
+    version) makes the condition fail, and that newer write stays. ``key_attr`` (the
+    partition key attribute) tells "still unversioned" from "gone".
+    """
+    if not version:
+        return Fence("attribute_exists(#rs_k) AND attribute_not_exists(#rs_v)",
+                     {"#rs_v": VERSION_ATTR, "#rs_k": key_attr}, {})
+    return Fence("#rs_v = :rs_v", {"#rs_v": VERSION_ATTR}, {":rs_v": {"S": version}})
 
 
 def tombstone(key: Mapping[str, Any], version: str) -> dict:
