@@ -80,7 +80,7 @@ retain_hours = 168
 
 #: What each phase means for the shims, for the banners.
 PHASE_NOTES = {
-    Phase.PLANNED: "registered; shims write and read the old layout",
+    Phase.PLANNED: "shims write and read the old layout",
     Phase.DUAL_WRITE: "shims write old (authoritative) + new, read old",
     Phase.DUAL_READ: "shims write old (authoritative) + new, read both (newest version wins)",
     Phase.BACKFILL: "the backfill copies every old item that moves; then verify proves the copy",
@@ -189,17 +189,17 @@ class AppThread(threading.Thread):
         r = self.rng.random()
         live = self.owned.live_keys()
         if r < 0.25 or not live:
-            self._put_new()
+            self._op_put()
         elif r < 0.45:
-            self._update(self.rng.choice(live))
+            self._op_update(self.rng.choice(live))
         elif r < 0.55:
-            self._delete(self.rng.choice(live))
+            self._op_delete(self.rng.choice(live))
         elif r < 0.98:
-            self._get(self.rng.choice(list(self.owned.items)))
+            self._op_get(self.rng.choice(list(self.owned.items)))
         else:
-            self._query(self.rng.choice(self.owned.sensors))
+            self._op_query(self.rng.choice(self.owned.sensors))
 
-    def _put_new(self) -> None:
+    def _op_put(self) -> None:
         item = {"sensor_id": self.rng.choice(self.owned.sensors), "event_id": str(uuid.UUID(int=self.rng.getrandbits(128), version=4)),
                 "ts": self.next_ts(), "temperature": Decimal(str(round(self.rng.uniform(15, 35), 2))),
                 "humidity": Decimal(str(round(self.rng.uniform(20, 80), 2)))}
@@ -207,7 +207,7 @@ class AppThread(threading.Thread):
         self.owned.items[(item["sensor_id"], item["event_id"], item["ts"])] = item
         self.stats.ops["put"] += 1
 
-    def _update(self, k: tuple) -> None:
+    def _op_update(self, k: tuple) -> None:
         t = Decimal(str(round(self.rng.uniform(15, 35), 2)))
         resp = self.shim.update_item(Key=_key(k), UpdateExpression="SET temperature = :t, revision = if_not_exists(revision, :z) + :one",
                                      ExpressionAttributeValues={":t": t, ":z": Decimal(0), ":one": Decimal(1)},
@@ -224,12 +224,12 @@ class AppThread(threading.Thread):
             self.stats.note("violation", f"update of {k} returned {got}, expected {expected}")
         self.owned.items[k] = expected
 
-    def _delete(self, k: tuple) -> None:
+    def _op_delete(self, k: tuple) -> None:
         self.shim.delete_item(Key=_key(k))
         self.owned.items[k] = None
         self.stats.ops["delete"] += 1
 
-    def _get(self, k: tuple) -> None:
+    def _op_get(self, k: tuple) -> None:
         got = self.shim.get_item(Key=_key(k), ConsistentRead=True)
         self.stats.ops["get"] += 1
         want = self.owned.items[k]
@@ -237,7 +237,7 @@ class AppThread(threading.Thread):
             self.stats.violations += 1
             self.stats.note("violation", f"get {k} in {self.shim.phase} read {got}, expected {want}")
 
-    def _query(self, sensor: str) -> None:
+    def _op_query(self, sensor: str) -> None:
         got = self.shim.query(Key={"sensor_id": sensor}, ConsistentRead=True)["Items"]
         self.stats.ops["query"] += 1
         want = sorted((v for (s, _, _), v in self.owned.items.items() if s == sensor and v is not None),
@@ -508,7 +508,7 @@ class Demo:
         self.say(f"  filled {o.items} items in the {o.from_shards}-shard layout "
                  f"({time.monotonic() - started:.1f} s)")
         self.store.register(self.migration, who="reshard-demo")
-        self.say(f"\n==> planned: migration {self.migration_id} registered; {PHASE_NOTES[Phase.PLANNED]}")
+        self.say(f"\n==> planned: migration {self.migration_id} registered: {PHASE_NOTES[Phase.PLANNED]}")
         self.start_fleet(logical)
         try:
             while True:
@@ -584,8 +584,8 @@ def render_report(r: dict) -> str:
     lines.append("")
     lines.append(f"phases:        " + " -> ".join(["planned"] + [p["phase"] for p in r["phases"]]))
     lines.append(f"items moved:   {fc['moved_items']} of {fc['live']} live items changed key "
-                 f"(backfill copied {bf.get('moved', 0)}, re-copied {bf.get('recopied', 0)}; "
-                 "the shims' dual writes did the rest)")
+                 f"(the backfill copied {bf.get('moved', 0)} old items, tombstones included, and re-copied "
+                 f"{bf.get('recopied', 0)} that changed meanwhile; the shims' dual writes moved what they wrote)")
     lines.append(f"app traffic:   {app['total']} ops ("
                  + ", ".join(f"{k} {v}" for k, v in app["ops"].items()) + f"), errors {app['errors']}, "
                  f"read-your-writes violations {app['violations']}")
