@@ -426,7 +426,8 @@ class Demo:
                              CleanupOptions(segments=self.opts.segments, delete=not ttl),
                              subscribers=self._progress("cleanup"))
         out = {"done": bool(result.done), "counts": dict(result.counts), "mode": "ttl" if ttl else "delete"}
-        self.say(f"    cleanup ({out['mode']}): " + ", ".join(f"{k} {v}" for k, v in sorted(out["counts"].items())))
+        shown = {k: v for k, v in out["counts"].items() if v and k not in ("pages", "rcu", "wcu")}
+        self.say(f"    cleanup ({out['mode']}): " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
         if not out["done"]:
             self.fail("the cleanup did not finish")
         return out
