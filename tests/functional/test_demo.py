@@ -83,8 +83,9 @@ def test_demo_report_matches_the_table(demo_run):
         after[shard(e, TO)] += 1
     assert report["after"]["counts"] == after
     assert report["before"]["total"] == 200 and report["before"]["shards"] == FROM
-    # The old copy of every moved live item got the TTL attribute (moto never expires it).
+    # Every old-layout copy left got the TTL attribute (moto never expires it); items
+    # created in cleanup/complete were written to the new layout only, so have none.
     old_of_moved = [i for i in items if "_rs_del" not in i
                     and int(i["PK"]["S"].rsplit("#", 1)[1]) != shard(i["event_id"]["S"], TO)]
     assert all("expires_at" in i for i in old_of_moved)
-    assert fc["old_items_with_ttl"] == len(old_of_moved) >= moved
+    assert fc["old_items_with_ttl"] == len(old_of_moved) > 0
