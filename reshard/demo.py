@@ -100,7 +100,7 @@ def shard_of(event_id: str, shards: int) -> int:
 class DemoOptions:
     """The knobs of ``reshard demo``."""
 
-    items: int = 2000
+    items: int = 1000
     from_shards: int = 16
     to_shards: int = 32
     app_threads: int = 4
@@ -404,12 +404,14 @@ class Demo:
         except ImportError:
             self.fail("reshard verify is not part of this build")
             return {"passed": False, "checked": 0, "counts": {}, "examples": [], "run": None}
+        started = time.monotonic()
         result = run_verify(self.dynamo, self.store, self.migration_id,
                             VerifyOptions(segments=self.opts.segments), subscribers=self._progress("verify"))
         out = {"passed": bool(result.passed), "checked": result.checked, "counts": dict(result.counts),
-               "examples": list(result.examples)[:5], "run": result.run}
+               "examples": list(result.examples)[:5], "run": result.run,
+               "seconds": round(time.monotonic() - started, 2)}
         self.say(f"    verify: {'passed' if out['passed'] else 'FAILED'}; checked {out['checked']} logical items; "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(out["counts"].items())))
+                 + ", ".join(f"{k} {v}" for k, v in sorted(out["counts"].items())) + f" ({out['seconds']} s)")
         if not out["passed"]:
             self.fail(f"verify found differences: {out['counts']}")
         return out
@@ -422,12 +424,14 @@ class Demo:
             self.fail("reshard cleanup is not part of this build")
             return {"done": False, "counts": {}, "mode": "none"}
         ttl = bool(self.report.get("ttl_enabled"))
+        started = time.monotonic()
         result = run_cleanup(self.dynamo, self.store, self.migration_id,
                              CleanupOptions(segments=self.opts.segments, delete=not ttl),
                              subscribers=self._progress("cleanup"))
-        out = {"done": bool(result.done), "counts": dict(result.counts), "mode": "ttl" if ttl else "delete"}
+        out = {"done": bool(result.done), "counts": dict(result.counts), "mode": "ttl" if ttl else "delete",
+               "seconds": round(time.monotonic() - started, 2)}
         shown = {k: v for k, v in out["counts"].items() if v and k not in ("pages", "rcu", "wcu")}
-        self.say(f"    cleanup ({out['mode']}): " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())))
+        self.say(f"    cleanup ({out['mode']}): " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())) + f" ({out['seconds']} s)")
         if not out["done"]:
             self.fail("the cleanup did not finish")
         return out

@@ -305,7 +305,7 @@ def abort(env: Env, migration: str | None, wait: float | None) -> None:
     \b
     Example:
       reshard abort --wait 60
-      reshard cleanup --delete
+      reshard cleanup sensor-events-16-to-32
     """
     run_transition(env, migration, Action.ABORT, wait)
 
