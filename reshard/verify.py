@@ -147,13 +147,20 @@ class Verifier:
                 counts["new_copies"] += 1
                 try:
                     fields = self.mapper.fields(item, self.mapper.new)
+                    misplaced = self.mapper.new.key(fields) != self._key(item)
+                    detail = "a new-layout copy at a key its fields do not map to"
                 except errors.UnmappableItem as e:
-                    self._report(counts, "duplicate", (), None, self._key(item), None, item,
-                                 f"a new-layout copy whose key does not map: {e}")
-                    continue
-                if self.mapper.new.key(fields) != self._key(item):
-                    self._report(counts, "duplicate", self.mapper.identity(fields), None, self._key(item), None,
-                                 item, "a new-layout copy at a key its fields do not map to")
+                    fields, misplaced = None, True
+                    detail = f"a new-layout copy whose key does not map: {e}"
+                if misplaced:
+                    # Nothing reads a copy at a key its own fields do not map to: garbage
+                    # (from a bug or a hand edit). Repair deletes it if it is still the same.
+                    if self.opts.repair:
+                        fixed = self._delete_copy(item, self._key(item))
+                        counts["repaired" if fixed else "unrepaired"] += 1
+                        detail += "; repaired" if fixed else ""
+                    ident = self.mapper.identity(fields) if fields else ()
+                    self._report(counts, "duplicate", ident, None, self._key(item), None, item, detail)
                     continue
                 checks.append(("new", self.mapper.old.candidate_keys(fields), self._key(item)))
                 continue
@@ -278,23 +285,31 @@ class Verifier:
                     self.dynamo.call("put_item", **kwargs)
                 return True
             if kind == "extra" and new is not None and self.mapper.is_new_copy(new):
-                # A copy with no old item behind it: delete it if it is still the one we saw.
-                # (Duplicates among old shards are reported, not repaired: which one the
-                # application meant is not ours to guess; the shim reads the newest.)
-                v = version_of(new)
-                cond = "#rs_v = :rs_v" if v else "attribute_not_exists(#rs_v)"
-                kwargs = {"TableName": self.table, "Key": new_key,
-                          "ConditionExpression": cond, "ExpressionAttributeNames": {"#rs_v": VERSION_ATTR}}
-                if v:
-                    kwargs["ExpressionAttributeValues"] = {":rs_v": {"S": v}}
-                with self.budget.spend("write", 1.0):
-                    self.dynamo.call("delete_item", **kwargs)
-                return True
+                # A copy with no old item behind it. (Duplicates among old shards are
+                # reported, not repaired: which one the application meant is not ours to
+                # guess; the shim reads the newest.)
+                return self._delete_copy(new, new_key)
         except errors.ConditionalCheckFailed:
             return False  # it changed under us: a newer write won; the next verify looks again
         except errors.UnmappableItem:
             return False
         return False
+
+
+    def _delete_copy(self, item: dict, key: dict) -> bool:
+        """Delete a new-layout copy if it is still the one we saw (same version)."""
+        v = version_of(item)
+        kwargs: dict[str, Any] = {"TableName": self.table, "Key": key,
+                                  "ConditionExpression": "#rs_v = :rs_v" if v else "attribute_not_exists(#rs_v)",
+                                  "ExpressionAttributeNames": {"#rs_v": VERSION_ATTR}}
+        if v:
+            kwargs["ExpressionAttributeValues"] = {":rs_v": {"S": v}}
+        try:
+            with self.budget.spend("write", 1.0):
+                self.dynamo.call("delete_item", **kwargs)
+            return True
+        except errors.ConditionalCheckFailed:
+            return False
 
 
 def check_preconditions(store: ControlStore, migration_id: str, repair: bool):
