@@ -43,6 +43,7 @@ def cli() -> None:
 def _register() -> None:
     # Each area module adds its commands to `cli` when imported.
     from .commands import backfill  # noqa: F401
+    from .commands import demo  # noqa: F401
     from .commands import iam  # noqa: F401
     from .commands import phase  # noqa: F401
     from .commands import plan  # noqa: F401

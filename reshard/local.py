@@ -7,6 +7,7 @@ a free 127.0.0.1 port. Fine for a few thousand items; for bigger local runs poin
 
 from __future__ import annotations
 
+import logging
 import socket
 
 from . import errors
@@ -35,6 +36,8 @@ class EmbeddedDynamoDB:
         except ImportError:
             raise errors.BadInput("the embedded DynamoDB needs moto's server: "
                                   "python3 -m pip install -e '.[demo]' (or pass --endpoint-url)") from None
+        # werkzeug logs every request to stderr by default: the demo's output would drown.
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
         return self.endpoint_url

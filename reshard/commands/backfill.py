@@ -38,6 +38,11 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
     once to share the segments. Exit 0 when every segment is done, 1 when segments
     failed (listed; re-run to retry them), 2 when refused (wrong phase, lagging shims,
     --segments different from the started run).
+
+    \b
+    Example:
+      reshard backfill --segments 16 --max-wcu 2000
+      reshard backfill migrations/0001_sensor_events.toml --segments 16 --workers 4
     """
     mid = env.migration_id(migration)
     store = env.store()

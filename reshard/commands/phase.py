@@ -31,7 +31,13 @@ def start(env: Env, file: str) -> None:
     """Register a migration (phase `planned`); creates the control table if missing.
 
     Idempotent for the same file. A changed file under the same id is refused with
-    a summary of the changes (give it a new id).
+    a summary of the changes (give it a new id). Refused (exit 2) when the table does
+    not exist, its keys differ from the file's [keys], or the table already has an
+    active migration.
+
+    \b
+    Example:
+      reshard start migrations/0001_sensor_events.toml
     """
     m = load(file)
     check_data_table(env, m)
@@ -71,7 +77,17 @@ def check_data_table(env: Env, m: Migration) -> dict:
 @command(cli, "status")
 @migration_argument
 def status(env: Env, migration: str | None) -> None:
-    """Phase, history, live shims and what each acknowledged, and job progress."""
+    """Phase, history, live shims and what each acknowledged, and job progress.
+
+    \b
+    Also whether `advance` is allowed now (and why not), and the next command.
+    MIGRATION (a file or an id) may be omitted while exactly one is active.
+
+    \b
+    Example:
+      reshard status
+      reshard status sensor-events-16-to-32 --output json
+    """
     store = env.store()
     report = status_report(store, env.migration_id(migration))
     env.emit(report, lambda: render_status(report))
@@ -242,7 +258,19 @@ def next_step(state: MigrationState) -> str:
 @migration_argument
 @wait_option
 def advance(env: Env, migration: str | None, wait: float | None) -> None:
-    """Move the migration one phase forward (checks the fleet and the gates)."""
+    """Move the migration one phase forward (checks the fleet and the gates).
+
+    \b
+    Refused (exit 2) while a live shim has not acknowledged the current phase
+    (unless --wait lets it catch up), and into cutover without a finished backfill
+    and a passing verify started after it. Of two operators advancing at once,
+    exactly one wins.
+
+    \b
+    Example:
+      reshard advance --wait 60
+      reshard advance migrations/0001_sensor_events.toml
+    """
     run_transition(env, migration, Action.ADVANCE, wait)
 
 
@@ -250,7 +278,17 @@ def advance(env: Env, migration: str | None, wait: float | None) -> None:
 @migration_argument
 @wait_option
 def rollback(env: Env, migration: str | None, wait: float | None) -> None:
-    """Move the migration one phase back, losslessly (up to cutover)."""
+    """Move the migration one phase back, losslessly (up to cutover).
+
+    \b
+    cutover -> backfill -> dual_read -> dual_write -> planned. Refused (exit 2) from
+    cleanup and complete: cleanup retires old-layout items. Like every transition it
+    waits for the live shims' acknowledgement (--wait).
+
+    \b
+    Example:
+      reshard rollback --wait 60
+    """
     run_transition(env, migration, Action.ROLLBACK, wait)
 
 
@@ -258,7 +296,17 @@ def rollback(env: Env, migration: str | None, wait: float | None) -> None:
 @migration_argument
 @wait_option
 def abort(env: Env, migration: str | None, wait: float | None) -> None:
-    """Return to the old layout only (`aborted`); `reshard cleanup` then removes new-layout items."""
+    """Return to the old layout only (`aborted`); `reshard cleanup` then removes new-layout items.
+
+    \b
+    Allowed from planned, dual_write, dual_read and backfill. From cutover roll back
+    first (`reshard rollback`), then abort; refused from cleanup and complete.
+
+    \b
+    Example:
+      reshard abort --wait 60
+      reshard cleanup sensor-events-16-to-32
+    """
     run_transition(env, migration, Action.ABORT, wait)
 
 

@@ -48,6 +48,12 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     Samples --sample items (default 2000) over --segments parallel-scan segments, or
     scans everything with --sample 0. Estimates are scaled to the table's item count.
     On-demand prices default to us-east-1 list prices: check yours.
+
+    \b
+    Example:
+      reshard plan migrations/0001_sensor_events.toml
+      reshard plan migrations/0001_sensor_events.toml --max-wcu 2000 \\
+          --peak-writes-per-sec 2000 --item-kb 1
     """
     if item_kb is not None and peak_writes_per_sec is None:
         raise errors.BadInput("--item-kb needs --peak-writes-per-sec (the recommendation uses both)")

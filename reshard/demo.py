@@ -1,0 +1,614 @@
+"""`reshard demo`: a whole migration on a local DynamoDB, with live application traffic.
+
+What it does, in order
+    1. Creates ``SensorEvents`` in the calculated-suffix layout of the reference article
+       (``PK = f"{sensor_id}#{sha256(event_id) % N}"``, ``SK`` = ISO timestamp), turns on
+       its TTL (attribute ``expires_at``) and fills it the way that article's application
+       does: plain BatchWriteItem of physical items, shard computed by hand.
+    2. Registers a migration N -> M (a demo-local copy of ``migrations/0001_sensor_events.toml``
+       with the chosen shard counts and a unique id).
+    3. Starts a small fleet: ``app_threads`` threads, each with its own
+       :class:`~reshard.shim.ShardedTable` (its own heartbeat, refreshing every 0.5 s).
+       Each thread owns a disjoint set of sensors, so it knows exactly what every read of
+       its items must return: puts, updates, deletes, consistent gets that check
+       read-your-writes, and now and then a consistent query of a whole sensor.
+    4. Walks every phase to ``complete`` through the library (``ControlStore.transition``
+       after the fleet acknowledged the current phase, then waits for it to acknowledge
+       the new one), running the backfill and verify in ``backfill`` and the cleanup in
+       ``cleanup``.
+    5. Stops the traffic and checks, independently of the migration code: every
+       acknowledged write reads back through a fresh shim as written, every deleted item
+       stays deleted, and a raw Scan finds each live item exactly once in the new layout.
+
+The verify and cleanup steps are :func:`verify_step` and :func:`cleanup_step`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Callable
+
+from . import errors
+from .backfill import BackfillOptions, run_backfill
+from .control import ControlStore
+from .dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
+from .migration import Migration, parse
+from .phases import ROUTING, Action, Phase
+from .planning import Distribution, distribution, histogram
+from .shim import ShardedTable
+
+TABLE = "SensorEvents"
+TTL_ATTRIBUTE = "expires_at"
+
+#: The demo's migration file: migrations/0001_sensor_events.toml with the chosen shard counts.
+MIGRATION_TEMPLATE = '''\
+# reshard demo: migrations/0001_sensor_events.toml with {from_shards} -> {to_shards} shards.
+#   PK = f"{{sensor_id}}#{{int(sha256(event_id).hexdigest(), 16) % {from_shards}}}",  SK = ISO timestamp
+id = "{id}"
+table = "{table}"
+description = "reshard demo: sensor events {from_shards} -> {to_shards} shards"
+
+[keys]
+partition = "PK"
+sort = "SK"
+
+[from]
+partition = "{{sensor_id}}#{{shard}}"
+sort = "{{ts}}"
+shards = {from_shards}
+shard_by = ["event_id"]
+hash = "sha256"
+
+[to]
+partition = "{{sensor_id}}#{{shard}}"
+sort = "{{ts}}"
+shards = {to_shards}
+shard_by = ["event_id"]
+hash = "sha256"
+
+[cleanup]
+ttl_attribute = "{ttl}"
+retain_hours = 168
+'''
+
+#: What each phase means for the shims, for the banners.
+PHASE_NOTES = {
+    Phase.PLANNED: "shims write and read the old layout",
+    Phase.DUAL_WRITE: "shims write old (authoritative) + new, read old",
+    Phase.DUAL_READ: "shims write old (authoritative) + new, read both (newest version wins)",
+    Phase.BACKFILL: "the backfill copies every old item that moves; then verify proves the copy",
+    Phase.CUTOVER: "the new layout is authoritative; old is mirrored so a rollback loses nothing",
+    Phase.CLEANUP: "shims use the new layout only; cleanup retires the old items",
+    Phase.COMPLETE: "the new layout is the steady state",
+}
+
+
+def shard_of(event_id: str, shards: int) -> int:
+    """The reference article's ``get_calculated_shard_id`` (written out here on purpose:
+    the demo's checks must not lean on reshard's own key mapping)."""
+    return int(hashlib.sha256(event_id.encode("utf-8")).hexdigest(), 16) % shards
+
+
+@dataclass
+class DemoOptions:
+    """The knobs of ``reshard demo``."""
+
+    items: int = 1000
+    from_shards: int = 16
+    to_shards: int = 32
+    app_threads: int = 4
+    segments: int = 8
+    sensors: int = 24
+    table: str = TABLE
+    control_table: str = "reshard-control"
+    refresh_seconds: float = 0.5
+    #: Seconds the traffic runs in each phase before the next transition (so every phase
+    #: serves real requests, also the short ones).
+    dwell_seconds: float = 1.0
+    #: Pause between two operations of one app thread (the traffic's rate).
+    op_pause: float = 0.01
+    ack_timeout: float = 30.0
+    seed: int = 2024
+    progress: bool = False
+
+
+class DemoFailed(errors.ReshardError):
+    """The demo could not finish a step (the report says which)."""
+
+    exit_code = 1
+
+
+# --------------------------------------------------------------------------- app traffic
+
+@dataclass
+class Owned:
+    """What one app thread knows: the last acknowledged state of each of its items."""
+
+    sensors: list[str]
+    items: dict[tuple, dict | None] = field(default_factory=dict)  # (sensor, event, ts) -> item, None = deleted
+
+    def live_keys(self) -> list[tuple]:
+        return [k for k, v in self.items.items() if v is not None]
+
+
+@dataclass
+class AppStats:
+    """Counts of one app thread (merged for the report)."""
+
+    ops: dict = field(default_factory=lambda: {"put": 0, "update": 0, "delete": 0, "get": 0, "query": 0})
+    errors: int = 0
+    violations: int = 0
+    examples: list = field(default_factory=list)
+    by_phase: dict = field(default_factory=dict)
+
+    def note(self, kind: str, text: str) -> None:
+        if len(self.examples) < 10:
+            self.examples.append(f"{kind}: {text}")
+
+
+def _key(k: tuple) -> dict:
+    return {"sensor_id": k[0], "event_id": k[1], "ts": k[2]}
+
+
+class AppThread(threading.Thread):
+    """One application instance: its own shim, its own sensors, a known expected state."""
+
+    def __init__(self, index: int, shim: ShardedTable, owned: Owned, clock_ts: Callable[[], str],
+                 stop: threading.Event, pause: float, seed: int):
+        super().__init__(name=f"demo-app-{index}", daemon=True)
+        self.shim = shim
+        self.owned = owned
+        self.next_ts = clock_ts
+        self.stop_event = stop
+        self.pause = pause
+        self.rng = random.Random(seed)
+        self.stats = AppStats()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            phase = self.shim.phase
+            try:
+                self._one()
+            except errors.ReshardError as e:
+                self.stats.errors += 1
+                self.stats.note("error", f"{type(e).__name__} in {phase}: {e}")
+            except Exception as e:  # the demo must count, not die
+                self.stats.errors += 1
+                self.stats.note("error", f"{type(e).__name__} in {phase}: {e}")
+            self.stats.by_phase[phase] = self.stats.by_phase.get(phase, 0) + 1
+            self.stop_event.wait(self.pause)
+
+    def _one(self) -> None:
+        r = self.rng.random()
+        live = self.owned.live_keys()
+        if r < 0.25 or not live:
+            self._op_put()
+        elif r < 0.45:
+            self._op_update(self.rng.choice(live))
+        elif r < 0.55:
+            self._op_delete(self.rng.choice(live))
+        elif r < 0.98:
+            self._op_get(self.rng.choice(list(self.owned.items)))
+        else:
+            self._op_query(self.rng.choice(self.owned.sensors))
+
+    def _op_put(self) -> None:
+        item = {"sensor_id": self.rng.choice(self.owned.sensors), "event_id": str(uuid.UUID(int=self.rng.getrandbits(128), version=4)),
+                "ts": self.next_ts(), "temperature": Decimal(str(round(self.rng.uniform(15, 35), 2))),
+                "humidity": Decimal(str(round(self.rng.uniform(20, 80), 2)))}
+        self.shim.put_item(Item=item)
+        self.owned.items[(item["sensor_id"], item["event_id"], item["ts"])] = item
+        self.stats.ops["put"] += 1
+
+    def _op_update(self, k: tuple) -> None:
+        t = Decimal(str(round(self.rng.uniform(15, 35), 2)))
+        resp = self.shim.update_item(Key=_key(k), UpdateExpression="SET temperature = :t, revision = if_not_exists(revision, :z) + :one",
+                                     ExpressionAttributeValues={":t": t, ":z": Decimal(0), ":one": Decimal(1)},
+                                     ReturnValues="ALL_NEW")
+        self.stats.ops["update"] += 1
+        expected = dict(self.owned.items[k])
+        expected["temperature"] = t
+        expected["revision"] = expected.get("revision", Decimal(0)) + 1
+        got = resp.get("Attributes") or {}
+        # The returned attributes are what the item stores (``ts`` lives only in SK): check
+        # what this update wrote; the consistent gets check the whole item.
+        if (got.get("temperature"), got.get("revision")) != (t, expected["revision"]):
+            self.stats.violations += 1
+            self.stats.note("violation", f"update of {k} returned {got}, expected {expected}")
+        self.owned.items[k] = expected
+
+    def _op_delete(self, k: tuple) -> None:
+        self.shim.delete_item(Key=_key(k))
+        self.owned.items[k] = None
+        self.stats.ops["delete"] += 1
+
+    def _op_get(self, k: tuple) -> None:
+        got = self.shim.get_item(Key=_key(k), ConsistentRead=True)
+        self.stats.ops["get"] += 1
+        want = self.owned.items[k]
+        if got != want:  # read-your-writes: the last acknowledged write, or nothing after a delete
+            self.stats.violations += 1
+            self.stats.note("violation", f"get {k} in {self.shim.phase} read {got}, expected {want}")
+
+    def _op_query(self, sensor: str) -> None:
+        got = self.shim.query(Key={"sensor_id": sensor}, ConsistentRead=True)["Items"]
+        self.stats.ops["query"] += 1
+        want = sorted((v for (s, _, _), v in self.owned.items.items() if s == sensor and v is not None),
+                      key=lambda i: i["ts"])
+        if got != want:
+            self.stats.violations += 1
+            self.stats.note("violation", f"query of {sensor} in {self.shim.phase} returned {len(got)} items, "
+                                         f"expected {len(want)}")
+
+
+# --------------------------------------------------------------------------- the run
+
+class Demo:
+    """One demo run against a DynamoDB endpoint (the embedded one, or ``--endpoint-url``)."""
+
+    def __init__(self, dynamo: Dynamo, opts: DemoOptions, say: Callable[[str], None] = print):
+        self.dynamo = dynamo
+        self.opts = opts
+        self.say = say
+        self.store = ControlStore(dynamo, opts.control_table)
+        token = uuid.uuid4().hex[:6]
+        self.migration_id = f"sensor-events-{opts.from_shards}-to-{opts.to_shards}-demo-{token}"
+        self.migration: Migration = parse(MIGRATION_TEMPLATE.format(
+            id=self.migration_id, table=opts.table, from_shards=opts.from_shards, to_shards=opts.to_shards,
+            ttl=TTL_ATTRIBUTE), f"demo:{self.migration_id}.toml")
+        self.rng = random.Random(opts.seed)
+        self._ts_lock = threading.Lock()
+        self._ts_next = datetime(2024, 10, 27, 15, 0, 0, tzinfo=timezone.utc)
+        self.report: dict = {"migration": self.migration_id, "table": opts.table,
+                             "from_shards": opts.from_shards, "to_shards": opts.to_shards,
+                             "items": opts.items, "app_threads": opts.app_threads, "segments": opts.segments,
+                             "phases": [], "steps": {}, "failures": []}
+
+    # -- helpers
+    def next_ts(self) -> str:
+        """A fresh ISO timestamp (one per event, so no two events share a sort key)."""
+        with self._ts_lock:
+            self._ts_next += timedelta(milliseconds=7)
+            t = self._ts_next
+        return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+    def fail(self, why: str) -> None:
+        self.report["failures"].append(why)
+
+    # -- 1. the table, as the application has it today
+    def create_table(self) -> None:
+        o = self.opts
+        try:
+            self.dynamo.call("describe_table", TableName=o.table)
+            raise errors.BadInput(f"table {o.table!r} already exists at {self.dynamo.endpoint_url}; the demo creates "
+                                  "its own table: pass --table NAME, or use the embedded DynamoDB")
+        except errors.ResourceNotFound:
+            pass
+        self.dynamo.call("create_table", TableName=o.table, BillingMode="PAY_PER_REQUEST",
+                         KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"},
+                                    {"AttributeName": "SK", "KeyType": "RANGE"}],
+                         AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
+                                               {"AttributeName": "SK", "AttributeType": "S"}])
+        for _ in range(120):
+            if self.dynamo.describe_table(o.table).get("TableStatus") == "ACTIVE":
+                break
+            time.sleep(0.5)
+        try:
+            self.dynamo.call("update_time_to_live", TableName=o.table,
+                             TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE})
+            self.report["ttl_enabled"] = True
+        except errors.AWSError as e:  # dynalite has no UpdateTimeToLive: cleanup then deletes
+            self.report["ttl_enabled"] = False
+            self.say(f"  (TTL not supported by this server: {e.code}; cleanup will delete old items instead)")
+
+    def fill(self) -> list[dict]:
+        """Write ``items`` events exactly as the article's ``write_calculated_sharded_item`` does."""
+        o = self.opts
+        sensors = [f"sensor-{i:03d}" for i in range(o.sensors)]
+        logical = []
+        for _ in range(o.items):
+            logical.append({"sensor_id": self.rng.choice(sensors),
+                            "event_id": str(uuid.UUID(int=self.rng.getrandbits(128), version=4)),
+                            "ts": self.next_ts(),
+                            "temperature": Decimal(str(round(self.rng.uniform(15, 35), 2))),
+                            "humidity": Decimal(str(round(self.rng.uniform(20, 80), 2)))})
+        requests = []
+        for it in logical:
+            physical = {"PK": f"{it['sensor_id']}#{shard_of(it['event_id'], o.from_shards)}", "SK": it["ts"],
+                        "sensor_id": it["sensor_id"], "event_id": it["event_id"],
+                        "temperature": it["temperature"], "humidity": it["humidity"]}
+            requests.append({"PutRequest": {"Item": to_wire(physical)}})
+        self.dynamo.batch_write(o.table, requests)
+        self.report["before"] = distribution((shard_of(i["event_id"], o.from_shards) for i in logical),
+                                             o.from_shards).as_dict()
+        return logical
+
+    # -- 3. the fleet
+    def start_fleet(self, logical: list[dict]) -> None:
+        o = self.opts
+        sensors = sorted({i["sensor_id"] for i in logical} | {f"sensor-{i:03d}" for i in range(o.sensors)})
+        self.stop_traffic = threading.Event()
+        self.apps: list[AppThread] = []
+        for t in range(o.app_threads):
+            mine = [s for i, s in enumerate(sensors) if i % o.app_threads == t]
+            owned = Owned(mine, {(i["sensor_id"], i["event_id"], i["ts"]): dict(i)
+                                 for i in logical if i["sensor_id"] in set(mine)})
+            shim = ShardedTable(self.migration, self.dynamo.with_retry(SHIM_RETRIES), control_table=o.control_table,
+                                refresh_seconds=o.refresh_seconds, writer_id=f"demo-app-{t}")
+            self.apps.append(AppThread(t, shim, owned, self.next_ts, self.stop_traffic, o.op_pause,
+                                       o.seed * 1000 + t))
+        for a in self.apps:
+            a.start()
+
+    def stop_fleet(self) -> None:
+        self.stop_traffic.set()
+        for a in self.apps:
+            a.join(timeout=30)
+        for a in self.apps:
+            a.shim.close()
+
+    # -- 4. the phases
+    def advance(self) -> Phase:
+        """One ``advance``: wait for the fleet on the current phase, transition, wait for it again."""
+        o = self.opts
+        state = self.store.load_state(self.migration_id)
+        census = self.store.wait_for_ack(self.migration_id, state.phase_version, o.ack_timeout, poll=0.1)
+        if not census.acknowledged:
+            raise DemoFailed(f"the fleet did not acknowledge {state.phase} within {o.ack_timeout:g}s: "
+                             + ", ".join(h.describe() for h in census.lagging))
+        started = time.monotonic()
+        before, after = self.store.transition(self.migration_id, Action.ADVANCE, who="reshard-demo",
+                                              expected_version=state.phase_version)
+        census = self.store.wait_for_ack(self.migration_id, after.phase_version, o.ack_timeout, poll=0.1)
+        if not census.acknowledged:
+            raise DemoFailed(f"the fleet did not acknowledge {after.phase} within {o.ack_timeout:g}s")
+        acked = time.monotonic() - started
+        r = ROUTING[after.phase]
+        self.say(f"\n==> {after.phase}  (phase version {after.phase_version}): {PHASE_NOTES[after.phase]}")
+        self.say(f"    writes {' + '.join(r.writes)}, reads {' + '.join(r.reads)}; "
+                 f"{len(census.live)} live shims acknowledged in {acked:.1f} s")
+        self.report["phases"].append({"phase": after.phase.value, "phase_version": after.phase_version,
+                                      "ack_seconds": round(acked, 2), "live_shims": len(census.live)})
+        time.sleep(o.dwell_seconds)
+        return after.phase
+
+    def backfill_step(self) -> dict:
+        o = self.opts
+        subs = self._progress("backfill")
+        result, _ = run_backfill(self.dynamo, self.store, self.migration_id,
+                                 BackfillOptions(segments=o.segments, workers=min(o.segments, 4), page_size=250),
+                                 subscribers=subs)
+        t = result.totals
+        out = {"done": result.done, "scanned": t.get("scanned", 0), "moved": t.get("moved", 0),
+               "unmoved": t.get("unmoved", 0), "new_layout": t.get("new_layout", 0),
+               "recopied": t.get("recopied", 0), "undone": t.get("undone", 0), "unmappable": t.get("unmappable", 0),
+               "seconds": round(result.elapsed, 2)}
+        self.say(f"    backfill: scanned {out['scanned']}, copied {out['moved']} to the new layout, "
+                 f"{out['unmoved']} keep their key, {out['new_layout']} already there (shim writes), "
+                 f"re-copied {out['recopied']} that changed meanwhile ({out['seconds']} s)")
+        if not result.done:
+            self.fail("the backfill did not finish every segment")
+        return out
+
+    def verify_step(self) -> dict:
+        """``reshard verify`` through the library: compares both layouts per logical item."""
+        try:
+            from .verify import VerifyOptions, run_verify
+        except ImportError:
+            self.fail("reshard verify is not part of this build")
+            return {"passed": False, "checked": 0, "counts": {}, "examples": [], "run": None}
+        started = time.monotonic()
+        result = run_verify(self.dynamo, self.store, self.migration_id,
+                            VerifyOptions(segments=self.opts.segments), subscribers=self._progress("verify"))
+        out = {"passed": bool(result.passed), "checked": result.checked, "counts": dict(result.counts),
+               "examples": list(result.examples)[:5], "run": result.run,
+               "seconds": round(time.monotonic() - started, 2)}
+        self.say(f"    verify: {'passed' if out['passed'] else 'FAILED'}; checked {out['checked']} logical items; "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(out["counts"].items())) + f" ({out['seconds']} s)")
+        if not out["passed"]:
+            self.fail(f"verify found differences: {out['counts']}")
+        return out
+
+    def cleanup_step(self) -> dict:
+        """``reshard cleanup`` through the library: TTL on the old items (moto never expires them)."""
+        try:
+            from .cleanup import CleanupOptions, run_cleanup
+        except ImportError:
+            self.fail("reshard cleanup is not part of this build")
+            return {"done": False, "counts": {}, "mode": "none"}
+        ttl = bool(self.report.get("ttl_enabled"))
+        started = time.monotonic()
+        result = run_cleanup(self.dynamo, self.store, self.migration_id,
+                             CleanupOptions(segments=self.opts.segments, delete=not ttl),
+                             subscribers=self._progress("cleanup"))
+        out = {"done": bool(result.done), "counts": dict(result.counts), "mode": "ttl" if ttl else "delete",
+               "seconds": round(time.monotonic() - started, 2)}
+        shown = {k: v for k, v in out["counts"].items() if v and k not in ("pages", "rcu", "wcu")}
+        self.say(f"    cleanup ({out['mode']}): " + ", ".join(f"{k} {v}" for k, v in sorted(shown.items())) + f" ({out['seconds']} s)")
+        if not out["done"]:
+            self.fail("the cleanup did not finish")
+        return out
+
+    def _progress(self, desc: str) -> list:
+        if not self.opts.progress:
+            return []
+        from .progress import TqdmSubscriber
+        total = self.dynamo.describe_table(self.opts.table).get("ItemCount")
+        return [TqdmSubscriber(total, desc=f"    {desc}")]
+
+    # -- 5. the independent final check
+    def final_check(self) -> dict:
+        """Every acknowledged write reads back as written; deletes stay deleted; one copy each."""
+        o = self.opts
+        expected: dict[tuple, dict | None] = {}
+        for a in self.apps:
+            expected.update(a.owned.items)
+        mismatches, resurrected, checked = [], [], 0
+        with ShardedTable(self.migration, self.dynamo, control_table=o.control_table,
+                          refresh_seconds=o.refresh_seconds, writer_id="demo-check") as shim:
+            for k, want in expected.items():
+                got = shim.get_item(Key=_key(k), ConsistentRead=True)
+                checked += 1
+                if got != want:
+                    (resurrected if want is None else mismatches).append(f"{k}: read {got}, expected {want}")
+        # A raw Scan, read without reshard's key mapping: each live item exactly once in
+        # the new layout, no item of a deleted key there, and the new distribution.
+        new_layout: dict[tuple, int] = {}
+        shards = []
+        old_with_ttl = old_left = 0
+        for item in self._scan_all():
+            it = from_wire(item)
+            if "_rs_del" in it:
+                continue
+            sensor, shard = it["PK"].rsplit("#", 1)
+            k = (sensor, it["event_id"], it["SK"])
+            if int(shard) == shard_of(it["event_id"], o.to_shards):
+                new_layout[k] = new_layout.get(k, 0) + 1
+                shards.append(int(shard))
+            elif TTL_ATTRIBUTE in it:
+                old_with_ttl += 1
+            else:
+                old_left += 1
+        live = {k for k, v in expected.items() if v is not None}
+        missing = sorted(live - set(new_layout))
+        extra = sorted(set(new_layout) - live)
+        dupes = sorted(k for k, n in new_layout.items() if n > 1)
+        moved_items = sum(1 for k in live if shard_of(k[1], o.from_shards) != shard_of(k[1], o.to_shards))
+        out = {"checked": checked, "live": len(live), "deleted": len(expected) - len(live),
+               "mismatches": len(mismatches), "resurrected": len(resurrected) + len(extra),
+               "missing_in_new_layout": len(missing), "duplicates": len(dupes),
+               "moved_items": moved_items, "old_items_with_ttl": old_with_ttl, "old_items_left": old_left,
+               "examples": (mismatches + resurrected + [f"{k}: live but not in the new layout" for k in missing]
+                            + [f"{k}: in the new layout but deleted" for k in extra])[:10]}
+        self.report["after"] = distribution(shards, o.to_shards).as_dict()
+        if mismatches or resurrected or missing or extra or dupes:
+            self.fail(f"final check: {out['mismatches']} mismatches, {out['resurrected']} resurrected, "
+                      f"{out['missing_in_new_layout']} missing, {out['duplicates']} duplicated")
+        return out
+
+    def _scan_all(self):
+        kwargs = {"TableName": self.opts.table, "ConsistentRead": True}
+        while True:
+            resp = self.dynamo.call("scan", **kwargs)
+            yield from resp.get("Items", [])
+            if not resp.get("LastEvaluatedKey"):
+                return
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    # -- the whole thing
+    def run(self) -> dict:
+        o = self.opts
+        started = time.monotonic()
+        self.say(f"reshard demo: table {o.table}, {o.items} items, {o.from_shards} -> {o.to_shards} shards, "
+                 f"{o.app_threads} app threads, endpoint {self.dynamo.endpoint_url}")
+        self.create_table()
+        logical = self.fill()
+        self.say(f"  filled {o.items} items in the {o.from_shards}-shard layout "
+                 f"({time.monotonic() - started:.1f} s)")
+        self.store.register(self.migration, who="reshard-demo")
+        self.say(f"\n==> planned: migration {self.migration_id} registered: {PHASE_NOTES[Phase.PLANNED]}")
+        self.start_fleet(logical)
+        try:
+            while True:
+                phase = self.advance()
+                if phase is Phase.BACKFILL:
+                    self.report["steps"]["backfill"] = self.backfill_step()
+                    self.report["steps"]["verify"] = self.verify_step()
+                    if self.report["failures"]:
+                        break
+                elif phase is Phase.CLEANUP:
+                    self.report["steps"]["cleanup"] = self.cleanup_step()
+                    if self.report["failures"]:
+                        break
+                elif phase is Phase.COMPLETE:
+                    break
+        except errors.ReshardError as e:
+            self.fail(f"{type(e).__name__}: {e}")
+        finally:
+            self.stop_fleet()
+        self.report["app"] = self._app_totals()
+        self.report["final_check"] = self.final_check()
+        self.report["phase"] = self.store.load_state(self.migration_id).phase.value
+        self.report["elapsed_seconds"] = round(time.monotonic() - started, 1)
+        app = self.report["app"]
+        if app["errors"]:
+            self.fail(f"{app['errors']} application errors")
+        if app["violations"]:
+            self.fail(f"{app['violations']} read-your-writes violations")
+        if self.report["phase"] != Phase.COMPLETE.value:
+            self.fail(f"the migration ended in {self.report['phase']}, not complete")
+        self.report["ok"] = not self.report["failures"]
+        return self.report
+
+    def _app_totals(self) -> dict:
+        ops: dict = {}
+        by_phase: dict = {}
+        examples = []
+        for a in self.apps:
+            for k, v in a.stats.ops.items():
+                ops[k] = ops.get(k, 0) + v
+            for k, v in a.stats.by_phase.items():
+                by_phase[k] = by_phase.get(k, 0) + v
+            examples += a.stats.examples
+        return {"ops": ops, "total": sum(ops.values()), "by_phase": by_phase,
+                "errors": sum(a.stats.errors for a in self.apps),
+                "violations": sum(a.stats.violations for a in self.apps), "examples": examples[:10]}
+
+
+def run_demo(opts: DemoOptions, endpoint_url: str | None = None, say: Callable[[str], None] = print) -> dict:
+    """Run the demo on ``endpoint_url``, or on an embedded moto server started for it."""
+    if endpoint_url:
+        return Demo(Dynamo(endpoint_url=endpoint_url), opts, say).run()
+    from .local import EmbeddedDynamoDB
+    with EmbeddedDynamoDB() as server:
+        return Demo(Dynamo(endpoint_url=server.endpoint_url), opts, say).run()
+
+
+def render_report(r: dict) -> str:
+    """The closing report, for people."""
+    app, fc = r["app"], r["final_check"]
+    bf = r["steps"].get("backfill", {})
+    ver = r["steps"].get("verify")
+    cl = r["steps"].get("cleanup")
+    lines = ["", "=" * 72, f"reshard demo report: {r['migration']} ({r['table']})", "=" * 72]
+    for name, key in (("before", "before"), ("after", "after")):
+        d = r.get(key)
+        if not d:
+            continue
+        dist = Distribution(tuple(d["counts"]))
+        lines.append(f"\nshard distribution {name}: {d['shards']} shards, {d['total']} items, "
+                     f"hottest shard {d['hottest_pct']:.1f}% (skew {d['skew']:.2f})")
+        lines.append(histogram(dist, width=30))
+    lines.append("")
+    lines.append(f"phases:        " + " -> ".join(["planned"] + [p["phase"] for p in r["phases"]]))
+    lines.append(f"items moved:   {fc['moved_items']} of {fc['live']} live items changed key "
+                 f"(the backfill copied {bf.get('moved', 0)} old items, tombstones included, and re-copied "
+                 f"{bf.get('recopied', 0)} that changed meanwhile; the shims' dual writes moved what they wrote)")
+    lines.append(f"app traffic:   {app['total']} ops ("
+                 + ", ".join(f"{k} {v}" for k, v in app["ops"].items()) + f"), errors {app['errors']}, "
+                 f"read-your-writes violations {app['violations']}")
+    lines.append("               per phase: " + ", ".join(f"{k} {v}" for k, v in app["by_phase"].items()))
+    if ver is not None:
+        lines.append(f"verify:        {'passed' if ver['passed'] else 'FAILED'} ({ver['checked']} logical items checked)")
+    else:
+        lines.append("verify:        did not run")
+    if cl is not None:
+        lines.append(f"cleanup:       {cl['mode']}; {fc['old_items_with_ttl']} old items carry the TTL attribute "
+                     f"({TTL_ATTRIBUTE}), {fc['old_items_left']} old items left without it")
+    lines.append(f"final check:   {fc['checked']} keys read back through a fresh shim: {fc['live']} live items as "
+                 f"last written ({fc['mismatches']} mismatches), {fc['deleted']} deleted items stay deleted "
+                 f"({fc['resurrected']} reappeared); new layout: {fc['missing_in_new_layout']} missing, "
+                 f"{fc['duplicates']} duplicated")
+    lines.append(f"elapsed:       {r['elapsed_seconds']} s")
+    for e in app["examples"] + fc["examples"]:
+        lines.append(f"  ! {e}")
+    lines.append("")
+    lines.append("RESULT: OK, every check held" if r["ok"] else "RESULT: FAILED: " + "; ".join(r["failures"]))
+    return "\n".join(lines)
