@@ -202,7 +202,8 @@ class ControlStore:
             return False
         except errors.AccessDenied as e:
             raise errors.AccessDenied(e.operation, e.code, f"cannot describe control table {self.table!r}: "
-                                      f"{e.aws_message} (reshard needs {CONTROL_TABLE_PERMISSIONS} on it)",
+                                      f"{e.aws_message} (reshard needs {CONTROL_TABLE_PERMISSIONS} on it; "
+                                      "`reshard iam-policy FILE` prints the policy)",
                                       e.request_id) from None
 
     def ensure_table(self) -> bool:
@@ -219,7 +220,8 @@ class ControlStore:
         except errors.AccessDenied as e:
             raise errors.AccessDenied(e.operation, e.code, f"cannot create control table {self.table!r}: "
                                       f"{e.aws_message} (grant dynamodb:CreateTable, or have an admin create "
-                                      "it: PAY_PER_REQUEST, key pk (S, HASH) + sk (S, RANGE))", e.request_id) from None
+                                      "it: PAY_PER_REQUEST, key pk (S, HASH) + sk (S, RANGE); `reshard iam-policy FILE` "
+                                      "prints the policy)", e.request_id) from None
         except errors.AWSError as e:
             if e.code != "ResourceInUseException":  # another process created it first: fine
                 raise
