@@ -269,8 +269,15 @@ class CapacityBudget:
         lane.recent.append((self.clock(), units))
 
     def on_throttle(self, operation: str) -> None:
-        """A throttle answer from DynamoDB (or UnprocessedItems): multiplicative decrease."""
-        kind = "write" if operation in WRITE_OPERATIONS else "read"
+        """A throttle answer from DynamoDB (or UnprocessedItems): multiplicative decrease.
+
+        Only calls made inside :meth:`spend` (on this thread) count: those are the job's
+        data-table calls. A throttled control-table write (a checkpoint, a lease) says
+        nothing about the data table's capacity and must not slow the copy down.
+        """
+        kind = getattr(self._local, "kind", None)
+        if kind is None:
+            return
         lane = self.lanes[kind]
         with self._lock:
             decision = lane.aimd.on_throttle(operation, lane.observed_rate(self.clock()))

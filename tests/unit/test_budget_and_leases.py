@@ -105,8 +105,12 @@ def test_budget_throttle_records_a_reason_and_tells_listeners():
     budget = CapacityBudget(max_wcu=400, max_rcu=100, clock=clock, sleep=clock.sleep)
     heard = []
     budget.listeners.append(heard.append)
-    budget.on_throttle("batch_write_item")
-    budget.on_throttle("batch_get_item")
+    budget.on_throttle("update_item")  # outside spend(): a control-table call, not the data table
+    assert budget.rate("write") == 400 and heard == []
+    with budget.spend("write", 1):
+        budget.on_throttle("batch_write_item")
+    with budget.spend("read", 1):
+        budget.on_throttle("batch_get_item")
     assert budget.rate("write") == 200 and budget.rate("read") == 50
     assert budget.latest_reason() == "throttled on BatchGetItem: rate 100 → 50 RCU/s"
     assert [d.reason for d in heard][0] == "throttled on BatchWriteItem: rate 400 → 200 WCU/s"
