@@ -183,6 +183,7 @@ class Write:
     end: float
     acked: bool
     expect: dict | None        # attributes the result must show (None for a delete)
+    note: str = ""             # who wrote it, in which phase (for failure messages)
 
 
 @dataclass
@@ -225,7 +226,9 @@ class Oracle:
             kind = "resurrected"
         else:
             kind = "stale"
-        return f"{kind}: {key} read {token!r}, candidates {[(w.kind, w.token, w.acked) for w in cands]}"
+        hist = [(w.kind, w.token, w.acked, w.note, round(w.start, 3), round(w.end, 3)) for w in self.history(key)]
+        return (f"{kind}: {key} read {token!r} in [{read_start:.3f}, {read_end:.3f}], "
+                f"candidates {[(w.kind, w.token, w.acked) for w in cands]}; history {hist[-8:]}")
 
 
 # ---------------------------------------------------------------------------------- workload
@@ -296,7 +299,8 @@ class AppThread(threading.Thread):
             ok = False
             self._n("failed")
             self.errors.append(f"{kind} {i}: {e}")
-        self.oracle.record(self.w.ident(i), Write(token, kind, start, time.monotonic(), ok, expect))
+        self.oracle.record(self.w.ident(i), Write(token, kind, start, time.monotonic(), ok, expect,
+                                                  f"{self.name}@{self.table.phase}"))
         if ok:
             self._n(kind)
         return ok
@@ -331,6 +335,7 @@ class AppThread(threading.Thread):
         self._n("ryw_read" if ryw else "read")
         problem = self.oracle.check(self.w.ident(i), got, start, end)
         if problem:
+            problem += f" (reader phase {self.table.phase}, version {got and got.get('_rs_v')})"
             self.violations.append(("read-your-writes " if ryw else "read ") + problem)
 
 

@@ -169,7 +169,7 @@ class Lifecycle:
             self.log(f"backfill run {self.backfill_runs}: exit {proc.returncode}")
         final = self.cli(*cmd, timeout=180)
         self.backfill_runs += 1
-        self.log(f"backfill finished: exit {final.returncode}: {final.stdout[-600:]}")
+        self.log(f"backfill finished: exit {final.returncode}: {final.stdout[-1500:]} {final.stderr[-1500:]}")
         assert final.returncode == 0, final.stderr
         return json.loads(final.stdout)
 

@@ -59,6 +59,12 @@ def report(name: str, seed: int, result: dict) -> None:
 
 def assert_clean(lc: Lifecycle, result: dict, cleaned: bool) -> None:
     violations = [v for a in lc.apps for v in a.violations]
+    if violations:
+        dump = lc.path.parent / "violations.txt"
+        dump.write_text("\n".join(violations))
+        print(f"violations written to {dump}")
+        for v in violations:
+            print(v)
     assert violations == [], violations[:10]
     for k in ("lost", "resurrected", "stale", "duplicated", "old_copies_left", "unmoved_changed",
               "unmappable_changed"):
