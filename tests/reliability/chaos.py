@@ -23,6 +23,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import math
 import random
 import socketserver
 import threading
@@ -291,7 +292,10 @@ class AppThread(threading.Thread):
         return f"{self.name}-{self.seq}"
 
     def _write(self, i: int, kind: str, token: str, expect: dict | None, fn) -> bool:
-        start = time.monotonic()
+        # Recorded before it is sent: a concurrent reader must see it as a candidate while
+        # it is in flight (pending: end = inf, not acknowledged, supersedes nothing).
+        w = Write(token, kind, time.monotonic(), math.inf, False, expect, f"{self.name}@{self.table.phase}")
+        self.oracle.record(self.w.ident(i), w)
         try:
             fn()
             ok = True
@@ -299,8 +303,8 @@ class AppThread(threading.Thread):
             ok = False
             self._n("failed")
             self.errors.append(f"{kind} {i}: {e}")
-        self.oracle.record(self.w.ident(i), Write(token, kind, start, time.monotonic(), ok, expect,
-                                                  f"{self.name}@{self.table.phase}"))
+        with self.oracle.lock:
+            w.end, w.acked = time.monotonic(), ok
         if ok:
             self._n(kind)
         return ok
