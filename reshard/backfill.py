@@ -54,7 +54,9 @@ from .segments import (DEFAULT_LEASE_SECONDS, dump_key, load_key, PageContext, R
 from .versions import copy_action, fence_for, version_of
 
 JOB = "backfill"
-#: The backfill has one run per migration: re-running resumes it (finished segments stay done).
+#: The first backfill run of a migration. Re-running resumes the current run (finished
+#: segments stay done); a rollback to ``planned`` (the shims stopped dual-writing, so the
+#: copy went stale) makes the next backfill a new run: see :func:`current_run`.
 RUN = 1
 DEFAULT_PAGE_SIZE = 500
 
@@ -293,6 +295,12 @@ def unmappable_items(store: ControlStore, migration_id: str) -> list[dict]:
             for i in store.query(store.mpk(migration_id), f"U#{JOB}#")]
 
 
+def current_run(store: ControlStore, migration_id: str) -> int:
+    """The backfill run that counts: the latest one started since dual writes last began."""
+    from .jobs import entered_at, run_to_join
+    return run_to_join(store, migration_id, JOB, not_before=entered_at(store, migration_id, "planned", "dual_write"))
+
+
 def run_backfill(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: BackfillOptions, *,
                  subscribers: Iterable[Subscriber] = (), clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, check: bool = True,
@@ -307,7 +315,7 @@ def run_backfill(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: B
     subscribers = list(subscribers)
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
     copier = Backfill(dynamo, store, migration_id, mapper, migration.table, budget, opts.page_size)
-    engine = SegmentEngine(store, migration_id, JOB, RUN, opts.segments, copier.page, workers=opts.workers,
+    engine = SegmentEngine(store, migration_id, JOB, current_run(store, migration_id), opts.segments, copier.page, workers=opts.workers,
                            lease_seconds=opts.lease_seconds, max_attempts=opts.max_attempts, clock=clock,
                            sleep=sleep, subscribers=subscribers, throttle_reason=budget.latest_reason)
     return engine.run_all(), budget
@@ -315,7 +323,7 @@ def run_backfill(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: B
 
 def status(store: ControlStore, migration_id: str) -> dict | None:
     """The backfill run's per-segment progress, owners, totals and throttle reason (for ``status``)."""
-    d = describe(store, migration_id, JOB, RUN)
+    d = describe(store, migration_id, JOB, current_run(store, migration_id))
     if d is not None:
         d["unmappable_items"] = len(store.query(store.mpk(migration_id), f"U#{JOB}#"))
     return d
@@ -324,10 +332,11 @@ def status(store: ControlStore, migration_id: str) -> dict | None:
 @register_facts_provider
 def backfill_facts(store: ControlStore, state) -> dict:
     """``backfill_missing``: None only when the backfill run finished with every segment done."""
-    info = read_run(store, state.id, JOB, RUN)
+    run = current_run(store, state.id)
+    info = read_run(store, state.id, JOB, run)
     if info is None:
         return {"backfill_missing": f"the backfill has not run: run `reshard backfill {state.id} --segments 16`"}
-    d = describe(store, state.id, JOB, RUN)
+    d = describe(store, state.id, JOB, run)
     cmd = f"`reshard backfill {state.id} --segments {info.total_segments}`"
     if d["done"] == info.total_segments and info.finished_at is not None:
         return {"backfill_missing": None}

@@ -46,6 +46,7 @@ def _register() -> None:
     from .commands import iam  # noqa: F401
     from .commands import phase  # noqa: F401
     from .commands import plan  # noqa: F401
+    from .commands import verify  # noqa: F401  (verify and cleanup)
 
 
 def main(argv: list[str] | None = None) -> int:

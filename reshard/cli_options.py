@@ -144,7 +144,7 @@ def command(group: click.Group, name: str | None = None, **kwargs) -> Callable:
 migration_argument = click.argument("migration", required=False, metavar="[MIGRATION]")
 
 workers_option = click.option("--workers", type=click.IntRange(1, 256), default=None,
-                              help="Worker threads on this host (default: min(segments, 8)).")
+                              help="Worker threads on this host (default: min(segments, 4)).")
 segments_option = click.option("--segments", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
                                help="Parallel-scan segments (TotalSegments).")
 max_wcu_option = click.option("--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,

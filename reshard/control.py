@@ -118,6 +118,18 @@ class MigrationState:
         """The migration file as registered (the control table is the source of truth)."""
         return parse(self.file_text, f"control-table:{self.id}")
 
+    @property
+    def retired(self) -> bool:
+        """An aborted migration whose cleanup pass finished: shims serve the old layout as steady state."""
+        return bool(self.raw.get("retired", {}).get("BOOL", False))
+
+    @property
+    def active(self) -> bool:
+        """Still owns its table: not complete, and not aborted-and-cleaned-up."""
+        if self.phase is Phase.ABORTED:
+            return not self.retired
+        return self.phase not in TERMINAL
+
 
 @dataclass(frozen=True)
 class Heartbeat:
@@ -345,9 +357,11 @@ class ControlStore:
         owner = self.get(f"T#{m.table}", "ACTIVE")
         other = _s(owner or {}, "migration_id", "?")
         other_state = self.load_state(other, missing_ok=True)
-        if other_state is not None and other_state.phase not in TERMINAL:
+        if other_state is not None and other_state.active:
+            hint = ("run `reshard cleanup` on it first" if other_state.phase is Phase.ABORTED
+                    else "complete or abort it first")
             raise errors.BadInput(f"table {m.table!r} already has an active migration {other!r} "
-                                  f"(in {other_state.phase}); complete or abort it first")
+                                  f"(in {other_state.phase}); {hint}")
         # A stale lock: its owner finished (and died before releasing the lock) or never
         # got its META written. Take it over only if it still names that owner, so two
         # operators taking over at once cannot both win.
@@ -441,9 +455,40 @@ class ControlStore:
             raise self._lost_race(migration_id, state.phase_version) from None
         self._record_history(migration_id, Transition(new_version, state.phase.value, target.value,
                                                       action.value, who, now))
-        if target in TERMINAL:
+        if target is Phase.COMPLETE:
+            # An aborted migration keeps the table until `reshard cleanup` removed its new
+            # copies (see retire): a new migration must not start among them.
             self._release_table(state.table, migration_id)
         return state, self.load_state(migration_id)
+
+    def retire(self, migration_id: str, who: str | None = None) -> MigrationState:
+        """Mark an aborted migration cleaned up (its cleanup pass finished).
+
+        A compare-and-set that also bumps ``phase_version``: shims pick the change up
+        like a phase change (aborted + retired = steady state: plain deletes, no
+        versions) and acknowledge it. Idempotent; releases the table for a new migration.
+        """
+        who = who or operator_name()
+        state = self.load_state(migration_id)
+        if state.phase is not Phase.ABORTED:
+            raise errors.RefusedTransition(f"only an aborted migration can be retired ({migration_id!r} is in "
+                                           f"{state.phase})")
+        if not state.retired:
+            now = self.clock()
+            try:
+                self.update(self.mpk(migration_id), META,
+                            "SET retired = :t, phase_version = :nv, updated_at = :now, updated_by = :who, "
+                            "last_from = :ph, last_to = :ph, last_action = :act",
+                            condition="phase_version = :v AND phase = :ph",
+                            values={":t": {"BOOL": True}, ":nv": N(state.phase_version + 1), ":now": N(now),
+                                    ":who": S(who), ":ph": S(Phase.ABORTED.value), ":act": S("retire"),
+                                    ":v": N(state.phase_version)})
+                self._record_history(migration_id, Transition(state.phase_version + 1, Phase.ABORTED.value,
+                                                              Phase.ABORTED.value, "retire", who, now))
+            except errors.ConditionalCheckFailed:
+                pass  # another host finished the same cleanup run and retired it first
+        self._release_table(state.table, migration_id)
+        return self.load_state(migration_id)
 
     def _lost_race(self, migration_id: str, version: int) -> errors.ConcurrentChange:
         now = self.load_state(migration_id)
@@ -459,8 +504,8 @@ class ControlStore:
             pass
 
     def active_migration_ids(self) -> list[str]:
-        """Ids of migrations not yet complete or aborted."""
-        return [s.id for s in self.list_states() if s.phase not in TERMINAL]
+        """Ids of migrations that still own their table (not complete, not aborted-and-cleaned)."""
+        return [s.id for s in self.list_states() if s.active]
 
     # ------------------------------------------------------------------ fleet
     def heartbeat(self, migration_id: str, instance: str, phase: str, phase_version: int,

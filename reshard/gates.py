@@ -3,7 +3,9 @@
 ``ControlStore.facts`` imports it before evaluating a transition, so a gate applies
 whichever entry point (CLI, tests, library) asks for the transition. Each data job
 registers its provider in its own module (``reshard.backfill.backfill_facts``);
-verify and cleanup add theirs here with one import line.
+verify and cleanup register theirs the same way.
 """
 
 from . import backfill  # noqa: F401  (registers backfill_facts)
+from . import cleanup  # noqa: F401  (registers cleanup_facts)
+from . import verify  # noqa: F401  (registers verify_facts)

@@ -54,7 +54,6 @@ other attributes behave as on a missing item. Test for a non-key attribute inste
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -238,7 +237,12 @@ class ShardedTable:
                     raise errors.BadInput(
                         f"migration {self.migration.id!r} is registered with a different file than the one this "
                         "shim loaded; deploy the registered file (or use ShardedTable.from_migration_id)")
-                new = PhaseState(state.phase.value, state.phase_version, ROUTING[state.phase])
+                elif state.retired:
+                    # An aborted migration whose cleanup finished: the old layout is plain
+                    # steady state again (no versions, no tombstones).
+                    new = PhaseState(STEADY_NAME, state.phase_version, STEADY)
+                else:
+                    new = PhaseState(state.phase.value, state.phase_version, ROUTING[state.phase])
             with self._lock:
                 self._states[new.version] = new
                 self._state = new

@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Mapping
 
 from . import errors
-from .dynamo import from_wire, to_wire
+from .dynamo import to_wire
 from .layout import derive_time, is_tombstone, scalar
 from .migration import SHARD
 from .versions import newest

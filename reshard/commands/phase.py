@@ -15,7 +15,6 @@ from .. import errors
 from ..cli import cli
 from ..cli_options import Env, command, migration_argument
 from ..control import Census, ControlStore, MigrationState
-from ..dynamo import from_wire
 from ..migration import Migration, load
 from ..phases import TERMINAL, Action, Phase, decide
 
@@ -106,63 +105,74 @@ def fleet_summary(census: Census) -> dict:
             "acknowledged": census.acknowledged, "lagging": [h.describe() for h in census.lagging]}
 
 
-# Job items are written by the backfill/verify/cleanup engines; status reads them
-# generically (segment items under J#<job>#<run>#<segment>, runs under R#<job>#<run>)
-# so their progress shows up whatever else those engines store.
-_DONE_STATES = frozenset({"done", "finished", "complete", "completed"})
-
-
-def _segment_done(item: dict) -> bool:
-    if item.get("done", {}).get("BOOL") is True:
-        return True
-    for k in ("status", "state"):
-        if item.get(k, {}).get("S", "").lower() in _DONE_STATES:
-            return True
-    return "finished_at" in item
-
-
-def _first(item: dict, *names: str) -> str | None:
-    for n in names:
-        if n in item:
-            v = from_wire({n: item[n]})[n]
-            return str(v)
-    return None
+JOBS = ("backfill", "verify", "cleanup")
+#: The counters worth a column per job in the text output (all of them are in the JSON).
+_SHOWN = {"backfill": ("scanned", "moved", "unmoved", "recopied", "unmappable"),
+          "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "resurrected",
+                     "duplicate", "repaired"),
+          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed")}
 
 
 def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
-    """Job runs found under ``R#`` / ``J#``: segments done/total, owners, errors."""
-    pk = store.mpk(migration_id)
-    runs: dict[tuple[str, str], dict] = {}
+    """Every backfill/verify/cleanup run: per-segment progress, owners, errors, totals, verdicts."""
+    from ..backfill import current_run, unmappable_items
+    from ..jobs import runs
+    from ..segments import describe
+    from ..verify import result_of
 
-    def run(job: str, run_id: str) -> dict:
-        return runs.setdefault((job, run_id), {"job": job, "run": run_id, "segments_total": 0,
-                                               "segments_done": 0, "owners": [], "errors": [], "info": {}})
+    out = []
+    for job in JOBS:
+        all_runs = runs(store, migration_id, job)
+        for info in all_runs:
+            d = describe(store, migration_id, job, info.run, clock=store.clock)
+            if d is None:
+                continue
+            d["latest"] = info is all_runs[-1]
+            d["totals"] = {k: (int(v) if float(v).is_integer() else round(v, 1)) for k, v in d["totals"].items()}
+            if job == "backfill":
+                d["current"] = info.run == current_run(store, migration_id)
+                if d["latest"]:
+                    items = unmappable_items(store, migration_id)
+                    d["unmappable"] = {"count": len(items), "examples": items[:5]}
+            if job == "verify":
+                d["result"] = result_of(store, migration_id, info.run, examples=5).as_dict()
+            out.append(d)
+    return out
 
-    for item in store.query(pk, "R#"):
-        parts = item["sk"]["S"].split("#", 2) + ["", ""]
-        r = run(parts[1], parts[2])
-        r["info"] = {k: v for k, v in from_wire(item).items() if k not in ("pk", "sk")}
-    for item in store.query(pk, "J#"):
-        parts = item["sk"]["S"].split("#")
-        if len(parts) < 4:
-            continue
-        job, run_id, segment = parts[1], "#".join(parts[2:-1]), parts[-1]
-        r = run(job, run_id)
-        r["segments_total"] += 1
-        if _segment_done(item):
-            r["segments_done"] += 1
-        else:
-            owner = _first(item, "owner", "lease_owner")
-            if owner and owner not in r["owners"]:
-                r["owners"].append(owner)
-        err = _first(item, "error", "last_error")
-        if err:
-            r["errors"].append({"segment": segment, "error": err})
-    for r in runs.values():
-        declared = r["info"].get("segments") or r["info"].get("total_segments")
-        if declared is not None and int(declared) > r["segments_total"]:
-            r["segments_total"] = int(declared)
-    return sorted(runs.values(), key=lambda r: (r["job"], r["run"]))
+
+def _render_job(j: dict) -> list[str]:
+    state = "finished " + _when(j["finished_at"]) if j["finished_at"] else "in progress"
+    head = f"  {j['job']} run {j['run']}: {j['done']}/{j['total_segments']} segments done, {state}"
+    if j["failed"]:
+        head += f"; FAILED segments {', '.join(map(str, j['failed']))}"
+    lines = [head]
+    shown = _SHOWN[j["job"]]
+    totals = ", ".join(f"{k} {j['totals'][k]}" for k in shown if j["totals"].get(k))
+    if totals:
+        lines.append(f"    totals: {totals}")
+    if j["job"] == "verify":
+        r = j["result"]
+        if r["finished"]:
+            diffs = ", ".join(f"{n} {k}" for k, n in r["counts"].items() if n) or "no differences"
+            lines.append(f"    verdict: {'PASSED' if r['passed'] else 'FAILED'} ({diffs})")
+            for e in r["examples"]:
+                lines.append(f"      {e['kind']}: old {e['old_key']} new {e['new_key']} {e['detail']}".rstrip())
+    if j.get("unmappable", {}).get("count"):
+        u = j["unmappable"]
+        lines.append(f"    unmappable items (left in place): {u['count']}")
+        for e in u["examples"]:
+            lines.append(f"      {e['old_key']}: {e['reason']}: {e['detail']}")
+    if j.get("last_throttle"):
+        lines.append(f"    last budget decision: {j['last_throttle']}")
+    if not j["latest"] or j["finished_at"]:
+        return lines  # older or finished runs: the summary is enough
+    for seg in j["segments"]:
+        c = seg["counters"]
+        progress = " ".join(f"{k}={int(c[k]) if float(c[k]).is_integer() else c[k]}" for k in shown if c.get(k))
+        owner = f" owner {seg['owner']} ({seg['lease_seconds_left']}s left)" if seg["owner"] else ""
+        err = f" error: {seg['last_error']}" if seg["last_error"] else ""
+        lines.append(f"    segment {seg['segment']:>4} {seg['state']:<8}{owner} {progress}{err}".rstrip())
+    return lines
 
 
 def _when(at: float) -> str:
@@ -206,14 +216,7 @@ def render_status(r: dict) -> str:
 
     lines += ["", "jobs:" if r["jobs"] else "jobs:      none yet"]
     for j in r["jobs"]:
-        line = f"  {j['job']} run {j['run']}: {j['segments_done']}/{j['segments_total']} segments done"
-        if j["owners"]:
-            line += f"; working: {', '.join(j['owners'])}"
-        if j["errors"]:
-            line += f"; {len(j['errors'])} error(s)"
-        lines.append(line)
-        for e in j["errors"][:5]:
-            lines.append(f"    segment {e['segment']}: {e['error']}")
+        lines += _render_job(j)
     return "\n".join(lines)
 
 

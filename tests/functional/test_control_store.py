@@ -82,7 +82,14 @@ def test_one_active_migration_per_table(store):
     store.register(migration())
     with pytest.raises(errors.BadInput, match=f"already has an active migration '{MID}' \\(in planned\\)"):
         store.register(other_migration())
-    store.transition(MID, Action.ABORT)  # terminal: releases the table
+    store.transition(MID, Action.ABORT)
+    # An aborted migration keeps the table until its cleanup removed the new copies...
+    with pytest.raises(errors.BadInput, match="run `reshard cleanup` on it first"):
+        store.register(other_migration())
+    assert store.active_migration_ids() == [MID]
+    retired = store.retire(MID)  # ...which `reshard cleanup` marks by retiring it
+    assert retired.retired and retired.phase is Phase.ABORTED and retired.phase_version == 3
+    assert [t.action for t in store.history(MID)][-1] == "retire"
     state, created = store.register(other_migration())
     assert created and state.id == "sensor-events-16-to-64"
     assert store.active_migration_ids() == ["sensor-events-16-to-64"]

@@ -100,8 +100,9 @@ def test_the_phase_commands_end_to_end(aws, capsys, gates_open):
     assert (moved["from"], moved["to"], moved["phase_version"]) == ("dual_write", "aborted", 5)
     assert "reshard cleanup" in moved["next"]
 
-    code, out, err = run(capsys, "advance")  # nothing active any more
-    assert code == 2 and "no active migration" in one_error_line(err)
+    # Aborted but not cleaned up yet: still the active migration, and nothing comes next.
+    code, out, err = run(capsys, "advance")
+    assert code == 2 and "there is no next phase" in one_error_line(err)
     code, out, err = run(capsys, "advance", MID)
     assert code == 2 and "there is no next phase" in one_error_line(err)
 
@@ -197,25 +198,29 @@ def test_rollback_is_refused_once_cleanup_began(aws, capsys, gates_open):
 
 
 def test_status_lists_job_runs_and_segments(aws, capsys, store):
+    """Status shows each job run as the segment engine records it: segments, owners, errors, totals."""
+    from reshard.segments import SegmentEngine
+
     assert run(capsys, "start", SENSOR_FILE)[0] == 0
-    pk = {"S": f"M#{MID}"}
-    store.put({"pk": pk, "sk": {"S": "R#backfill#r1"}, "segments": {"N": "3"}, "started_by": {"S": "alice@h1"}})
-    store.put({"pk": pk, "sk": {"S": "J#backfill#r1#00000"}, "done": {"BOOL": True}, "owner": {"S": "w1"}})
-    store.put({"pk": pk, "sk": {"S": "J#backfill#r1#00001"}, "owner": {"S": "w2"},
-               "last_error": {"S": "ThrottlingException after 10 attempts"}})
-    store.put({"pk": pk, "sk": {"S": "J#verify#v1#00000"}, "status": {"S": "finished"}})
+
+    def page(ctx, start_key):
+        if ctx.segment == 1:
+            raise RuntimeError("ThrottlingException after 10 attempts")
+        return {"scanned": 5, "moved": 2}, None
+
+    engine = SegmentEngine(store, MID, "backfill", 1, 3, page, workers=1, max_attempts=1, invocation="inv1")
+    result = engine.run_all()
+    assert [r.done for r in result.segments] == [True, False, True]
     jobs = status_json(capsys)["jobs"]
-    assert jobs == [
-        {"job": "backfill", "run": "r1", "segments_total": 3, "segments_done": 1, "owners": ["w2"],
-         "errors": [{"segment": "00001", "error": "ThrottlingException after 10 attempts"}],
-         "info": {"segments": 3, "started_by": "alice@h1"}},
-        {"job": "verify", "run": "v1", "segments_total": 1, "segments_done": 1, "owners": [], "errors": [],
-         "info": {}},
-    ]
+    assert len(jobs) == 1
+    j = jobs[0]
+    assert (j["job"], j["run"], j["total_segments"], j["done"], j["failed"]) == ("backfill", 1, 3, 2, [1])
+    assert j["totals"]["scanned"] == 10 and j["totals"]["moved"] == 4
+    assert j["segments"][1]["last_error"] == "RuntimeError: ThrottlingException after 10 attempts"
     code, out, err = run(capsys, "status")
-    assert "backfill run r1: 1/3 segments done; working: w2; 1 error(s)" in out
-    assert "segment 00001: ThrottlingException after 10 attempts" in out
-    assert "verify run v1: 1/1 segments done" in out
+    assert "backfill run 1: 2/3 segments done, in progress; FAILED segments 1" in out
+    assert "totals: scanned 10, moved 4" in out
+    assert "error: RuntimeError: ThrottlingException after 10 attempts" in out
 
 
 def test_the_loser_of_a_race_is_told_in_one_line(aws, capsys, monkeypatch, store):

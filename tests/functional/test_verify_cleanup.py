@@ -1,0 +1,276 @@
+"""verify, the cutover gate, cleanup, abort and retire on moto (small tables)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from reshard import errors
+from reshard.backfill import BackfillOptions, run_backfill
+from reshard.cleanup import CleanupOptions, run_cleanup
+from reshard.layout import NEW_COPY_ATTR, VERSION_ATTR, is_tombstone
+from reshard.phases import Action, Phase
+from reshard.verify import VerifyOptions, run_verify, verify_facts
+from reshard.versions import version_of
+
+from tests.backfill_support import Shim, logical, scan_all, setup_migration
+
+FAST = dict(segments=2, workers=1, page_size=50)
+
+
+def backfilled(dynamo, kind="sensor", n=40, table=None):
+    """A migration in the backfill phase with n seeded items, a few shim writes, backfilled."""
+    m, mapper, store = setup_migration(dynamo, kind, table or f"V{kind}")
+    shim = Shim(dynamo, mapper, m.table)
+    for i in range(n):
+        shim.seed(logical(kind, i))
+    for i in range(n, n + 6):
+        shim.put(logical(kind, i))
+    shim.delete(logical(kind, n + 2))
+    result, _ = run_backfill(dynamo, store, m.id, BackfillOptions(**FAST))
+    assert result.done
+    return m, mapper, store, shim
+
+
+def verify(dynamo, store, m, **kw):
+    return run_verify(dynamo, store, m.id, VerifyOptions(**FAST, rechecks=2, recheck_pause=0.0, **kw),
+                      sleep=lambda s: None)
+
+
+def moved_items(mapper, shim):
+    return [o for o in shim.model.values() if mapper.moves(o) and not is_tombstone(o)]
+
+
+def new_copy_of(mapper, old):
+    new, moved = mapper.remap(old)
+    assert moved
+    return new
+
+
+@pytest.mark.parametrize("kind", ["sensor", "invoices", "hourly"])
+def test_verify_passes_on_a_clean_copy_and_opens_the_cutover_gate(moto_dynamo, kind):
+    m, mapper, store, shim = backfilled(moto_dynamo, kind)
+    assert "no verify since the backfill" in verify_facts(store, store.load_state(m.id))["verify_missing"]
+    with pytest.raises(errors.RefusedTransition, match="verify"):
+        store.transition(m.id, Action.ADVANCE)
+    result = verify(moto_dynamo, store, m)
+    assert result.finished and result.passed, result.counts
+    assert result.checked >= len(shim.model) and not any(result.counts.values())
+    assert verify_facts(store, store.load_state(m.id)) == {"verify_missing": None}
+    _, after = store.transition(m.id, Action.ADVANCE)
+    assert after.phase is Phase.CUTOVER
+
+
+def test_verify_is_refused_before_the_backfill_finished(moto_dynamo):
+    m, mapper, store = setup_migration(moto_dynamo, "sensor", "Vearly")
+    with pytest.raises(errors.RefusedTransition, match="backfill has not finished"):
+        verify(moto_dynamo, store, m)
+
+
+def test_verify_finds_each_planted_difference_and_repair_converges(moto_dynamo):
+    m, mapper, store, shim = backfilled(moto_dynamo, n=60)
+    table = m.table
+    put = lambda item: moto_dynamo.call("put_item", TableName=table, Item=item)  # noqa: E731
+    moved = moved_items(mapper, shim)
+    assert len(moved) >= 5
+
+    # missing: the new copy of a moved item is gone.
+    a = moved[0]
+    moto_dynamo.call("delete_item", TableName=table, Key=mapper.new.key(mapper.fields(a, mapper.old)))
+    # stale: the old item got a newer write than its new copy holds.
+    b = moved[1]
+    newer = dict(b, temp={"N": "999"}, **{VERSION_ATTR: {"S": "9999999999999.000000.zz"}})
+    put(newer)
+    # diverged: the new copy holds other content under the same version.
+    c = moved[2]
+    put(dict(new_copy_of(mapper, c), temp={"N": "-1"}))
+    # resurrected: the old item is a tombstone, its new copy is live again.
+    d = moved[3]
+    fields = {f: d[f] for f in mapper.key_fields}
+    put(dict(mapper.to_physical(fields, mapper.old), **{VERSION_ATTR: {"S": "9999999999999.000001.zz"},
+                                                        "_rs_del": {"BOOL": True}}))
+    # extra: a new copy of an item the old layout never had.
+    ghost = logical("sensor", 5000)
+    ghost_new = mapper.to_physical(ghost, mapper.new)
+    ghost_new[NEW_COPY_ATTR] = {"S": m.id}
+    put(ghost_new)
+    # duplicate: a marked copy sitting at a key its fields do not map to.
+    e = moved[4]
+    misplaced = dict(new_copy_of(mapper, e))
+    misplaced["PK"] = {"S": misplaced["PK"]["S"].rsplit("#", 1)[0] + "#31"} \
+        if not misplaced["PK"]["S"].endswith("#31") else {"S": misplaced["PK"]["S"][:-3] + "#30"}
+    misplaced["SK"] = {"S": misplaced["SK"]["S"] + "-x"}
+    put(misplaced)
+
+    result = verify(moto_dynamo, store, m)
+    assert result.finished and not result.passed
+    assert result.counts == {"missing": 1, "stale": 1, "diverged": 1, "extra": 1, "resurrected": 1,
+                             "duplicate": 1}, result.counts
+    kinds = sorted(e["kind"] for e in result.examples)
+    assert kinds == ["diverged", "duplicate", "extra", "missing", "resurrected", "stale"]
+    assert "found differences" in verify_facts(store, store.load_state(m.id))["verify_missing"]
+    with pytest.raises(errors.RefusedTransition, match="found differences"):
+        store.transition(m.id, Action.ADVANCE)
+
+    repaired = verify(moto_dynamo, store, m, repair=True)
+    assert repaired.repaired == 6 and not repaired.passed, repaired.examples  # a repairing run never passes
+    again = verify(moto_dynamo, store, m)
+    assert again.passed, again.counts
+    items = scan_all(moto_dynamo, table)
+    # The repairs came from the old (authoritative) layout: the stale copy carries the newer write,
+    # the resurrected copy is a tombstone again, the extra and misplaced copies are gone.
+    new_b = moto_dynamo.call("get_item", TableName=table, Key=mapper.new.key(mapper.fields(b, mapper.old)),
+                             ConsistentRead=True)["Item"]
+    assert new_b["temp"] == {"N": "999"} and version_of(new_b) == version_of(newer)
+    new_d = moto_dynamo.call("get_item", TableName=table, Key=mapper.new.key(mapper.fields(d, mapper.old)),
+                             ConsistentRead=True)["Item"]
+    assert is_tombstone(new_d)
+    assert not any(i.get("event_id") == ghost["event_id"] for i in items.values())
+    assert not any(i.get("SK", {}).get("S", "").endswith("-x") for i in items.values())
+
+
+def test_repair_never_overwrites_a_newer_version_in_the_new_layout(moto_dynamo):
+    m, mapper, store, shim = backfilled(moto_dynamo)
+    x = moved_items(mapper, shim)[0]
+    newest = dict(new_copy_of(mapper, x), temp={"N": "7"}, **{VERSION_ATTR: {"S": "9999999999999.000000.zz"}})
+    moto_dynamo.call("put_item", TableName=m.table, Item=newest)
+    result = verify(moto_dynamo, store, m, repair=True)
+    assert result.counts["diverged"] == 1 and result.repaired == 0
+    got = moto_dynamo.call("get_item", TableName=m.table, Key=mapper.new.key(mapper.fields(x, mapper.old)),
+                           ConsistentRead=True)["Item"]
+    assert got == newest
+
+
+def to_cleanup(dynamo, store, m):
+    assert verify(dynamo, store, m).passed
+    store.transition(m.id, Action.ADVANCE)  # cutover
+    store.transition(m.id, Action.ADVANCE)  # cleanup
+
+
+def test_cleanup_ttl_marks_exactly_the_moved_old_items(moto_dynamo):
+    m, mapper, store, shim = backfilled(moto_dynamo, n=64)
+    # An item whose own TTL expires sooner than the retention keeps it (written by the app
+    # through the dual-writing shim, so both layouts have it).
+    own = int(time.time()) + 60
+    soon = next(x for x in (logical("sensor", i, expires_at=own) for i in range(1000, 1100))
+                if mapper.moves(mapper.to_physical(x, mapper.old)))
+    shim.put(soon)
+    to_cleanup(moto_dynamo, store, m)
+    with pytest.raises(errors.BadInput, match="TTL is DISABLED"):
+        run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+    with pytest.raises(errors.RefusedTransition, match="cleanup pass has not run"):
+        store.transition(m.id, Action.ADVANCE)
+    before = scan_all(moto_dynamo, m.table)
+    t0 = time.time()
+    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST, enable_ttl=True))
+    assert result.done
+    after = scan_all(moto_dynamo, m.table)
+    old_moved = {k for k, i in before.items() if NEW_COPY_ATTR not in i and not is_tombstone(i)
+                 and mapper.moves(i)}
+    retain = m.cleanup.retain_hours * 3600
+    for k, item in after.items():
+        if k in old_moved:
+            exp = int(item["expires_at"]["N"])
+            if item.get("event_id") == soon["event_id"]:
+                assert exp == own
+            else:
+                assert t0 + retain - 5 <= exp <= time.time() + retain + 5
+        else:
+            assert item == before[k]  # unmoved items and new copies are untouched
+    # Tombstones of both layouts are retired; nothing else disappeared.
+    assert not any(is_tombstone(i) for i in after.values())
+    assert set(before) - set(after) == {k for k, i in before.items() if is_tombstone(i)}
+    assert result.counts["expiring"] == len(old_moved) - 1 and result.counts["kept_own_ttl"] == 1
+    # Half the calculated-suffix items stay where they are (N -> 2N).
+    old_live = [i for i in before.values() if NEW_COPY_ATTR not in i and not is_tombstone(i)]
+    assert 0 < result.counts["unmoved"] < len(old_live)
+    _, done = store.transition(m.id, Action.ADVANCE)
+    assert done.phase is Phase.COMPLETE
+
+
+def test_cleanup_delete_removes_exactly_the_moved_old_items(moto_dynamo):
+    m, mapper, store, shim = backfilled(moto_dynamo, kind="hourly", n=50)
+    to_cleanup(moto_dynamo, store, m)
+    before = scan_all(moto_dynamo, m.table)
+    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST, delete=True))
+    assert result.done
+    after = scan_all(moto_dynamo, m.table)
+    gone = set(before) - set(after)
+    expected_gone = {k for k, i in before.items()
+                     if is_tombstone(i) or (NEW_COPY_ATTR not in i and mapper.moves(i))}
+    assert gone == expected_gone
+    assert all(after[k] == before[k] for k in after)
+
+
+def test_abort_then_cleanup_leaves_the_old_layout_byte_identical(moto_dynamo):
+    m, mapper, store = setup_migration(moto_dynamo, "sensor", "Vabort")
+    shim = Shim(moto_dynamo, mapper, m.table)
+    for i in range(50):
+        shim.seed(logical("sensor", i))
+    snapshot = scan_all(moto_dynamo, m.table)
+    run_backfill(moto_dynamo, store, m.id, BackfillOptions(**FAST))
+    assert len(scan_all(moto_dynamo, m.table)) > len(snapshot)  # the new copies are there
+    store.transition(m.id, Action.ABORT)
+    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+    assert result.done and result.counts["new_copies_removed"] > 0
+    assert scan_all(moto_dynamo, m.table) == snapshot
+    state = store.load_state(m.id)
+    assert state.retired and not state.active
+
+
+def test_cleanup_refused_outside_cleanup_and_aborted(moto_dynamo):
+    m, mapper, store, shim = backfilled(moto_dynamo)
+    with pytest.raises(errors.RefusedTransition, match="cleanup runs only in cleanup or aborted"):
+        run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST, delete=True))
+
+
+def test_verify_and_cleanup_commands_exit_codes(moto_dynamo, capsys):
+    import json
+
+    from reshard.cli import main
+
+    m, mapper, store, shim = backfilled(moto_dynamo)
+    args = [m.id, "--segments", "2", "--control-table", store.table]
+    assert main(["cleanup", *args, "--delete"]) == 2
+    assert "cleanup runs only in cleanup or aborted" in capsys.readouterr().err
+    assert main(["verify", *args]) == 0
+    out = capsys.readouterr().out
+    assert f"verify {m.id} run 1: PASSED" in out
+    x = moved_items(mapper, shim)[0]
+    moto_dynamo.call("delete_item", TableName=m.table, Key=mapper.new.key(mapper.fields(x, mapper.old)))
+    assert main(["verify", *args, "--output", "json"]) == 1
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["counts"]["missing"] == 1 and not report["passed"] and report["run"] == 2
+    assert err.strip().splitlines()[-1] == "reshard: error: verify found differences (1 missing)"
+    assert main(["verify", *args, "--repair"]) == 1  # repaired, but a repairing run does not pass
+    capsys.readouterr()
+    assert main(["verify", *args]) == 0
+
+
+def test_a_retired_migration_puts_its_shims_back_in_steady_state(moto_dynamo):
+    from reshard.shim import ShardedTable
+
+    m, mapper, store = setup_migration(moto_dynamo, "sensor", "Vretire")
+    t = ShardedTable(m, moto_dynamo, control_table=store.table, refresh_seconds=3600)
+    try:
+        t.refresh()
+        assert t.phase == "backfill"
+        store.transition(m.id, Action.ABORT)
+        t.refresh()  # acknowledges aborted
+        item = {"sensor_id": "s-1", "event_id": "e-1", "ts": "2024-10-27T15:00:00Z"}
+        t.put_item(Item=item)
+        t.delete_item(Key=item)
+        assert [is_tombstone(i) for i in scan_all(moto_dynamo, m.table).values()] == [True]  # still fenced
+        result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+        assert result.done and result.counts["tombstones_retired"] == 1
+        assert scan_all(moto_dynamo, m.table) == {}
+        t.refresh()
+        assert t.phase == "steady"
+        t.put_item(Item=item)
+        assert "_rs_v" not in list(scan_all(moto_dynamo, m.table).values())[0]  # plain steady-state writes
+        t.delete_item(Key=item)
+        assert scan_all(moto_dynamo, m.table) == {}  # a plain delete, no tombstone
+    finally:
+        t.close()
