@@ -49,7 +49,7 @@ from .control import ControlStore, N, S, register_facts_provider
 from .dynamo import Dynamo
 from .layout import VERSION_ATTR, KeyMapper, item_size
 from .phases import Phase
-from .segments import (DEFAULT_LEASE_SECONDS, PageContext, RunResult, SegmentEngine, Subscriber, describe,
+from .segments import (DEFAULT_LEASE_SECONDS, dump_key, load_key, PageContext, RunResult, SegmentEngine, Subscriber, describe,
                        read_run)
 from .jobs import conditional_delete, conditional_put
 from .versions import copy_action, fence_for, unchanged, version_of
@@ -96,7 +96,7 @@ def check_preconditions(store: ControlStore, migration_id: str):
 
 
 def _key_json(key: dict) -> str:
-    return json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return dump_key(key)
 
 
 def _kid(item: dict, attrs) -> tuple:
@@ -276,7 +276,7 @@ class Backfill:
 
 def unmappable_items(store: ControlStore, migration_id: str) -> list[dict]:
     """The unmappable-items report of the backfill (old key, reason, detail)."""
-    return [{"old_key": json.loads(i["old_key"]["S"]), "reason": i["reason"]["S"], "detail": i["detail"]["S"]}
+    return [{"old_key": load_key(i["old_key"]["S"]), "reason": i["reason"]["S"], "detail": i["detail"]["S"]}
             for i in store.query(store.mpk(migration_id), f"U#{JOB}#")]
 
 

@@ -66,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.ClickException as e:
-        e.show()
+        # One line, like every other error (click's own format is usage + hint + message).
+        hint = ""
+        if isinstance(e, click.UsageError) and e.ctx is not None:
+            hint = f" (see `{e.ctx.command_path} --help`)"
+        click.echo(f"reshard: error: {e.format_message()}{hint}", err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("reshard: aborted", err=True)

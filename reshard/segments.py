@@ -48,6 +48,7 @@ Same-host dead workers
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -75,6 +76,20 @@ def segment_sk(job: str, run: int, segment: int) -> str:
     return f"J#{job}#{run:06d}#{segment:05d}"
 
 
+
+def dump_key(key: dict) -> str:
+    """A wire key (LastEvaluatedKey, an item's key) as JSON text; binary values as base64.
+
+    botocore hands binary attributes over as ``bytes``, which JSON cannot hold.
+    """
+    return json.dumps({a: ({"B64": base64.b64encode(v["B"]).decode()} if "B" in v else v) for a, v in key.items()},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def load_key(text: str) -> dict:
+    """The inverse of :func:`dump_key`."""
+    return {a: ({"B": base64.b64decode(v["B64"])} if "B64" in v else v) for a, v in json.loads(text).items()}
+
 @dataclass(frozen=True)
 class SegmentRecord:
     """One segment's lease and checkpoint as read from the control table."""
@@ -101,7 +116,7 @@ class SegmentRecord:
         cp = _s(item, "checkpoint")
         counters = {k: _num(v["N"]) for k, v in item.get("counters", {}).get("M", {}).items()}
         return cls(segment, True, _s(item, "owner", FREE), float(_n(item, "lease_expires", 0)),
-                   int(_n(item, "lease_counter", 0)), json.loads(cp) if cp else None, counters,
+                   int(_n(item, "lease_counter", 0)), load_key(cp) if cp else None, counters,
                    item.get("done", {}).get("BOOL", False), item.get("failed", {}).get("BOOL", False),
                    _s(item, "failed_by", ""), int(_n(item, "attempts", 0)), _s(item, "last_error", ""),
                    int(_n(item, "takeovers", 0)), _s(item, "last_throttle", ""))
@@ -395,7 +410,7 @@ class SegmentEngine:
         expires = now + self.lease_seconds
         self._fenced_update(lease, ["checkpoint = :cp", "counters = :c", "lease_expires = :exp",
                                     "last_throttle = :thr", "updated_at = :now"],
-                            {":cp": S(json.dumps(next_key, sort_keys=True)), ":c": _counters_av(counters),
+                            {":cp": S(dump_key(next_key)), ":c": _counters_av(counters),
                              ":exp": N(expires), ":thr": S(self.throttle_reason() or ""), ":now": N(now)})
         lease.expires, lease.renew_due = expires, self._renew_due(expires)
 

@@ -4,6 +4,7 @@ Layers, by folder and marker:
   tests/unit         pure domain, no AWS              (-m unit)
   tests/functional   moto's mock_aws, in-process      (-m functional)
   tests/integration  dynalite on 127.0.0.1            (-m integration)
+  tests/reliability  chaos, faults, races, bad input  (-m reliability)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = pathlib.Path(str(item.fspath)).relative_to(ROOT).parts
-        if len(parts) > 1 and parts[1] in ("unit", "functional", "integration"):
+        if len(parts) > 1 and parts[1] in ("unit", "functional", "integration", "reliability"):
             item.add_marker(getattr(pytest.mark, parts[1]))
 
 

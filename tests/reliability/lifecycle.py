@@ -1,0 +1,245 @@
+"""A whole migration under chaos: app threads, phase changes with rollbacks, killed backfills, faults.
+
+``Lifecycle`` owns one dynalite (``--path``), the fault proxy in front of it, the shims
+and their application threads, and drives the migration through the command line and
+the ControlStore. ``audit()`` compares the final table with the oracle and returns the
+figures the test prints and asserts on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import subprocess
+import time
+from decimal import Decimal
+
+from reshard.control import ControlStore
+from reshard.dynamo import Dynamo, RetryPolicy, to_wire
+from reshard.layout import KeyMapper, is_tombstone
+from reshard.migration import load
+from reshard.phases import Action, Phase
+from reshard.shim import ShardedTable
+
+from tests.backfill_support import create_table, migration_text
+from tests.integration.test_backfill_dynalite import Watchdog, _cli, _env
+from tests.reliability.chaos import ABSENT, AppThread, FaultProxy, Oracle, Workload, Write, total_ops
+from tests.servers import DynaliteServer
+from tests.shim_helpers import by_layout, scan, shim
+
+PATIENT = RetryPolicy(max_attempts=14, max_seconds=30.0, base_seconds=0.01, max_backoff_seconds=0.3)
+
+
+def sensor_workload() -> Workload:
+    def key(i):
+        return {"sensor_id": f"s-{i % 11}", "event_id": f"e-{i}",
+                "ts": f"2024-10-27T{i % 24:02d}:{(i // 24) % 60:02d}:{i % 60:02d}.{i:06d}Z"}
+
+    def item(i, token, rng):
+        # "data" and "timestamp" are DynamoDB reserved words: the shim must use placeholders.
+        return dict(key(i), temp=Decimal(rng.randrange(-400, 400)) / 10, op=token, data="x" * rng.randrange(0, 40),
+                    timestamp=Decimal(1_700_000_000 + i))
+
+    return Workload(key, item, ident=lambda i: i)
+
+
+def hourly_workload() -> Workload:
+    def key(i):
+        return {"sensor_id": f"s-{i % 13}",
+                "ts": f"2024-10-{20 + i % 7:02d}T{i % 24:02d}:{(i // 24) % 60:02d}:{i % 60:02d}.{i:06d}Z"}
+
+    def item(i, token, rng):
+        return dict(key(i), event_id=f"e-{i}", temp=Decimal(rng.randrange(-400, 400)) / 10, op=token)
+
+    return Workload(key, item, ident=lambda i: i)
+
+
+class Lifecycle:
+    """One migration under chaos (see the module docstring)."""
+
+    def __init__(self, tmp_path, kind: str, seed: int, n_items: int, n_inserts: int, threads: int = 4):
+        self.kind, self.seed = kind, seed
+        self.rng = random.Random(seed)
+        self.server = DynaliteServer(tmp_path / "db")
+        self.server.start()
+        self.watchdog = Watchdog(self.server)
+        self.watchdog.start()
+        self.proxy = FaultProxy(self.server.port, seed=seed).start()
+        self.proxy.enabled = False  # setup and seeding run clean; chaos starts with the app
+        self.raw = Dynamo(endpoint_url=self.server.endpoint, region="us-east-1", retry=PATIENT)
+        self.faulty = Dynamo(endpoint_url=self.proxy.endpoint, region="us-east-1", retry=PATIENT)
+        self.table, self.control = f"Chaos{kind.title()}", "chaos-control"
+        self.path = tmp_path / "migration.toml"
+        self.path.write_text(migration_text(kind, self.table, f"chaos-{kind}"))
+        self.m = load(self.path)
+        self.mapper = KeyMapper(self.m)
+        self.store = ControlStore(self.faulty, self.control)
+        self.workload = sensor_workload() if kind == "sensor" else hourly_workload()
+        self.oracle = Oracle()
+        self.n_items, self.n_inserts, self.n_threads = n_items, n_inserts, threads
+        self.kills = 0
+        self.backfill_runs = 0
+        self.transitions: list[str] = []
+        self.shims: list[ShardedTable] = []
+        self.apps: list[AppThread] = []
+        self.unmappable: list[dict] = []
+        self.t0 = time.monotonic()
+
+    def log(self, what: str) -> None:
+        print(f"  [{time.monotonic() - self.t0:6.1f}s] {what}", flush=True)
+
+    # ------------------------------------------------------------------ setup
+    def seed_table(self, unmappable: list[dict] = (), store_key_fields: bool = True) -> None:
+        """Pre-migration items written as the application did before reshard (no version).
+
+        ``store_key_fields=False``: the items keep only what is not in their keys (the
+        hourly layout's app stores sensor_id and ts only inside SK).
+        """
+        create_table(self.raw, self.table, self.mapper)
+        reqs = []
+        for i in range(self.n_items):
+            item = self.workload.item(i, f"seed-{i}", self.rng)
+            phys = self.mapper.to_physical(to_wire(item), self.mapper.old)
+            if not store_key_fields:
+                for f in self.mapper.key_fields:
+                    phys.pop(f, None)
+            reqs.append({"PutRequest": {"Item": phys}})
+            self.oracle.record(i, Write(f"seed-{i}", "seed", -2.0, -1.0, True, item))
+        for i in range(self.n_items, self.n_items + self.n_inserts):
+            self.oracle.record(i, Write(ABSENT, "initial", -2.0, -1.0, True, None))
+        self.unmappable = [dict(u) for u in unmappable]
+        reqs += [{"PutRequest": {"Item": u}} for u in self.unmappable]
+        self.raw.batch_write(self.table, reqs)
+        self.log(f"seeded {len(reqs)} items")
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(_cli(self.proxy.endpoint, self.control, *args), env=_env(), capture_output=True,
+                              text=True, timeout=timeout)
+
+    def start_app(self, seconds: float, max_ops: int) -> None:
+        """Register the migration (CLI), then the shims and one application thread per shim."""
+        r = self.cli("start", str(self.path))
+        assert r.returncode == 0, r.stderr
+        self.proxy.enabled = True
+        deadline = time.monotonic() + seconds
+        keys = list(range(self.n_items + self.n_inserts))
+        hot = self.rng.sample(keys, 24)
+        for t in range(self.n_threads):
+            dynamo = Dynamo(endpoint_url=self.proxy.endpoint, region="us-east-1", retry=PATIENT)
+            s = ShardedTable(self.m, dynamo, control_table=self.control, refresh_seconds=0.25,
+                             liveness_seconds=30.0, writer_id=f"app{t}")
+            self.shims.append(s)
+            self.apps.append(AppThread(f"app{t}", s, self.workload, self.oracle, keys, hot,
+                                       seed=self.seed * 100 + t, max_ops=max_ops, deadline=deadline))
+        for a in self.apps:
+            a.start()
+
+    # ------------------------------------------------------------------ phases
+    def phase(self) -> Phase:
+        return self.store.load_state(self.m.id).phase
+
+    def move(self, action: Action, dwell: float = 0.6) -> None:
+        """Wait for every live shim to acknowledge the current phase, then advance or roll back."""
+        state = self.store.load_state(self.m.id)
+        census = self.store.wait_for_ack(self.m.id, state.phase_version, 30, poll=0.1)
+        assert census.acknowledged, f"shims did not acknowledge {state.phase}: {census.lagging}"
+        before, after = self.store.transition(self.m.id, action, who="chaos-test")
+        self.transitions.append(f"{before.phase}->{after.phase}")
+        self.log(f"{before.phase} -> {after.phase}")
+        time.sleep(dwell)  # let the traffic run in the new phase (and the shims pick it up)
+
+    def backfill_with_kills(self, kills: int, segments: int = 8, max_seconds: float = 60) -> dict:
+        """Start `reshard backfill` subprocesses and SIGKILL them at random points, then finish."""
+        cmd = ["--output", "json", "backfill", self.m.id, "--segments", str(segments), "--workers", "2",
+               "--page-size", "60", "--lease-seconds", "2"]
+        deadline = time.monotonic() + max_seconds
+        attempts = 0
+        while self.kills < kills and attempts < kills * 3 and time.monotonic() < deadline:
+            attempts += 1
+            proc = subprocess.Popen(_cli(self.proxy.endpoint, self.control, *cmd), env=_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.backfill_runs += 1
+            time.sleep(self.rng.uniform(0.9, 2.2))  # ~0.7 s of interpreter start-up, then pages
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                self.kills += 1
+            proc.communicate(timeout=30)
+            self.log(f"backfill run {self.backfill_runs}: exit {proc.returncode}")
+        final = self.cli(*cmd, timeout=180)
+        self.backfill_runs += 1
+        self.log(f"backfill finished: exit {final.returncode}: {final.stdout[-1500:]} {final.stderr[-1500:]}")
+        assert final.returncode == 0, final.stderr
+        return json.loads(final.stdout)
+
+    def stop_app(self) -> None:
+        for a in self.apps:
+            a.stop.set()
+        for a in self.apps:
+            a.join(30)
+            assert not a.is_alive(), f"{a.name} did not stop"
+        for s in self.shims:
+            s.close()
+
+    def close(self) -> None:
+        for a in self.apps:
+            a.stop.set()
+        for s in self.shims:
+            try:
+                s.close()
+            except Exception:
+                pass
+        self.watchdog.stop.set()
+        self.watchdog.join(5)
+        self.proxy.stop()
+        self.server.stop()
+
+    # ------------------------------------------------------------------ audit
+    def audit(self, cleaned: bool) -> dict:
+        """The final table against the oracle: lost, resurrected, duplicated, leftovers."""
+        items = scan(self.raw, self.table)
+        layouts = by_layout(self.mapper, items)
+        reader = shim(self.m, self.raw, "complete")
+        out = {"lost": [], "resurrected": [], "stale": [], "duplicated": [], "old_copies_left": [],
+               "unmoved_changed": [], "unmappable_changed": []}
+        moved_n = unmoved_n = 0
+        for i in range(self.n_items + self.n_inserts):
+            key = self.workload.key(i)
+            got = reader.get_item(Key=key)
+            problem = self.oracle.check(i, got, math.inf, math.inf)
+            if problem:
+                out[problem.split(":")[0]].append(problem)
+            fields = self.mapper.logical_fields(to_wire(key))
+            ident = self.mapper.identity(fields)
+            new = layouts["new"].get(ident, [])
+            old = layouts["old"].get(ident, [])
+            if len(new) > 1 or len(old) > 1:
+                out["duplicated"].append(f"{i}: {len(old)} old, {len(new)} new physical items")
+            moves = self.mapper.old.key(fields) != self.mapper.new.key(fields)
+            if moves:
+                moved_n += 1
+                if cleaned and old:
+                    out["old_copies_left"].append(f"{i}: {old}")
+            else:
+                unmoved_n += 1
+                # One physical item serves both layouts: same key, unmarked, content = last write
+                # (checked through the oracle above).
+                if new and (new != old or self.mapper.is_new_copy(new[0])):
+                    out["unmoved_changed"].append(f"{i}: old {old} new {new}")
+        by_key = {json.dumps({a: it[a] for a in self.mapper.old.key_attrs}, sort_keys=True): it for it in items}
+        for u in self.unmappable:
+            k = json.dumps({a: u[a] for a in self.mapper.old.key_attrs}, sort_keys=True)
+            if by_key.get(k) != u:
+                out["unmappable_changed"].append(f"{k}: {by_key.get(k)}")
+        out["figures"] = {
+            "items_seeded": self.n_items, "insert_keys": self.n_inserts, "moved_keys": moved_n,
+            "unmoved_keys": unmoved_n, "physical_items_at_end": len(items),
+            "tombstones_at_end": sum(1 for it in items if is_tombstone(it)),
+            "ops": total_ops(self.apps), "kills": self.kills, "backfill_runs": self.backfill_runs,
+            "faults": self.proxy.faults(), "proxied_calls": self.proxy.counts["calls"],
+            "dynalite_restarts": self.watchdog.restarts, "transitions": self.transitions,
+            "read_violations": sum(len(a.violations) for a in self.apps),
+            "app_errors": sum(len(a.errors) for a in self.apps),
+        }
+        return out
