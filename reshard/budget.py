@@ -120,10 +120,17 @@ class Decision:
 
 
 class Aimd:
-    """Additive-increase / multiplicative-decrease of one lane's allowed rate."""
+    """Additive-increase / multiplicative-decrease of one lane's allowed rate.
+
+    The defaults (×0.7 at most once per 2 s, +10 % of the ceiling per second) settle, under
+    throttling that never stops whatever the rate, at about two thirds of the ceiling
+    (r = 0.7 r + 0.2 C); real throttling stops once the rate is below the table's capacity,
+    so the rate then climbs back. Halving every second instead drove a copy under a steady
+    trickle of throttles down to its floor.
+    """
 
     def __init__(self, budget: float | None, unit: str, clock: Callable[[], float], *,
-                 decrease: float = 0.5, increase_fraction: float = 0.05, cooldown: float = 1.0,
+                 decrease: float = 0.7, increase_fraction: float = 0.1, cooldown: float = 2.0,
                  min_fraction: float = 0.02, min_observed: float = 20.0):
         self.budget = budget
         self.min_observed = min_observed

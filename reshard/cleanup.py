@@ -4,8 +4,9 @@ In the ``cleanup`` phase (every live shim acknowledged it, so nobody writes the 
 layout any more):
 
 * an **old-layout item whose key moved** gets the table's TTL attribute
-  (``[cleanup] ttl_attribute`` = now + ``retain_hours``), or is deleted with ``--delete``.
-  An item whose own TTL would expire sooner keeps it (the update is conditional).
+  (``[cleanup] ttl_attribute`` = now + ``retain_hours``), or is deleted with ``--delete``
+  (plain BatchWriteItem deletes: nobody writes those keys any more). An item whose own
+  TTL would expire sooner keeps it (the update is conditional).
 * an **item whose key did not move** is one physical item serving both layouts: never
   touched (unless it is a tombstone, which is retired).
 * a **new-layout item** (``_rs_new`` marker) is never touched, unless it is a tombstone.
@@ -13,8 +14,9 @@ layout any more):
   its version, so a write that replaced one in the meantime survives.
 
 On an **aborted** migration (fleet acknowledged ``aborted``): the new-layout copies
-(marked with this migration's id) are deleted and the old layout's tombstones retired,
-each conditioned on its version; no live old item is ever touched. When the pass
+(marked with this migration's id; nobody writes them any more) are deleted in batches and
+the old layout's tombstones retired, each conditioned on its version; no live old item is
+ever touched. When the pass
 finishes, the migration is marked *retired*: shims then treat the table as steady state
 (plain deletes, no versions), and the table is free for a new migration.
 
@@ -124,6 +126,12 @@ class Cleaner:
             resp = self.dynamo.call("scan", **kwargs)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
+        # Keys nobody writes any more (the fleet acknowledged this phase): old items of a
+        # moved key in cleanup, new copies of an aborted migration. They go in plain
+        # BatchWriteItem deletes, 25 per call. Tombstones are still written by shims
+        # (until a migration completes or is retired), so they are deleted one by one,
+        # only if unchanged.
+        batched: list[dict] = []
         for item in items:
             ctx.ensure_lease()
             action = self.action(item)
@@ -133,14 +141,19 @@ class Cleaner:
                 ok = self._delete_if_unchanged(item)
                 counts["tombstones_retired" if ok else "changed_meanwhile"] += 1
             elif action == "remove_copy":
-                ok = self._delete_if_unchanged(item)
-                counts["new_copies_removed" if ok else "changed_meanwhile"] += 1
+                batched.append(self._key(item))
+                counts["new_copies_removed"] += 1
             elif action == "expire":
                 if self.opts.delete:
-                    ok = self._delete_if_unchanged(item)
-                    counts["deleted" if ok else "changed_meanwhile"] += 1
+                    batched.append(self._key(item))
+                    counts["deleted"] += 1
                 else:
                     counts[self._set_ttl(item)] += 1
+        if batched:
+            ctx.ensure_lease()
+            with self.budget.spend("write", float(len(batched))):
+                self.dynamo.batch_write(self.table, [{"DeleteRequest": {"Key": k}} for k in batched],
+                                        capacity=True)
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, resp.get("LastEvaluatedKey")

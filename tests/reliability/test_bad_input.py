@@ -16,7 +16,7 @@ import pytest
 from reshard.backfill import BackfillOptions, run_backfill, unmappable_items
 from reshard.cli import main
 from reshard.control import ControlStore
-from reshard.layout import MAX_ITEM_BYTES, KeyMapper, item_size
+from reshard.layout import KeyMapper, item_size
 from reshard.migration import parse
 from reshard.phases import Action
 from reshard.shim import ShardedTable

@@ -9,42 +9,21 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 
-from reshard import control
 from reshard.backfill import unmappable_items
 from reshard.phases import Action
 
-from tests.conftest import ROOT
 from tests.reliability.lifecycle import Lifecycle
 
 SEED = int(os.environ.get("RESHARD_CHAOS_SEED", "8082026"))
-#: verify and cleanup (issue 6); until they exist their gates are satisfied by the test.
-JOBS = (ROOT / "reshard" / "verify.py").is_file() and (ROOT / "reshard" / "cleanup.py").is_file()
-
-
-@pytest.fixture
-def gates(monkeypatch):
-    """Without reshard verify/cleanup, the cutover and completion gates they feed are opened here."""
-    if not JOBS:
-        from reshard import gates as _  # noqa: F401  (registers the backfill gate first)
-        monkeypatch.setattr(control, "_fact_providers", [*control._fact_providers,
-                                                         lambda store, state: {"verify_missing": None,
-                                                                               "cleanup_missing": None}])
-
-
 def verify(lc: Lifecycle) -> None:
     """`reshard verify` through the faulty proxy, while the application writes: must pass."""
-    if not JOBS:
-        return
     r = lc.cli("--output", "json", "verify", lc.m.id, "--segments", "8", timeout=180)
     assert r.returncode == 0, f"verify found differences under live traffic: {r.stdout[-3000:]} {r.stderr}"
 
 
 def cleanup(lc: Lifecycle) -> bool:
     """`reshard cleanup --delete` (dynalite has no TTL). True when it ran."""
-    if not JOBS:
-        return False
     r = lc.cli("--output", "json", "cleanup", lc.m.id, "--segments", "8", "--delete", timeout=180)
     assert r.returncode == 0, r.stderr
     return True
@@ -73,7 +52,7 @@ def assert_clean(lc: Lifecycle, result: dict, cleaned: bool) -> None:
     assert crashed == [], crashed
 
 
-def test_calculated_suffix_16_to_32_under_chaos(tmp_path, gates):
+def test_calculated_suffix_16_to_32_under_chaos(tmp_path):
     lc = Lifecycle(tmp_path, "sensor", SEED, n_items=3000, n_inserts=300)
     try:
         lc.seed_table()
@@ -109,7 +88,7 @@ def test_calculated_suffix_16_to_32_under_chaos(tmp_path, gates):
         lc.close()
 
 
-def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path, gates):
+def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
     """Items store neither sensor_id nor ts (they live only in the keys); a few cannot be mapped."""
     unmappable = [
         {"PK": {"S": "3#2024-10-27T15"}, "SK": {"S": "s-1#not-a-time"}, "temp": {"N": "1"}},          # bad ts

@@ -17,7 +17,7 @@ from reshard.control import CLOCK_SKEW_ALLOWANCE_SECONDS, ControlStore
 from reshard.dynamo import Dynamo, RetryPolicy
 from reshard.shim import ShardedTable
 
-from tests.backfill_support import migration_text, setup_migration
+from tests.backfill_support import setup_migration
 from tests.integration.test_backfill_dynalite import _cli, _env
 from tests.reliability.chaos import FaultProxy
 from tests.reliability.lifecycle import sensor_workload

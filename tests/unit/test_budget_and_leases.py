@@ -48,7 +48,7 @@ def test_unlimited_bucket_never_waits():
 
 def test_aimd_halves_once_per_cooldown_and_climbs_back_additively():
     clock = FakeClock()
-    a = Aimd(400.0, "WCU", clock, increase_fraction=0.05, cooldown=1.0)
+    a = Aimd(400.0, "WCU", clock, decrease=0.5, increase_fraction=0.05, cooldown=1.0)
     d = a.on_throttle("batch_write_item", observed_rate=390)
     assert d.reason == "throttled on BatchWriteItem: rate 400 → 200 WCU/s" and a.rate == 200
     assert a.on_throttle("batch_write_item", 390) is None and a.rate == 200   # same overload
@@ -63,7 +63,7 @@ def test_aimd_halves_once_per_cooldown_and_climbs_back_additively():
 
 def test_aimd_without_budget_starts_from_the_observed_rate_and_returns_to_unlimited():
     clock = FakeClock()
-    a = Aimd(None, "RCU", clock)
+    a = Aimd(None, "RCU", clock, decrease=0.5)
     assert a.rate is None
     d = a.on_throttle("scan", observed_rate=300)
     assert a.rate == 150 and d.reason == "throttled on Scan: rate 300 → 150 RCU/s"
@@ -103,7 +103,7 @@ def test_budget_charges_reported_units_or_else_the_estimate():
 def test_budget_throttle_records_a_reason_and_tells_listeners():
     clock = FakeClock()
     budget = CapacityBudget(max_wcu=400, max_rcu=100, clock=clock, sleep=clock.sleep)
-    heard = []
+    heard = []  # default AIMD: x0.7 per throttle
     budget.listeners.append(heard.append)
     budget.on_throttle("update_item")  # outside spend(): a control-table call, not the data table
     assert budget.rate("write") == 400 and heard == []
@@ -111,9 +111,9 @@ def test_budget_throttle_records_a_reason_and_tells_listeners():
         budget.on_throttle("batch_write_item")
     with budget.spend("read", 1):
         budget.on_throttle("batch_get_item")
-    assert budget.rate("write") == 200 and budget.rate("read") == 50
-    assert budget.latest_reason() == "throttled on BatchGetItem: rate 100 → 50 RCU/s"
-    assert [d.reason for d in heard][0] == "throttled on BatchWriteItem: rate 400 → 200 WCU/s"
+    assert budget.rate("write") == 280 and budget.rate("read") == 70
+    assert budget.latest_reason() == "throttled on BatchGetItem: rate 100 → 70 RCU/s"
+    assert [d.reason for d in heard][0] == "throttled on BatchWriteItem: rate 400 → 280 WCU/s"
 
 
 def test_capacity_estimates_follow_dynamodb_units():
@@ -152,3 +152,13 @@ def test_budget_module_is_pure():
     code = ("import sys, reshard.budget; bad = [m for m in ('boto3', 'botocore', 'click', 'tqdm', 'tenacity') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_default_aimd_settles_near_two_thirds_under_a_steady_trickle_of_throttles():
+    """Throttles that never stop (a fault injector, not capacity) must not drive the rate to the floor."""
+    clock = FakeClock()
+    a = Aimd(300.0, "WCU", clock)
+    for _ in range(200):  # a throttle every 0.5 s for 100 s
+        clock.t += 0.5
+        a.on_throttle("batch_write_item", observed_rate=a.rate)
+    assert 0.5 * 300 <= a.rate <= 0.8 * 300
