@@ -38,7 +38,6 @@ Why this is safe
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -51,7 +50,7 @@ from .layout import VERSION_ATTR, KeyMapper, item_size
 from .phases import Phase
 from .segments import (DEFAULT_LEASE_SECONDS, dump_key, load_key, PageContext, RunResult, SegmentEngine, Subscriber, describe,
                        read_run)
-from .jobs import conditional_delete, conditional_put
+from .jobs import conditional_delete, conditional_put, scan_page
 from .versions import copy_action, fence_for, unchanged, version_of
 
 JOB = "backfill"
@@ -128,12 +127,7 @@ class Backfill:
         """Copy one page of one segment; returns (counts, next key or None at the end)."""
         counts = dict.fromkeys(COUNTERS, 0)
         self.budget.take_usage()
-        kwargs = {"TableName": self.table, "Segment": ctx.segment, "TotalSegments": ctx.total_segments,
-                  "Limit": self.page_size, "ReturnConsumedCapacity": "TOTAL"}
-        if start_key:
-            kwargs["ExclusiveStartKey"] = start_key
-        with self.budget.spend("read", scan_units(self.page_size, self._avg_bytes)):
-            resp = self.dynamo.call("scan", **kwargs)
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.page_size, self._avg_bytes)
         items = resp.get("Items", [])
         next_key = resp.get("LastEvaluatedKey")
         counts["scanned"] = len(items)

@@ -30,13 +30,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from . import errors
-from .budget import CapacityBudget, scan_units
+from .budget import CapacityBudget
 from .control import ControlStore, N, register_facts_provider
 from .dynamo import Dynamo
-from .jobs import conditional_delete, entered_at, latest_run, make_engine, require_phase_and_ack, run_to_join
+from .jobs import scan_page, conditional_delete, entered_at, latest_run, make_engine, require_phase_and_ack, run_to_join
 from .layout import KeyMapper, is_tombstone, item_size
 from .migration import Migration
 from .phases import Phase
@@ -117,13 +117,7 @@ class Cleaner:
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
                   "new_copies_removed": 0, "untouched": 0, "unmoved": 0, "unmappable": 0, "changed_meanwhile": 0}
-        kwargs: dict[str, Any] = {"TableName": self.table, "Segment": ctx.segment,
-                                  "TotalSegments": ctx.total_segments, "Limit": self.opts.page_size,
-                                  "ReturnConsumedCapacity": "TOTAL"}
-        if start_key:
-            kwargs["ExclusiveStartKey"] = start_key
-        with self.budget.spend("read", scan_units(self.opts.page_size, 1024.0)):
-            resp = self.dynamo.call("scan", **kwargs)
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         # Keys nobody writes any more (the fleet acknowledged this phase): old items of a

@@ -587,7 +587,7 @@ def render_report(r: dict) -> str:
                      f"hottest shard {d['hottest_pct']:.1f}% (skew {d['skew']:.2f})")
         lines.append(histogram(dist, width=30))
     lines.append("")
-    lines.append(f"phases:        " + " -> ".join(["planned"] + [p["phase"] for p in r["phases"]]))
+    lines.append("phases:        " + " -> ".join(["planned"] + [p["phase"] for p in r["phases"]]))
     lines.append(f"items moved:   {fc['moved_items']} of {fc['live']} live items changed key "
                  f"(the backfill copied {bf.get('moved', 0)} old items, tombstones included, and re-copied "
                  f"{bf.get('recopied', 0)} that changed meanwhile; the shims' dual writes moved what they wrote)")

@@ -11,11 +11,11 @@ import time
 from typing import Callable, Iterable
 
 from . import errors
-from .budget import CapacityBudget
+from .budget import CapacityBudget, scan_units
 from .control import ControlStore, MigrationState, _n, _s
 from .dynamo import Dynamo
 from .phases import Phase
-from .segments import DEFAULT_LEASE_SECONDS, PageFn, RunInfo, SegmentEngine, Subscriber, read_run
+from .segments import DEFAULT_LEASE_SECONDS, PageContext, PageFn, RunInfo, SegmentEngine, Subscriber, read_run
 from .versions import Fence
 
 
@@ -120,3 +120,14 @@ def conditional_delete(dynamo: Dynamo, budget: CapacityBudget, table: str, key: 
         return True
     except errors.ConditionalCheckFailed:
         return False
+
+
+def scan_page(dynamo: Dynamo, budget: CapacityBudget, table: str, ctx: PageContext, start_key: dict | None,
+              page_size: int, avg_item_bytes: float = 1024.0) -> dict:
+    """One page of this segment's parallel Scan, paced by the read budget."""
+    kwargs: dict = {"TableName": table, "Segment": ctx.segment, "TotalSegments": ctx.total_segments,
+                    "Limit": page_size, "ReturnConsumedCapacity": "TOTAL"}
+    if start_key:
+        kwargs["ExclusiveStartKey"] = start_key
+    with budget.spend("read", scan_units(page_size, avg_item_bytes)):
+        return dynamo.call("scan", **kwargs)

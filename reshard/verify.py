@@ -35,16 +35,16 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from . import errors
 from .backfill import JOB as BACKFILL_JOB
 from .backfill import current_run as backfill_run
-from .budget import CapacityBudget, scan_units
+from .budget import CapacityBudget
 from .compare import KINDS, classify, live
 from .control import ControlStore, S, register_facts_provider
 from .dynamo import Dynamo
-from .jobs import conditional_delete, conditional_put, latest_run, make_engine, require_phase_and_ack, run_to_join
+from .jobs import scan_page, conditional_delete, conditional_put, latest_run, make_engine, require_phase_and_ack, run_to_join
 from .layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper
 from .phases import Phase
 from .segments import DEFAULT_LEASE_SECONDS, PageContext, RunResult, Subscriber, read_run
@@ -134,13 +134,7 @@ class Verifier:
                                     "repaired": 0, "unrepaired": 0}
         for k in DIFFERENCE_KINDS:
             counts[k] = 0
-        kwargs: dict[str, Any] = {"TableName": self.table, "Segment": ctx.segment,
-                                  "TotalSegments": ctx.total_segments, "Limit": self.opts.page_size,
-                                  "ReturnConsumedCapacity": "TOTAL"}
-        if start_key:
-            kwargs["ExclusiveStartKey"] = start_key
-        with self.budget.spend("read", scan_units(self.opts.page_size, 1024.0)):
-            resp = self.dynamo.call("scan", **kwargs)
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
 
         # (side, old candidate keys, new key) per logical item. Each kind of difference is

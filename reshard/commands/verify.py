@@ -27,19 +27,23 @@ def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, 
     raise KeyboardInterrupt
 
 
-def _progress(env: Env, table: str, desc: str) -> list:
+def _run_job(env: Env, job: str, mid: str, fn, opts):
+    """Run a data job with a progress bar on a TTY (else one line), SIGTERM handled like
+    Ctrl-C; returns (result, JSON-able summary)."""
+    store = env.store()
+    subs: list = []
     if is_tty() and not env.json:
-        total = env.dynamo().describe_table(table).get("ItemCount")
-        return [TqdmSubscriber(total, desc=desc)]
-    return []
-
-
-def _run(fn, *args, **kwargs):
+        total = env.dynamo().describe_table(store.load_state(mid).table).get("ItemCount")
+        subs.append(TqdmSubscriber(total, desc=job))
+    else:
+        env.info(f"{job} of {mid}: {opts.segments} segments, {opts.workers} workers on this host")
+    start = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return fn(*args, **kwargs)
+        result = fn(env.dynamo(), store, mid, opts, subscribers=subs)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return result, dict(result.as_dict(), migration=mid, elapsed_seconds=round(time.monotonic() - start, 2))
 
 
 @command(cli, "verify")
@@ -70,16 +74,9 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
       reshard verify migrations/0001_sensor_events.toml --segments 16
     """
     mid = env.migration_id(migration)
-    store = env.store()
     opts = VerifyOptions(segments=segments, workers=workers or min(segments, 4), repair=repair, max_rcu=max_rcu,
                          max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds)
-    table = store.load_state(mid).table
-    subs = _progress(env, table, "verify")
-    if not subs:
-        env.info(f"verify of {mid}: {segments} segments, {opts.workers} workers on this host")
-    start = time.monotonic()
-    result = _run(run_verify, env.dynamo(), store, mid, opts, subscribers=subs)
-    data = dict(result.as_dict(), migration=mid, elapsed_seconds=round(time.monotonic() - start, 2))
+    result, data = _run_job(env, "verify", mid, run_verify, opts)
 
     def text() -> str:
         verdict = "PASSED" if result.passed else ("FAILED" if result.finished else "INCOMPLETE")
@@ -133,17 +130,10 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
       reshard cleanup migrations/0001_sensor_events.toml --segments 16 --enable-ttl
     """
     mid = env.migration_id(migration)
-    store = env.store()
     opts = CleanupOptions(segments=segments, workers=workers or min(segments, 4), delete=delete,
                           enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
                           lease_seconds=lease_seconds)
-    table = store.load_state(mid).table
-    subs = _progress(env, table, "cleanup")
-    if not subs:
-        env.info(f"cleanup of {mid}: {segments} segments, {opts.workers} workers on this host")
-    start = time.monotonic()
-    result = _run(run_cleanup, env.dynamo(), store, mid, opts, subscribers=subs)
-    data = dict(result.as_dict(), migration=mid, elapsed_seconds=round(time.monotonic() - start, 2))
+    result, data = _run_job(env, "cleanup", mid, run_cleanup, opts)
 
     def text() -> str:
         c = result.counts
