@@ -410,7 +410,7 @@ class ControlStore:
         who = who or operator_name()
         state = self.load_state(migration_id)
         if expected_version is not None and state.phase_version != expected_version:
-            raise self._lost_race(migration_id, expected_version)
+            raise self.lost_race(migration_id, expected_version)
         if state.last is not None:
             # The previous transition wrote META first and its history row second; if that
             # process died in between, record the row now (write-once, so a no-op normally),
@@ -435,7 +435,7 @@ class ControlStore:
                         ":from": S(state.phase.value), ":act": S(action.value), ":v": N(state.phase_version)},
             )
         except errors.ConditionalCheckFailed:
-            raise self._lost_race(migration_id, state.phase_version) from None
+            raise self.lost_race(migration_id, state.phase_version) from None
         self._record_history(migration_id, Transition(new_version, state.phase.value, target.value,
                                                       action.value, who, now))
         if target is Phase.COMPLETE:
@@ -473,7 +473,7 @@ class ControlStore:
         self._release_table(state.table, migration_id)
         return self.load_state(migration_id)
 
-    def _lost_race(self, migration_id: str, version: int) -> errors.ConcurrentChange:
+    def lost_race(self, migration_id: str, version: int) -> errors.ConcurrentChange:
         now = self.load_state(migration_id)
         who = now.last.who if now.last else "?"
         return errors.ConcurrentChange(

@@ -18,6 +18,10 @@ from ..control import Census, ControlStore, MigrationState
 from ..migration import Migration, load
 from ..phases import TERMINAL, Action, Phase, decide
 
+from_option = click.option(
+    "--from", "from_phase", type=click.Choice([p.value for p in Phase]), default=None, metavar="PHASE",
+    help="Act only if the migration is in PHASE now (guards scripts and a second operator against "
+         "moving it twice).")
 wait_option = click.option(
     "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
     help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "
@@ -257,7 +261,8 @@ def next_step(state: MigrationState) -> str:
 @command(cli, "advance")
 @migration_argument
 @wait_option
-def advance(env: Env, migration: str | None, wait: float | None) -> None:
+@from_option
+def advance(env: Env, migration: str | None, wait: float | None, from_phase: str | None) -> None:
     """Move the migration one phase forward (checks the fleet and the gates).
 
     \b
@@ -271,13 +276,14 @@ def advance(env: Env, migration: str | None, wait: float | None) -> None:
       reshard advance --wait 60
       reshard advance migrations/0001_sensor_events.toml
     """
-    run_transition(env, migration, Action.ADVANCE, wait)
+    run_transition(env, migration, Action.ADVANCE, wait, from_phase)
 
 
 @command(cli, "rollback")
 @migration_argument
 @wait_option
-def rollback(env: Env, migration: str | None, wait: float | None) -> None:
+@from_option
+def rollback(env: Env, migration: str | None, wait: float | None, from_phase: str | None) -> None:
     """Move the migration one phase back, losslessly (up to cutover).
 
     \b
@@ -289,13 +295,14 @@ def rollback(env: Env, migration: str | None, wait: float | None) -> None:
     Example:
       reshard rollback --wait 60
     """
-    run_transition(env, migration, Action.ROLLBACK, wait)
+    run_transition(env, migration, Action.ROLLBACK, wait, from_phase)
 
 
 @command(cli, "abort")
 @migration_argument
 @wait_option
-def abort(env: Env, migration: str | None, wait: float | None) -> None:
+@from_option
+def abort(env: Env, migration: str | None, wait: float | None, from_phase: str | None) -> None:
     """Return to the old layout only (`aborted`); `reshard cleanup` then removes new-layout items.
 
     \b
@@ -307,10 +314,11 @@ def abort(env: Env, migration: str | None, wait: float | None) -> None:
       reshard abort --wait 60
       reshard cleanup sensor-events-16-to-32
     """
-    run_transition(env, migration, Action.ABORT, wait)
+    run_transition(env, migration, Action.ABORT, wait, from_phase)
 
 
-def run_transition(env: Env, ref: str | None, action: Action, wait: float | None) -> None:
+def run_transition(env: Env, ref: str | None, action: Action, wait: float | None,
+                   from_phase: str | None = None) -> None:
     """Apply one transition; with ``wait``, wait for the fleet before and after it.
 
     Refusals (rules, a lagging fleet, a lost race) raise and exit 2. Once the
@@ -320,6 +328,15 @@ def run_transition(env: Env, ref: str | None, action: Action, wait: float | None
     store = env.store()
     mid = env.migration_id(ref)
     expected = None
+    if from_phase is not None:
+        current = store.load_state(mid)
+        if current.phase.value != from_phase:
+            raise errors.ConcurrentChange(
+                f"{action.value} refused for {mid!r}: it is in {current.phase} (phase version "
+                f"{current.phase_version}, last moved by {current.last.who if current.last else '?'}), "
+                f"not {from_phase}; check `reshard status` before acting again")
+        # The compare-and-set below then acts on exactly the version we checked.
+        expected = current.phase_version
     if wait:
         start_at = store.clock()
         before = store.load_state(mid)
@@ -333,6 +350,8 @@ def run_transition(env: Env, ref: str | None, action: Action, wait: float | None
                      f"v{before.phase_version}; lagging: {', '.join(h.describe() for h in census.lagging)}")
         # Act only on the state we waited for: if another operator moved the migration
         # meanwhile, the compare-and-set below fails and we say so instead of moving it again.
+        if expected is not None and before.phase_version != expected:
+            raise store.lost_race(mid, expected)
         expected = before.phase_version
         remaining = max(0.0, wait - (store.clock() - start_at))
     before, after = store.transition(mid, action, expected_version=expected)

@@ -271,3 +271,16 @@ def test_restarting_a_finished_migration_says_what_to_do(aws, capsys):
     assert run(capsys, "abort")[0] == 0
     code, out, err = run(capsys, "start", SENSOR_FILE)
     assert code == 0 and "phase aborted" in out and "give the file a new id" in out
+
+
+def test_from_guards_against_moving_twice(aws, capsys, store):
+    """Two operators who both mean "planned -> dual_write" one after the other: the second is refused."""
+    assert run(capsys, "start", SENSOR_FILE)[0] == 0
+    code, out, err = run(capsys, "advance", MID, "--from", "planned")
+    assert code == 0 and "planned -> dual_write" in out
+    code, out, err = run(capsys, "advance", MID, "--from", "planned")
+    line = one_error_line(err)
+    assert code == 2 and "it is in dual_write (phase version 2" in line and "not planned" in line
+    assert store.load_state(MID).phase.value == "dual_write"
+    code, out, err = run(capsys, "rollback", MID, "--from", "dual_write", "--wait", "1")
+    assert code == 0 and "dual_write -> planned" in out
