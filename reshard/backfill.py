@@ -50,7 +50,7 @@ from .layout import VERSION_ATTR, KeyMapper, item_size
 from .phases import Phase
 from .segments import (DEFAULT_LEASE_SECONDS, dump_key, load_key, PageContext, RunResult, SegmentEngine, Subscriber, describe,
                        read_run)
-from .jobs import conditional_delete, conditional_put, scan_page
+from .jobs import conditional_delete, conditional_put, phase_guard, scan_page
 from .versions import copy_action, fence_for, unchanged, version_of
 
 JOB = "backfill"
@@ -296,7 +296,8 @@ def run_backfill(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: B
     copier = Backfill(dynamo, store, migration_id, mapper, migration.table, budget, opts.page_size)
     engine = SegmentEngine(store, migration_id, JOB, current_run(store, migration_id), opts.segments, copier.page, workers=opts.workers,
                            lease_seconds=opts.lease_seconds, max_attempts=opts.max_attempts, clock=clock,
-                           sleep=sleep, subscribers=subscribers, throttle_reason=budget.latest_reason)
+                           sleep=sleep, subscribers=subscribers, throttle_reason=budget.latest_reason,
+                           guard=phase_guard(store, migration_id, JOB, (Phase.BACKFILL,)) if check else None)
     return engine.run_all(), budget
 
 

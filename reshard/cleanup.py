@@ -36,7 +36,8 @@ from . import errors
 from .budget import CapacityBudget
 from .control import ControlStore, N, register_facts_provider
 from .dynamo import Dynamo
-from .jobs import scan_page, conditional_delete, entered_at, latest_run, make_engine, require_phase_and_ack, run_to_join
+from .jobs import (conditional_delete, entered_at, latest_run, live_leases, make_engine, require_phase_and_ack,
+                   run_to_join, scan_page)
 from .layout import KeyMapper, is_tombstone, item_size
 from .migration import Migration
 from .phases import Phase
@@ -195,9 +196,20 @@ class Cleaner:
 
 
 def check_preconditions(store: ControlStore, migration_id: str):
-    return require_phase_and_ack(store, migration_id, "cleanup", (Phase.CLEANUP, Phase.ABORTED),
-                                 "old items may be retired only once no shim reads them, and new copies "
-                                 "removed only once a migration is aborted")
+    state = require_phase_and_ack(store, migration_id, "cleanup", (Phase.CLEANUP, Phase.ABORTED),
+                                  "old items may be retired only once no shim reads them, and new copies "
+                                  "removed only once a migration is aborted")
+    if state.phase is Phase.ABORTED:
+        # A backfill (or a repairing verify) started before the abort writes new copies
+        # until its workers notice the phase at their next page; removing copies while
+        # one still holds a lease could leave copies behind the cleanup's scan.
+        busy = live_leases(store, migration_id, ("backfill", "verify"), store.clock())
+        if busy:
+            raise errors.RefusedTransition(
+                f"cleanup refused for {migration_id!r}: {len(busy)} backfill/verify segment lease(s) are still "
+                f"held ({', '.join(busy[:3])}); their workers stop at their next page: retry when the leases "
+                "are released or expired (see `reshard status`)")
+    return state
 
 
 def run_cleanup(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: CleanupOptions | None = None, *,
@@ -218,7 +230,7 @@ def run_cleanup(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: Cl
     budget.attach(dynamo, migration.table)
     cleaner = Cleaner(dynamo, KeyMapper(migration), migration.table, budget, opts, aborted, clock)
     engine = make_engine(dynamo, store, migration_id, JOB, run, opts.segments, cleaner.page, budget,
-                         workers=opts.workers, lease_seconds=opts.lease_seconds, subscribers=subscribers,
+                         phases=(state.phase,), workers=opts.workers, lease_seconds=opts.lease_seconds, subscribers=subscribers,
                          clock=clock, sleep=sleep)
     result = engine.run_all()
     if result.done and aborted:

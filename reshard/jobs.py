@@ -82,8 +82,42 @@ def entered_at(store: ControlStore, migration_id: str, frm: str, to: str) -> flo
     return max(times) if times else 0.0
 
 
+def phase_guard(store: ControlStore, migration_id: str, job: str, phases: Iterable[Phase],
+                min_interval: float = 1.0) -> Callable[[], str | None]:
+    """A segment-engine guard: a reason to stop once the migration left ``phases``.
+
+    The precondition is checked once at the start; this keeps checking (a consistent read
+    of META at most every ``min_interval`` seconds, shared by the workers), so a job started
+    before an abort or a rollback stops writing at its next page instead of racing the
+    cleanup that follows.
+    """
+    phases = frozenset(phases)
+    last = {"at": -1e18, "why": None}
+
+    def guard() -> str | None:
+        now = time.monotonic()
+        if now - last["at"] >= min_interval:
+            state = store.load_state(migration_id)
+            last["at"] = now
+            last["why"] = None if state.phase in phases else (
+                f"{job} stopped: the migration moved to {state.phase} (phase version {state.phase_version})")
+        return last["why"]
+
+    return guard
+
+
+def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now: float) -> list[str]:
+    """Segments of ``jobs`` whose lease is still held by someone (their workers may still write)."""
+    out = []
+    for job in jobs:
+        for item in store.query(store.mpk(migration_id), f"J#{job}#"):
+            if _s(item, "owner", "-") != "-" and float(_n(item, "lease_expires", 0)) > now:
+                out.append(f"{job} segment {int(_n(item, 'segment', -1))} ({_s(item, 'owner')})")
+    return out
+
+
 def make_engine(dynamo: Dynamo, store: ControlStore, migration_id: str, job: str, run: int, segments: int,
-                page: PageFn, budget: CapacityBudget, *, workers: int | None = None,
+                page: PageFn, budget: CapacityBudget, *, phases: Iterable[Phase], workers: int | None = None,
                 lease_seconds: float = DEFAULT_LEASE_SECONDS, max_attempts: int = 3,
                 subscribers: Iterable[Subscriber] = (), clock: Callable[[], float] = time.time,
                 sleep: Callable[[float], None] = time.sleep) -> SegmentEngine:
@@ -92,7 +126,8 @@ def make_engine(dynamo: Dynamo, store: ControlStore, migration_id: str, job: str
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
     return SegmentEngine(store, migration_id, job, run, segments, page, workers=workers,
                          lease_seconds=lease_seconds, max_attempts=max_attempts, clock=clock, sleep=sleep,
-                         subscribers=subscribers, throttle_reason=budget.latest_reason)
+                         subscribers=subscribers, throttle_reason=budget.latest_reason,
+                         guard=phase_guard(store, migration_id, job, phases))
 
 
 def finished_run(store: ControlStore, migration_id: str, job: str, run: int) -> RunInfo | None:

@@ -249,7 +249,8 @@ class RunResult:
     segments: list[SegmentRecord]
     worked: list[int]            # segments this invocation completed
     elapsed: float
-    stopped: bool = False        # interrupted (SIGINT/SIGTERM): leases released
+    stopped: bool = False        # interrupted (SIGINT/SIGTERM, or the guard): leases released
+    stop_reason: str = ""        # why the guard stopped it, if it did
 
     @property
     def done(self) -> bool:
@@ -300,8 +301,12 @@ class SegmentEngine:
                  sleep: Callable[[float], None] = time.sleep, subscribers: Iterable[Subscriber] = (),
                  poll_seconds: float | None = None, throttle_reason: Callable[[], str] = lambda: "",
                  invocation: str | None = None, host: str | None = None,
-                 is_dead: Callable[[str], bool] | None = None):
+                 is_dead: Callable[[str], bool] | None = None,
+                 guard: Callable[[], str | None] | None = None):
         self.store = store
+        #: Checked before every page: a reason to stop (e.g. the phase moved on), or None.
+        self.guard = guard
+        self.stop_reason = ""
         self.pk = store.mpk(migration_id)
         self.migration_id = migration_id
         self.job = job
@@ -492,7 +497,8 @@ class SegmentEngine:
         # process died in between, whoever sees every segment done does it now.
         self._maybe_finish_run()
         result = RunResult(read_run(self.store, self.migration_id, self.job, self.run) or info, self.records(),
-                           sorted(self._worked), time.monotonic() - start, self.stop_event.is_set())
+                           sorted(self._worked), time.monotonic() - start, self.stop_event.is_set(),
+                           self.stop_reason)
         self.subs.on_run_done(result)
         return result
 
@@ -534,6 +540,14 @@ class SegmentEngine:
         try:
             while True:
                 if self.stop_event.is_set():
+                    self.release(lease)
+                    return
+                why = self.guard() if self.guard else None
+                if why:
+                    # The job may no longer write (an operator aborted or rolled back): stop
+                    # every worker at a page boundary, leases released, checkpoints kept.
+                    self.stop_reason = why
+                    self.stop_event.set()
                     self.release(lease)
                     return
                 try:

@@ -323,6 +323,7 @@ def run_verify(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: Ver
     """Check the preconditions and run (or join, or resume) a verify run with this host's workers."""
     opts = opts or VerifyOptions()
     state, backfill_info = check_preconditions(store, migration_id, opts.repair)
+    phases = (Phase.BACKFILL,) if opts.repair else (Phase.BACKFILL, Phase.CUTOVER)
     migration = state.migration()
     mapper = KeyMapper(migration)
     dynamo.describe_table(migration.table)
@@ -332,7 +333,7 @@ def run_verify(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: Ver
     budget.attach(dynamo, migration.table)
     verifier = Verifier(dynamo, store, migration_id, run, mapper, migration.table, budget, opts, sleep)
     engine = make_engine(dynamo, store, migration_id, JOB, run, opts.segments, verifier.page, budget,
-                         workers=opts.workers, lease_seconds=opts.lease_seconds, subscribers=subscribers,
+                         phases=phases, workers=opts.workers, lease_seconds=opts.lease_seconds, subscribers=subscribers,
                          clock=clock, sleep=sleep)
     result = engine.run_all()
     return result_of(store, migration_id, run, opts.examples, result)

@@ -99,4 +99,6 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
                                   f"{', '.join(str(r.segment) for r in result.failed)}; re-run `reshard backfill "
                                   f"{mid} --segments {segments}` to retry them")
     if not result.done:
+        if result.stop_reason:
+            raise errors.RefusedTransition(f"{result.stop_reason}; the finished segments stay done")
         raise errors.ReshardError(f"backfill of {mid} stopped before every segment was done; re-run to resume")

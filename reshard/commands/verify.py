@@ -94,6 +94,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
 
     env.emit(data, text)
     if not result.finished:
+        if result.segments is not None and result.segments.stop_reason:
+            raise errors.RefusedTransition(result.segments.stop_reason)
         raise errors.ReshardError(f"verify of {mid} stopped before every segment was done; re-run to resume")
     if not result.passed:
         found = ", ".join(f"{n} {k}" for k, n in result.counts.items() if n)
@@ -152,5 +154,7 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
     env.emit(data, text)
     if not result.done:
         failed = [r.segment for r in result.segments.failed] if result.segments else []
+        if result.segments is not None and result.segments.stop_reason:
+            raise errors.RefusedTransition(result.segments.stop_reason)
         raise errors.ReshardError(f"cleanup of {mid} did not finish"
                                   + (f" (failed segments {failed})" if failed else "") + "; re-run to resume")

@@ -274,3 +274,40 @@ def test_a_retired_migration_puts_its_shims_back_in_steady_state(moto_dynamo):
         assert scan_all(moto_dynamo, m.table) == {}  # a plain delete, no tombstone
     finally:
         t.close()
+
+
+def test_an_abort_stops_a_running_backfill_and_cleanup_waits_for_its_leases(moto_dynamo):
+    """A backfill started before an abort must not keep writing new copies behind the
+    abort-cleanup's scan: its workers stop at the next page, and cleanup refuses while a
+    lease is still held."""
+    from reshard.backfill import Backfill
+    from reshard.budget import CapacityBudget
+    from reshard.jobs import phase_guard
+    from reshard.segments import SegmentEngine
+
+    m, mapper, store = setup_migration(moto_dynamo, "sensor", "Vstop")
+    shim = Shim(moto_dynamo, mapper, m.table)
+    for i in range(60):
+        shim.seed(logical("sensor", i))
+    snapshot = scan_all(moto_dynamo, m.table)
+    budget = CapacityBudget().attach(moto_dynamo, m.table)
+    copier = Backfill(moto_dynamo, store, m.id, mapper, m.table, budget, page_size=10)
+    pages = []
+
+    def page(ctx, key):
+        pages.append(ctx.segment)
+        if len(pages) == 2:
+            store.transition(m.id, Action.ABORT)  # an operator aborts mid-copy
+            # ...while this worker still holds its lease: cleanup must wait for it.
+            with pytest.raises(errors.RefusedTransition, match="lease"):
+                run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+        return copier.page(ctx, key)
+
+    engine = SegmentEngine(store, m.id, "backfill", 1, 1, page, workers=1,
+                           guard=phase_guard(store, m.id, "backfill", (Phase.BACKFILL,), min_interval=0))
+    result = engine.run_all()
+    assert result.stopped and not result.done and "moved to aborted" in result.stop_reason
+    assert len(pages) == 2  # no page after the abort was seen
+    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+    assert result.done
+    assert scan_all(moto_dynamo, m.table) == snapshot
