@@ -32,8 +32,8 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from reshard.backfill import BackfillOptions, run_backfill  # noqa: E402
-from reshard.dynamo import Dynamo, RetryPolicy  # noqa: E402
+from reshard.jobs.backfill import BackfillOptions, run_backfill  # noqa: E402
+from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
 from reshard.errors import UnmappableItem  # noqa: E402
 from tests.backfill_support import Shim, logical, setup_migration  # noqa: E402
 from tests.servers import DynaliteServer  # noqa: E402
@@ -135,7 +135,7 @@ def naive(dynamo, name, n):
 def rss_child(endpoint: str, name: str, segments: int, page_size: int) -> None:
     """Run in a subprocess: backfill one prepared migration, print peak RSS."""
     dynamo = client(endpoint)
-    from reshard.control import ControlStore
+    from reshard.control.store import ControlStore
     result, _ = run_backfill(dynamo, ControlStore(dynamo, f"{name}-ctl"), name,
                              BackfillOptions(segments=segments, workers=segments, page_size=page_size))
     assert result.done
@@ -163,7 +163,7 @@ def wcu_windows(dynamo, name, n, max_wcu, seconds, segments, page_size):
                 samples.append((time.monotonic(), units))
 
     # Attribute units to writes: the listener runs on the calling thread, inside the budget's spend().
-    import reshard.budget as budget_mod
+    import reshard.jobs.budget as budget_mod
     real_spend = budget_mod.CapacityBudget.spend
 
     from contextlib import contextmanager
@@ -183,7 +183,7 @@ def wcu_windows(dynamo, name, n, max_wcu, seconds, segments, page_size):
     box = {}
 
     def run():
-        from reshard.budget import CapacityBudget
+        from reshard.jobs.budget import CapacityBudget
         b = CapacityBudget(max_wcu=max_wcu)
         box["result"], box["budget"] = run_backfill(
             dynamo, store, m.id, BackfillOptions(segments=segments, workers=segments, page_size=page_size,

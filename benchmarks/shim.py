@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 import boto3  # noqa: E402
 
-from reshard.dynamo import SHIM_RETRIES, Dynamo  # noqa: E402
-from reshard.migration import load  # noqa: E402
-from reshard.shim import ShardedTable  # noqa: E402
+from reshard.aws.dynamo import SHIM_RETRIES, Dynamo  # noqa: E402
+from reshard.core.migration import load  # noqa: E402
+from reshard.shim.table import ShardedTable  # noqa: E402
 from tests.servers import DynaliteServer  # noqa: E402
 from tests.shim_helpers import create_table  # noqa: E402
 
@@ -76,7 +76,7 @@ def main(argv=None) -> dict:
         table = res.Table(m.table)
         client = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name="us-east-1",
                               aws_access_key_id="x", aws_secret_access_key="x")
-        from reshard.dynamo import to_wire
+        from reshard.aws.dynamo import to_wire
         shims = {}
         for phase in (None, "dual_write", "dual_read", "cutover"):
             t = ShardedTable(m, dyn, control_table=None)

@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 import benchmarks.backfill as backfill_bench  # noqa: E402
 from benchmarks.backfill import client, prepare  # noqa: E402
-from reshard.backfill import BackfillOptions, run_backfill  # noqa: E402
-from reshard.verify import VerifyOptions, run_verify  # noqa: E402
+from reshard.jobs.backfill import BackfillOptions, run_backfill  # noqa: E402
+from reshard.jobs.verify import VerifyOptions, run_verify  # noqa: E402
 from tests.servers import DynaliteServer  # noqa: E402
 
 

@@ -8,7 +8,7 @@ What it does, in order
     2. Registers a migration N -> M (a demo-local copy of ``migrations/0001_sensor_events.toml``
        with the chosen shard counts and a unique id).
     3. Starts a small fleet: ``app_threads`` threads, each with its own
-       :class:`~reshard.shim.ShardedTable` (its own heartbeat, refreshing every 0.5 s).
+       :class:`~reshard.shim.table.ShardedTable` (its own heartbeat, refreshing every 0.5 s).
        Each thread owns a disjoint set of sensors, so it knows exactly what every read of
        its items must return: puts, updates, deletes, consistent gets that check
        read-your-writes, and now and then a consistent query of a whole sensor.
@@ -35,14 +35,14 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Callable
 
-from . import errors
-from .backfill import BackfillOptions, run_backfill
-from .control import ControlStore
-from .dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
-from .migration import Migration, parse
-from .phases import ROUTING, Action, Phase
-from .planning import Distribution, distribution, histogram
-from .shim import ShardedTable
+from reshard import errors
+from reshard.jobs.backfill import BackfillOptions, run_backfill
+from reshard.control.store import ControlStore
+from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
+from reshard.core.migration import Migration, parse
+from reshard.core.phases import ROUTING, Action, Phase
+from reshard.core.planning import Distribution, distribution, histogram
+from reshard.shim.table import ShardedTable
 
 TABLE = "SensorEvents"
 TTL_ATTRIBUTE = "expires_at"
@@ -400,7 +400,7 @@ class Demo:
     def verify_step(self) -> dict:
         """``reshard verify`` through the library: compares both layouts per logical item."""
         try:
-            from .verify import VerifyOptions, run_verify
+            from reshard.jobs.verify import VerifyOptions, run_verify
         except ImportError:
             self.fail("reshard verify is not part of this build")
             return {"passed": False, "checked": 0, "counts": {}, "examples": [], "run": None}
@@ -419,7 +419,7 @@ class Demo:
     def cleanup_step(self) -> dict:
         """``reshard cleanup`` through the library: TTL on the old items (moto never expires them)."""
         try:
-            from .cleanup import CleanupOptions, run_cleanup
+            from reshard.jobs.cleanup import CleanupOptions, run_cleanup
         except ImportError:
             self.fail("reshard cleanup is not part of this build")
             return {"done": False, "counts": {}, "mode": "none"}
@@ -439,7 +439,7 @@ class Demo:
     def _progress(self, desc: str) -> list:
         if not self.opts.progress:
             return []
-        from .progress import TqdmSubscriber
+        from reshard.jobs.subscribers import TqdmSubscriber
         total = self.dynamo.describe_table(self.opts.table).get("ItemCount")
         return [TqdmSubscriber(total, desc=f"    {desc}")]
 
@@ -566,7 +566,7 @@ def run_demo(opts: DemoOptions, endpoint_url: str | None = None, say: Callable[[
     """Run the demo on ``endpoint_url``, or on an embedded moto server started for it."""
     if endpoint_url:
         return Demo(Dynamo(endpoint_url=endpoint_url), opts, say).run()
-    from .local import EmbeddedDynamoDB
+    from reshard.aws.local import EmbeddedDynamoDB
     with EmbeddedDynamoDB() as server:
         return Demo(Dynamo(endpoint_url=server.endpoint_url), opts, say).run()
 

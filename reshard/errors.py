@@ -1,7 +1,7 @@
 """The exceptions reshard raises, and the exit status each one maps to.
 
 Pure module: imports nothing from AWS or the CLI. The command line catches
-:class:`ReshardError` in exactly one place (``reshard.cli``) and turns it into one
+:class:`ReshardError` in exactly one place (``reshard.cli.main``) and turns it into one
 line on stderr plus :attr:`ReshardError.exit_code`.
 
 Exit status contract (PRODUCT.md): 0 done; 1 the operation failed or found

@@ -12,12 +12,12 @@ import random
 import threading
 
 from reshard import errors
-from reshard.control import ControlStore
-from reshard.dynamo import to_wire
-from reshard.layout import KeyMapper
-from reshard.migration import load
-from reshard.phases import Action
-from reshard.versions import VersionClock, fence_for, tombstone
+from reshard.control.store import ControlStore
+from reshard.aws.dynamo import to_wire
+from reshard.core.layout import KeyMapper
+from reshard.core.migration import load
+from reshard.core.phases import Action
+from reshard.core.versions import VersionClock, fence_for, tombstone
 
 from tests.conftest import ROOT
 
@@ -52,7 +52,7 @@ def migration_text(kind: str, table: str, mid: str | None = None) -> str:
 def setup_migration(dynamo, kind: str, table: str, control: str = "reshard-control", mid: str | None = None,
                     path=None):
     """Create the data table, register the migration and advance it to ``backfill``."""
-    from reshard.migration import parse
+    from reshard.core.migration import parse
     text = migration_text(kind, table, mid)
     if path is not None:
         path.write_text(text)

@@ -38,7 +38,7 @@ def moto_dynamo():
     """A reshard Dynamo client inside moto's mock_aws (fresh state per test)."""
     from moto import mock_aws
 
-    from reshard.dynamo import Dynamo, RetryPolicy
+    from reshard.aws.dynamo import Dynamo, RetryPolicy
 
     with mock_aws():
         yield Dynamo(region="us-east-1", retry=RetryPolicy(max_attempts=3, base_seconds=0.001))
@@ -59,7 +59,7 @@ def dynalite_server(tmp_path_factory):
 @pytest.fixture
 def dynalite(dynalite_server):
     """A reshard Dynamo client on the shared dynalite server."""
-    from reshard.dynamo import Dynamo, RetryPolicy
+    from reshard.aws.dynamo import Dynamo, RetryPolicy
 
     return Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1",
                   retry=RetryPolicy(max_attempts=5, base_seconds=0.01))

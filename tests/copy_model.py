@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from reshard.layout import VERSION_ATTR, KeyMapper
-from reshard.versions import copy_action, fence_for, version_of
+from reshard.core.layout import VERSION_ATTR, KeyMapper
+from reshard.core.versions import copy_action, fence_for, version_of
 from reshard import errors
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pathlib
 
-from reshard.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
-from reshard.migration import load
-from reshard.shim import ShardedTable
+from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
+from reshard.core.migration import load
+from reshard.shim.table import ShardedTable
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MIGRATIONS = {

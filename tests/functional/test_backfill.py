@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from reshard import errors
-from reshard.backfill import BackfillOptions, JOB, RUN, Backfill, backfill_facts, run_backfill, unmappable_items
-from reshard.budget import CapacityBudget
-from reshard.control import ControlStore
-from reshard.progress import EventLog
-from reshard.segments import SegmentEngine, read_run
+from reshard.jobs.backfill import BackfillOptions, JOB, RUN, Backfill, backfill_facts, run_backfill, unmappable_items
+from reshard.jobs.budget import CapacityBudget
+from reshard.control.store import ControlStore
+from reshard.jobs.subscribers import EventLog
+from reshard.jobs.engine import SegmentEngine, read_run
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 
@@ -90,7 +90,7 @@ def test_unmoved_items_are_skipped_and_unmappable_reported_untouched(moto_dynamo
 
 def _just_fits_until_rekeyed() -> dict:
     """An old item of exactly 400 KB whose new partition key is one character longer."""
-    from reshard.layout import MAX_ITEM_BYTES, hash_shard, item_size
+    from reshard.core.layout import MAX_ITEM_BYTES, hash_shard, item_size
     eid = next(f"e-big-{n}" for n in range(1000)
                if hash_shard(f"e-big-{n}", 16) < 10 <= hash_shard(f"e-big-{n}", 32))
     item = {"PK": {"S": f"s-2#{hash_shard(eid, 16)}"}, "SK": {"S": "big"}, "sensor_id": {"S": "s-2"},
@@ -144,16 +144,16 @@ def test_segments_mismatch_is_refused(moto_dynamo):
 
 
 def test_refused_outside_backfill_phase_and_gate_says_what_is_missing(moto_dynamo):
-    from reshard.migration import parse
+    from reshard.core.migration import parse
     from tests.backfill_support import create_table, migration_text
-    from reshard.layout import KeyMapper
+    from reshard.core.layout import KeyMapper
     m = parse(migration_text("sensor", "Tsensor"))
     create_table(moto_dynamo, m.table, KeyMapper(m))
     store = ControlStore(moto_dynamo)
     store.register(m)
     with pytest.raises(errors.RefusedTransition, match="in planned"):
         run_backfill(moto_dynamo, store, m.id, _opts())
-    from reshard.phases import Action
+    from reshard.core.phases import Action
     for _ in range(3):
         store.transition(m.id, Action.ADVANCE)
     store.heartbeat(m.id, "app-1", "dual_read", store.load_state(m.id).phase_version - 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from reshard.cli import main
+from reshard.cli.main import main
 
 from tests.backfill_support import Shim, logical, setup_migration
 
@@ -36,9 +36,9 @@ def test_backfill_command_summary_and_exit_codes(moto_dynamo, capsys, tmp_path):
 
 
 def test_backfill_command_refuses_outside_the_backfill_phase(moto_dynamo, capsys):
-    from reshard.control import ControlStore
-    from reshard.layout import KeyMapper
-    from reshard.migration import parse
+    from reshard.control.store import ControlStore
+    from reshard.core.layout import KeyMapper
+    from reshard.core.migration import parse
     from tests.backfill_support import create_table, migration_text
     m = parse(migration_text("hourly", "Tphase"))
     create_table(moto_dynamo, m.table, KeyMapper(m))
@@ -49,7 +49,7 @@ def test_backfill_command_refuses_outside_the_backfill_phase(moto_dynamo, capsys
 
 def test_failed_segments_are_listed_and_exit_1(moto_dynamo, capsys, monkeypatch):
     from reshard import errors
-    from reshard.dynamo import Dynamo
+    from reshard.aws.dynamo import Dynamo
     m, mapper, store = setup_migration(moto_dynamo, "invoices", "Tfail")
     shim = Shim(moto_dynamo, mapper, m.table)
     for i in range(12):

@@ -19,7 +19,7 @@ import random
 
 import pytest
 
-from reshard.backfill import BackfillOptions, run_backfill
+from reshard.jobs.backfill import BackfillOptions, run_backfill
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 

@@ -6,10 +6,12 @@ import pathlib
 
 import pytest
 
-from reshard import control, errors
-from reshard.control import ControlStore, resolve
-from reshard.migration import parse
-from reshard.phases import Action, Phase
+from reshard import errors
+
+from reshard.control import store as control
+from reshard.control.store import ControlStore, resolve
+from reshard.core.migration import parse
+from reshard.core.phases import Action, Phase
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = (ROOT / "migrations" / "0001_sensor_events.toml").read_text()

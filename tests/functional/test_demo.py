@@ -14,8 +14,8 @@ import json
 import boto3
 import pytest
 
-from reshard.cli import main
-from reshard.local import EmbeddedDynamoDB
+from reshard.cli.main import main
+from reshard.aws.local import EmbeddedDynamoDB
 
 FROM, TO = 4, 8
 

@@ -1,4 +1,4 @@
-"""The phase commands end to end through ``reshard.cli.main`` against moto."""
+"""The phase commands end to end through ``reshard.cli.main.main`` against moto."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import time
 
 import pytest
 
-from reshard import control, dynamo as dynamo_module
-from reshard.cli import main
-from reshard.control import ControlStore
-from reshard.dynamo import Dynamo
-from reshard.phases import Action
+from reshard.control import store as control
+
+from reshard.aws import dynamo as dynamo_module
+from reshard.cli.main import main
+from reshard.control.store import ControlStore
+from reshard.aws.dynamo import Dynamo
+from reshard.core.phases import Action
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR_FILE = str(ROOT / "migrations" / "0001_sensor_events.toml")
@@ -199,7 +201,7 @@ def test_rollback_is_refused_once_cleanup_began(aws, capsys, gates_open):
 
 def test_status_lists_job_runs_and_segments(aws, capsys, store):
     """Status shows each job run as the segment engine records it: segments, owners, errors, totals."""
-    from reshard.segments import SegmentEngine
+    from reshard.jobs.engine import SegmentEngine
 
     assert run(capsys, "start", SENSOR_FILE)[0] == 0
 

@@ -13,7 +13,7 @@ import random
 import re
 
 
-from reshard.cli import main
+from reshard.cli.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = str(ROOT / "migrations" / "0001_sensor_events.toml")

@@ -9,11 +9,11 @@ from decimal import Decimal
 import pytest
 
 from reshard import errors
-from reshard.control import ControlStore
-from reshard.layout import KeyMapper, hash_shard
-from reshard.phases import Action, Phase
-from reshard.shim import ShardedTable
-from reshard.versions import VersionClock
+from reshard.control.store import ControlStore
+from reshard.core.layout import KeyMapper, hash_shard
+from reshard.core.phases import Action, Phase
+from reshard.shim.table import ShardedTable
+from reshard.core.versions import VersionClock
 from tests.shim_helpers import by_layout, create_table, migration, scan, shim
 
 FENCED = ["planned", "dual_write", "dual_read", "backfill", "cutover"]
@@ -80,8 +80,8 @@ def test_put_routes_per_phase_and_reads_back(moto_dynamo, sensor, phase):
 
 
 def sensor_new_key(m, item):
-    from reshard.dynamo import to_wire
-    from reshard.layout import KeyMapper
+    from reshard.aws.dynamo import to_wire
+    from reshard.core.layout import KeyMapper
     mapper = KeyMapper(m)
     return mapper.new.key(mapper.logical_fields(to_wire(item)))
 
@@ -270,7 +270,7 @@ def test_random_suffix_lookups(moto_dynamo):
     new_shard = int(mapper.new.key(f)["PK"]["S"].rsplit("#", 1)[1])
     r = next(s for s in range(10) if s not in (home, new_shard))
     moto_dynamo.call("put_item", TableName=m.table,
-                     Item={**__import__("reshard.dynamo", fromlist=["x"]).to_wire(logical), **mapper.old.key(f, r)})
+                     Item={**__import__("reshard.aws.dynamo", fromlist=["x"]).to_wire(logical), **mapper.old.key(f, r)})
     t = shim(m, moto_dynamo, "dual_write")
     key = {"invoice_number": "121212", "line": "001"}
     before = moto_dynamo.stats.calls.get("batch_get_item", 0)

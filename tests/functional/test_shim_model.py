@@ -7,7 +7,7 @@ so hypothesis chooses the interleaving -- including between a shim's authoritati
 mirror writes, and between the copy's write, read-back and fix-up. Only one call runs
 at a time, which keeps moto deterministic.
 
-Fleet rules modelled (from reshard.phases): an instance acknowledges the control phase
+Fleet rules modelled (from reshard.core.phases): an instance acknowledges the control phase
 only when it has no request in flight; a transition needs every instance on the current
 phase; copies run only in ``backfill`` with the whole fleet there; ``backfill ->
 cutover`` needs a full copy pass that started after the fleet reached ``backfill``.
@@ -25,10 +25,10 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from reshard.dynamo import Dynamo, RetryPolicy
-from reshard.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
-from reshard.phases import Phase
-from reshard.versions import VersionClock, version_of
+from reshard.aws.dynamo import Dynamo, RetryPolicy
+from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
+from reshard.core.phases import Phase
+from reshard.core.versions import VersionClock, version_of
 from tests.copy_model import copy_items
 from tests.shim_helpers import by_layout, create_table, migration, scan, shim
 
@@ -132,7 +132,7 @@ def seed(dynamo, m, mapper: KeyMapper, name: str, ks: list[int]) -> None:
         logical = {**logical_key(name, k), "val": "seed"}
         if name == "hourly":
             logical["event_id"] = f"e-{k}"
-        wire = __import__("reshard.dynamo", fromlist=["to_wire"]).to_wire(logical)
+        wire = __import__("reshard.aws.dynamo", fromlist=["to_wire"]).to_wire(logical)
         shard = (k * 7 + 3) % mapper.old.shards if mapper.old.random else None
         item = dict(wire)
         item.update(mapper.old.key(mapper.logical_fields(wire), shard))

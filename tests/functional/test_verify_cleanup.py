@@ -7,12 +7,12 @@ import time
 import pytest
 
 from reshard import errors
-from reshard.backfill import BackfillOptions, run_backfill
-from reshard.cleanup import CleanupOptions, run_cleanup
-from reshard.layout import NEW_COPY_ATTR, VERSION_ATTR, is_tombstone
-from reshard.phases import Action, Phase
-from reshard.verify import VerifyOptions, run_verify, verify_facts
-from reshard.versions import version_of
+from reshard.jobs.backfill import BackfillOptions, run_backfill
+from reshard.jobs.cleanup import CleanupOptions, run_cleanup
+from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, is_tombstone
+from reshard.core.phases import Action, Phase
+from reshard.jobs.verify import VerifyOptions, run_verify, verify_facts
+from reshard.core.versions import version_of
 
 from tests.backfill_support import Shim, logical, scan_all, setup_migration
 
@@ -228,7 +228,7 @@ def test_cleanup_refused_outside_cleanup_and_aborted(moto_dynamo):
 def test_verify_and_cleanup_commands_exit_codes(moto_dynamo, capsys):
     import json
 
-    from reshard.cli import main
+    from reshard.cli.main import main
 
     m, mapper, store, shim = backfilled(moto_dynamo)
     args = [m.id, "--segments", "2", "--control-table", store.table]
@@ -250,7 +250,7 @@ def test_verify_and_cleanup_commands_exit_codes(moto_dynamo, capsys):
 
 
 def test_a_retired_migration_puts_its_shims_back_in_steady_state(moto_dynamo):
-    from reshard.shim import ShardedTable
+    from reshard.shim.table import ShardedTable
 
     m, mapper, store = setup_migration(moto_dynamo, "sensor", "Vretire")
     t = ShardedTable(m, moto_dynamo, control_table=store.table, refresh_seconds=3600)
@@ -280,10 +280,10 @@ def test_an_abort_stops_a_running_backfill_and_cleanup_waits_for_its_leases(moto
     """A backfill started before an abort must not keep writing new copies behind the
     abort-cleanup's scan: its workers stop at the next page, and cleanup refuses while a
     lease is still held."""
-    from reshard.backfill import Backfill
-    from reshard.budget import CapacityBudget
-    from reshard.jobs import phase_guard
-    from reshard.segments import SegmentEngine
+    from reshard.jobs.backfill import Backfill
+    from reshard.jobs.budget import CapacityBudget
+    from reshard.jobs.runner import phase_guard
+    from reshard.jobs.engine import SegmentEngine
 
     m, mapper, store = setup_migration(moto_dynamo, "sensor", "Vstop")
     shim = Shim(moto_dynamo, mapper, m.table)

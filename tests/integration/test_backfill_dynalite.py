@@ -12,8 +12,8 @@ import threading
 import time
 
 
-from reshard.backfill import BackfillOptions, run_backfill, status
-from reshard.dynamo import Dynamo, RetryPolicy, make_client
+from reshard.jobs.backfill import BackfillOptions, run_backfill, status
+from reshard.aws.dynamo import Dynamo, RetryPolicy, make_client
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 from tests.conftest import ROOT
@@ -224,7 +224,7 @@ def test_throttling_5xx_and_split_batches_leave_the_same_result(dynalite, dynali
         for op in ("Scan", "BatchWriteItem", "BatchGetItem", "PutItem"):
             client.meta.events.register(f"before-send.dynamodb.{op}", faults)
         data = Dynamo(client, retry=RetryPolicy(max_attempts=12, base_seconds=0.005, max_backoff_seconds=0.1))
-        from reshard.control import ControlStore
+        from reshard.control.store import ControlStore
         result, budget = run_backfill(data, ControlStore(dynalite, f"{table}-ctl"), m.id,
                                       BackfillOptions(segments=3, workers=3, page_size=40, max_wcu=5000))
         assert result.done

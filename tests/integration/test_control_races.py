@@ -16,10 +16,12 @@ import time
 
 import pytest
 
-from reshard import control, errors
-from reshard.control import ControlStore
-from reshard.migration import parse
-from reshard.phases import Action
+from reshard import errors
+
+from reshard.control import store as control
+from reshard.control.store import ControlStore
+from reshard.core.migration import parse
+from reshard.core.phases import Action
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = (ROOT / "migrations" / "0001_sensor_events.toml").read_text()

@@ -18,12 +18,12 @@ import threading
 import time
 from decimal import Decimal
 
-from reshard.cli import main
-from reshard.control import ControlStore
-from reshard.dynamo import from_wire, to_wire
-from reshard.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
-from reshard.migration import parse
-from reshard.shim import ShardedTable
+from reshard.cli.main import main
+from reshard.control.store import ControlStore
+from reshard.aws.dynamo import from_wire, to_wire
+from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
+from reshard.core.migration import parse
+from reshard.shim.table import ShardedTable
 
 from tests.conftest import ROOT
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 import pathlib
 
-from reshard.cli import main
+from reshard.cli.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -47,8 +47,8 @@ def test_plan_full_scan_on_dynalite(dynalite, dynalite_server, unique_name, tmp_
 
 def test_capacity_model_matches_dynalite_consumed_capacity(dynalite, unique_name):
     """The unit rules the plan uses agree with what a real server charges (dynalite is exact)."""
-    from reshard import planning
-    from reshard.layout import item_size
+    from reshard.core import planning
+    from reshard.core.layout import item_size
 
     dynalite.call("create_table", TableName=unique_name, BillingMode="PAY_PER_REQUEST",
                   KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],

@@ -9,8 +9,8 @@ from decimal import Decimal
 
 import pytest
 
-from reshard.dynamo import Dynamo, RetryPolicy
-from reshard.layout import KeyMapper
+from reshard.aws.dynamo import Dynamo, RetryPolicy
+from reshard.core.layout import KeyMapper
 from tests.shim_helpers import by_layout, create_table, migration, scan, shim
 
 PHASES = [None, "planned", "dual_write", "dual_read", "backfill", "cutover", "cleanup", "complete", "aborted"]

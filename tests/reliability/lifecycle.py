@@ -16,12 +16,12 @@ import subprocess
 import time
 from decimal import Decimal
 
-from reshard.control import ControlStore
-from reshard.dynamo import Dynamo, RetryPolicy, to_wire
-from reshard.layout import KeyMapper, is_tombstone
-from reshard.migration import load
-from reshard.phases import Action, Phase
-from reshard.shim import ShardedTable
+from reshard.control.store import ControlStore
+from reshard.aws.dynamo import Dynamo, RetryPolicy, to_wire
+from reshard.core.layout import KeyMapper, is_tombstone
+from reshard.core.migration import load
+from reshard.core.phases import Action, Phase
+from reshard.shim.table import ShardedTable
 
 from tests.backfill_support import create_table, migration_text
 from tests.integration.test_backfill_dynalite import Watchdog, _cli, _env

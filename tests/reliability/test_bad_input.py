@@ -13,13 +13,13 @@ from decimal import Decimal
 
 import pytest
 
-from reshard.backfill import BackfillOptions, run_backfill, unmappable_items
-from reshard.cli import main
-from reshard.control import ControlStore
-from reshard.layout import KeyMapper, item_size
-from reshard.migration import parse
-from reshard.phases import Action
-from reshard.shim import ShardedTable
+from reshard.jobs.backfill import BackfillOptions, run_backfill, unmappable_items
+from reshard.cli.main import main
+from reshard.control.store import ControlStore
+from reshard.core.layout import KeyMapper, item_size
+from reshard.core.migration import parse
+from reshard.core.phases import Action
+from reshard.shim.table import ShardedTable
 
 from tests.backfill_support import scan_all
 from tests.conftest import ROOT
@@ -204,7 +204,7 @@ def test_number_and_binary_sort_keys_through_shim_and_backfill(moto_dynamo, t, v
     _table(moto_dynamo, f"Typed{t}", sort_type=t)
     m, store = _register(moto_dynamo, TYPED.format(t=t))
     mapper = KeyMapper(m)
-    from reshard.dynamo import to_wire
+    from reshard.aws.dynamo import to_wire
     # Pre-migration items, written by the app before reshard (typed sort key).
     for i in range(20):
         moto_dynamo.call("put_item", TableName=m.table,

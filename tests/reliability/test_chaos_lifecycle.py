@@ -10,8 +10,8 @@ import json
 import os
 
 
-from reshard.backfill import unmappable_items
-from reshard.phases import Action
+from reshard.jobs.backfill import unmappable_items
+from reshard.core.phases import Action
 
 from tests.reliability.lifecycle import Lifecycle
 

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from reshard import errors
-from reshard.control import CLOCK_SKEW_ALLOWANCE_SECONDS, ControlStore
-from reshard.dynamo import Dynamo, RetryPolicy
-from reshard.shim import ShardedTable
+from reshard.control.store import CLOCK_SKEW_ALLOWANCE_SECONDS, ControlStore
+from reshard.aws.dynamo import Dynamo, RetryPolicy
+from reshard.shim.table import ShardedTable
 
 from tests.backfill_support import setup_migration
 from tests.integration.test_backfill_dynalite import _cli, _env
@@ -96,7 +96,7 @@ def test_two_backfills_and_a_verify_at_once(dynalite, dynalite_server, unique_na
              for _ in range(2)]
     time.sleep(1.0)
     v = subprocess.run(verify, env=_env(), capture_output=True, text=True, timeout=120)
-    from reshard.backfill import status
+    from reshard.jobs.backfill import status
     unfinished = not (status(store, m.id) or {}).get("finished_at")
     assert unfinished, "the backfill finished before verify returned: the race did not happen (slow it down)"
     outs = [p.communicate(timeout=120) for p in procs]

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from reshard.budget import Aimd, CapacityBudget, TokenBucket, read_units, scan_units, write_units
-from reshard.segments import FREE, SegmentRecord, lease_decision
+from reshard.jobs.budget import Aimd, CapacityBudget, TokenBucket, read_units, scan_units, write_units
+from reshard.jobs.engine import FREE, SegmentRecord, lease_decision
 
 
 class FakeClock:
@@ -149,7 +149,7 @@ def test_a_dead_owner_on_this_host_is_taken_over_before_expiry():
 
 
 def test_budget_module_is_pure():
-    code = ("import sys, reshard.budget; bad = [m for m in ('boto3', 'botocore', 'click', 'tqdm', 'tenacity') "
+    code = ("import sys, reshard.jobs.budget; bad = [m for m in ('boto3', 'botocore', 'click', 'tqdm', 'tenacity') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -14,7 +14,7 @@ import shlex
 import click
 import pytest
 
-from reshard.cli import _register, cli
+from reshard.cli.main import _register, cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "runbooks"

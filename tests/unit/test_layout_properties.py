@@ -9,9 +9,9 @@ import pathlib
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from reshard import migration
+from reshard.core import migration
 from reshard.errors import UnmappableItem
-from reshard.layout import KeyMapper, hash_shard
+from reshard.core.layout import KeyMapper, hash_shard
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = ROOT / "migrations" / "0001_sensor_events.toml"

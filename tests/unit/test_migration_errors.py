@@ -1,6 +1,6 @@
 """Every mistake in a migration file: one line naming the file and the key, exit status 2.
 
-The same matrix runs twice: through :func:`reshard.migration.load` (the message) and
+The same matrix runs twice: through :func:`reshard.core.migration.load` (the message) and
 through the command line (exit status, exactly one line on stderr, no traceback).
 """
 
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from reshard import migration
-from reshard.cli import main
+from reshard.core import migration
+from reshard.cli.main import main
 from reshard.errors import MigrationFileError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from reshard.phases import (ABORTABLE, ORDER, ROUTING, STEADY, TERMINAL, Action, Facts, Phase, decide,
+from reshard.core.phases import (ABORTABLE, ORDER, ROUTING, STEADY, TERMINAL, Action, Facts, Phase, decide,
                             jobs_allowed, next_phase, previous_phase)
 
 P, A = Phase, Action
@@ -220,7 +220,7 @@ def test_jobs_run_only_where_their_layouts_are_in_play(phase):
 
 
 def test_phase_rules_import_no_aws_or_cli_library():
-    code = ("import sys, reshard.phases; bad = [m for m in ('boto3', 'botocore', 'click', 'tqdm', 'tenacity') "
+    code = ("import sys, reshard.core.phases; bad = [m for m in ('boto3', 'botocore', 'click', 'tqdm', 'tenacity') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr

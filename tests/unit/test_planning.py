@@ -6,8 +6,10 @@ import hashlib
 
 import pytest
 
-from reshard import migration, planning
-from reshard.layout import KeyMapper
+from reshard.core import migration
+
+from reshard.core import planning
+from reshard.core.layout import KeyMapper
 
 SENSOR = """\
 id = "s"

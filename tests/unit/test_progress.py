@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reshard.progress import TqdmSubscriber
+from reshard.jobs.subscribers import TqdmSubscriber
 
 
 def test_bar_advances_by_scanned_items_and_shows_the_throttle_reason(capsys):

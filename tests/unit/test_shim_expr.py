@@ -3,7 +3,7 @@
 import pytest
 
 from reshard.errors import BadInput
-from reshard.shim_expr import (and_conditions, check_placeholders, merge_update, split_clauses, split_top,
+from reshard.shim.expr import (and_conditions, check_placeholders, merge_update, split_clauses, split_top,
                                touched_attributes)
 
 

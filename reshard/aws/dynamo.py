@@ -1,0 +1,337 @@
+"""The one choke point through which reshard talks to DynamoDB.
+
+Every AWS call in reshard goes through :meth:`Dynamo.call`, which
+
+* retries throttling (``ProvisionedThroughputExceededException``,
+  ``ThrottlingException``, ``RequestLimitExceeded``), 5xx answers, timeouts and
+  dropped connections with exponential backoff and full jitter (tenacity); botocore's
+  own retries are switched off so there is exactly one retry policy to reason about;
+* translates ``ClientError`` into reshard's own exceptions carrying the AWS error
+  code and request id (:mod:`reshard.errors`);
+* reports consumed capacity and throttles to listeners (the backfill's budget).
+
+It also offers the loops DynamoDB leaves to clients: ``UnprocessedItems`` and
+``UnprocessedKeys`` are re-sent until done, with backoff.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay,
+                      wait_random_exponential)
+
+from reshard import errors
+
+#: Error codes that mean "slow down": retried, and reported to throttle listeners.
+THROTTLE_CODES = frozenset({
+    "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
+})
+#: Error codes that mean "the service had a bad moment": retried.
+TRANSIENT_CODES = frozenset({
+    "InternalServerError", "InternalFailure", "ServiceUnavailable", "InternalServerErrorException",
+})
+_NETWORK_ERRORS = (
+    botocore.exceptions.ConnectionError,  # includes EndpointConnectionError
+    botocore.exceptions.ConnectionClosedError,  # an HTTPClientError, not a ConnectionError
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectTimeoutError,
+)
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def to_wire(item: dict) -> dict:
+    """boto3 resource values (str, Decimal, bytes, sets, lists, maps) -> wire format."""
+    return {k: _serializer.serialize(v) for k, v in item.items()}
+
+
+def from_wire(item: dict) -> dict:
+    """Wire format -> boto3 resource values."""
+    return {k: _deserializer.deserialize(v) for k, v in item.items()}
+
+
+@dataclass
+class RetryPolicy:
+    """How hard a caller insists. The shim (request path) gives up sooner than a backfill."""
+
+    max_attempts: int = 10
+    max_seconds: float = 120.0
+    base_seconds: float = 0.05
+    max_backoff_seconds: float = 5.0
+
+
+SHIM_RETRIES = RetryPolicy(max_attempts=6, max_seconds=10.0, base_seconds=0.025, max_backoff_seconds=1.0)
+
+
+@dataclass
+class CallStats:
+    """Counts of what went through the choke point (for status, tests and benchmarks)."""
+
+    calls: dict = field(default_factory=dict)
+    retries: dict = field(default_factory=dict)
+    throttles: int = 0
+    consumed: dict = field(default_factory=dict)  # table -> capacity units
+
+    def add(self, bucket: dict, key: str, n: float = 1) -> None:
+        bucket[key] = bucket.get(key, 0) + n
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return code in THROTTLE_CODES or code in TRANSIENT_CODES or status >= 500
+    return isinstance(exc, _NETWORK_ERRORS)
+
+
+def _code(exc: BaseException) -> str:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return exc.response.get("Error", {}).get("Code", "")
+    return type(exc).__name__
+
+
+def translate(operation: str, exc: BaseException) -> errors.AWSError:
+    """A reshard exception for a botocore failure, with code and request id."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        code = err.get("Code", "Unknown")
+        msg = err.get("Message", "") or str(exc)
+        rid = exc.response.get("ResponseMetadata", {}).get("RequestId")
+        if code == "ConditionalCheckFailedException":
+            return errors.ConditionalCheckFailed(operation, code, msg, rid)
+        if code in ("AccessDeniedException", "UnrecognizedClientException", "AccessDenied"):
+            return errors.AccessDenied(operation, code, msg, rid)
+        if code == "ResourceNotFoundException":
+            return errors.ResourceNotFound(operation, code, msg, rid)
+        return errors.AWSError(operation, code, msg, rid)
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return errors.AWSError(operation, "NoCredentials", "no AWS credentials found "
+                               "(set a profile, AWS_ACCESS_KEY_ID, or use --endpoint-url for a local server)")
+    if isinstance(exc, botocore.exceptions.NoRegionError):
+        return errors.AWSError(operation, "NoRegion", "no AWS region set (use --region or AWS_REGION)")
+    return errors.AWSError(operation, type(exc).__name__, str(exc))
+
+
+class Dynamo:
+    """A DynamoDB client wrapped by reshard's retry, error and capacity policy.
+
+    Thread-safe: botocore clients are, and the stats are guarded by a lock.
+    Listeners: ``on_capacity(table, units)`` after every call that returned
+    ConsumedCapacity; ``on_throttle(operation)`` for every throttling answer.
+    """
+
+    def __init__(self, client=None, *, endpoint_url: str | None = None, region: str | None = None,
+                 profile: str | None = None, retry: RetryPolicy | None = None, max_pool: int = 32,
+                 read_timeout: float = 30.0, sleep: Callable[[float], None] | None = None):
+        self.retry = retry or RetryPolicy()
+        self.stats = CallStats()
+        self._lock = threading.Lock()
+        self._capacity_listeners: list[Callable[[str, float], None]] = []
+        self._throttle_listeners: list[Callable[[str], None]] = []
+        self._sleep = sleep
+        if client is None:
+            client = make_client(endpoint_url=endpoint_url, region=region, profile=profile,
+                                 max_pool=max_pool, read_timeout=read_timeout)
+        self.client = client
+        self.endpoint_url = endpoint_url or client.meta.endpoint_url
+        self.region = client.meta.region_name
+
+    # -- listeners
+    def add_capacity_listener(self, fn: Callable[[str, float], None]) -> None:
+        self._capacity_listeners.append(fn)
+
+    def add_throttle_listener(self, fn: Callable[[str], None]) -> None:
+        self._throttle_listeners.append(fn)
+
+    def with_retry(self, retry: RetryPolicy) -> "Dynamo":
+        """The same client and listeners under another retry policy."""
+        other = Dynamo(self.client, retry=retry, sleep=self._sleep)
+        other.stats = self.stats
+        other._lock = self._lock
+        other._capacity_listeners = self._capacity_listeners
+        other._throttle_listeners = self._throttle_listeners
+        return other
+
+    # -- the choke point
+    def call(self, operation: str, **kwargs) -> dict:
+        """Call a DynamoDB operation (botocore's snake_case name) under the retry policy."""
+        method = getattr(self.client, operation)
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception()
+            code = _code(exc)
+            with self._lock:
+                self.stats.add(self.stats.retries, operation)
+                if code in THROTTLE_CODES:
+                    self.stats.throttles += 1
+            if code in THROTTLE_CODES:
+                for fn in self._throttle_listeners:
+                    fn(operation)
+
+        p = self.retry
+        retrying = Retrying(
+            retry=retry_if_exception(_is_retryable),
+            stop=stop_after_attempt(p.max_attempts) | stop_after_delay(p.max_seconds),
+            wait=wait_random_exponential(multiplier=p.base_seconds, max=p.max_backoff_seconds),
+            before_sleep=before_sleep,
+            reraise=True,
+            **({"sleep": self._sleep} if self._sleep else {}),
+        )
+        try:
+            resp = retrying(method, **kwargs)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+            raise translate(operation, e) from e
+        with self._lock:
+            self.stats.add(self.stats.calls, operation)
+        cc = resp.get("ConsumedCapacity")
+        if cc is not None:
+            for entry in (cc if isinstance(cc, list) else [cc]):
+                units = float(entry.get("CapacityUnits", 0) or 0)
+                table = entry.get("TableName", "")
+                with self._lock:
+                    self.stats.add(self.stats.consumed, table, units)
+                for fn in self._capacity_listeners:
+                    fn(table, units)
+        return resp
+
+    # -- loops DynamoDB leaves to clients
+    def batch_write(self, table: str, requests: list[dict], *, capacity: bool = False) -> int:
+        """BatchWriteItem in chunks of 25, re-sending UnprocessedItems until done.
+
+        Returns the number of calls made. Unprocessed items are a form of throttling:
+        they are reported to throttle listeners and re-sent after a backoff.
+        """
+        calls = 0
+        for start in range(0, len(requests), 25):
+            pending = {table: requests[start:start + 25]}
+            attempt = 0
+            while pending:
+                kwargs = {"RequestItems": pending}
+                if capacity:
+                    kwargs["ReturnConsumedCapacity"] = "TOTAL"
+                resp = self.call("batch_write_item", **kwargs)
+                calls += 1
+                pending = resp.get("UnprocessedItems") or {}
+                if pending:
+                    attempt += 1
+                    for fn in self._throttle_listeners:
+                        fn("batch_write_item")
+                    self._backoff(attempt)
+        return calls
+
+    def batch_get(self, table: str, keys: list[dict], *, consistent: bool = False,
+                  capacity: bool = False, projection: dict | None = None) -> list[dict]:
+        """BatchGetItem in chunks of 100, re-asking UnprocessedKeys until done."""
+        out: list[dict] = []
+        for start in range(0, len(keys), 100):
+            req = {"Keys": keys[start:start + 100], "ConsistentRead": consistent}
+            if projection:
+                req.update(projection)
+            pending = {table: req}
+            attempt = 0
+            while pending:
+                kwargs = {"RequestItems": pending}
+                if capacity:
+                    kwargs["ReturnConsumedCapacity"] = "TOTAL"
+                resp = self.call("batch_get_item", **kwargs)
+                out.extend(resp.get("Responses", {}).get(table, []))
+                pending = resp.get("UnprocessedKeys") or {}
+                if pending:
+                    attempt += 1
+                    for fn in self._throttle_listeners:
+                        fn("batch_get_item")
+                    self._backoff(attempt)
+        return out
+
+    def query_all(self, **kwargs) -> Iterator[dict]:
+        """Every item of a Query, page after page."""
+        while True:
+            resp = self.call("query", **kwargs)
+            yield from resp.get("Items", [])
+            lek = resp.get("LastEvaluatedKey")
+            if not lek:
+                return
+            kwargs["ExclusiveStartKey"] = lek
+
+    def _backoff(self, attempt: int) -> None:
+        import random
+        import time
+        p = self.retry
+        if attempt > p.max_attempts * 3:
+            raise errors.AWSError("batch", "UnprocessedItems", f"still unprocessed after {attempt} attempts")
+        delay = random.uniform(0, min(p.max_backoff_seconds, p.base_seconds * 2 ** attempt))
+        (self._sleep or time.sleep)(delay)
+
+    # -- table metadata
+    def describe_table(self, table: str) -> dict:
+        try:
+            return self.call("describe_table", TableName=table)["Table"]
+        except errors.ResourceNotFound:
+            raise errors.TableProblem(f"table {table!r} does not exist at {self.endpoint_url} "
+                                      f"({self.region})") from None
+
+
+def make_client(*, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
+                max_pool: int = 32, read_timeout: float = 30.0):
+    """A botocore DynamoDB client with botocore's retries off (we retry in one place).
+
+    ``--endpoint-url`` (or ``AWS_ENDPOINT_URL[_DYNAMODB]``, which botocore reads itself)
+    points at a local server; there, missing credentials and region get harmless
+    placeholders so a fresh machine needs no AWS setup.
+    """
+    session = boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or os.environ.get("AWS_ENDPOINT_URL")
+    local = bool(endpoint) and _is_loopback(endpoint)
+    region = region or session.region_name or ("us-east-1" if local else None)
+    kwargs: dict[str, Any] = {}
+    if local and session.get_credentials() is None:
+        kwargs.update(aws_access_key_id="reshard-local", aws_secret_access_key="reshard-local")
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        # Client-side validation walks every attribute of every item again (about a sixth
+        # of the backfill's CPU); reshard builds its requests itself, and DynamoDB
+        # validates them anyway.
+        parameter_validation=False,
+        max_pool_connections=max_pool,
+        connect_timeout=5,
+        read_timeout=read_timeout,
+        tcp_keepalive=True,
+    )
+    try:
+        return session.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config, **kwargs)
+    except botocore.exceptions.NoRegionError:
+        raise errors.BadInput("no AWS region set: use --region or AWS_REGION") from None
+    except botocore.exceptions.ProfileNotFound as e:
+        raise errors.BadInput(str(e)) from None
+
+
+def _is_loopback(url: str) -> bool:
+    from urllib.parse import urlparse
+    host = (urlparse(url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def expression_kwargs(condition: str | None = None, names: dict | None = None, values: dict | None = None) -> dict:
+    """The condition keyword arguments of a call, leaving out the empty ones (DynamoDB refuses them)."""
+    out: dict[str, Any] = {}
+    if condition:
+        out["ConditionExpression"] = condition
+    if names:
+        out["ExpressionAttributeNames"] = names
+    if values:
+        out["ExpressionAttributeValues"] = values
+    return out
+
+
+def chunks(seq: list, n: int) -> Iterable[list]:
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]

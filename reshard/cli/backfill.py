@@ -1,0 +1,104 @@
+"""``reshard backfill``: copy old-layout items to the new layout (resumable, many hosts at once)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import click
+
+from reshard import errors
+from reshard.jobs.backfill import BackfillOptions, run_backfill, status
+from reshard.cli.main import cli
+from reshard.cli.options import (command, is_tty, max_rcu_option, max_wcu_option, migration_argument, segments_option,
+                           workers_option)
+from reshard.jobs.subscribers import TqdmSubscriber
+from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
+
+
+def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
+    raise KeyboardInterrupt
+
+
+@command(cli, "backfill")
+@migration_argument
+@segments_option
+@workers_option
+@max_wcu_option
+@max_rcu_option
+@click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
+              help="Items per Scan page (the unit of work redone after a kill).")
+@click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS, show_default=True,
+              help="How long a segment lease lasts without a checkpoint before others may take it over.")
+def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_size, lease_seconds):
+    """Copy every item that moves from the old layout to the new one.
+
+    \b
+    Resumable: a kill redoes at most one page per segment. Run it on several hosts at
+    once to share the segments. Exit 0 when every segment is done, 1 when segments
+    failed (listed; re-run to retry them), 2 when refused (wrong phase, lagging shims,
+    --segments different from the started run).
+
+    \b
+    Example:
+      reshard backfill --segments 16 --max-wcu 2000
+      reshard backfill migrations/0001_sensor_events.toml --segments 16 --workers 4
+    """
+    mid = env.migration_id(migration)
+    store = env.store()
+    opts = BackfillOptions(segments=segments, workers=workers or min(segments, 4), page_size=page_size,
+                           max_wcu=max_wcu, max_rcu=max_rcu, lease_seconds=lease_seconds)
+    dynamo = env.dynamo()
+    before = status(store, mid)
+    subs = []
+    if is_tty() and not env.json:
+        state = store.load_state(mid)
+        total = dynamo.describe_table(state.migration().table).get("ItemCount")
+        done_before = int((before or {}).get("totals", {}).get("scanned", 0))
+        subs.append(TqdmSubscriber(total, initial=done_before))
+    else:
+        env.info(f"backfill of {mid}: {segments} segments, {opts.workers} workers on this host")
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    start = time.monotonic()
+    try:
+        result, budget = run_backfill(dynamo, store, mid, opts, subscribers=subs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    t = result.totals
+    summary = {
+        "migration": mid, "segments": segments, "done": sum(r.done for r in result.segments),
+        "worked_here": result.worked, "failed": [{"segment": r.segment, "attempts": r.attempts,
+                                                  "error": r.last_error} for r in result.failed],
+        "scanned": t.get("scanned", 0), "moved": t.get("moved", 0), "unmoved": t.get("unmoved", 0),
+        "recopied": t.get("recopied", 0), "undone": t.get("undone", 0), "unmappable": t.get("unmappable", 0),
+        "pages_redone": sum(r.takeovers for r in result.segments),
+        "consumed_here": budget.consumed(), "consumed_total": {"rcu": round(t.get("rcu", 0), 1),
+                                                               "wcu": round(t.get("wcu", 0), 1)},
+        "elapsed_seconds": round(time.monotonic() - start, 2), "finished": result.done,
+        "last_throttle": budget.latest_reason() or None,
+    }
+
+    def text() -> str:
+        lines = [f"backfill {mid}: {summary['done']}/{segments} segments done "
+                 f"({len(result.worked)} by this process) in {summary['elapsed_seconds']} s",
+                 f"  scanned {summary['scanned']}, moved {summary['moved']}, unmoved {summary['unmoved']}, "
+                 f"recopied {summary['recopied']}, undone {summary['undone']}, unmappable {summary['unmappable']}",
+                 f"  consumed here {budget.consumed()['rcu']} RCU / {budget.consumed()['wcu']} WCU; "
+                 f"pages redone after takeovers: {summary['pages_redone']}"]
+        if summary["unmappable"]:
+            lines.append(f"  unmappable items are listed by `reshard status {mid}` (control table U#backfill#...)")
+        if summary["last_throttle"]:
+            lines.append(f"  last budget decision: {summary['last_throttle']}")
+        for f in summary["failed"]:
+            lines.append(f"  FAILED segment {f['segment']} after {f['attempts']} attempts: {f['error']}")
+        return "\n".join(lines)
+
+    env.emit(summary, text)
+    if result.failed:
+        raise errors.ReshardError(f"{len(result.failed)} segment(s) failed: "
+                                  f"{', '.join(str(r.segment) for r in result.failed)}; re-run `reshard backfill "
+                                  f"{mid} --segments {segments}` to retry them")
+    if not result.done:
+        if result.stop_reason:
+            raise errors.RefusedTransition(f"{result.stop_reason}; the finished segments stay done")
+        raise errors.ReshardError(f"backfill of {mid} stopped before every segment was done; re-run to resume")

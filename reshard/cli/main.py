@@ -1,0 +1,92 @@
+"""The ``reshard`` command line: the group, the global options, and the one place
+where errors become a line on stderr and an exit status.
+
+Exit status (PRODUCT.md): 0 done; 1 the operation failed or found differences;
+2 bad input or a refused transition. No traceback unless ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+
+from reshard import errors
+from reshard.cli.options import global_options
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@global_options
+@click.version_option(package_name="reshard")
+def cli() -> None:
+    """Change the shard count of a write-sharded DynamoDB table from N to M, online.
+
+    \b
+    A migration walks these phases, one `reshard advance` at a time:
+      planned -> dual_write -> dual_read -> backfill -> cutover -> cleanup -> complete
+    (`rollback` goes one phase back up to cutover; `abort` returns to the old layout).
+
+    \b
+    Typical session:
+      reshard plan migrations/0001_sensor_events.toml
+      reshard start migrations/0001_sensor_events.toml
+      reshard advance            # dual_write; then dual_read, backfill
+      reshard backfill --segments 16
+      reshard verify
+      reshard advance            # cutover; then cleanup
+      reshard cleanup
+      reshard advance            # complete
+    """
+
+
+def _register() -> None:
+    # Each area module adds its commands to `cli` when imported.
+    from reshard.cli import backfill  # noqa: F401
+    from reshard.cli import demo  # noqa: F401
+    from reshard.cli import iam  # noqa: F401
+    from reshard.cli import phase  # noqa: F401
+    from reshard.cli import plan  # noqa: F401
+    from reshard.cli import verify  # noqa: F401  (verify and cleanup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    _register()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv or "-v" in argv
+    try:
+        cli.main(args=argv, prog_name="reshard", standalone_mode=False)
+        return 0
+    except errors.ReshardError as e:
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"reshard: error: {e}", err=True)
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        # One line, like every other error (click's own format is usage + hint + message).
+        hint = ""
+        if isinstance(e, click.UsageError) and e.ctx is not None:
+            hint = f" (see `{e.ctx.command_path} --help`)"
+        click.echo(f"reshard: error: {e.format_message()}{hint}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("reshard: aborted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("reshard: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 1
+    except Exception as e:  # a bug of ours: still one line, unless --verbose
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"reshard: internal error: {type(e).__name__}: {e} (run with --verbose for the traceback)",
+                   err=True)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Click options and plumbing shared by every command (defined once, stacked on each).
+
+Every command takes the global options (``--endpoint-url``, ``--region``,
+``--profile``, ``--control-table``, ``--output``, ``--verbose``) either before the
+command name (``reshard --output json status``) or after it (``reshard status
+--output json``). Commands receive a :class:`Env` that builds the DynamoDB client
+and the control store lazily, so ``--help`` and bad input never touch AWS.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Callable
+
+import click
+
+from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
+from reshard.aws.dynamo import Dynamo
+
+_GLOBALS = ("endpoint_url", "region", "profile", "control_table", "output", "verbose")
+
+
+@dataclass
+class Env:
+    """What a command needs from the global options."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    control_table: str = DEFAULT_CONTROL_TABLE
+    output: str = "text"
+    verbose: bool = False
+    _dynamo: Dynamo | None = field(default=None, repr=False)
+    _store: ControlStore | None = field(default=None, repr=False)
+
+    @property
+    def json(self) -> bool:
+        return self.output == "json"
+
+    def dynamo(self, **kwargs) -> Dynamo:
+        if self._dynamo is None:
+            self._dynamo = Dynamo(endpoint_url=self.endpoint_url, region=self.region, profile=self.profile, **kwargs)
+        return self._dynamo
+
+    def store(self) -> ControlStore:
+        if self._store is None:
+            self._store = ControlStore(self.dynamo(), self.control_table)
+        return self._store
+
+    def migration_id(self, ref: str | None) -> str:
+        """Resolve MIGRATION (file, id, or nothing when exactly one is active)."""
+        return resolve(self.store(), ref)
+
+    def emit(self, data: dict, text: str | Callable[[], str]) -> None:
+        """Print ``data`` as JSON with ``--output json``, else the text."""
+        if self.json:
+            click.echo(json.dumps(data, indent=2, sort_keys=True, default=_json_default))
+        else:
+            click.echo(text() if callable(text) else text)
+
+    def info(self, message: str) -> None:
+        """A progress or banner line: stderr under --output json, so stdout stays JSON."""
+        click.echo(message, err=self.json)
+
+
+def _json_default(o: Any):
+    if isinstance(o, Decimal):
+        return int(o) if o == o.to_integral_value() else float(o)
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    if isinstance(o, bytes):
+        return o.hex()
+    return str(o)
+
+
+def _store_global(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Keep a global option in ctx.meta so a value given before the command carries over."""
+    if value is not None and value is not False:
+        ctx.meta[f"reshard.{param.name}"] = value
+    return value
+
+
+def global_options(f: Callable) -> Callable:
+    """The global options, for the group and for every command."""
+    options = [
+        click.option("--endpoint-url", default=None, expose_value=False, callback=_store_global,
+                     help="DynamoDB endpoint (a local server); AWS_ENDPOINT_URL[_DYNAMODB] also work."),
+        click.option("--region", default=None, expose_value=False, callback=_store_global,
+                     help="AWS region (default: the standard AWS configuration)."),
+        click.option("--profile", default=None, expose_value=False, callback=_store_global,
+                     help="AWS profile from the standard credential files."),
+        click.option("--control-table", default=None, expose_value=False, callback=_store_global,
+                     envvar="RESHARD_CONTROL_TABLE", show_envvar=True,
+                     help=f"Control table name (default {DEFAULT_CONTROL_TABLE})."),
+        click.option("--output", type=click.Choice(["text", "json"]), default=None, expose_value=False,
+                     callback=_store_global, help="Output format (default text)."),
+        click.option("--verbose", "-v", is_flag=True, default=False, expose_value=False, callback=_store_global,
+                     help="Show a traceback with errors."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def pass_env(f: Callable) -> Callable:
+    """Give the command an :class:`Env` built from the global options."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        ctx = click.get_current_context()
+        values = {}
+        for name in _GLOBALS:
+            for c in _ctx_chain(ctx):
+                if f"reshard.{name}" in c.meta:
+                    values[name] = c.meta[f"reshard.{name}"]
+                    break
+        env = Env(**values)
+        ctx.obj = env
+        return f(env, *args, **kwargs)
+
+    return wrapper
+
+
+def _ctx_chain(ctx: click.Context):
+    while ctx is not None:
+        yield ctx
+        ctx = ctx.parent
+
+
+def command(group: click.Group, name: str | None = None, **kwargs) -> Callable:
+    """``@command(cli)``: a command with the global options and an Env argument."""
+
+    def deco(f: Callable) -> Callable:
+        return group.command(name=name, **kwargs)(global_options(pass_env(f)))
+
+    return deco
+
+
+migration_argument = click.argument("migration", required=False, metavar="[MIGRATION]")
+
+workers_option = click.option("--workers", type=click.IntRange(1, 256), default=None,
+                              help="Worker threads on this host (default: min(segments, 4)).")
+segments_option = click.option("--segments", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
+                               help="Parallel-scan segments (TotalSegments).")
+max_wcu_option = click.option("--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,
+                              help="Write capacity budget in WCU/s for this job (per host).")
+max_rcu_option = click.option("--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
+                              help="Read capacity budget in RCU/s for this job (per host).")
+
+
+def is_tty() -> bool:
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"

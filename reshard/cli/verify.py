@@ -1,0 +1,160 @@
+"""``reshard verify`` and ``reshard cleanup``: prove the copy, then retire what is no longer needed."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import click
+
+from reshard import errors
+from reshard.jobs.cleanup import CleanupOptions, run_cleanup
+from reshard.cli.main import cli
+from reshard.cli.options import (Env, command, is_tty, max_rcu_option, max_wcu_option, migration_argument,
+                           segments_option, workers_option)
+from reshard.core.compare import KINDS
+from reshard.jobs.subscribers import TqdmSubscriber
+from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
+from reshard.jobs.verify import VerifyOptions, run_verify
+
+lease_option = click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
+                            show_default=True, help="How long a segment lease lasts without a checkpoint.")
+page_option = click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
+                           help="Items per Scan page.")
+
+
+def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
+    raise KeyboardInterrupt
+
+
+def _run_job(env: Env, job: str, mid: str, fn, opts):
+    """Run a data job with a progress bar on a TTY (else one line), SIGTERM handled like
+    Ctrl-C; returns (result, JSON-able summary)."""
+    store = env.store()
+    subs: list = []
+    if is_tty() and not env.json:
+        total = env.dynamo().describe_table(store.load_state(mid).table).get("ItemCount")
+        subs.append(TqdmSubscriber(total, desc=job))
+    else:
+        env.info(f"{job} of {mid}: {opts.segments} segments, {opts.workers} workers on this host")
+    start = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = fn(env.dynamo(), store, mid, opts, subscribers=subs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return result, dict(result.as_dict(), migration=mid, elapsed_seconds=round(time.monotonic() - start, 2))
+
+
+@command(cli, "verify")
+@migration_argument
+@segments_option
+@workers_option
+@click.option("--repair", is_flag=True, help="Fix differences from the old (authoritative) layout with fenced "
+                                              "writes (backfill phase only); then verify again.")
+@click.option("--examples", type=click.IntRange(0, 1000), default=20, show_default=True,
+              help="How many differences to list.")
+@max_rcu_option
+@max_wcu_option
+@page_option
+@lease_option
+def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, max_wcu, page_size, lease_seconds):
+    """Compare the old and the new layout item by item, both ways.
+
+    \b
+    Differences: missing, stale, diverged, extra, resurrected, duplicate. Each is
+    re-read consistently before it is reported, so in-flight shim writes are not false
+    alarms. Resumable, and several hosts may share one run. The verdict is recorded in
+    the control table: `reshard advance` to cutover needs a passing verify that started
+    after the backfill finished.
+    Exit 0 identical, 1 differences (listed), 2 bad input or refused.
+
+    \b
+    Example:
+      reshard verify migrations/0001_sensor_events.toml --segments 16
+    """
+    mid = env.migration_id(migration)
+    opts = VerifyOptions(segments=segments, workers=workers or min(segments, 4), repair=repair, max_rcu=max_rcu,
+                         max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds)
+    result, data = _run_job(env, "verify", mid, run_verify, opts)
+
+    def text() -> str:
+        verdict = "PASSED" if result.passed else ("FAILED" if result.finished else "INCOMPLETE")
+        lines = [f"verify {mid} run {result.run}: {verdict}; checked {result.checked} items in "
+                 f"{data['elapsed_seconds']} s"]
+        for kind, n in result.counts.items():
+            if n:
+                lines.append(f"  {kind:<12} {n:>8}  ({KINDS[kind]})")
+        if result.repaired:
+            lines.append(f"  repaired {result.repaired}: run `reshard verify {mid}` again to confirm")
+        for e in result.examples:
+            lines.append(f"  e.g. {e['kind']}: old key {e['old_key']}, new key {e['new_key']}, versions "
+                         f"{e['old_version'] or '-'} / {e['new_version'] or '-'} {e['detail']}".rstrip())
+        return "\n".join(lines)
+
+    env.emit(data, text)
+    if not result.finished:
+        if result.segments is not None and result.segments.stop_reason:
+            raise errors.RefusedTransition(result.segments.stop_reason)
+        raise errors.ReshardError(f"verify of {mid} stopped before every segment was done; re-run to resume")
+    if not result.passed:
+        found = ", ".join(f"{n} {k}" for k, n in result.counts.items() if n)
+        raise errors.ReshardError(f"verify found differences ({found})")
+
+
+@command(cli, "cleanup")
+@migration_argument
+@segments_option
+@workers_option
+@click.option("--delete", is_flag=True, help="Delete old-layout items instead of giving them the TTL attribute.")
+@click.option("--enable-ttl", is_flag=True,
+              help="Enable TTL on [cleanup] ttl_attribute (UpdateTimeToLive) if it is not enabled.")
+@max_wcu_option
+@max_rcu_option
+@page_option
+@lease_option
+def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu, max_rcu, page_size,
+            lease_seconds):
+    """Retire what the migration no longer needs.
+
+    \b
+    In the cleanup phase: old-layout items whose key moved get the TTL attribute
+    (now + retain_hours; an item's own sooner TTL is kept), or are deleted with
+    --delete; items whose key did not move and new-layout items are never touched;
+    delete markers (tombstones) are retired.
+    On an aborted migration: removes the new-layout copies and the old layout's
+    tombstones, never an old item, then marks the migration retired (the shims go back
+    to plain steady state and the table is free for a new migration).
+    Resumable and budgeted like the backfill.
+
+    \b
+    Example:
+      reshard cleanup migrations/0001_sensor_events.toml --segments 16 --enable-ttl
+    """
+    mid = env.migration_id(migration)
+    opts = CleanupOptions(segments=segments, workers=workers or min(segments, 4), delete=delete,
+                          enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
+                          lease_seconds=lease_seconds)
+    result, data = _run_job(env, "cleanup", mid, run_cleanup, opts)
+
+    def text() -> str:
+        c = result.counts
+        lines = [f"cleanup {mid} run {result.run}: {'done' if result.done else 'INCOMPLETE'} in "
+                 f"{data['elapsed_seconds']} s; scanned {c.get('scanned', 0)}"]
+        for k, label in (("expiring", "old items given the TTL attribute"), ("kept_own_ttl", "kept their own "
+                         "sooner TTL"), ("deleted", "old items deleted"), ("tombstones_retired",
+                         "delete markers retired"), ("new_copies_removed", "new-layout copies removed"),
+                         ("unmoved", "items that did not move (untouched)"),
+                         ("untouched", "live items left alone"), ("unmappable", "unmappable items left alone"),
+                         ("changed_meanwhile", "changed while we looked (left; re-run to retry)")):
+            if c.get(k):
+                lines.append(f"  {c[k]:>8}  {label}")
+        return "\n".join(lines)
+
+    env.emit(data, text)
+    if not result.done:
+        failed = [r.segment for r in result.segments.failed] if result.segments else []
+        if result.segments is not None and result.segments.stop_reason:
+            raise errors.RefusedTransition(result.segments.stop_reason)
+        raise errors.ReshardError(f"cleanup of {mid} did not finish"
+                                  + (f" (failed segments {failed})" if failed else "") + "; re-run to resume")

@@ -1,0 +1,186 @@
+"""Phase rules: the order, the routing of each phase, and what each transition needs.
+
+Pure domain module. The control plane (``reshard.control.store``) gathers *facts* about a
+migration (fleet acknowledgement, backfill and verify results) and asks
+:func:`decide` whether a transition may happen; this module never reads anything.
+
+Why every transition waits for the fleet
+    Shims cache the phase, so during a transition two *adjacent* phases serve traffic
+    at once. Every adjacent pair is designed to be compatible (both write the
+    authoritative layout first, version fences order the mirror writes, readers take
+    the newest version). Two phases further apart are not: a ``cutover`` shim reads only
+    the new layout, a ``planned`` shim writes only the old one. So no transition --
+    forward, back, or abort -- starts while a live shim still acts on the phase before
+    the current one. That keeps the fleet within two adjacent phases at all times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Phase(str, Enum):
+    PLANNED = "planned"
+    DUAL_WRITE = "dual_write"
+    DUAL_READ = "dual_read"
+    BACKFILL = "backfill"
+    CUTOVER = "cutover"
+    CLEANUP = "cleanup"
+    COMPLETE = "complete"
+    ABORTED = "aborted"
+
+    def __str__(self) -> str:  # click and f-strings show the value
+        return self.value
+
+
+ORDER: tuple[Phase, ...] = (Phase.PLANNED, Phase.DUAL_WRITE, Phase.DUAL_READ, Phase.BACKFILL,
+                            Phase.CUTOVER, Phase.CLEANUP, Phase.COMPLETE)
+
+#: Phases a migration never leaves.
+TERMINAL = frozenset({Phase.COMPLETE, Phase.ABORTED})
+
+#: Phases from which ``abort`` is allowed. From ``cutover`` the new layout is
+#: authoritative; an ``aborted`` shim (old only) next to a ``cutover`` shim (new only)
+#: could lose an update, so the operator rolls back to ``backfill`` first.
+ABORTABLE = frozenset({Phase.PLANNED, Phase.DUAL_WRITE, Phase.DUAL_READ, Phase.BACKFILL})
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What a shim does in one phase.
+
+    ``writes``: layouts written, authoritative first (``"old"`` / ``"new"``).
+    ``reads``: layouts read; with two, the newest version wins.
+    ``tombstones``: deletes leave a versioned marker instead of removing the item,
+        because a copy (backfill, a lagging shim's mirror write) could otherwise bring
+        the item back.
+    ``fenced``: authoritative writes carry a version condition, so versions grow
+        monotonically per item and mirror writes can be ordered by them.
+    """
+
+    writes: tuple[str, ...]
+    reads: tuple[str, ...]
+    tombstones: bool
+    fenced: bool
+
+    @property
+    def authoritative(self) -> str:
+        return self.writes[0]
+
+
+ROUTING: dict[Phase, Routing] = {
+    Phase.PLANNED: Routing(("old",), ("old",), tombstones=True, fenced=True),
+    Phase.DUAL_WRITE: Routing(("old", "new"), ("old",), tombstones=True, fenced=True),
+    Phase.DUAL_READ: Routing(("old", "new"), ("old", "new"), tombstones=True, fenced=True),
+    Phase.BACKFILL: Routing(("old", "new"), ("old", "new"), tombstones=True, fenced=True),
+    Phase.CUTOVER: Routing(("new", "old"), ("new",), tombstones=True, fenced=True),
+    Phase.CLEANUP: Routing(("new",), ("new",), tombstones=False, fenced=False),
+    Phase.COMPLETE: Routing(("new",), ("new",), tombstones=False, fenced=False),
+    Phase.ABORTED: Routing(("old",), ("old",), tombstones=True, fenced=True),
+}
+
+#: The shim's routing when no migration is registered for its table at all.
+STEADY = Routing(("old",), ("old",), tombstones=False, fenced=False)
+
+
+class Action(str, Enum):
+    ADVANCE = "advance"
+    ROLLBACK = "rollback"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the control plane knows when an operator asks for a transition.
+
+    ``lagging``: live shims that have not acknowledged the current phase version
+    (their descriptions, for the message). The rest are the cutover and completion
+    gates; each holds ``None`` when satisfied or a sentence saying what is missing and
+    the command that provides it.
+    """
+
+    lagging: tuple[str, ...] = ()
+    backfill_missing: str | None = "the backfill has not run: run `reshard backfill`"
+    verify_missing: str | None = "no passing verify: run `reshard verify`"
+    cleanup_missing: str | None = "the cleanup pass has not run: run `reshard cleanup`"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of :func:`decide`: a target phase, or the reasons it is refused."""
+
+    action: Action
+    current: Phase
+    target: Phase | None
+    refusals: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def allowed(self) -> bool:
+        return self.target is not None and not self.refusals
+
+
+def next_phase(phase: Phase) -> Phase | None:
+    if phase in TERMINAL:
+        return None
+    return ORDER[ORDER.index(phase) + 1]
+
+
+def previous_phase(phase: Phase) -> Phase | None:
+    if phase in (Phase.PLANNED, Phase.ABORTED) or phase not in ORDER:
+        return None
+    return ORDER[ORDER.index(phase) - 1]
+
+
+def target_of(action: Action, phase: Phase) -> tuple[Phase | None, str | None]:
+    """The phase an action leads to from ``phase``, or the reason there is none."""
+    if action is Action.ADVANCE:
+        nxt = next_phase(phase)
+        return (nxt, None) if nxt else (None, f"the migration is {phase}; there is no next phase")
+    if action is Action.ROLLBACK:
+        if phase is Phase.ABORTED:
+            return None, "the migration was aborted; start a new migration instead"
+        if phase in (Phase.CLEANUP, Phase.COMPLETE):
+            return None, (f"rollback is refused in {phase}: cleanup has begun retiring old-layout items, "
+                          "so the old layout can no longer be trusted as a source")
+        prev = previous_phase(phase)
+        return (prev, None) if prev else (None, "the migration is planned; there is nothing to roll back "
+                                                "(use `reshard abort` to drop it)")
+    if action is Action.ABORT:
+        if phase in ABORTABLE:
+            return Phase.ABORTED, None
+        if phase is Phase.CUTOVER:
+            return None, ("abort is refused in cutover: the new layout is authoritative; run `reshard rollback` "
+                          "to return to backfill first, then abort")
+        if phase is Phase.ABORTED:
+            return None, "the migration is already aborted"
+        return None, f"abort is refused in {phase}: cleanup has begun retiring old-layout items"
+    raise ValueError(action)
+
+
+def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
+    """Whether ``action`` may move a migration out of ``phase``, given ``facts``."""
+    target, why_not = target_of(action, phase)
+    if target is None:
+        return Decision(action, phase, None, (why_not,))
+    refusals: list[str] = []
+    if facts.lagging:
+        shown = ", ".join(facts.lagging[:5]) + (f" and {len(facts.lagging) - 5} more" if len(facts.lagging) > 5 else "")
+        refusals.append(f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
+                        f"(wait with `reshard {action.value} --wait SECONDS`, or see `reshard status`)")
+    if action is Action.ADVANCE and target is Phase.CUTOVER:
+        for missing in (facts.backfill_missing, facts.verify_missing):
+            if missing:
+                refusals.append(missing)
+    if action is Action.ADVANCE and target is Phase.COMPLETE and facts.cleanup_missing:
+        refusals.append(facts.cleanup_missing)
+    return Decision(action, phase, target, tuple(refusals))
+
+
+def jobs_allowed(phase: Phase) -> dict[str, bool]:
+    """Which data jobs may run in a phase (they also need the fleet's acknowledgement)."""
+    return {
+        "backfill": phase is Phase.BACKFILL,
+        "verify": phase in (Phase.BACKFILL, Phase.CUTOVER),
+        "cleanup": phase in (Phase.CLEANUP, Phase.ABORTED),
+    }

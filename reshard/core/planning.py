@@ -1,0 +1,388 @@
+"""Planning math for ``reshard plan``: what a migration will move, cost and need.
+
+Pure domain module (stdlib + :mod:`reshard.core.layout`): no boto3, no I/O. The command
+(:mod:`reshard.cli.plan`) scans a sample of the live table and feeds each item
+to a :class:`SampleAnalysis`; everything here is arithmetic on what it saw, so the
+tests drive it with literals.
+
+Capacity model (DynamoDB's documented unit rules, applied per item):
+
+* **Backfill** scans the whole table once, eventually consistent: 0.5 RCU per 4 KB
+  read (a Scan rounds the *page* to 4 KB, not each item, so the model uses the
+  total bytes). For every item that moves it then writes the new item
+  (``ceil(new size / 1 KB)`` WCU) and reads the source back with a consistent
+  BatchGetItem (``ceil(size / 4 KB)`` RCU; BatchGetItem rounds per item).
+* **Cleanup** scans the table again -- by then it holds the old items *and* the new
+  copies of the moved ones -- and retires each moved item with one UpdateItem that
+  sets the TTL attribute (or one DeleteItem when there is no TTL attribute):
+  ``ceil(size / 1 KB)`` WCU each (an UpdateItem is charged for the larger of the
+  item before and after; the TTL attribute adds a few bytes, ignored here).
+* Items that do not move are neither written nor retired. Unmappable items are
+  scanned but never written.
+
+Counts from a sample are scaled to the table's item count (DescribeTable's
+``ItemCount``, which DynamoDB refreshes about every six hours).
+
+On-demand prices are options of the command. The defaults are the us-east-1 list
+prices for the Standard table class (USD 0.625 per million write request units and
+USD 0.125 per million read request units, since the November 2024 price cut); other
+regions, the Standard-IA class, reserved capacity and future price changes differ,
+so the operator should check https://aws.amazon.com/dynamodb/pricing/on-demand/.
+One read request unit buys what one RCU does (a consistent 4 KB read, or two
+eventually consistent ones); one write request unit what one WCU does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from reshard.errors import UnmappableItem
+from reshard.core.layout import KeyMapper, is_tombstone, item_size, scalar
+from reshard.core.migration import SHARD
+
+KB = 1024
+#: USD per million on-demand write / read request units (us-east-1, Standard class).
+DEFAULT_WRITE_PRICE = 0.625
+DEFAULT_READ_PRICE = 0.125
+#: Recommended shards = ceil(base x headroom): room for growth and uneven hashing.
+DEFAULT_HEADROOM = 1.5
+#: Default number of items ``plan`` samples (spread over the scan segments).
+DEFAULT_SAMPLE = 2000
+#: How many unmappable items the report shows as examples.
+EXAMPLES = 5
+
+
+# --------------------------------------------------------------------------- unit rules
+
+def write_units(size_bytes: int) -> int:
+    """WCU of one write of an item this size: ceil(size / 1 KB), at least 1."""
+    return max(1, math.ceil(size_bytes / KB))
+
+
+def read_units(size_bytes: int, consistent: bool = True) -> float:
+    """RCU of one single-item read: ceil(size / 4 KB), halved when eventually consistent."""
+    units = max(1, math.ceil(size_bytes / (4 * KB)))
+    return units if consistent else units / 2
+
+
+def scan_units(total_bytes: int) -> float:
+    """RCU of an eventually consistent scan over this many bytes: 0.5 per 4 KB."""
+    return math.ceil(total_bytes / (4 * KB)) / 2
+
+
+# --------------------------------------------------------------------------- distribution
+
+@dataclass(frozen=True)
+class Distribution:
+    """Items per shard of one layout, and how uneven that is."""
+
+    counts: tuple[int, ...]
+
+    @property
+    def shards(self) -> int:
+        return len(self.counts)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.shards if self.shards else 0.0
+
+    @property
+    def max(self) -> int:
+        return max(self.counts, default=0)
+
+    @property
+    def skew(self) -> float:
+        """max / mean: 1.0 is perfectly even; 2.0 means the hottest shard gets twice its share."""
+        return self.max / self.mean if self.mean else 0.0
+
+    @property
+    def hottest_shard(self) -> int | None:
+        if not self.total:
+            return None
+        return self.counts.index(self.max)
+
+    @property
+    def hottest_pct(self) -> float:
+        """The hottest shard's share of all items, in percent."""
+        return 100.0 * self.max / self.total if self.total else 0.0
+
+    @property
+    def empty_shards(self) -> int:
+        return sum(1 for c in self.counts if c == 0)
+
+    def as_dict(self) -> dict:
+        return {"shards": self.shards, "counts": list(self.counts), "total": self.total,
+                "mean": round(self.mean, 3), "max": self.max, "skew": round(self.skew, 3),
+                "hottest_shard": self.hottest_shard, "hottest_pct": round(self.hottest_pct, 2),
+                "empty_shards": self.empty_shards}
+
+
+def distribution(shard_of_each_item: Iterable[int], shards: int) -> Distribution:
+    """Count items per shard (``0..shards-1``); a shard outside the range is a bug -> ValueError."""
+    counts = [0] * shards
+    for s in shard_of_each_item:
+        if not 0 <= s < shards:
+            raise ValueError(f"shard {s} outside 0..{shards - 1}")
+        counts[s] += 1
+    return Distribution(tuple(counts))
+
+
+def histogram(dist: Distribution, width: int = 40, label: str = "shard") -> str:
+    """A text histogram, one line per shard: ``  3 | ######        12  (6.2%)``.
+
+    Bars are scaled to the largest shard; a non-empty shard always shows at least
+    one mark so that "few" and "none" look different.
+    """
+    lines = []
+    digits = len(str(max(dist.shards - 1, 0)))
+    cwidth = len(str(dist.max))
+    for i, c in enumerate(dist.counts):
+        bar = "#" * (max(1, round(width * c / dist.max)) if c and dist.max else 0)
+        pct = 100.0 * c / dist.total if dist.total else 0.0
+        lines.append(f"  {label} {i:>{digits}} | {bar:<{width}} {c:>{cwidth}}  ({pct:4.1f}%)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- sample analysis
+
+@dataclass
+class SampleAnalysis:
+    """What a sample of old-layout items says about a migration.
+
+    Feed every scanned item to :meth:`observe`. ``plan`` is meant for before
+    ``start``, but when it runs later the table also holds shim tombstones and copies
+    in the new layout: those are counted apart (``tombstones``, ``in_new_layout``)
+    rather than as unmappable. An item that fits neither layout is unmappable, with
+    the reason from :class:`UnmappableItem` (of the old layout).
+    """
+
+    mapper: KeyMapper
+    examples_limit: int = EXAMPLES
+    scanned: int = 0
+    tombstones: int = 0
+    in_new_layout: int = 0
+    mappable: int = 0
+    moves: int = 0
+    bytes_all: int = 0  # every scanned item, old size
+    bytes_moved_old: int = 0
+    bytes_moved_new: int = 0
+    readback_rcu: float = 0.0  # consistent BatchGetItem of each moved source item
+    write_wcu: int = 0  # one write of each moved item in the new layout
+    retire_wcu: int = 0  # one UpdateItem/DeleteItem of each moved old item
+    unmappable: dict = field(default_factory=dict)  # reason -> count
+    examples: list = field(default_factory=list)
+    old_shards: list = field(default_factory=list)
+    new_shards: list = field(default_factory=list)
+
+    def observe(self, item: Mapping[str, Any]) -> None:
+        """Account for one old-layout item (wire format)."""
+        self.scanned += 1
+        size = item_size(item)
+        self.bytes_all += size
+        if is_tombstone(item):
+            self.tombstones += 1
+            return
+        try:
+            values = self.mapper.fields(item, self.mapper.old)
+            old_shard = self.mapper.old.parse(item)[SHARD]
+            new_shard = self.mapper.new.shard_for(values)
+            new_item, moved = self.mapper.remap(item)
+        except UnmappableItem as e:
+            if self._fits_new(item):
+                self.in_new_layout += 1
+                return
+            self.unmappable[e.reason] = self.unmappable.get(e.reason, 0) + 1
+            if len(self.examples) < self.examples_limit:
+                key = {a: _show(item[a]) for a in self.mapper.old.key_attrs if a in item}
+                self.examples.append({"key": key, "reason": e.reason, "detail": e.detail})
+            return
+        self.mappable += 1
+        self.old_shards.append(old_shard)
+        self.new_shards.append(new_shard)
+        if moved:
+            self.moves += 1
+            new_size = item_size(new_item)
+            self.bytes_moved_old += size
+            self.bytes_moved_new += new_size
+            self.readback_rcu += read_units(size, consistent=True)
+            self.write_wcu += write_units(new_size)
+            self.retire_wcu += write_units(size)
+
+    def _fits_new(self, item: Mapping[str, Any]) -> bool:
+        # Only items the new layout fully accounts for (key parses, shard agrees).
+        try:
+            self.mapper.fields(item, self.mapper.new)
+        except UnmappableItem:
+            return False
+        return True
+
+    @property
+    def unmappable_count(self) -> int:
+        return sum(self.unmappable.values())
+
+    def old_distribution(self) -> Distribution:
+        return distribution(self.old_shards, self.mapper.old.shards)
+
+    def new_distribution(self) -> Distribution:
+        return distribution(self.new_shards, self.mapper.new.shards)
+
+
+def _show(av: Mapping[str, Any]) -> Any:
+    v = scalar(av)
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v) if v is not None else av
+
+
+# --------------------------------------------------------------------------- capacity and cost
+
+@dataclass(frozen=True)
+class Capacity:
+    """Capacity units a job consumes in total (not per second)."""
+
+    scan_rcu: float
+    readback_rcu: float
+    wcu: float
+
+    @property
+    def rcu(self) -> float:
+        return self.scan_rcu + self.readback_rcu
+
+    def as_dict(self) -> dict:
+        return {"scan_rcu": round(self.scan_rcu, 1), "readback_rcu": round(self.readback_rcu, 1),
+                "rcu": round(self.rcu, 1), "wcu": round(self.wcu, 1)}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Capacity, time and on-demand cost of the backfill and the cleanup for a whole table."""
+
+    scale: float  # table items / sampled items
+    backfill: Capacity
+    cleanup: Capacity
+    max_wcu: float | None
+    write_price: float
+    read_price: float
+
+    @property
+    def backfill_seconds(self) -> float | None:
+        """Seconds the backfill's writes take at ``max_wcu`` WCU/s (the write budget binds)."""
+        return self.backfill.wcu / self.max_wcu if self.max_wcu else None
+
+    @property
+    def cleanup_seconds(self) -> float | None:
+        return self.cleanup.wcu / self.max_wcu if self.max_wcu else None
+
+    def cost(self, c: Capacity) -> float:
+        """USD at on-demand prices (1 RRU = 1 RCU, 1 WRU = 1 WCU)."""
+        return c.rcu / 1e6 * self.read_price + c.wcu / 1e6 * self.write_price
+
+    def as_dict(self) -> dict:
+        return {
+            "scale": round(self.scale, 6),
+            "backfill": self.backfill.as_dict(),
+            "cleanup": self.cleanup.as_dict(),
+            "max_wcu": self.max_wcu,
+            "backfill_seconds": _round(self.backfill_seconds),
+            "cleanup_seconds": _round(self.cleanup_seconds),
+            "on_demand": {
+                "write_price_per_million": self.write_price,
+                "read_price_per_million": self.read_price,
+                "backfill_usd": round(self.cost(self.backfill), 4),
+                "cleanup_usd": round(self.cost(self.cleanup), 4),
+                "total_usd": round(self.cost(self.backfill) + self.cost(self.cleanup), 4),
+            },
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def estimate(sample: SampleAnalysis, table_items: int, *, max_wcu: float | None = None,
+             write_price: float = DEFAULT_WRITE_PRICE, read_price: float = DEFAULT_READ_PRICE) -> Estimate:
+    """Scale a sample's per-item units to ``table_items`` items.
+
+    ``table_items`` is at least the sample size (DescribeTable's ItemCount lags).
+    """
+    total = max(table_items, sample.scanned)
+    scale = total / sample.scanned if sample.scanned else 0.0
+    backfill = Capacity(scan_rcu=scan_units(round(sample.bytes_all * scale)),
+                        readback_rcu=sample.readback_rcu * scale,
+                        wcu=sample.write_wcu * scale)
+    # The cleanup scan sees the old items plus the new copies of the moved ones.
+    cleanup = Capacity(scan_rcu=scan_units(round((sample.bytes_all + sample.bytes_moved_new) * scale)),
+                       readback_rcu=0.0,
+                       wcu=sample.retire_wcu * scale)
+    return Estimate(scale, backfill, cleanup, max_wcu, write_price, read_price)
+
+
+# --------------------------------------------------------------------------- shard count
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Shards needed for a hot entity's peak write rate (the AWS write-sharding formula)."""
+
+    peak_writes_per_sec: float
+    item_kb: float
+    headroom: float
+    base: int  # ceil(writes x ceil(KB) / 1000): one partition takes 1,000 WCU/s
+    shards: int  # ceil(base x headroom)
+    target_shards: int
+
+    @property
+    def warning(self) -> str | None:
+        if self.target_shards >= self.shards:
+            return None
+        return (f"[to] shards = {self.target_shards} is below the recommended {self.shards} "
+                f"for {self.peak_writes_per_sec:g} writes/s of {self.item_kb:g} KB items "
+                f"({self.base} partitions at 1,000 WCU/s, x{self.headroom:g} headroom)")
+
+    def as_dict(self) -> dict:
+        return {"peak_writes_per_sec": self.peak_writes_per_sec, "item_kb": self.item_kb,
+                "headroom": self.headroom, "base_shards": self.base, "recommended_shards": self.shards,
+                "to_shards": self.target_shards, "warning": self.warning}
+
+
+def recommend(peak_writes_per_sec: float, item_kb: float, target_shards: int,
+              headroom: float = DEFAULT_HEADROOM) -> Recommendation:
+    """``ceil(writes x ceil(KB) / 1000)`` shards per hot entity, times ``headroom``.
+
+    A partition serves at most 1,000 WCU/s and a write costs ``ceil(KB)`` WCU, so the
+    base is the fewest shards that can absorb the peak; the headroom covers growth and
+    the unevenness of hashing a modest number of keys.
+    """
+    if peak_writes_per_sec <= 0 or item_kb <= 0 or headroom < 1:
+        raise ValueError("peak writes and item size must be positive, headroom at least 1")
+    base = max(1, math.ceil(peak_writes_per_sec * math.ceil(item_kb) / 1000))
+    shards = max(1, math.ceil(round(base * headroom, 9)))
+    return Recommendation(peak_writes_per_sec, item_kb, headroom, base, shards, target_shards)
+
+
+def human_seconds(seconds: float | None) -> str:
+    """``3725`` -> ``1h 2m 5s``."""
+    if seconds is None:
+        return "-"
+    s = int(math.ceil(seconds))
+    if s < 60:
+        return f"{s}s"
+    parts = []
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            parts.append(f"{s // n}{unit}")
+            s %= n
+    if s:
+        parts.append(f"{s}s")
+    return " ".join(parts)
+
+
+def sample_quota(sample: int, segments: int) -> Sequence[int]:
+    """Items to take from each scan segment so that ``sample`` are spread over all of them."""
+    base, extra = divmod(sample, segments)
+    return [base + (1 if i < extra else 0) for i in range(segments)]

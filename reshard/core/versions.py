@@ -1,0 +1,177 @@
+"""Write versions, version fences, and the copy step shared by the shim and the backfill.
+
+Pure domain module.
+
+Version scheme
+    Every write through the shim stamps the item with ``_rs_v``, a string
+    ``"<13-digit unix ms>.<6-digit counter>.<writer id>"``. Fixed widths make string
+    order equal to (time, counter, writer) order, and DynamoDB compares strings in
+    condition expressions, so a *fence* is one condition:
+    ``attribute_not_exists(_rs_v) OR _rs_v < :v``. An item without ``_rs_v`` was
+    written before the migration and counts as oldest.
+
+    The clock is a hybrid logical clock: it never goes backwards within a process, and
+    when a fenced write finds a newer version (another host's clock runs ahead), the
+    writer *observes* that version and retries above it. Versions of one item thus grow
+    with every write acknowledged on its authoritative copy, and mirror copies converge
+    to the highest version -- the last acknowledged write.
+
+The copy step
+    Copying an item from one layout to the other (backfill, repair, the model tests)
+    is the pure function :func:`copy_action`: given the item as it was scanned and as
+    a consistent read shows it now, it says whether the unconditional batch write
+    already left the right thing, or what fenced write fixes it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from reshard.core.layout import TOMBSTONE_ATTR, VERSION_ATTR
+
+_MS_WIDTH = 13
+_COUNTER_WIDTH = 6
+_COUNTER_MAX = 10 ** _COUNTER_WIDTH - 1
+
+
+def parse_version(version: str) -> tuple[int, int, str]:
+    ms, counter, writer = version.split(".", 2)
+    return int(ms), int(counter), writer
+
+
+def format_version(ms: int, counter: int, writer: str) -> str:
+    return f"{ms:0{_MS_WIDTH}d}.{counter:0{_COUNTER_WIDTH}d}.{writer}"
+
+
+class VersionClock:
+    """A thread-safe hybrid logical clock producing :data:`VERSION_ATTR` values."""
+
+    def __init__(self, writer_id: str | None = None, now_ms: Callable[[], int] | None = None):
+        self.writer_id = writer_id or os.urandom(4).hex()
+        if "." in self.writer_id:
+            raise ValueError("writer id must not contain '.'")
+        self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self._lock = threading.Lock()
+        self._ms = 0
+        self._counter = 0
+
+    def next(self) -> str:
+        """A version greater than every version this clock issued or observed."""
+        with self._lock:
+            now = self._now_ms()
+            if now > self._ms:
+                self._ms, self._counter = now, 0
+            else:
+                self._counter += 1
+                if self._counter > _COUNTER_MAX:  # a million writes in one ms: borrow the next ms
+                    self._ms, self._counter = self._ms + 1, 0
+            return format_version(self._ms, self._counter, self.writer_id)
+
+    def observe(self, version: str | None) -> None:
+        """Make the next version greater than ``version`` (seen on a fenced write's loser)."""
+        if not version:
+            return
+        ms, counter, _ = parse_version(version)
+        with self._lock:
+            if (ms, counter) >= (self._ms, self._counter):
+                self._ms, self._counter = ms, counter
+
+
+def version_of(item: Mapping[str, Any] | None) -> str:
+    """The item's version string; ``""`` (oldest) for none or a pre-migration item."""
+    if not item or VERSION_ATTR not in item:
+        return ""
+    return item[VERSION_ATTR]["S"]
+
+
+def newest(items):
+    """The item with the highest version among ``items`` (Nones ignored); None if none."""
+    best, best_v = None, None
+    for it in items:
+        if it is None:
+            continue
+        v = version_of(it)
+        if best is None or v > best_v:
+            best, best_v = it, v
+    return best
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A version condition for a write (``fence_for``: only onto an older version;
+    ``unchanged``: only onto exactly this version)."""
+
+    expression: str
+    names: dict
+    values: dict
+
+    def kwargs(self) -> dict:
+        """The ConditionExpression / ExpressionAttributeNames / ExpressionAttributeValues of a call."""
+        out = {"ConditionExpression": self.expression, "ExpressionAttributeNames": dict(self.names)}
+        if self.values:
+            out["ExpressionAttributeValues"] = dict(self.values)
+        return out
+
+
+def fence_for(version: str) -> Fence:
+    """The fence for writing an item whose version is ``version`` (``""``: unversioned).
+
+    An unversioned item (pre-migration, copied by the backfill) may only replace an
+    unversioned item or nothing: any versioned item came from a shim write, which is
+    newer than anything written before the migration.
+    """
+    names = {"#rs_v": VERSION_ATTR}
+    if not version:
+        return Fence("attribute_not_exists(#rs_v)", names, {})
+    return Fence("attribute_not_exists(#rs_v) OR #rs_v < :rs_v", names, {":rs_v": {"S": version}})
+
+
+def unchanged(version: str, key_attr: str) -> Fence:
+    """Only if the item still holds exactly ``version`` (``""``: still unversioned, and present).
+
+    For deleting or replacing something we looked at: a write that landed since (a newer
+    version) makes the condition fail, and that newer write stays. ``key_attr`` (the
+    partition key attribute) tells "still unversioned" from "gone".
+    """
+    if not version:
+        return Fence("attribute_exists(#rs_k) AND attribute_not_exists(#rs_v)",
+                     {"#rs_v": VERSION_ATTR, "#rs_k": key_attr}, {})
+    return Fence("#rs_v = :rs_v", {"#rs_v": VERSION_ATTR}, {":rs_v": {"S": version}})
+
+
+def tombstone(key: Mapping[str, Any], version: str) -> dict:
+    """A delete marker: the physical key, the delete's version, and the flag."""
+    item = dict(key)
+    item[VERSION_ATTR] = {"S": version}
+    item[TOMBSTONE_ATTR] = {"BOOL": True}
+    return item
+
+
+@dataclass(frozen=True)
+class CopyAction:
+    """What to do after an unconditional copy of ``scanned`` when the source now reads ``current``.
+
+    ``kind``:
+      * ``"done"``: the source did not change; the batch write left the right item.
+      * ``"recopy"``: the source changed (a shim write or a delete's tombstone): write
+        ``current`` re-keyed, fenced by its version. If a newer shim write is
+        already in the target, the fence keeps it.
+      * ``"undo"``: the source is gone without a tombstone (deleted by a writer that
+        bypasses the shim): delete the copy we made, but only if it is still ours
+        (same version), so a shim write that arrived meanwhile stays.
+    """
+
+    kind: str
+    item: Mapping[str, Any] | None = None
+
+
+def copy_action(scanned: Mapping[str, Any], current: Mapping[str, Any] | None) -> CopyAction:
+    if current == scanned:
+        return CopyAction("done")
+    if current is None:
+        return CopyAction("undo", scanned)
+    return CopyAction("recopy", current)

@@ -1,0 +1,255 @@
+"""`reshard cleanup`: retire what the migration no longer needs.
+
+In the ``cleanup`` phase (every live shim acknowledged it, so nobody writes the old
+layout any more):
+
+* an **old-layout item whose key moved** gets the table's TTL attribute
+  (``[cleanup] ttl_attribute`` = now + ``retain_hours``), or is deleted with ``--delete``
+  (plain BatchWriteItem deletes: nobody writes those keys any more). An item whose own
+  TTL would expire sooner keeps it (the update is conditional).
+* an **item whose key did not move** is one physical item serving both layouts: never
+  touched (unless it is a tombstone, which is retired).
+* a **new-layout item** (``_rs_new`` marker) is never touched, unless it is a tombstone.
+* **tombstones** (delete markers) of either layout are deleted, each conditioned on
+  its version, so a write that replaced one in the meantime survives.
+
+On an **aborted** migration (fleet acknowledged ``aborted``): the new-layout copies
+(marked with this migration's id; nobody writes them any more) are deleted in batches and
+the old layout's tombstones retired, each conditioned on its version; no live old item is
+ever touched. When the pass
+finishes, the migration is marked *retired*: shims then treat the table as steady state
+(plain deletes, no versions), and the table is free for a new migration.
+
+Unmappable items are left alone (counted). The pass is resumable and budgeted like the
+backfill (segment engine, leases, checkpoints). ``cleanup → complete`` needs a
+finished pass that started after the migration entered ``cleanup``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from reshard import errors
+from reshard.jobs.budget import CapacityBudget
+from reshard.control.store import ControlStore, N, register_facts_provider
+from reshard.aws.dynamo import Dynamo
+from reshard.jobs.runner import (conditional_delete, entered_at, latest_run, live_leases, make_engine, require_phase_and_ack,
+                   run_to_join, scan_page)
+from reshard.core.layout import KeyMapper, is_tombstone, item_size
+from reshard.core.migration import Migration
+from reshard.core.phases import Phase
+from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, PageContext, RunResult, Subscriber
+from reshard.core.versions import unchanged, version_of
+
+JOB = "cleanup"
+
+
+@dataclass
+class CleanupOptions:
+    """The knobs of ``reshard cleanup``."""
+
+    segments: int = 16
+    workers: int | None = None
+    delete: bool = False
+    enable_ttl: bool = False
+    max_wcu: float | None = None
+    max_rcu: float | None = None
+    page_size: int = 500
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+
+
+@dataclass
+class CleanupResult:
+    run: int
+    done: bool
+    counts: dict
+    segments: RunResult | None = None
+
+    def as_dict(self) -> dict:
+        return {"run": self.run, "done": self.done, "counts": self.counts}
+
+
+def ttl_status(dynamo: Dynamo, table: str) -> tuple[str, str | None]:
+    """(status, attribute) of the table's TTL, from DescribeTimeToLive."""
+    d = dynamo.call("describe_time_to_live", TableName=table).get("TimeToLiveDescription", {})
+    return d.get("TimeToLiveStatus", "DISABLED"), d.get("AttributeName")
+
+
+def check_ttl(dynamo: Dynamo, migration: Migration, enable: bool) -> None:
+    """TTL must be enabled on ``[cleanup] ttl_attribute`` for the TTL path (or ``--enable-ttl``)."""
+    attr = migration.cleanup.ttl_attribute
+    if not attr:
+        raise errors.BadInput(f"{migration.path}: cleanup.ttl_attribute is not set: add it to the migration "
+                              "file, or pass --delete to delete old items instead")
+    status, current = ttl_status(dynamo, migration.table)
+    if status in ("ENABLED", "ENABLING") and current == attr:
+        return
+    if status in ("ENABLED", "ENABLING") and current != attr:
+        raise errors.BadInput(f"table {migration.table!r} has TTL on {current!r}, not on the file's "
+                              f"cleanup.ttl_attribute {attr!r}: fix the file (a new migration id) or use --delete")
+    if not enable:
+        raise errors.BadInput(f"TTL is {status} on table {migration.table!r}: old items given {attr!r} would never "
+                              f"expire. Run with --enable-ttl (UpdateTimeToLive on {attr!r}), or --delete")
+    dynamo.call("update_time_to_live", TableName=migration.table,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": attr})
+
+
+class Cleaner:
+    """The page function of a cleanup pass."""
+
+    def __init__(self, dynamo: Dynamo, mapper: KeyMapper, table: str, budget: CapacityBudget,
+                 opts: CleanupOptions, aborted: bool, clock: Callable[[], float] = time.time):
+        self.dynamo = dynamo
+        self.mapper = mapper
+        self.table = table
+        self.budget = budget
+        self.opts = opts
+        self.aborted = aborted
+        self.key_attrs = mapper.old.key_attrs
+        self.ttl_attr = mapper.migration.cleanup.ttl_attribute
+        self.expires = int(clock() + mapper.migration.cleanup.retain_hours * 3600)
+
+    def _key(self, item: dict) -> dict:
+        return {a: item[a] for a in self.key_attrs}
+
+    def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
+        counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
+                  "new_copies_removed": 0, "untouched": 0, "unmoved": 0, "unmappable": 0, "changed_meanwhile": 0}
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
+        items = resp.get("Items", [])
+        counts["scanned"] = len(items)
+        # Keys nobody writes any more (the fleet acknowledged this phase): old items of a
+        # moved key in cleanup, new copies of an aborted migration. They go in plain
+        # BatchWriteItem deletes, 25 per call. Tombstones are still written by shims
+        # (until a migration completes or is retired), so they are deleted one by one,
+        # only if unchanged.
+        batched: list[dict] = []
+        for item in items:
+            ctx.ensure_lease()
+            action = self.action(item)
+            if action in ("untouched", "unmoved", "unmappable"):
+                counts[action] += 1
+            elif action == "retire":
+                ok = self._delete_if_unchanged(item)
+                counts["tombstones_retired" if ok else "changed_meanwhile"] += 1
+            elif action == "remove_copy":
+                batched.append(self._key(item))
+                counts["new_copies_removed"] += 1
+            elif action == "expire":
+                if self.opts.delete:
+                    batched.append(self._key(item))
+                    counts["deleted"] += 1
+                else:
+                    counts[self._set_ttl(item)] += 1
+        if batched:
+            ctx.ensure_lease()
+            with self.budget.spend("write", float(len(batched))):
+                self.dynamo.batch_write(self.table, [{"DeleteRequest": {"Key": k}} for k in batched],
+                                        capacity=True)
+        usage = self.budget.take_usage()
+        counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
+        return counts, resp.get("LastEvaluatedKey")
+
+    def action(self, item: dict) -> str:
+        """What the pass does to one scanned item (pure decision, see the module docstring)."""
+        if self.mapper.is_new_copy(item):
+            if self.aborted:
+                return "remove_copy"
+            return "retire" if is_tombstone(item) else "untouched"
+        try:
+            fields = self.mapper.fields(item, self.mapper.old)
+        except errors.UnmappableItem:
+            # Not an old-layout item we understand. A tombstone is still ours to retire
+            # (only the shim writes them); anything else is left exactly as it is.
+            return "retire" if is_tombstone(item) else "unmappable"
+        if is_tombstone(item):
+            return "retire"
+        if self.aborted:
+            return "untouched"  # a live old item: the old layout is the layout again
+        if self.mapper.new.key(fields) == self._key(item):
+            return "unmoved"
+        return "expire"
+
+    def _delete_if_unchanged(self, item: dict) -> bool:
+        """Delete an item only if its version is still the one scanned (a newer write wins)."""
+        return conditional_delete(self.dynamo, self.budget, self.table, self._key(item),
+                                  unchanged(version_of(item), self.key_attrs[0]))
+
+    def _set_ttl(self, item: dict) -> str:
+        """Give an old item the TTL attribute, unless its own TTL expires sooner."""
+        units = max(1.0, math.ceil(item_size(item) / 1024))  # an update is billed on the item's size
+        try:
+            with self.budget.spend("write", units):
+                self.dynamo.call(
+                    "update_item", TableName=self.table, Key=self._key(item),
+                    UpdateExpression="SET #ttl = :exp",
+                    # attribute_exists: never create an item that vanished meanwhile.
+                    ConditionExpression="attribute_exists(#pk) AND (attribute_not_exists(#ttl) OR #ttl > :exp)",
+                    ExpressionAttributeNames={"#ttl": self.ttl_attr, "#pk": self.key_attrs[0]},
+                    ExpressionAttributeValues={":exp": N(self.expires)})
+            return "expiring"
+        except errors.ConditionalCheckFailed:
+            return "kept_own_ttl"
+
+
+def check_preconditions(store: ControlStore, migration_id: str):
+    state = require_phase_and_ack(store, migration_id, "cleanup", (Phase.CLEANUP, Phase.ABORTED),
+                                  "old items may be retired only once no shim reads them, and new copies "
+                                  "removed only once a migration is aborted")
+    if state.phase is Phase.ABORTED:
+        # A backfill (or a repairing verify) started before the abort writes new copies
+        # until its workers notice the phase at their next page; removing copies while
+        # one still holds a lease could leave copies behind the cleanup's scan.
+        busy = live_leases(store, migration_id, ("backfill", "verify"), store.clock())
+        if busy:
+            raise errors.RefusedTransition(
+                f"cleanup refused for {migration_id!r}: {len(busy)} backfill/verify segment lease(s) are still "
+                f"held ({', '.join(busy[:3])}); their workers stop at their next page: retry when the leases "
+                "are released or expired (see `reshard status`)")
+    return state
+
+
+def run_cleanup(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: CleanupOptions | None = None, *,
+                subscribers: Iterable[Subscriber] = (), clock: Callable[[], float] = time.time,
+                sleep: Callable[[float], None] = time.sleep) -> CleanupResult:
+    """Check the preconditions and run (or join, or resume) a cleanup pass with this host's workers."""
+    opts = opts or CleanupOptions()
+    state = check_preconditions(store, migration_id)
+    migration = state.migration()
+    aborted = state.phase is Phase.ABORTED
+    dynamo.describe_table(migration.table)
+    if not aborted and not opts.delete:
+        check_ttl(dynamo, migration, opts.enable_ttl)
+    # A pass counts only if it started in this phase (a pass from before a rollback does not).
+    since = state.last.at if state.last else 0.0
+    run = run_to_join(store, migration_id, JOB, not_before=since, fresh=True)
+    budget = CapacityBudget(opts.max_wcu, opts.max_rcu)
+    budget.attach(dynamo, migration.table)
+    cleaner = Cleaner(dynamo, KeyMapper(migration), migration.table, budget, opts, aborted, clock)
+    engine = make_engine(dynamo, store, migration_id, JOB, run, opts.segments, cleaner.page, budget,
+                         phases=(state.phase,), workers=opts.workers, lease_seconds=opts.lease_seconds, subscribers=subscribers,
+                         clock=clock, sleep=sleep)
+    result = engine.run_all()
+    if result.done and aborted:
+        store.retire(migration_id)
+    return CleanupResult(run, result.done, {k: int(v) if float(v).is_integer() else v
+                                            for k, v in result.totals.items()}, result)
+
+
+@register_facts_provider
+def cleanup_facts(store: ControlStore, state) -> dict:
+    """``cleanup_missing``: None only for a finished pass that started in the current cleanup phase."""
+    cmd = f"`reshard cleanup {state.id}`"
+    if state.phase is not Phase.CLEANUP:
+        return {"cleanup_missing": f"the cleanup pass runs in the cleanup phase: then run {cmd}"}
+    since = entered_at(store, state.id, "cutover", "cleanup")
+    latest = latest_run(store, state.id, JOB)
+    if latest is None or latest.started_at < since:
+        return {"cleanup_missing": f"the cleanup pass has not run: run {cmd}"}
+    if latest.finished_at is None:
+        return {"cleanup_missing": f"cleanup run {latest.run} is not finished: run {cmd} to finish it"}
+    return {"cleanup_missing": None}
+

@@ -1,0 +1,613 @@
+"""The segment engine: a job split into parallel-scan segments, each a lease in the control table.
+
+Backfill, verify and cleanup all walk a table with a parallel Scan (``TotalSegments``)
+and must survive kills, share the work between any number of hosts, and never redo a
+finished segment. This module does that part once; a job supplies only a *page
+function* that processes one page of one segment and returns counters.
+
+Control-table records (partition ``M#<migration id>``, see :mod:`reshard.control.store`)::
+
+    R#<job>#<run:06d>                 the run: total_segments, started_at/by, finished_at,
+                                      totals (set once, by whoever finishes the last segment)
+    J#<job>#<run:06d>#<segment:05d>   one segment's lease and checkpoint:
+        owner            worker holding the lease ("-" when free)
+        lease_expires    wall-clock seconds; after it anybody may take the lease over
+        lease_counter    bumped by every claim: the fencing token (KCL's lease counter)
+        checkpoint       JSON of the scan's LastEvaluatedKey (wire format); absent at start
+        counters         map of job counters, cumulative, as of the checkpoint
+        done / failed    terminal flags; attempts, last_error, failed_by (invocation id)
+        takeovers        claims that found an unreleased lease (its page is redone)
+        last_throttle    the latest budget decision's reason
+
+Lease protocol (KCL-style)
+    *Claim*: read the segment records (one Query), decide locally with the pure
+    :func:`lease_decision`, then compare-and-set on ``lease_counter`` (or
+    ``attribute_not_exists`` for a segment nobody touched). Of two workers that saw the
+    same record, exactly one write matches; the loser just picks another segment.
+    *Checkpoint*: a write conditioned on ``owner = me AND lease_counter = my token``;
+    it stores the page's LastEvaluatedKey and counters *and* renews the lease. If the
+    condition fails, someone took the lease over (ours expired): :class:`LeaseLost`
+    stops the worker on that segment at once, before it touches another page.
+    *Done*: the same condition, plus ``done = true``; a done segment is never claimed
+    again. *Failure*: a page function that raises after the choke point's retries
+    releases the lease with the error and an attempt count; after ``max_attempts`` in
+    one invocation the segment is marked ``failed`` (shown by status, exit 1) and the
+    next invocation (another ``failed_by``) retries it.
+
+Why a kill redoes at most one page
+    The checkpoint is written only after the page function returned, i.e. after all
+    of that page's writes are durable. A worker killed anywhere leaves the checkpoint
+    of the previous page; whoever takes the lease over resumes from it.
+
+Same-host dead workers
+    Owners are ``host:pid:invocation:worker``. A lease held by a process of *this*
+    host whose pid is gone is taken over at once (a dead process writes nothing), so
+    re-running after a crash does not wait for the lease to expire. Anything else
+    waits for expiry.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from reshard import errors
+from reshard.control.store import ControlStore, N, S, _n, _s
+
+FREE = "-"
+DEFAULT_LEASE_SECONDS = 60.0
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+# --------------------------------------------------------------------------- records
+
+def run_sk(job: str, run: int) -> str:
+    return f"R#{job}#{run:06d}"
+
+
+def segment_sk(job: str, run: int, segment: int) -> str:
+    return f"J#{job}#{run:06d}#{segment:05d}"
+
+
+
+def dump_key(key: dict) -> str:
+    """A wire key (LastEvaluatedKey, an item's key) as JSON text; binary values as base64.
+
+    botocore hands binary attributes over as ``bytes``, which JSON cannot hold.
+    """
+    return json.dumps({a: ({"B64": base64.b64encode(v["B"]).decode()} if "B" in v else v) for a, v in key.items()},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def load_key(text: str) -> dict:
+    """The inverse of :func:`dump_key`."""
+    return {a: ({"B": base64.b64decode(v["B64"])} if "B64" in v else v) for a, v in json.loads(text).items()}
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    """One segment's lease and checkpoint as read from the control table."""
+
+    segment: int
+    exists: bool = False
+    owner: str = FREE
+    lease_expires: float = 0.0
+    lease_counter: int = 0
+    checkpoint: dict | None = None
+    counters: dict = field(default_factory=dict)
+    done: bool = False
+    failed: bool = False
+    failed_by: str = ""
+    attempts: int = 0
+    last_error: str = ""
+    takeovers: int = 0
+    last_throttle: str = ""
+
+    @classmethod
+    def from_item(cls, segment: int, item: dict | None) -> "SegmentRecord":
+        if not item:
+            return cls(segment)
+        cp = _s(item, "checkpoint")
+        counters = {k: _num(v["N"]) for k, v in item.get("counters", {}).get("M", {}).items()}
+        return cls(segment, True, _s(item, "owner", FREE), float(_n(item, "lease_expires", 0)),
+                   int(_n(item, "lease_counter", 0)), load_key(cp) if cp else None, counters,
+                   item.get("done", {}).get("BOOL", False), item.get("failed", {}).get("BOOL", False),
+                   _s(item, "failed_by", ""), int(_n(item, "attempts", 0)), _s(item, "last_error", ""),
+                   int(_n(item, "takeovers", 0)), _s(item, "last_throttle", ""))
+
+    def as_dict(self, now: float) -> dict:
+        state = "done" if self.done else "failed" if self.failed else \
+            "leased" if self.owner != FREE and self.lease_expires > now else \
+            "pending" if not self.exists else "released"
+        return {"segment": self.segment, "state": state, "owner": None if self.owner == FREE else self.owner,
+                "lease_seconds_left": round(max(0.0, self.lease_expires - now), 1) if self.owner != FREE else 0,
+                "counters": self.counters, "attempts": self.attempts, "last_error": self.last_error or None,
+                "takeovers": self.takeovers, "last_throttle": self.last_throttle or None,
+                "resumable_from_checkpoint": self.checkpoint is not None}
+
+
+def _num(v: str) -> float | int:
+    return int(v) if v.lstrip("-").isdigit() else float(v)
+
+
+# --------------------------------------------------------------------------- pure lease logic
+
+@dataclass(frozen=True)
+class LeaseDecision:
+    """Whether a worker may claim a segment, and why (for logs and tests)."""
+
+    claim: bool
+    reason: str
+    takeover: bool = False  # the previous owner never released it: its page is redone
+
+
+def lease_decision(rec: SegmentRecord, *, me: str, invocation: str, now: float,
+                   is_dead: Callable[[str], bool] = lambda owner: False) -> LeaseDecision:
+    """Decide locally whether ``me`` may claim ``rec`` (the write is then a compare-and-set)."""
+    if rec.done:
+        return LeaseDecision(False, "done")
+    if rec.failed and rec.failed_by == invocation:
+        return LeaseDecision(False, f"failed in this run after {rec.attempts} attempts")
+    if not rec.exists:
+        return LeaseDecision(True, "new")
+    if rec.owner == FREE:
+        return LeaseDecision(True, "free")
+    if rec.owner == me:
+        return LeaseDecision(True, "already mine")
+    if rec.lease_expires <= now:
+        return LeaseDecision(True, f"lease of {rec.owner} expired", takeover=True)
+    if is_dead(rec.owner):
+        return LeaseDecision(True, f"owner {rec.owner} is a dead process on this host", takeover=True)
+    return LeaseDecision(False, f"leased by {rec.owner}")
+
+
+def same_host_dead(owner: str, host: str | None = None) -> bool:
+    """True when ``owner`` is a process of this host that no longer exists."""
+    parts = owner.split(":")
+    if len(parts) < 2 or parts[0] != (host or socket.gethostname()):
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False  # our own process: its threads release their leases themselves
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+# --------------------------------------------------------------------------- subscribers
+
+class Subscriber:
+    """Progress callbacks (s3transfer-style). Override what you need; called from worker threads."""
+
+    def on_run_start(self, run: "RunInfo") -> None: ...
+    def on_segment_start(self, segment: int, resumed: bool, reason: str) -> None: ...
+    def on_page(self, segment: int, counts: dict) -> None: ...
+    def on_segment_done(self, segment: int, counters: dict) -> None: ...
+    def on_segment_failed(self, segment: int, error: str, attempts: int, final: bool) -> None: ...
+    def on_lease_lost(self, segment: int, reason: str) -> None: ...
+    def on_throttle(self, reason: str) -> None: ...
+    def on_run_done(self, result: "RunResult") -> None: ...
+
+
+class _Fanout(Subscriber):
+    def __init__(self, subs: Iterable[Subscriber]):
+        self.subs = list(subs)
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            subs = object.__getattribute__(self, "subs")
+            return lambda *a, **k: [getattr(s, name)(*a, **k) for s in subs]
+        return object.__getattribute__(self, name)
+
+
+# --------------------------------------------------------------------------- engine
+
+class LeaseLost(Exception):
+    """Our lease on a segment was taken over (it expired); stop working on it now."""
+
+
+@dataclass
+class Lease:
+    """A held segment lease: the fencing token and the renewal bookkeeping."""
+
+    segment: int
+    owner: str
+    token: int
+    expires: float
+    renew_due: float
+    attempts: int = 0  # failed attempts so far in this invocation's count
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    migration_id: str
+    job: str
+    run: int
+    total_segments: int
+    started_at: float
+    finished_at: float | None
+
+
+@dataclass
+class RunResult:
+    """What an invocation of a job ended with."""
+
+    run: RunInfo
+    segments: list[SegmentRecord]
+    worked: list[int]            # segments this invocation completed
+    elapsed: float
+    stopped: bool = False        # interrupted (SIGINT/SIGTERM, or the guard): leases released
+    stop_reason: str = ""        # why the guard stopped it, if it did
+
+    @property
+    def done(self) -> bool:
+        return all(r.done for r in self.segments)
+
+    @property
+    def failed(self) -> list[SegmentRecord]:
+        return [r for r in self.segments if not r.done and r.failed]
+
+    @property
+    def totals(self) -> dict:
+        out: dict = {}
+        for r in self.segments:
+            for k, v in r.counters.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
+class PageContext:
+    """Handed to the page function: the lease (renew it before long writes) and the segment."""
+
+    def __init__(self, engine: "SegmentEngine", lease: Lease, total: int):
+        self._engine = engine
+        self.lease = lease
+        self.segment = lease.segment
+        self.total_segments = total
+
+    def ensure_lease(self) -> None:
+        """Renew the lease if it is past half its time; raises LeaseLost if it was taken."""
+        self._engine._renew_if_due(self.lease)
+
+
+#: ``page(ctx, start_key) -> (counts, next_key)``: process one page durably.
+PageFn = Callable[[PageContext, dict | None], "tuple[dict, dict | None]"]
+
+
+class SegmentEngine:
+    """Runs one job run's segments with ``workers`` threads on this host.
+
+    ``clock`` (wall seconds, shared with other hosts through lease expiries) and
+    ``sleep`` are injectable for tests. ``throttle_reason`` returns the budget's
+    latest decision so checkpoints carry it to ``status``.
+    """
+
+    def __init__(self, store: ControlStore, migration_id: str, job: str, run: int, total_segments: int,
+                 page: PageFn, *, workers: int | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, subscribers: Iterable[Subscriber] = (),
+                 poll_seconds: float | None = None, throttle_reason: Callable[[], str] = lambda: "",
+                 invocation: str | None = None, host: str | None = None,
+                 is_dead: Callable[[str], bool] | None = None,
+                 guard: Callable[[], str | None] | None = None):
+        self.store = store
+        #: Checked before every page: a reason to stop (e.g. the phase moved on), or None.
+        self.guard = guard
+        self.stop_reason = ""
+        self.pk = store.mpk(migration_id)
+        self.migration_id = migration_id
+        self.job = job
+        self.run = run
+        self.total = total_segments
+        self.page = page
+        self.workers = max(1, workers or min(total_segments, 4))
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.clock = clock
+        self.sleep = sleep
+        self.subs = _Fanout(subscribers)
+        self.poll_seconds = poll_seconds if poll_seconds is not None else min(2.0, lease_seconds / 4)
+        self.throttle_reason = throttle_reason
+        self.host = host or socket.gethostname()
+        self.invocation = invocation or os.urandom(3).hex()
+        self.is_dead = is_dead or (lambda owner: same_host_dead(owner, self.host))
+        self.stop_event = threading.Event()
+        self._worked: list[int] = []
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+
+    # ---------------------------------------------------------------- run record
+    def start_run(self) -> RunInfo:
+        """Create the run record, or join the started run; refuse a different segment count."""
+        now = self.clock()
+        try:
+            # Conditional: the first process creates the run; everyone else joins it.
+            self.store.put({"pk": S(self.pk), "sk": S(run_sk(self.job, self.run)), "job": S(self.job),
+                            "run": N(self.run), "total_segments": N(self.total), "started_at": N(now),
+                            "started_by": S(self._owner_prefix())},
+                           condition="attribute_not_exists(pk)")
+        except errors.ConditionalCheckFailed:
+            pass
+        info = read_run(self.store, self.migration_id, self.job, self.run)
+        if info is None:  # pragma: no cover - we just wrote it
+            raise errors.AWSError("put_item", "Missing", "run record vanished")
+        if info.total_segments != self.total:
+            raise errors.BadInput(
+                f"{self.job} run {self.run} of {self.migration_id!r} was started with --segments "
+                f"{info.total_segments}; a scan split differently would skip or repeat items. "
+                f"Re-run with --segments {info.total_segments}")
+        return info
+
+    def _owner_prefix(self) -> str:
+        return f"{self.host}:{os.getpid()}:{self.invocation}"
+
+    # ---------------------------------------------------------------- reads
+    def records(self) -> list[SegmentRecord]:
+        items = {_s(i, "sk"): i for i in self.store.query(self.pk, f"J#{self.job}#{self.run:06d}#")}
+        return [SegmentRecord.from_item(s, items.get(segment_sk(self.job, self.run, s))) for s in range(self.total)]
+
+    # ---------------------------------------------------------------- lease writes
+    def claim(self, rec: SegmentRecord, me: str) -> tuple[Lease, SegmentRecord, LeaseDecision] | None:
+        """Try to take ``rec``'s lease. None if another worker won the race or it is not claimable."""
+        now = self.clock()
+        d = lease_decision(rec, me=me, invocation=self.invocation, now=now, is_dead=self.is_dead)
+        if not d.claim:
+            return None
+        expires = now + self.lease_seconds
+        values = {":me": S(me), ":exp": N(expires), ":one": N(1), ":zero": N(0), ":f": {"BOOL": False},
+                  ":job": S(self.job), ":run": N(self.run), ":seg": N(rec.segment), ":tk": N(1 if d.takeover else 0)}
+        sets = ["#owner = :me", "lease_expires = :exp", "lease_counter = if_not_exists(lease_counter, :zero) + :one",
+                "done = if_not_exists(done, :f)", "job = :job", "run = :run", "#seg = :seg",
+                "takeovers = if_not_exists(takeovers, :zero) + :tk"]
+        if rec.failed:
+            # A segment failed by an earlier invocation gets a fresh set of attempts.
+            sets += ["failed = :f", "attempts = :zero"]
+        if rec.exists:
+            # Compare-and-set on the counter we read: whoever claimed or checkpointed
+            # since then bumped it (claims) or still owns it, and our decision is stale.
+            condition = "lease_counter = :seen AND done = :f"
+            values[":seen"] = N(rec.lease_counter)
+        else:
+            condition = "attribute_not_exists(pk)"
+        try:
+            new = self.store.update(self.pk, segment_sk(self.job, self.run, rec.segment), "SET " + ", ".join(sets),
+                                    condition=condition, names={"#owner": "owner", "#seg": "segment"}, values=values,
+                                    return_new=True)
+        except errors.ConditionalCheckFailed:
+            return None
+        fresh = SegmentRecord.from_item(rec.segment, new)
+        lease = Lease(rec.segment, me, fresh.lease_counter, expires, self._renew_due(expires), fresh.attempts)
+        return lease, fresh, d
+
+    def _renew_due(self, expires: float) -> float:
+        return expires - self.lease_seconds / 2
+
+    def _fenced_update(self, lease: Lease, sets: list[str], values: dict, names: dict | None = None) -> None:
+        """An update of our segment that only the current lease holder can make."""
+        values = dict(values)
+        values.update({":me": S(lease.owner), ":tok": N(lease.token)})
+        names = dict(names or {})
+        names["#owner"] = "owner"
+        try:
+            # Fencing: owner AND token. A worker whose lease was taken over (even by
+            # itself, after a restart with the same owner id) fails here and stops.
+            self.store.update(self.pk, segment_sk(self.job, self.run, lease.segment), "SET " + ", ".join(sets),
+                              condition="#owner = :me AND lease_counter = :tok", names=names, values=values)
+        except errors.ConditionalCheckFailed:
+            raise LeaseLost(f"segment {lease.segment}: lease taken over") from None
+
+    def checkpoint(self, lease: Lease, next_key: dict, counters: dict) -> None:
+        """Save the position after a durable page and renew the lease."""
+        now = self.clock()
+        expires = now + self.lease_seconds
+        self._fenced_update(lease, ["checkpoint = :cp", "counters = :c", "lease_expires = :exp",
+                                    "last_throttle = :thr", "updated_at = :now"],
+                            {":cp": S(dump_key(next_key)), ":c": _counters_av(counters),
+                             ":exp": N(expires), ":thr": S(self.throttle_reason() or ""), ":now": N(now)})
+        lease.expires, lease.renew_due = expires, self._renew_due(expires)
+
+    def _renew_if_due(self, lease: Lease) -> None:
+        now = self.clock()
+        if now < lease.renew_due:
+            return
+        expires = now + self.lease_seconds
+        self._fenced_update(lease, ["lease_expires = :exp"], {":exp": N(expires)})
+        lease.expires, lease.renew_due = expires, self._renew_due(expires)
+
+    def finish_segment(self, lease: Lease, counters: dict) -> None:
+        now = self.clock()
+        self._fenced_update(lease, ["done = :t", "counters = :c", "#owner = :free", "lease_expires = :zero",
+                                    "finished_at = :now", "last_throttle = :thr", "last_error = :none"],
+                            {":t": {"BOOL": True}, ":c": _counters_av(counters), ":free": S(FREE),
+                             ":zero": N(0), ":now": N(now), ":thr": S(self.throttle_reason() or ""),
+                             ":none": S("")})
+
+    def release(self, lease: Lease, error: str | None = None) -> SegmentRecord | None:
+        """Give the lease back (after an error or a stop); count the attempt if it failed.
+
+        The attempt count and the ``failed`` flag are set in the same fenced write as
+        the release, so no other worker can claim the segment in between.
+        """
+        values = {":free": S(FREE), ":zero": N(0)}
+        sets = ["#owner = :free", "lease_expires = :zero"]
+        if error is not None:
+            attempts = lease.attempts + 1
+            values.update({":err": S(error[:1000]), ":n": N(attempts)})
+            sets += ["last_error = :err", "attempts = :n"]
+            if attempts >= self.max_attempts:
+                values.update({":t": {"BOOL": True}, ":inv": S(self.invocation)})
+                sets += ["failed = :t", "failed_by = :inv"]
+        try:
+            self._fenced_update(lease, sets, values)
+        except LeaseLost:
+            return None
+        return SegmentRecord.from_item(lease.segment, self.store.get(self.pk, segment_sk(self.job, self.run,
+                                                                                         lease.segment)))
+
+    def _maybe_finish_run(self) -> None:
+        recs = self.records()
+        if not all(r.done for r in recs):
+            return
+        totals: dict = {}
+        for r in recs:
+            for k, v in r.counters.items():
+                totals[k] = totals.get(k, 0) + v
+        try:
+            # Once: the first worker to see every segment done stamps the run.
+            self.store.update(self.pk, run_sk(self.job, self.run), "SET finished_at = :now, totals = :tot",
+                              condition="attribute_not_exists(finished_at)",
+                              values={":now": N(self.clock()), ":tot": _counters_av(totals)})
+        except errors.ConditionalCheckFailed:
+            pass
+
+    # ---------------------------------------------------------------- workers
+    def run_all(self) -> RunResult:
+        """Work until every segment is done, or failed in this invocation, or we are stopped."""
+        start = time.monotonic()
+        info = self.start_run()
+        self.subs.on_run_start(info)
+        threads = [threading.Thread(target=self._worker, args=(i,), name=f"{self.job}-worker-{i}", daemon=True)
+                   for i in range(self.workers)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except KeyboardInterrupt:
+            self.stop_event.set()
+            for t in threads:
+                t.join(self.lease_seconds)
+        if self._errors:
+            raise self._errors[0]
+        # Normally the worker that finished the last segment stamped the run; if that
+        # process died in between, whoever sees every segment done does it now.
+        self._maybe_finish_run()
+        result = RunResult(read_run(self.store, self.migration_id, self.job, self.run) or info, self.records(),
+                           sorted(self._worked), time.monotonic() - start, self.stop_event.is_set(),
+                           self.stop_reason)
+        self.subs.on_run_done(result)
+        return result
+
+    def _worker(self, index: int) -> None:
+        me = f"{self._owner_prefix()}:{index}"
+        rng = random.Random(f"{me}")
+        try:
+            while not self.stop_event.is_set():
+                recs = self.records()
+                open_ = [r for r in recs if not r.done and not (r.failed and r.failed_by == self.invocation)]
+                if not open_:
+                    return
+                # Start at a different place per worker so workers rarely race for one segment.
+                rng.shuffle(open_)
+                claimed = None
+                for rec in open_:
+                    claimed = self.claim(rec, me)
+                    if claimed:
+                        break
+                if not claimed:
+                    mine = f"{self._owner_prefix()}:"
+                    if all(r.owner.startswith(mine) for r in open_):
+                        return  # the rest is in this process's hands: its workers finish or release it
+                    # Some is leased by live workers elsewhere: wait for them to finish, or for
+                    # their leases to expire (then we take over).
+                    self.sleep(self.poll_seconds)
+                    continue
+                self._work(*claimed)
+        except BaseException as e:  # a control-table failure: report it from run_all
+            with self._lock:
+                self._errors.append(e)
+            self.stop_event.set()
+
+    def _work(self, lease: Lease, rec: SegmentRecord, decision: LeaseDecision) -> None:
+        self.subs.on_segment_start(rec.segment, rec.checkpoint is not None, decision.reason)
+        counters = dict(rec.counters)
+        key = rec.checkpoint
+        ctx = PageContext(self, lease, self.total)
+        try:
+            while True:
+                if self.stop_event.is_set():
+                    self.release(lease)
+                    return
+                why = self.guard() if self.guard else None
+                if why:
+                    # The job may no longer write (an operator aborted or rolled back): stop
+                    # every worker at a page boundary, leases released, checkpoints kept.
+                    self.stop_reason = why
+                    self.stop_event.set()
+                    self.release(lease)
+                    return
+                try:
+                    counts, next_key = self.page(ctx, key)
+                except LeaseLost:
+                    raise
+                except Exception as e:  # noqa: BLE001 - any failure releases the segment with its error
+                    msg = f"{type(e).__name__}: {e}"
+                    after = self.release(lease, msg)
+                    attempts = after.attempts if after else 0
+                    self.subs.on_segment_failed(rec.segment, msg, attempts,
+                                                bool(after and after.failed))
+                    return
+                for k, v in counts.items():
+                    counters[k] = counters.get(k, 0) + v
+                counters["pages"] = counters.get("pages", 0) + 1
+                if next_key is None:
+                    self.finish_segment(lease, counters)
+                    with self._lock:
+                        self._worked.append(rec.segment)
+                    self.subs.on_page(rec.segment, counts)
+                    self.subs.on_segment_done(rec.segment, counters)
+                    self._maybe_finish_run()
+                    return
+                self.checkpoint(lease, next_key, counters)
+                self.subs.on_page(rec.segment, counts)
+                key = next_key
+        except LeaseLost as e:
+            self.subs.on_lease_lost(rec.segment, str(e))
+
+
+def _counters_av(counters: dict) -> dict:
+    return {"M": {k: N(round(v, 3) if isinstance(v, float) else v) for k, v in counters.items()}}
+
+
+def read_run(store: ControlStore, migration_id: str, job: str, run: int) -> RunInfo | None:
+    item = store.get(store.mpk(migration_id), run_sk(job, run))
+    if not item:
+        return None
+    fin = _n(item, "finished_at")
+    return RunInfo(migration_id, job, run, int(_n(item, "total_segments", 0)), float(_n(item, "started_at", 0)),
+                   float(fin) if fin is not None else None)
+
+
+def describe(store: ControlStore, migration_id: str, job: str, run: int,
+             clock: Callable[[], float] = time.time) -> dict | None:
+    """Per-segment progress, owners and totals of a run (for ``reshard status``)."""
+    info = read_run(store, migration_id, job, run)
+    if info is None:
+        return None
+    items = {_s(i, "sk"): i for i in store.query(store.mpk(migration_id), f"J#{job}#{run:06d}#")}
+    recs = [SegmentRecord.from_item(s, items.get(segment_sk(job, run, s))) for s in range(info.total_segments)]
+    now = clock()
+    totals: dict = {}
+    for r in recs:
+        for k, v in r.counters.items():
+            totals[k] = totals.get(k, 0) + v
+    throttles = [r.last_throttle for r in recs if r.last_throttle]
+    return {"job": job, "run": run, "total_segments": info.total_segments, "started_at": info.started_at,
+            "finished_at": info.finished_at, "done": sum(r.done for r in recs),
+            "failed": [r.segment for r in recs if r.failed and not r.done],
+            "totals": totals, "last_throttle": throttles[-1] if throttles else None,
+            "segments": [r.as_dict(now) for r in recs]}

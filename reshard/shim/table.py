@@ -1,0 +1,783 @@
+"""The application shim: :class:`ShardedTable`, a phase-aware stand-in for a boto3 ``Table``.
+
+Applications read and write *logical* items (their own fields, boto3 resource types);
+the shim computes the physical keys of the layouts the current migration phase uses
+(``reshard.core.phases.ROUTING``; ``phases.STEADY`` when no migration is registered).
+
+Writes (put, update, delete)
+    The authoritative layout is written first, then the other layout gets the full
+    resulting item. Every write of a registered migration stamps ``_rs_v`` (a
+    :class:`~reshard.core.versions.VersionClock` version, one clock per ShardedTable). In
+    fenced phases both writes carry the fence ``attribute_not_exists(_rs_v) OR _rs_v <
+    :v``: versions only grow on each copy, so both layouts converge to the newest write,
+    also when two instances on adjacent phases (``backfill`` / ``cutover``) have
+    different authoritative layouts. A fenced authoritative write that fails is told
+    apart from the application's own condition by one consistent read: a stored
+    version >= ours is a fence loss (observe it, retry above it, bounded), an older one
+    means the application's ConditionExpression failed. A failed mirror write means a
+    newer write is already there: fine. Items whose old and new keys are equal are
+    written once. No TransactWriteItems: one plain write per layout per app write.
+
+Deletes
+    In ``routing.tombstones`` phases a delete writes a tombstone (physical key, the
+    logical key fields, ``_rs_v``, ``_rs_del``) fenced to both layouts, so neither a
+    racing backfill copy nor a lagging mirror write can bring the item back; reads
+    treat a tombstone as absent; ``reshard cleanup`` retires them. Elsewhere (steady,
+    cleanup, complete) a delete is a plain DeleteItem.
+
+Random-suffix old layouts
+    The old shard cannot be computed. A read asks for every candidate key in one
+    BatchGetItem (N keys, so N read units per read instead of 1); a write that targets
+    the old layout first finds the item with a consistent BatchGetItem of the candidates
+    (newest wins) and writes it there (N consistent read units extra per write). A
+    brand-new item goes to a shard derived from its identity, so two racing creators
+    pick the same key.
+
+Phase cache, heartbeat, liveness
+    A daemon thread refreshes the phase every ``refresh_seconds`` (with jitter) and
+    writes a heartbeat with the phase version the instance acts on; requests never read
+    the control table. Start-up writes a heartbeat (``starting``, version 0) *before*
+    the first phase read, so an operator's census cannot miss a shim that is starting.
+    A version is acknowledged only when no request that started under an older version
+    is still running. An instance that could not refresh for ``liveness_seconds``
+    raises :class:`~reshard.errors.ShimUnavailable` instead of acting on a stale phase.
+
+Reserved names: every bookkeeping attribute starts with ``_rs_`` and never reaches the
+application; placeholders ``#rs_*`` / ``:rs_*`` are reserved in expressions.
+
+Caveat: a tombstone stores the logical key fields (the backfill must be able to re-key
+it). A delete followed by a conditional write whose condition tests a *key field*
+(``attribute_not_exists(sensor_id)``) sees that field on the tombstone; conditions on
+other attributes behave as on a missing item. Test for a non-key attribute instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from reshard import errors
+from reshard.control.store import DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, ControlStore
+from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
+from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
+from reshard.core.migration import RESERVED_PREFIX, Migration, load
+from reshard.core.phases import ROUTING, STEADY, Phase, Routing
+from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
+                        touched_attributes)
+from reshard.core.versions import VersionClock, fence_for, newest, version_of
+
+log = logging.getLogger("reshard.shim.table")
+
+#: How often a fenced authoritative write may lose to a newer version before giving up.
+MAX_FENCE_RETRIES = 5
+STEADY_NAME = "steady"
+
+
+@dataclass(frozen=True)
+class PhaseState:
+    """The phase an instance acts on: name, control-table version and routing."""
+
+    phase: str
+    version: int
+    routing: Routing
+
+    @property
+    def stamps(self) -> bool:
+        # Versions are stamped whenever a migration is registered (even in unfenced
+        # cleanup/complete), so versions on the authoritative copy only grow and a
+        # failed fence is never mistaken for the app's condition next to a cleanup shim.
+        return self.phase != STEADY_NAME
+
+
+class ShardedTable:
+    """A DynamoDB table under (or after, or before) a reshard migration, seen logically.
+
+    One instance serves many threads. Use :meth:`from_file` or
+    :meth:`from_migration_id`; close it (or use it as a context manager) to stop the
+    refresh thread and remove its heartbeat.
+    """
+
+    def __init__(self, migration: Migration, dynamo: Dynamo, *, control_table: str | None = DEFAULT_CONTROL_TABLE,
+                 refresh_seconds: float = 5.0, liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
+                 clock: Callable[[], float] = time.monotonic, writer_id: str | None = None,
+                 query_workers: int = 8, start: bool = True, version_clock: VersionClock | None = None):
+        self.migration = migration
+        self.mapper = KeyMapper(migration)
+        self.table = migration.table
+        self.dynamo = dynamo
+        self.instance_id = writer_id or uuid.uuid4().hex[:12]
+        self.versions = version_clock or VersionClock(self.instance_id)
+        self.refresh_seconds = refresh_seconds
+        self.liveness_seconds = liveness_seconds
+        self._clock = clock
+        self._control = ControlStore(dynamo, control_table) if control_table else None
+        self._lock = threading.Lock()
+        self._state: PhaseState | None = None if self._control else PhaseState(STEADY_NAME, 0, STEADY)
+        self._last_ok = clock()
+        self._last_error: str | None = None
+        self._pinned = False
+        self._inflight: dict[int, int] = {}
+        self._states: dict[int, PhaseState] = {}
+        self._acked: int | None = None
+        self._announced = False  # a heartbeat of ours is in the control table
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._query_workers = max(1, query_workers)
+        m = self.mapper
+        self._key_attrs = set(m.old.key_attrs)
+        self._kept = m._kept_key_attrs
+        self._key_fields = m.key_fields
+        self._key_field_set = set(m.key_fields)
+        # Names the app's update may not write: key fields (they are the identity) and
+        # the physical key attributes.
+        self._frozen_attrs = set(m.key_fields) | self._key_attrs
+        if self._control and start:
+            self._start()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_file(cls, path: str, endpoint_url: str | None = None, region_name: str | None = None,
+                  control_table: str | None = DEFAULT_CONTROL_TABLE, refresh_seconds: float = 5.0,
+                  liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None,
+                  **kwargs) -> "ShardedTable":
+        """A shim for the migration file at ``path`` (also for the steady state: keep it after the migration)."""
+        migration = load(path)
+        dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
+        return cls(migration, dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
+                   liveness_seconds=liveness_seconds, **kwargs)
+
+    @classmethod
+    def from_migration_id(cls, migration_id: str, endpoint_url: str | None = None, region_name: str | None = None,
+                          control_table: str = DEFAULT_CONTROL_TABLE, refresh_seconds: float = 5.0,
+                          liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None,
+                          **kwargs) -> "ShardedTable":
+        """A shim for a registered migration; the file text comes from the control table."""
+        dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
+        state = ControlStore(dynamo, control_table).load_state(migration_id)
+        return cls(state.migration(), dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
+                   liveness_seconds=liveness_seconds, **kwargs)
+
+    def __enter__(self) -> "ShardedTable":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the refresh thread and remove this instance's heartbeat (it leaves the census at once)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+        if self._control is not None and not self._pinned and self._announced:
+            try:
+                self._control.forget_shim(self.migration.id, self.instance_id)
+            except errors.ReshardError as e:
+                log.warning("could not remove heartbeat of %s: %s", self.instance_id, e)
+
+    # ------------------------------------------------------------------ phase cache
+    @property
+    def phase(self) -> str:
+        """The phase this instance acts on now (``steady`` when no migration is registered)."""
+        st = self._state
+        return st.phase if st else "unknown"
+
+    def _start(self) -> None:
+        # Announce ourselves before reading the phase: an operator's census taken between
+        # our phase read and our first acknowledgement would otherwise not see us, and
+        # could move the fleet two phases away from the one we are about to act on.
+        try:
+            self._heartbeat("starting", 0)
+        except errors.ResourceNotFound:
+            pass  # no control table: no migration can be registered either; refresh says STEADY
+        except errors.ReshardError as e:
+            log.warning("reshard shim %s: first heartbeat failed: %s", self.instance_id, e)
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name=f"reshard-shim-{self.instance_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            delay = self.refresh_seconds * random.uniform(0.8, 1.2)  # jitter: a fleet must not beat in step
+            self._wake.wait(delay)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self.refresh()
+
+    def refresh(self) -> bool:
+        """Read the phase and write the heartbeat now. True on success (the thread calls this)."""
+        if self._pinned or self._control is None:
+            return True
+        started = self._clock()
+        try:
+            try:
+                state = self._control.load_state(self.migration.id, missing_ok=True)
+            except (errors.ResourceNotFound, errors.ControlTableMissing):
+                state = None  # the control table does not exist: nothing is registered
+                table_exists = False
+            else:
+                table_exists = True
+            if state is None:
+                new = PhaseState(STEADY_NAME, 0, STEADY)
+            else:
+                if state.file_hash != self.migration.content_hash:
+                    raise errors.BadInput(
+                        f"migration {self.migration.id!r} is registered with a different file than the one this "
+                        "shim loaded; deploy the registered file (or use ShardedTable.from_migration_id)")
+                elif state.retired:
+                    # An aborted migration whose cleanup finished: the old layout is plain
+                    # steady state again (no versions, no tombstones).
+                    new = PhaseState(STEADY_NAME, state.phase_version, STEADY)
+                else:
+                    new = PhaseState(state.phase.value, state.phase_version, ROUTING[state.phase])
+            with self._lock:
+                self._states[new.version] = new
+                self._state = new
+                ack = self._ack_state_locked()
+            if table_exists:
+                self._heartbeat(ack.phase, ack.version)
+            with self._lock:
+                self._acked = ack.version
+                # Conservative: liveness counts from the start of the refresh, which is
+                # before the heartbeat's timestamp, so we stop before the census drops us.
+                self._last_ok = started
+                self._last_error = None
+            return True
+        except errors.ReshardError as e:
+            with self._lock:
+                self._last_error = str(e)
+                if isinstance(e, errors.BadInput):
+                    self._state = None
+            log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
+            return False
+
+    def _ack_state_locked(self) -> PhaseState:
+        # Acknowledge the oldest version a request is still running under: the fleet
+        # must not move on while one of our requests still follows an older phase.
+        oldest = min(self._inflight, default=None)
+        if oldest is not None and oldest < self._state.version and oldest in self._states:
+            return self._states[oldest]
+        return self._state
+
+    def _heartbeat(self, phase: str, version: int) -> None:
+        self._control.heartbeat(self.migration.id, self.instance_id, phase, version,
+                                liveness_seconds=self.liveness_seconds, table=self.table)
+        self._announced = True
+
+    def _pin_phase(self, phase: Phase | str | None, version: int = 1) -> None:
+        """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table."""
+        self._pinned = True
+        if phase is None or phase == STEADY_NAME:
+            st = PhaseState(STEADY_NAME, 0, STEADY)
+        else:
+            p = Phase(phase)
+            st = PhaseState(p.value, version, ROUTING[p])
+        with self._lock:
+            self._states[st.version] = st
+            self._state = st
+
+    def _begin(self) -> PhaseState:
+        now = self._clock()
+        with self._lock:
+            st = self._state
+            if st is None:
+                raise errors.ShimUnavailable(
+                    f"reshard shim for table {self.table!r} (migration {self.migration.id!r}) has no usable phase: "
+                    f"{self._last_error or 'not loaded yet'}")
+            if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
+                raise errors.ShimUnavailable(
+                    f"reshard shim for table {self.table!r} (migration {self.migration.id!r}) could not refresh "
+                    f"its phase for {now - self._last_ok:.0f}s (liveness window {self.liveness_seconds:g}s); "
+                    f"refusing to act on a possibly stale phase. Last error: {self._last_error or 'none'}")
+            self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
+        return st
+
+    def _end(self, st: PhaseState) -> None:
+        with self._lock:
+            n = self._inflight[st.version] - 1
+            if n:
+                self._inflight[st.version] = n
+                return
+            del self._inflight[st.version]
+            lagging_ack = self._acked is not None and self._state is not None and self._acked < self._state.version
+        if lagging_ack:
+            self._wake.set()  # the last request on an old version finished: acknowledge now
+
+    # ------------------------------------------------------------------ inputs
+    def _logical_item(self, item: Mapping[str, Any]) -> dict:
+        if not isinstance(item, Mapping):
+            raise errors.BadInput("Item must be a dict of attribute values")
+        for name in item:
+            if name.startswith(RESERVED_PREFIX):
+                raise errors.BadInput(f"attribute {name!r}: names starting with {RESERVED_PREFIX!r} "
+                                      "are reserved for reshard's bookkeeping")
+            if name in self._key_attrs and name not in self._kept:
+                raise errors.BadInput(f"attribute {name!r} is a physical key attribute of {self.table!r}; "
+                                      "write logical items (the shim computes the keys)")
+        return to_wire(item)
+
+    def _fields(self, logical: Mapping[str, Any]) -> dict:
+        try:
+            return self.mapper.logical_fields(logical)
+        except errors.UnmappableItem as e:
+            raise errors.BadInput(f"{self.table}: {e.detail}") from None
+
+    def _key(self, key: Mapping[str, Any]) -> tuple[dict, dict]:
+        """(wire key fields, python fields) of an application ``Key``."""
+        if not isinstance(key, Mapping):
+            raise errors.BadInput("Key must be a dict of the logical key fields")
+        extra = [k for k in key if k not in self._key_field_set]
+        if extra:
+            raise errors.BadInput(f"Key has {', '.join(map(repr, extra))}, which are not key fields of "
+                                  f"{self.table!r} (key fields: {', '.join(self._key_fields)})")
+        wire = to_wire(key)
+        return wire, self._fields(wire)
+
+    def _identity_text(self, fields: Mapping[str, Any]) -> str:
+        return "#".join(p.hex() if isinstance(p, bytes) else p for p in self.mapper.identity(fields))
+
+    # ------------------------------------------------------------------ routing
+    def _write_keys(self, st: PhaseState, fields: dict) -> list[tuple[dict, bool]]:
+        """Physical keys to write, authoritative first, each with whether it gets the
+        new-copy marker (``_rs_new``); an unmoved item's equal keys are written once.
+
+        The marker goes on a new-layout item whose key differs from the item's old key,
+        so scans (backfill, verify, cleanup, abort) can tell the layouts apart. When the
+        old layout is not written (cutover's mirror aside: cleanup, complete) and is random,
+        the old key is unknown without a lookup: mark anyway. That is harmless there: abort
+        is impossible from those phases and cleanup only skips marked items.
+        """
+        keys: list[dict] = []
+        sides: list[str] = []
+        for side in st.routing.writes:
+            layout = self.mapper.layout(side)
+            key = self._locate(layout, fields) if layout.random else layout.key(fields)
+            if key not in keys:
+                keys.append(key)
+                sides.append(side)
+        if "new" not in sides:
+            return [(k, False) for k in keys]
+        if "old" in sides:
+            old_key = keys[sides.index("old")]
+        elif self.mapper.old.random:
+            old_key = None
+        else:
+            old_key = self.mapper.old.key(fields)
+        return [(k, side == "new" and k != old_key) for k, side in zip(keys, sides)]
+
+    def _marked(self, item: dict, mark: bool) -> dict:
+        """``item`` with the new-copy marker set or removed as its target key needs."""
+        if mark:
+            item[NEW_COPY_ATTR] = {"S": self.migration.id}
+        else:
+            item.pop(NEW_COPY_ATTR, None)
+        return item
+
+    def _locate(self, layout: Layout, fields: dict) -> dict:
+        """Where an item of a random-suffix layout lives: a consistent BatchGetItem of every
+        candidate, newest wins; a brand-new item gets a shard derived from its identity."""
+        candidates = layout.candidate_keys(fields)
+        found = self.dynamo.batch_get(self.table, candidates, consistent=True)
+        if found:
+            # The new layout's key may also parse as an old candidate (same template): the
+            # new-copy marker tells the copy apart from the item's genuine old location.
+            genuine = [i for i in found if not self.mapper.is_new_copy(i)] or found
+            return self._key_of(newest(genuine))
+        return layout.key(fields, hash_shard(self._identity_text(fields), layout.shards))
+
+    def _key_of(self, item: Mapping[str, Any]) -> dict:
+        return {a: item[a] for a in self.mapper.old.key_attrs}
+
+    def _read_keys(self, st: PhaseState, fields: dict) -> list[tuple[dict, Layout]]:
+        out: list[tuple[dict, Layout]] = []
+        seen: list[dict] = []
+        for side in st.routing.reads:
+            layout = self.mapper.layout(side)
+            for key in layout.candidate_keys(fields):
+                if key not in seen:
+                    seen.append(key)
+                    out.append((key, layout))
+        return out
+
+    # ------------------------------------------------------------------ low-level writes
+    def _put(self, item: dict, condition: str | None, names: dict | None, values: dict | None,
+             return_old: bool = False) -> dict:
+        kwargs = expression_kwargs(condition, names, values)
+        if return_old:
+            kwargs["ReturnValues"] = "ALL_OLD"
+        return self.dynamo.call("put_item", TableName=self.table, Item=item, **kwargs)
+
+    def _mirror(self, item: dict) -> None:
+        """Write the full resulting item to the other layout, fenced by its own version."""
+        fence = fence_for(version_of(item))
+        try:
+            self._put(item, fence.expression, fence.names, fence.values)
+        except errors.ConditionalCheckFailed:
+            pass  # a newer write (or tombstone) is already there: it wins, as it should
+
+    def _authoritative(self, st: PhaseState, key: dict, app_condition: str | None,
+                       attempt: Callable[[str | None, str | None, dict, dict], dict]) -> tuple[str | None, dict]:
+        """Run ``attempt(version, condition, names, values)`` on the authoritative copy.
+
+        In fenced phases the condition is the app's AND the version fence; on a failed
+        condition one consistent read tells a fence loss (stored version >= ours: observe
+        it and retry above it) from the application's own condition failing.
+        """
+        version = self.versions.next() if st.stamps else None
+        for _ in range(MAX_FENCE_RETRIES + 1):
+            names: dict = {}
+            values: dict = {}
+            condition = app_condition
+            if st.routing.fenced:
+                fence = fence_for(version)
+                condition = and_conditions(app_condition, fence.expression)
+                names.update(fence.names)
+                values.update(fence.values)
+            try:
+                return version, attempt(version, condition, names, values)
+            except errors.ConditionalCheckFailed:
+                if not st.routing.fenced:
+                    raise
+                stored = version_of(self.dynamo.call("get_item", TableName=self.table, Key=key,
+                                                     ConsistentRead=True).get("Item"))
+                if stored >= version:
+                    self.versions.observe(stored)  # another writer is ahead: go above it
+                elif app_condition:
+                    raise  # the stored item is older than us, so it was the app's condition
+                version = self.versions.next()
+        raise errors.AWSError("write", "ReshardVersionConflict",
+                              f"lost the version race on {key} {MAX_FENCE_RETRIES + 1} times; retry the request")
+
+    @staticmethod
+    def _app_names_values(names: Mapping | None, values: Mapping | None) -> tuple[dict, dict]:
+        check_placeholders(names, values)
+        return dict(names or {}), to_wire(dict(values)) if values else {}
+
+    def _to_app(self, item: Mapping[str, Any] | None, layout: Layout | None = None) -> dict | None:
+        if not item or is_tombstone(item):
+            return None
+        if layout is None:
+            layout = self.mapper.old
+        try:
+            logical = self.mapper.to_logical(item, layout)
+        except errors.UnmappableItem:
+            other = self.mapper.new if layout is self.mapper.old else self.mapper.old
+            logical = self.mapper.to_logical(item, other)
+        return from_wire(logical)
+
+    def _strip(self, attrs: Mapping[str, Any] | None) -> dict | None:
+        """Returned attributes without bookkeeping and physical keys (for UPDATED_* values)."""
+        if not attrs or is_tombstone(attrs):
+            return None
+        return from_wire({k: v for k, v in attrs.items()
+                          if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)})
+
+    # ------------------------------------------------------------------ API: writes
+    def put_item(self, Item: Mapping[str, Any], ConditionExpression: str | None = None,
+                 ExpressionAttributeNames: Mapping[str, str] | None = None,
+                 ExpressionAttributeValues: Mapping[str, Any] | None = None,
+                 ReturnValues: str | None = None) -> dict:
+        """Write a logical item. ReturnValues: NONE or ALL_OLD (``{"Attributes": ...}``)."""
+        if ReturnValues not in (None, "NONE", "ALL_OLD"):
+            raise errors.BadInput(f"put_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
+        logical = self._logical_item(Item)
+        fields = self._fields(logical)
+        app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
+        st = self._begin()
+        try:
+            targets = self._write_keys(st, fields)
+            keys = [k for k, _ in targets]
+            built: dict = {}
+
+            def attempt(version, condition, names, values):
+                item = dict(logical)
+                item.update(keys[0])
+                self._marked(item, targets[0][1])
+                if version:
+                    item[VERSION_ATTR] = {"S": version}
+                built["item"] = item
+                return self._put(item, condition, {**app_names, **names} or None, {**app_values, **values} or None,
+                                 return_old=ReturnValues == "ALL_OLD")
+
+            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
+            for key, mark in targets[1:]:
+                mirrored = dict(built["item"])
+                mirrored.update(key)
+                self._mirror(self._marked(mirrored, mark))
+        finally:
+            self._end(st)
+        return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
+                              self.mapper.layout(st.routing.writes[0]))
+
+    def delete_item(self, Key: Mapping[str, Any], ConditionExpression: str | None = None,
+                    ExpressionAttributeNames: Mapping[str, str] | None = None,
+                    ExpressionAttributeValues: Mapping[str, Any] | None = None,
+                    ReturnValues: str | None = None) -> dict:
+        """Delete a logical item (a tombstone in fenced phases). ReturnValues: NONE or ALL_OLD."""
+        if ReturnValues not in (None, "NONE", "ALL_OLD"):
+            raise errors.BadInput(f"delete_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
+        key_wire, fields = self._key(Key)
+        app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
+        want_old = ReturnValues == "ALL_OLD"
+        st = self._begin()
+        try:
+            targets = self._write_keys(st, fields)
+            keys = [k for k, _ in targets]
+            if not st.routing.tombstones:
+                # No racing copy exists in these phases (steady, cleanup, complete): a
+                # plain delete, with the app's condition as DynamoDB would check it.
+                old = None
+                for i, key in enumerate(keys):
+                    kwargs: dict[str, Any] = {"TableName": self.table, "Key": key}
+                    if ConditionExpression and i == 0:
+                        kwargs["ConditionExpression"] = ConditionExpression
+                        if app_names:
+                            kwargs["ExpressionAttributeNames"] = app_names
+                        if app_values:
+                            kwargs["ExpressionAttributeValues"] = app_values
+                    if want_old and i == 0:
+                        kwargs["ReturnValues"] = "ALL_OLD"
+                    resp = self.dynamo.call("delete_item", **kwargs)
+                    if i == 0:
+                        old = resp.get("Attributes")
+                return self._response(old, self.mapper.layout(st.routing.writes[0]))
+            # Tombstone: key fields let the backfill re-key it; the version orders it.
+            marker_base = {f: key_wire[f] for f in self._key_fields}
+            built: dict = {}
+
+            def attempt(version, condition, names, values):
+                item = dict(marker_base)
+                item.update(keys[0])
+                self._marked(item, targets[0][1])
+                item[VERSION_ATTR] = {"S": version}
+                item[TOMBSTONE_ATTR] = {"BOOL": True}
+                built["item"] = item
+                return self._put(item, condition, {**app_names, **names} or None,
+                                 {**app_values, **values} or None, return_old=want_old)
+
+            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
+            for key, mark in targets[1:]:
+                marker = dict(built["item"])
+                marker.update(key)
+                self._mirror(self._marked(marker, mark))
+        finally:
+            self._end(st)
+        return self._response(resp.get("Attributes") if want_old else None,
+                              self.mapper.layout(st.routing.writes[0]))
+
+    def update_item(self, Key: Mapping[str, Any], UpdateExpression: str | None = None,
+                    ConditionExpression: str | None = None,
+                    ExpressionAttributeNames: Mapping[str, str] | None = None,
+                    ExpressionAttributeValues: Mapping[str, Any] | None = None,
+                    ReturnValues: str | None = None) -> dict:
+        """DynamoDB's UpdateItem on the authoritative copy; the full result is mirrored, fenced.
+
+        ReturnValues: NONE, ALL_NEW, UPDATED_NEW, ALL_OLD, UPDATED_OLD. When a mirror is
+        written, the shim needs the new item: ALL_OLD / UPDATED_OLD then cost one more
+        consistent read, and UPDATED_NEW returns whole top-level attributes.
+        """
+        rv = ReturnValues or "NONE"
+        if rv not in ("NONE", "ALL_NEW", "UPDATED_NEW", "ALL_OLD", "UPDATED_OLD"):
+            raise errors.BadInput(f"update_item ReturnValues {ReturnValues!r} is not one of DynamoDB's")
+        key_wire, fields = self._key(Key)
+        app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
+        clauses = split_clauses(UpdateExpression) if UpdateExpression and UpdateExpression.strip() else {}
+        targets = touched_attributes(clauses, app_names)
+        check_targets(targets, self._frozen_attrs, "a key field or key attribute: an item's identity cannot "
+                                                   "change (delete it and put the new one)")
+        # Our own actions: a complete item even when the update creates it.
+        extra_set, our_names, our_values = [], {}, {}
+        for i, f in enumerate(self._key_fields):
+            our_names[f"#rs_k{i}"] = f
+            our_values[f":rs_k{i}"] = key_wire[f]
+            extra_set.append(f"#rs_k{i} = if_not_exists(#rs_k{i}, :rs_k{i})")
+        st = self._begin()
+        try:
+            write_targets = self._write_keys(st, fields)
+            keys = [k for k, _ in write_targets]
+            mirrors = write_targets[1:]
+            extra_remove = []
+            if write_targets[0][1]:
+                extra_set.append("#rs_new = :rs_new")
+                our_names["#rs_new"] = NEW_COPY_ATTR
+                our_values[":rs_new"] = {"S": self.migration.id}
+            if st.stamps:
+                extra_set.append("#rs_v = :rs_nv")
+                our_names["#rs_v"] = VERSION_ATTR
+                extra_remove.append("#rs_del")  # an update of a tombstone revives the item
+                our_names["#rs_del"] = TOMBSTONE_ATTR
+            expression = merge_update(UpdateExpression, extra_set, extra_remove)
+            internal_rv = rv
+            if mirrors and rv in ("NONE", "UPDATED_NEW"):
+                internal_rv = "ALL_NEW"
+
+            def attempt(version, condition, names, values):
+                kwargs: dict[str, Any] = {"TableName": self.table, "Key": keys[0], "UpdateExpression": expression,
+                                          "ExpressionAttributeNames": {**app_names, **our_names, **names}}
+                vals = {**app_values, **our_values, **values}
+                if version:
+                    vals[":rs_nv"] = {"S": version}
+                kwargs["ExpressionAttributeValues"] = vals
+                if condition:
+                    kwargs["ConditionExpression"] = condition
+                if internal_rv != "NONE":
+                    kwargs["ReturnValues"] = internal_rv
+                return self.dynamo.call("update_item", **kwargs)
+
+            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
+            attrs = resp.get("Attributes")
+            if mirrors:
+                if internal_rv == "ALL_NEW":
+                    full = attrs
+                else:  # the app asked for old values: read the result (one more read)
+                    full = self.dynamo.call("get_item", TableName=self.table, Key=keys[0],
+                                            ConsistentRead=True).get("Item")
+                if full:
+                    for key, mark in mirrors:
+                        mirrored = dict(full)
+                        mirrored.update(key)
+                        self._mirror(self._marked(mirrored, mark))
+        finally:
+            self._end(st)
+        if rv == "NONE":
+            return {}
+        if rv == "UPDATED_NEW" and internal_rv == "ALL_NEW":
+            wanted = {t for t in targets}
+            attrs = {k: v for k, v in (attrs or {}).items() if k in wanted}
+        if rv in ("ALL_OLD", "UPDATED_OLD") and attrs and is_tombstone(attrs):
+            attrs = None
+        out = self._strip(attrs)
+        return {"Attributes": out} if out else {}
+
+    def _response(self, old: Mapping[str, Any] | None, layout: Layout) -> dict:
+        out = self._to_app(old, layout) if old else None
+        return {"Attributes": out} if out else {}
+
+    # ------------------------------------------------------------------ API: reads
+    def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False) -> dict | None:
+        """The logical item, or None. Both layouts in one BatchGetItem where the phase reads both."""
+        _, fields = self._key(Key)
+        st = self._begin()
+        try:
+            keys = self._read_keys(st, fields)
+            if len(keys) == 1:
+                item = self.dynamo.call("get_item", TableName=self.table, Key=keys[0][0],
+                                        ConsistentRead=ConsistentRead).get("Item")
+                layout = keys[0][1]
+            else:
+                found = self.dynamo.batch_get(self.table, [k for k, _ in keys], consistent=ConsistentRead)
+                item = newest(found)
+                layout = None
+                if item is not None:
+                    k = self._key_of(item)
+                    layout = next(l for kk, l in keys if kk == k)
+        finally:
+            self._end(st)
+        return self._to_app(item, layout)
+
+    def query(self, Key: Mapping[str, Any], SortKeyCondition: tuple | None = None, Limit: int | None = None,
+              ScanIndexForward: bool = True, ExclusiveStartKey: str | None = None,
+              ConsistentRead: bool = False) -> dict:
+        """Every logical item under ``Key`` (the partition template's fields), over every shard.
+
+        ``SortKeyCondition`` applies to the physical sort key: ``("=", v)``, ``("<", v)``,
+        ``("<=", v)``, ``(">", v)``, ``(">=", v)``, ``("between", a, b)``,
+        ``("begins_with", prefix)``. Results are merged in sort-key order and deduped by
+        logical identity (newest version wins, tombstones dropped). Returns
+        ``{"Items", "Count", "LastEvaluatedKey"?}``; pass ``LastEvaluatedKey`` back as
+        ``ExclusiveStartKey`` (an opaque string) for the next page.
+        """
+        from reshard.shim.query import run_query
+        st = self._begin()
+        try:
+            return run_query(self, st, Key, SortKeyCondition, Limit, ScanIndexForward, ExclusiveStartKey,
+                             ConsistentRead)
+        finally:
+            self._end(st)
+
+    def _pool(self) -> ThreadPoolExecutor | None:
+        if self._query_workers <= 1:
+            return None
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._query_workers, thread_name_prefix="reshard-query")
+            return self._executor
+
+    # ------------------------------------------------------------------ API: bulk
+    def batch_writer(self) -> "BatchWriter":
+        """boto3-style bulk puts/deletes. BatchWriteItem where the phase writes one unfenced
+        layout with computable keys (steady, cleanup, complete); otherwise each item is an
+        individual fenced put/delete (correctness over batching)."""
+        return BatchWriter(self)
+
+
+class BatchWriter:
+    """Buffers puts and deletes; ``with table.batch_writer() as b: b.put_item(Item=...)``."""
+
+    def __init__(self, table: ShardedTable, flush_amount: int = 25):
+        self._t = table
+        self._ops: list[tuple[str, Mapping[str, Any]]] = []
+        self._flush_amount = flush_amount
+
+    def put_item(self, Item: Mapping[str, Any]) -> None:
+        self._ops.append(("put", Item))
+        if len(self._ops) >= self._flush_amount:
+            self.flush()
+
+    def delete_item(self, Key: Mapping[str, Any]) -> None:
+        self._ops.append(("delete", Key))
+        if len(self._ops) >= self._flush_amount:
+            self.flush()
+
+    def flush(self) -> None:
+        ops, self._ops = self._ops, []
+        if not ops:
+            return
+        t = self._t
+        st = t._begin()
+        try:
+            layout = t.mapper.layout(st.routing.writes[0])
+            batchable = len(st.routing.writes) == 1 and not st.routing.fenced and not layout.random
+            if batchable:
+                requests: dict[str, dict] = {}  # physical key -> request; the last op on a key wins
+                for kind, body in ops:
+                    if kind == "put":
+                        logical = t._logical_item(body)
+                        key = layout.key(t._fields(logical))
+                        item = dict(logical)
+                        item.update(key)
+                        if st.stamps:
+                            item[VERSION_ATTR] = {"S": t.versions.next()}
+                        requests[repr(sorted(key.items()))] = {"PutRequest": {"Item": item}}
+                    else:
+                        _, fields = t._key(body)
+                        key = layout.key(fields)
+                        requests[repr(sorted(key.items()))] = {"DeleteRequest": {"Key": key}}
+                t.dynamo.batch_write(t.table, list(requests.values()))
+                return
+        finally:
+            t._end(st)
+        for kind, body in ops:  # fenced phases: each write on its own, fenced
+            if kind == "put":
+                t.put_item(Item=body)
+            else:
+                t.delete_item(Key=body)
+
+    def __enter__(self) -> "BatchWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.flush()
