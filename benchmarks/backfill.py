@@ -32,9 +32,12 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from reshard.jobs.backfill import BackfillOptions, run_backfill  # noqa: E402
+
 from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
 from reshard.errors import UnmappableItem  # noqa: E402
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
 from tests.backfill_support import Shim, logical, setup_migration  # noqa: E402
 from tests.servers import DynaliteServer  # noqa: E402
 
@@ -68,12 +71,12 @@ def prepare(dynamo: Dynamo, name: str, n: int):
 def ours(dynamo, name, n, segments, page_size):
     m, mapper, store = prepare(dynamo, name, n)
     t0 = time.perf_counter()
-    result, budget = run_backfill(dynamo, store, m.id, BackfillOptions(segments=segments, workers=segments,
+    result = run_job(BACKFILL, dynamo, store, m.id, JobOptions(segments=segments, workers=segments,
                                                                        page_size=page_size))
     elapsed = time.perf_counter() - t0
     assert result.done
     return {"items": n, "seconds": elapsed, "items_per_s": n / elapsed, "moved": result.totals["moved"],
-            "consumed": budget.consumed()}
+            "consumed": result.consumed}
 
 
 def unconditional(dynamo, name, n, segments, page_size):
@@ -136,8 +139,8 @@ def rss_child(endpoint: str, name: str, segments: int, page_size: int) -> None:
     """Run in a subprocess: backfill one prepared migration, print peak RSS."""
     dynamo = client(endpoint)
     from reshard.control.store import ControlStore
-    result, _ = run_backfill(dynamo, ControlStore(dynamo, f"{name}-ctl"), name,
-                             BackfillOptions(segments=segments, workers=segments, page_size=page_size))
+    result = run_job(BACKFILL, dynamo, ControlStore(dynamo, f"{name}-ctl"), name,
+                             JobOptions(segments=segments, workers=segments, page_size=page_size))
     assert result.done
     print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 
@@ -185,8 +188,8 @@ def wcu_windows(dynamo, name, n, max_wcu, seconds, segments, page_size):
     def run():
         from reshard.jobs.budget import CapacityBudget
         b = CapacityBudget(max_wcu=max_wcu)
-        box["result"], box["budget"] = run_backfill(
-            dynamo, store, m.id, BackfillOptions(segments=segments, workers=segments, page_size=page_size,
+        box["result"] = run_job(BACKFILL, 
+            dynamo, store, m.id, JobOptions(segments=segments, workers=segments, page_size=page_size,
                                                  max_wcu=max_wcu), budget=b)
 
     t = threading.Thread(target=run, daemon=True)

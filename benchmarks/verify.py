@@ -29,8 +29,12 @@ sys.path.insert(0, str(ROOT))
 
 import benchmarks.backfill as backfill_bench  # noqa: E402
 from benchmarks.backfill import client, prepare  # noqa: E402
-from reshard.jobs.backfill import BackfillOptions, run_backfill  # noqa: E402
-from reshard.jobs.verify import VerifyOptions, run_verify  # noqa: E402
+
+
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.verify import VERIFY
 from tests.servers import DynaliteServer  # noqa: E402
 
 
@@ -69,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp)) as server:
         d = client(server.endpoint)
         m, mapper, store = prepare(d, "benchverify", args.items)
-        run_backfill(d, store, m.id, BackfillOptions(segments=args.segments, workers=args.segments,
+        run_job(BACKFILL, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
                                                      page_size=args.page_size))
         scan_rates, verify_rates, scanned = [], [], 0
         for r in range(args.rounds):
@@ -77,7 +81,7 @@ def main() -> None:
             scanned = plain_scan(d, m.table, args.segments, args.page_size)
             scan_rates.append(scanned / (time.perf_counter() - t0))
             t0 = time.perf_counter()
-            result = run_verify(d, store, m.id, VerifyOptions(segments=args.segments, workers=args.segments,
+            result = run_job(VERIFY, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
                                                               page_size=args.page_size))
             assert result.passed, result.counts
             verify_rates.append(result.checked / (time.perf_counter() - t0))

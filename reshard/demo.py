@@ -36,13 +36,20 @@ from decimal import Decimal
 from typing import Callable
 
 from reshard import errors
-from reshard.jobs.backfill import BackfillOptions, run_backfill
+
 from reshard.control.store import ControlStore
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
 from reshard.core.migration import Migration, parse
 from reshard.core.phases import ROUTING, Action, Phase
 from reshard.core.planning import Distribution, distribution, histogram
 from reshard.shim.table import ShardedTable
+from reshard.control.transition import transition
+from reshard.control import fleet
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.verify import VERIFY
+from reshard.jobs.cleanup import CLEANUP
 
 TABLE = "SensorEvents"
 TTL_ATTRIBUTE = "expires_at"
@@ -359,14 +366,14 @@ class Demo:
         """One ``advance``: wait for the fleet on the current phase, transition, wait for it again."""
         o = self.opts
         state = self.store.load_state(self.migration_id)
-        census = self.store.wait_for_ack(self.migration_id, state.phase_version, o.ack_timeout, poll=0.1)
+        census = fleet.wait_for_ack(self.store, self.migration_id, state.phase_version, o.ack_timeout, poll=0.1)
         if not census.acknowledged:
             raise DemoFailed(f"the fleet did not acknowledge {state.phase} within {o.ack_timeout:g}s: "
                              + ", ".join(h.describe() for h in census.lagging))
         started = time.monotonic()
-        before, after = self.store.transition(self.migration_id, Action.ADVANCE, who="reshard-demo",
+        before, after = transition(self.store, self.migration_id, Action.ADVANCE, who="reshard-demo",
                                               expected_version=state.phase_version)
-        census = self.store.wait_for_ack(self.migration_id, after.phase_version, o.ack_timeout, poll=0.1)
+        census = fleet.wait_for_ack(self.store, self.migration_id, after.phase_version, o.ack_timeout, poll=0.1)
         if not census.acknowledged:
             raise DemoFailed(f"the fleet did not acknowledge {after.phase} within {o.ack_timeout:g}s")
         acked = time.monotonic() - started
@@ -382,14 +389,13 @@ class Demo:
     def backfill_step(self) -> dict:
         o = self.opts
         subs = self._progress("backfill")
-        result, _ = run_backfill(self.dynamo, self.store, self.migration_id,
-                                 BackfillOptions(segments=o.segments, workers=min(o.segments, 4), page_size=250),
-                                 subscribers=subs)
+        result = run_job(BACKFILL, self.dynamo, self.store, self.migration_id,
+                         JobOptions(segments=o.segments, page_size=250), subscribers=subs)
         t = result.totals
         out = {"done": result.done, "scanned": t.get("scanned", 0), "moved": t.get("moved", 0),
                "unmoved": t.get("unmoved", 0), "new_layout": t.get("new_layout", 0),
                "recopied": t.get("recopied", 0), "undone": t.get("undone", 0), "unmappable": t.get("unmappable", 0),
-               "seconds": round(result.elapsed, 2)}
+               "seconds": round(result.outcome.elapsed, 2)}
         self.say(f"    backfill: scanned {out['scanned']}, copied {out['moved']} to the new layout, "
                  f"{out['unmoved']} keep their key, {out['new_layout']} already there (shim writes), "
                  f"re-copied {out['recopied']} that changed meanwhile ({out['seconds']} s)")
@@ -399,15 +405,10 @@ class Demo:
 
     def verify_step(self) -> dict:
         """``reshard verify`` through the library: compares both layouts per logical item."""
-        try:
-            from reshard.jobs.verify import VerifyOptions, run_verify
-        except ImportError:
-            self.fail("reshard verify is not part of this build")
-            return {"passed": False, "checked": 0, "counts": {}, "examples": [], "run": None}
         started = time.monotonic()
-        result = run_verify(self.dynamo, self.store, self.migration_id,
-                            VerifyOptions(segments=self.opts.segments), subscribers=self._progress("verify"))
-        out = {"passed": bool(result.passed), "checked": result.checked, "counts": dict(result.counts),
+        result = run_job(VERIFY, self.dynamo, self.store, self.migration_id,
+                         JobOptions(segments=self.opts.segments), subscribers=self._progress("verify"))
+        out = {"passed": bool(result.passed), "checked": result.checked, "counts": result.differences,
                "examples": list(result.examples)[:5], "run": result.run,
                "seconds": round(time.monotonic() - started, 2)}
         self.say(f"    verify: {'passed' if out['passed'] else 'FAILED'}; checked {out['checked']} logical items; "
@@ -418,16 +419,10 @@ class Demo:
 
     def cleanup_step(self) -> dict:
         """``reshard cleanup`` through the library: TTL on the old items (moto never expires them)."""
-        try:
-            from reshard.jobs.cleanup import CleanupOptions, run_cleanup
-        except ImportError:
-            self.fail("reshard cleanup is not part of this build")
-            return {"done": False, "counts": {}, "mode": "none"}
         ttl = bool(self.report.get("ttl_enabled"))
         started = time.monotonic()
-        result = run_cleanup(self.dynamo, self.store, self.migration_id,
-                             CleanupOptions(segments=self.opts.segments, delete=not ttl),
-                             subscribers=self._progress("cleanup"))
+        result = run_job(CLEANUP, self.dynamo, self.store, self.migration_id,
+                         JobOptions(segments=self.opts.segments, delete=not ttl), subscribers=self._progress("cleanup"))
         out = {"done": bool(result.done), "counts": dict(result.counts), "mode": "ttl" if ttl else "delete",
                "seconds": round(time.monotonic() - started, 2)}
         shown = {k: v for k, v in out["counts"].items() if v and k not in ("pages", "rcu", "wcu")}

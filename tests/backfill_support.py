@@ -18,6 +18,7 @@ from reshard.core.layout import KeyMapper
 from reshard.core.migration import load
 from reshard.core.phases import Action
 from reshard.core.versions import VersionClock, fence_for, tombstone
+from reshard.control.transition import transition
 
 from tests.conftest import ROOT
 
@@ -62,7 +63,7 @@ def setup_migration(dynamo, kind: str, table: str, control: str = "reshard-contr
     store = ControlStore(dynamo, control)
     store.register(m)
     for _ in range(3):  # planned -> dual_write -> dual_read -> backfill (no shims: acknowledged at once)
-        store.transition(m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE)
     return m, mapper, store
 
 

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import signal
 import time
 
 import click
 
 from reshard import errors
-from reshard.jobs.backfill import BackfillOptions, run_backfill, status
+from reshard.control.runs import backfill_progress as status
 from reshard.cli.main import cli
-from reshard.cli.options import (command, is_tty, max_rcu_option, max_wcu_option, migration_argument, segments_option,
-                           workers_option)
+from reshard.cli.options import (command, is_tty, max_rcu_option, max_wcu_option, migration_argument,
+                                 segments_option, workers_option)
 from reshard.jobs.subscribers import TqdmSubscriber
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
-
-
-def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
-    raise KeyboardInterrupt
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
 
 
 @command(cli, "backfill")
@@ -46,8 +44,8 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
     """
     mid = env.migration_id(migration)
     store = env.store()
-    opts = BackfillOptions(segments=segments, workers=workers or min(segments, 4), page_size=page_size,
-                           max_wcu=max_wcu, max_rcu=max_rcu, lease_seconds=lease_seconds)
+    opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
+                      lease_seconds=lease_seconds)
     dynamo = env.dynamo()
     before = status(store, mid)
     subs = []
@@ -57,13 +55,9 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
         done_before = int((before or {}).get("totals", {}).get("scanned", 0))
         subs.append(TqdmSubscriber(total, initial=done_before))
     else:
-        env.info(f"backfill of {mid}: {segments} segments, {opts.workers} workers on this host")
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+        env.info(f"backfill of {mid}: {segments} segments, {opts.worker_count} workers on this host")
     start = time.monotonic()
-    try:
-        result, budget = run_backfill(dynamo, store, mid, opts, subscribers=subs)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    result = run_job(BACKFILL, dynamo, store, mid, opts, subscribers=subs)
     t = result.totals
     summary = {
         "migration": mid, "segments": segments, "done": sum(r.done for r in result.segments),
@@ -72,10 +66,10 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
         "scanned": t.get("scanned", 0), "moved": t.get("moved", 0), "unmoved": t.get("unmoved", 0),
         "recopied": t.get("recopied", 0), "undone": t.get("undone", 0), "unmappable": t.get("unmappable", 0),
         "pages_redone": sum(r.takeovers for r in result.segments),
-        "consumed_here": budget.consumed(), "consumed_total": {"rcu": round(t.get("rcu", 0), 1),
+        "consumed_here": result.consumed, "consumed_total": {"rcu": round(t.get("rcu", 0), 1),
                                                                "wcu": round(t.get("wcu", 0), 1)},
         "elapsed_seconds": round(time.monotonic() - start, 2), "finished": result.done,
-        "last_throttle": budget.latest_reason() or None,
+        "last_throttle": result.last_throttle or None,
     }
 
     def text() -> str:
@@ -83,7 +77,7 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
                  f"({len(result.worked)} by this process) in {summary['elapsed_seconds']} s",
                  f"  scanned {summary['scanned']}, moved {summary['moved']}, unmoved {summary['unmoved']}, "
                  f"recopied {summary['recopied']}, undone {summary['undone']}, unmappable {summary['unmappable']}",
-                 f"  consumed here {budget.consumed()['rcu']} RCU / {budget.consumed()['wcu']} WCU; "
+                 f"  consumed here {result.consumed['rcu']} RCU / {result.consumed['wcu']} WCU; "
                  f"pages redone after takeovers: {summary['pages_redone']}"]
         if summary["unmappable"]:
             lines.append(f"  unmappable items are listed by `reshard status {mid}` (control table U#backfill#...)")

@@ -14,9 +14,12 @@ import click
 from reshard import errors
 from reshard.cli.main import cli
 from reshard.cli.options import Env, command, migration_argument
-from reshard.control.store import Census, ControlStore, MigrationState
+from reshard.control.store import ControlStore, MigrationState
+from reshard.control.fleet import Census
 from reshard.core.migration import Migration, load
 from reshard.core.phases import TERMINAL, Action, Phase, decide
+from reshard.control.transition import facts, transition
+from reshard.control import fleet
 
 from_option = click.option(
     "--from", "from_phase", type=click.Choice([p.value for p in Phase]), default=None, metavar="PHASE",
@@ -101,8 +104,8 @@ def status_report(store: ControlStore, migration_id: str) -> dict:
     """Everything ``status`` shows, as plain data (the JSON output)."""
     state = store.load_state(migration_id)
     now = store.clock()
-    census = store.census(migration_id, state.phase_version)
-    decision = decide(Action.ADVANCE, state.phase, store.facts(state, census))
+    census = fleet.census(store, migration_id, state.phase_version)
+    decision = decide(Action.ADVANCE, state.phase, facts(store, state, census))
     lagging = {h.instance for h in census.lagging}
     shims = [dict(h.as_dict(now), acknowledged=h.instance not in lagging) for h in census.live]
     shims += [dict(h.as_dict(now), acknowledged=False) for h in census.expired]
@@ -135,10 +138,7 @@ _SHOWN = {"backfill": ("scanned", "moved", "unmoved", "recopied", "unmappable"),
 
 def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
     """Every backfill/verify/cleanup run: per-segment progress, owners, errors, totals, verdicts."""
-    from reshard.jobs.backfill import current_run, unmappable_items
-    from reshard.jobs.runner import runs
-    from reshard.jobs.engine import describe
-    from reshard.jobs.verify import result_of
+    from reshard.control.runs import backfill_run, describe, runs, unmappable_items, verify_verdict
 
     out = []
     for job in JOBS:
@@ -150,12 +150,12 @@ def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
             d["latest"] = info is all_runs[-1]
             d["totals"] = {k: (int(v) if float(v).is_integer() else round(v, 1)) for k, v in d["totals"].items()}
             if job == "backfill":
-                d["current"] = info.run == current_run(store, migration_id)
+                d["current"] = info.run == backfill_run(store, migration_id)
                 if d["latest"]:
                     items = unmappable_items(store, migration_id)
                     d["unmappable"] = {"count": len(items), "examples": items[:5]}
             if job == "verify":
-                d["result"] = result_of(store, migration_id, info.run, examples=5).as_dict()
+                d["result"] = verify_verdict(store, migration_id, info.run, shown=5)
             out.append(d)
     return out
 
@@ -340,11 +340,11 @@ def run_transition(env: Env, ref: str | None, action: Action, wait: float | None
     if wait:
         start_at = store.clock()
         before = store.load_state(mid)
-        census = store.census(mid, before.phase_version)
+        census = fleet.census(store, mid, before.phase_version)
         if not census.acknowledged:
             env.info(f"waiting up to {wait:g}s for {len(census.lagging)} live shim(s) to acknowledge "
                      f"{before.phase} v{before.phase_version}")
-            census = store.wait_for_ack(mid, before.phase_version, max(0.0, wait - (store.clock() - start_at)))
+            census = fleet.wait_for_ack(store, mid, before.phase_version, max(0.0, wait - (store.clock() - start_at)))
         if not census.acknowledged:
             env.info(f"gave up after {wait:g}s waiting for the fleet to acknowledge {before.phase} "
                      f"v{before.phase_version}; lagging: {', '.join(h.describe() for h in census.lagging)}")
@@ -354,9 +354,9 @@ def run_transition(env: Env, ref: str | None, action: Action, wait: float | None
             raise store.lost_race(mid, expected)
         expected = before.phase_version
         remaining = max(0.0, wait - (store.clock() - start_at))
-    before, after = store.transition(mid, action, expected_version=expected)
-    census = store.wait_for_ack(mid, after.phase_version, remaining) if wait else \
-        store.census(mid, after.phase_version)
+    before, after = transition(store, mid, action, expected_version=expected)
+    census = fleet.wait_for_ack(store, mid, after.phase_version, remaining) if wait else \
+        fleet.census(store, mid, after.phase_version)
     nxt = next_step(after)
     data = {"migration": mid, "action": action.value, "from": before.phase.value, "to": after.phase.value,
             "phase": after.phase.value, "phase_version": after.phase_version,

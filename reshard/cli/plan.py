@@ -16,7 +16,7 @@ import click
 
 from reshard import errors
 
-from reshard.core import planning
+from reshard.core import capacity, planning
 from reshard.cli.main import cli
 from reshard.cli.options import Env, command, max_wcu_option
 from reshard.aws.dynamo import Dynamo
@@ -83,7 +83,7 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     rec = None
     if peak_writes_per_sec is not None:
         if item_kb is None:
-            item_kb = math.ceil(analysis.bytes_all / analysis.scanned / planning.KB) if analysis.scanned else 1
+            item_kb = math.ceil(analysis.bytes_all / analysis.scanned / capacity.KB) if analysis.scanned else 1
         rec = planning.recommend(peak_writes_per_sec, item_kb, m.target.shards, headroom)
 
     report = build_report(env, m, file, table, ttl, analysis, est, rec, sample, segments, table_items)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import signal
 import time
 
 import click
 
 from reshard import errors
-from reshard.jobs.cleanup import CleanupOptions, run_cleanup
+
 from reshard.cli.main import cli
 from reshard.cli.options import (Env, command, is_tty, max_rcu_option, max_wcu_option, migration_argument,
-                           segments_option, workers_option)
+                                 segments_option, workers_option)
 from reshard.core.compare import KINDS
 from reshard.jobs.subscribers import TqdmSubscriber
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
-from reshard.jobs.verify import VerifyOptions, run_verify
+
+from reshard.jobs.cleanup import CLEANUP
+from reshard.jobs.runner import JobOptions, run_job
+from reshard.jobs.verify import VERIFY
 
 lease_option = click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
                             show_default=True, help="How long a segment lease lasts without a checkpoint.")
@@ -23,26 +25,18 @@ page_option = click.option("--page-size", type=click.IntRange(1, 100_000), defau
                            help="Items per Scan page.")
 
 
-def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
-    raise KeyboardInterrupt
-
-
-def _run_job(env: Env, job: str, mid: str, fn, opts):
-    """Run a data job with a progress bar on a TTY (else one line), SIGTERM handled like
-    Ctrl-C; returns (result, JSON-able summary)."""
+def _run_job(env: Env, spec, mid: str, opts):
+    """Run a data job with a progress bar on a TTY (else one line); returns (result, JSON-able summary)."""
+    job = spec.name
     store = env.store()
     subs: list = []
     if is_tty() and not env.json:
         total = env.dynamo().describe_table(store.load_state(mid).table).get("ItemCount")
         subs.append(TqdmSubscriber(total, desc=job))
     else:
-        env.info(f"{job} of {mid}: {opts.segments} segments, {opts.workers} workers on this host")
+        env.info(f"{job} of {mid}: {opts.segments} segments, {opts.worker_count} workers on this host")
     start = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        result = fn(env.dynamo(), store, mid, opts, subscribers=subs)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    result = run_job(spec, env.dynamo(), store, mid, opts, subscribers=subs)
     return result, dict(result.as_dict(), migration=mid, elapsed_seconds=round(time.monotonic() - start, 2))
 
 
@@ -74,15 +68,16 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
       reshard verify migrations/0001_sensor_events.toml --segments 16
     """
     mid = env.migration_id(migration)
-    opts = VerifyOptions(segments=segments, workers=workers or min(segments, 4), repair=repair, max_rcu=max_rcu,
+    opts = JobOptions(segments=segments, workers=workers, repair=repair, max_rcu=max_rcu,
                          max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds)
-    result, data = _run_job(env, "verify", mid, run_verify, opts)
+    result, data = _run_job(env, VERIFY, mid, opts)
+    data["counts"] = result.differences  # verify's counts are the kinds of difference
 
     def text() -> str:
         verdict = "PASSED" if result.passed else ("FAILED" if result.finished else "INCOMPLETE")
         lines = [f"verify {mid} run {result.run}: {verdict}; checked {result.checked} items in "
                  f"{data['elapsed_seconds']} s"]
-        for kind, n in result.counts.items():
+        for kind, n in result.differences.items():
             if n:
                 lines.append(f"  {kind:<12} {n:>8}  ({KINDS[kind]})")
         if result.repaired:
@@ -94,11 +89,11 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
 
     env.emit(data, text)
     if not result.finished:
-        if result.segments is not None and result.segments.stop_reason:
-            raise errors.RefusedTransition(result.segments.stop_reason)
+        if result.stop_reason:
+            raise errors.RefusedTransition(result.stop_reason)
         raise errors.ReshardError(f"verify of {mid} stopped before every segment was done; re-run to resume")
     if not result.passed:
-        found = ", ".join(f"{n} {k}" for k, n in result.counts.items() if n)
+        found = ", ".join(f"{n} {k}" for k, n in result.differences.items() if n)
         raise errors.ReshardError(f"verify found differences ({found})")
 
 
@@ -132,10 +127,10 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
       reshard cleanup migrations/0001_sensor_events.toml --segments 16 --enable-ttl
     """
     mid = env.migration_id(migration)
-    opts = CleanupOptions(segments=segments, workers=workers or min(segments, 4), delete=delete,
+    opts = JobOptions(segments=segments, workers=workers, delete=delete,
                           enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
                           lease_seconds=lease_seconds)
-    result, data = _run_job(env, "cleanup", mid, run_cleanup, opts)
+    result, data = _run_job(env, CLEANUP, mid, opts)
 
     def text() -> str:
         c = result.counts
@@ -153,8 +148,8 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
 
     env.emit(data, text)
     if not result.done:
-        failed = [r.segment for r in result.segments.failed] if result.segments else []
-        if result.segments is not None and result.segments.stop_reason:
-            raise errors.RefusedTransition(result.segments.stop_reason)
+        failed = [r.segment for r in result.failed]
+        if result.stop_reason:
+            raise errors.RefusedTransition(result.stop_reason)
         raise errors.ReshardError(f"cleanup of {mid} did not finish"
                                   + (f" (failed segments {failed})" if failed else "") + "; re-run to resume")

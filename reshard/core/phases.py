@@ -177,10 +177,37 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
     return Decision(action, phase, target, tuple(refusals))
 
 
+#: The data jobs, by name (run records, leases and status use these names).
+BACKFILL_JOB, VERIFY_JOB, CLEANUP_JOB = "backfill", "verify", "cleanup"
+
+
+@dataclass(frozen=True)
+class JobRule:
+    """Where a data job may run, and why there (the reason goes into the refusal)."""
+
+    phases: tuple[Phase, ...]
+    why: str
+
+
+#: The one phase -> job table. Every job also needs the whole live fleet to have
+#: acknowledged the phase (a shim one phase behind may not write what the job races).
+JOB_RULES: dict[str, JobRule] = {
+    BACKFILL_JOB: JobRule((Phase.BACKFILL,), "the shims must dual-write before the copy races them; "
+                                            "`reshard advance` gets there"),
+    VERIFY_JOB: JobRule((Phase.BACKFILL, Phase.CUTOVER), "it compares the layouts the backfill filled"),
+    # --repair writes from the old layout, which is authoritative only up to backfill.
+    f"{VERIFY_JOB} --repair": JobRule((Phase.BACKFILL,), "--repair writes from the old layout, which is "
+                                                        "authoritative only up to backfill"),
+    CLEANUP_JOB: JobRule((Phase.CLEANUP, Phase.ABORTED), "old items may be retired only once no shim reads them, "
+                                                         "and new copies removed only once a migration is aborted"),
+}
+
+
+def job_rule(job: str, repair: bool = False) -> JobRule:
+    """The rule of ``job`` (``repair``: the verify that writes)."""
+    return JOB_RULES[f"{job} --repair" if repair and job == VERIFY_JOB else job]
+
+
 def jobs_allowed(phase: Phase) -> dict[str, bool]:
     """Which data jobs may run in a phase (they also need the fleet's acknowledgement)."""
-    return {
-        "backfill": phase is Phase.BACKFILL,
-        "verify": phase in (Phase.BACKFILL, Phase.CUTOVER),
-        "cleanup": phase in (Phase.CLEANUP, Phase.ABORTED),
-    }
+    return {job: phase in JOB_RULES[job].phases for job in (BACKFILL_JOB, VERIFY_JOB, CLEANUP_JOB)}

@@ -40,9 +40,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from reshard.errors import UnmappableItem
 from reshard.core.layout import KeyMapper, is_tombstone, item_size, scalar
+from reshard.core.capacity import read_units, scan_units, write_units
 from reshard.core.migration import SHARD
 
-KB = 1024
 #: USD per million on-demand write / read request units (us-east-1, Standard class).
 DEFAULT_WRITE_PRICE = 0.625
 DEFAULT_READ_PRICE = 0.125
@@ -52,24 +52,6 @@ DEFAULT_HEADROOM = 1.5
 DEFAULT_SAMPLE = 2000
 #: How many unmappable items the report shows as examples.
 EXAMPLES = 5
-
-
-# --------------------------------------------------------------------------- unit rules
-
-def write_units(size_bytes: int) -> int:
-    """WCU of one write of an item this size: ceil(size / 1 KB), at least 1."""
-    return max(1, math.ceil(size_bytes / KB))
-
-
-def read_units(size_bytes: int, consistent: bool = True) -> float:
-    """RCU of one single-item read: ceil(size / 4 KB), halved when eventually consistent."""
-    units = max(1, math.ceil(size_bytes / (4 * KB)))
-    return units if consistent else units / 2
-
-
-def scan_units(total_bytes: int) -> float:
-    """RCU of an eventually consistent scan over this many bytes: 0.5 per 4 KB."""
-    return math.ceil(total_bytes / (4 * KB)) / 2
 
 
 # --------------------------------------------------------------------------- distribution

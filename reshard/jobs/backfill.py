@@ -39,68 +39,23 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from reshard import errors
-from reshard.jobs.budget import CapacityBudget, read_units, scan_units, write_units
-from reshard.control.store import ControlStore, N, S, register_facts_provider
 from reshard.aws.dynamo import Dynamo
+from reshard.control.records import unmappable_sk
+from reshard.control.runs import entered_at
+from reshard.control.store import ControlStore
+from reshard.core.capacity import items_read_units, items_write_units, page_scan_units
 from reshard.core.layout import VERSION_ATTR, KeyMapper, item_size
-from reshard.core.phases import Phase
-from reshard.jobs.engine import (DEFAULT_LEASE_SECONDS, dump_key, load_key, PageContext, RunResult, SegmentEngine, Subscriber, describe,
-                       read_run)
-from reshard.jobs.runner import conditional_delete, conditional_put, phase_guard, scan_page
+from reshard.core.phases import BACKFILL_JOB, Phase
 from reshard.core.versions import copy_action, fence_for, unchanged, version_of
-
-JOB = "backfill"
-#: The first backfill run of a migration. Re-running resumes the current run (finished
-#: segments stay done); a rollback to ``planned`` (the shims stopped dual-writing, so the
-#: copy went stale) makes the next backfill a new run: see :func:`current_run`.
-RUN = 1
-DEFAULT_PAGE_SIZE = 500
+from reshard.core.wire import N, S, dump_key, key_id, key_of, projection
+from reshard.jobs.budget import CapacityBudget
+from reshard.jobs.engine import PageContext
+from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_delete, conditional_put, scan_page
 
 COUNTERS = ("scanned", "moved", "unmoved", "new_layout", "recopied", "recopy_fenced", "undone", "undo_skipped",
             "unmappable", "rcu", "wcu")
-
-
-@dataclass
-class BackfillOptions:
-    """The knobs of ``reshard backfill``."""
-
-    segments: int = 16
-    workers: int | None = None
-    page_size: int = DEFAULT_PAGE_SIZE
-    max_wcu: float | None = None
-    max_rcu: float | None = None
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    max_attempts: int = 3
-
-
-def check_preconditions(store: ControlStore, migration_id: str):
-    """The phase is ``backfill`` and every live shim acknowledged it; else BadInput (exit 2)."""
-    state = store.load_state(migration_id)
-    if state.phase is not Phase.BACKFILL:
-        raise errors.RefusedTransition(
-            f"backfill refused for {migration_id!r}: the migration is in {state.phase}, and the backfill runs only "
-            "in the backfill phase (the shims must dual-write first); use `reshard advance` to get there")
-    census = store.census(migration_id, state.phase_version)
-    if not census.acknowledged:
-        shown = ", ".join(h.describe() for h in census.lagging[:5])
-        raise errors.RefusedTransition(
-            f"backfill refused for {migration_id!r}: {len(census.lagging)} live shim(s) have not acknowledged the "
-            f"backfill phase yet ({shown}); a shim that does not dual-write could lose writes the copy races. "
-            "Wait and retry (see `reshard status`)")
-    return state
-
-
-def _key_json(key: dict) -> str:
-    return dump_key(key)
-
-
-def _kid(item: dict, attrs) -> tuple:
-    """A cheap hashable id of an item's key (type and value of each key attribute)."""
-    return tuple(next(iter(item[a].items())) for a in attrs)
 
 
 class Backfill:
@@ -118,9 +73,7 @@ class Backfill:
         self.old_attrs = mapper.old.key_attrs
         self.new_attrs = mapper.new.key_attrs
         self._avg_bytes = 1024.0
-        names = {f"#k{i}": a for i, a in enumerate(self.old_attrs)}
-        names["#v"] = VERSION_ATTR
-        self._projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
+        self._projection = projection([*self.old_attrs, VERSION_ATTR])
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
@@ -154,7 +107,7 @@ class Backfill:
             if not moves:
                 counts["unmoved"] += 1  # one physical item serves both layouts
                 continue
-            nk = _kid(new_item, self.new_attrs)
+            nk = key_id(new_item, self.new_attrs)
             if nk in seen_new:
                 # Two old items for one logical item (a random layout can hold duplicates):
                 # BatchWriteItem refuses duplicate keys, and the newer version must win,
@@ -173,7 +126,7 @@ class Backfill:
             counts["moved"] = len(moved)
             now = self._read_back(ctx, start_key, len(items), [src for src, _ in moved])
             for src, new in moved:
-                self._settle(src, new, now.get(_kid(src, self.old_attrs)), counts)
+                self._settle(src, new, now.get(key_id(src, self.old_attrs)), counts)
         for src, new in extra:
             counts["moved"] += 1
             self._fenced_put(new, version_of(src), counts, recopy=False)
@@ -200,20 +153,20 @@ class Backfill:
               **self._projection}
         if start_key:
             kw["ExclusiveStartKey"] = start_key
-        with self.budget.spend("read", scan_units(evaluated, self._avg_bytes, consistent=True)):
+        with self.budget.spend("read", page_scan_units(evaluated, self._avg_bytes, consistent=True)):
             resp = self.dynamo.call("scan", **kw)
         attrs = self.old_attrs
-        found = {_kid(i, attrs): i for i in resp.get("Items", []) if all(a in i for a in attrs)}
-        missing = [self._old_key(s) for s in sources if _kid(s, attrs) not in found]
+        found = {key_id(i, attrs): i for i in resp.get("Items", []) if all(a in i for a in attrs)}
+        missing = [self._old_key(s) for s in sources if key_id(s, attrs) not in found]
         if missing:
             with self.budget.spend("read", float(len(missing))):
                 for c in self.dynamo.batch_get(self.table, missing, consistent=True, capacity=True,
                                                projection=self._projection):
-                    found[_kid(c, attrs)] = c
+                    found[key_id(c, attrs)] = c
         return found
 
     def _old_key(self, item: dict) -> dict:
-        return {a: item[a] for a in self.old_attrs}
+        return key_of(item, self.old_attrs)
 
     def _settle(self, scanned: dict, copied: dict, current_view: dict | None, counts: dict) -> None:
         """Step 4: make the new layout right for one source item after the unconditional copy."""
@@ -221,7 +174,7 @@ class Backfill:
         if current_view is not None:
             if version_of(current_view) == version_of(scanned):
                 return  # copy_action(view(scanned), view(current)) is "done": same key, same version
-            with self.budget.spend("read", read_units([scanned])):
+            with self.budget.spend("read", items_read_units([scanned])):
                 current = self.dynamo.call("get_item", TableName=self.table, Key=self._old_key(scanned),
                                            ConsistentRead=True, ReturnConsumedCapacity="TOTAL").get("Item")
         action = copy_action(scanned, current)
@@ -244,7 +197,7 @@ class Backfill:
     def _fenced_put(self, item: dict, version: str, counts: dict, recopy: bool) -> None:
         # A failed fence: the target holds this version or a newer one (the shim's mirror
         # write): keep it.
-        if not conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version), write_units([item])):
+        if not conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version), items_write_units([item])):
             if recopy:
                 counts["recopy_fenced"] += 1
 
@@ -260,68 +213,23 @@ class Backfill:
     # ---------------------------------------------------------------- unmappable report
     def record_unmappable(self, item: dict, e: errors.UnmappableItem) -> None:
         """``U#backfill#<digest>``: the old key, the reason and the detail (idempotent put)."""
-        key = _key_json(self._old_key(item)) if all(a in item for a in self.old_attrs) else _key_json(
-            {a: item[a] for a in self.old_attrs if a in item})
+        key = dump_key({a: item[a] for a in self.old_attrs if a in item})
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-        self.store.put({"pk": S(self.store.mpk(self.migration_id)), "sk": S(f"U#{JOB}#{digest}"),
-                        "job": S(JOB), "old_key": S(key), "reason": S(e.reason), "detail": S(e.detail[:1000]),
+        self.store.put({"pk": S(self.store.mpk(self.migration_id)), "sk": S(unmappable_sk(BACKFILL_JOB, digest)),
+                        "job": S(BACKFILL_JOB), "old_key": S(key), "reason": S(e.reason), "detail": S(e.detail[:1000]),
                         "size": N(item_size(item)), "at": N(time.time())})
 
 
-def unmappable_items(store: ControlStore, migration_id: str) -> list[dict]:
-    """The unmappable-items report of the backfill (old key, reason, detail)."""
-    return [{"old_key": load_key(i["old_key"]["S"]), "reason": i["reason"]["S"], "detail": i["detail"]["S"]}
-            for i in store.query(store.mpk(migration_id), f"U#{JOB}#")]
+def _since_dual_writes(store: ControlStore, state, options) -> float:
+    # The run that counts started after the shims last began dual-writing: a rollback to
+    # `planned` stopped the mirror writes, so an older copy is stale and a new run starts.
+    return entered_at(store, state.id, Phase.PLANNED.value, Phase.DUAL_WRITE.value)
 
 
-def current_run(store: ControlStore, migration_id: str) -> int:
-    """The backfill run that counts: the latest one started since dual writes last began."""
-    from reshard.jobs.runner import entered_at, run_to_join
-    return run_to_join(store, migration_id, JOB, not_before=entered_at(store, migration_id, "planned", "dual_write"))
+def _make_page(ctx: JobContext):
+    return Backfill(ctx.dynamo, ctx.store, ctx.state.id, ctx.mapper, ctx.migration.table, ctx.budget,
+                    ctx.options.page_size).page
 
 
-def run_backfill(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: BackfillOptions, *,
-                 subscribers: Iterable[Subscriber] = (), clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, check: bool = True,
-                 budget: CapacityBudget | None = None) -> tuple[RunResult, CapacityBudget]:
-    """Check the preconditions and run (or resume) the backfill with this host's workers."""
-    state = check_preconditions(store, migration_id) if check else store.load_state(migration_id)
-    migration = state.migration()
-    mapper = KeyMapper(migration)
-    dynamo.describe_table(migration.table)  # a clear error if the table is missing
-    budget = budget or CapacityBudget(opts.max_wcu, opts.max_rcu)
-    budget.attach(dynamo, migration.table)
-    subscribers = list(subscribers)
-    budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
-    copier = Backfill(dynamo, store, migration_id, mapper, migration.table, budget, opts.page_size)
-    engine = SegmentEngine(store, migration_id, JOB, current_run(store, migration_id), opts.segments, copier.page, workers=opts.workers,
-                           lease_seconds=opts.lease_seconds, max_attempts=opts.max_attempts, clock=clock,
-                           sleep=sleep, subscribers=subscribers, throttle_reason=budget.latest_reason,
-                           guard=phase_guard(store, migration_id, JOB, (Phase.BACKFILL,)) if check else None)
-    return engine.run_all(), budget
-
-
-def status(store: ControlStore, migration_id: str) -> dict | None:
-    """The backfill run's per-segment progress, owners, totals and throttle reason (for ``status``)."""
-    d = describe(store, migration_id, JOB, current_run(store, migration_id))
-    if d is not None:
-        d["unmappable_items"] = len(store.query(store.mpk(migration_id), f"U#{JOB}#"))
-    return d
-
-
-@register_facts_provider
-def backfill_facts(store: ControlStore, state) -> dict:
-    """``backfill_missing``: None only when the backfill run finished with every segment done."""
-    run = current_run(store, state.id)
-    info = read_run(store, state.id, JOB, run)
-    if info is None:
-        return {"backfill_missing": f"the backfill has not run: run `reshard backfill {state.id} --segments 16`"}
-    d = describe(store, state.id, JOB, run)
-    cmd = f"`reshard backfill {state.id} --segments {info.total_segments}`"
-    if d["done"] == info.total_segments and info.finished_at is not None:
-        return {"backfill_missing": None}
-    failed = d["failed"]
-    why = f"the backfill is incomplete: {d['done']} of {info.total_segments} segments done"
-    if failed:
-        why += f", {len(failed)} failed (segments {', '.join(map(str, failed[:10]))})"
-    return {"backfill_missing": f"{why}: run {cmd} to finish it"}
+#: ``reshard backfill``: run it with :func:`reshard.jobs.runner.run_job`.
+BACKFILL = JobSpec(BACKFILL_JOB, _make_page, check=_since_dual_writes)

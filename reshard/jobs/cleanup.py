@@ -29,47 +29,21 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 from reshard import errors
-from reshard.jobs.budget import CapacityBudget
-from reshard.control.store import ControlStore, N, register_facts_provider
 from reshard.aws.dynamo import Dynamo
-from reshard.jobs.runner import (conditional_delete, entered_at, latest_run, live_leases, make_engine, require_phase_and_ack,
-                   run_to_join, scan_page)
+from reshard.control.runs import live_leases
+from reshard.control.store import ControlStore
+from reshard.control.transition import retire
 from reshard.core.layout import KeyMapper, is_tombstone, item_size
 from reshard.core.migration import Migration
-from reshard.core.phases import Phase
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, PageContext, RunResult, Subscriber
+from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, VERIFY_JOB, Phase
 from reshard.core.versions import unchanged, version_of
-
-JOB = "cleanup"
-
-
-@dataclass
-class CleanupOptions:
-    """The knobs of ``reshard cleanup``."""
-
-    segments: int = 16
-    workers: int | None = None
-    delete: bool = False
-    enable_ttl: bool = False
-    max_wcu: float | None = None
-    max_rcu: float | None = None
-    page_size: int = 500
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-
-
-@dataclass
-class CleanupResult:
-    run: int
-    done: bool
-    counts: dict
-    segments: RunResult | None = None
-
-    def as_dict(self) -> dict:
-        return {"run": self.run, "done": self.done, "counts": self.counts}
+from reshard.core.wire import N, key_of
+from reshard.jobs.budget import CapacityBudget
+from reshard.jobs.engine import PageContext, RunResult
+from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, scan_page
 
 
 def ttl_status(dynamo: Dynamo, table: str) -> tuple[str, str | None]:
@@ -101,7 +75,7 @@ class Cleaner:
     """The page function of a cleanup pass."""
 
     def __init__(self, dynamo: Dynamo, mapper: KeyMapper, table: str, budget: CapacityBudget,
-                 opts: CleanupOptions, aborted: bool, clock: Callable[[], float] = time.time):
+                 opts: JobOptions, aborted: bool, clock: Callable[[], float] = time.time):
         self.dynamo = dynamo
         self.mapper = mapper
         self.table = table
@@ -113,7 +87,7 @@ class Cleaner:
         self.expires = int(clock() + mapper.migration.cleanup.retain_hours * 3600)
 
     def _key(self, item: dict) -> dict:
-        return {a: item[a] for a in self.key_attrs}
+        return key_of(item, self.key_attrs)
 
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
@@ -195,61 +169,35 @@ class Cleaner:
             return "kept_own_ttl"
 
 
-def check_preconditions(store: ControlStore, migration_id: str):
-    state = require_phase_and_ack(store, migration_id, "cleanup", (Phase.CLEANUP, Phase.ABORTED),
-                                  "old items may be retired only once no shim reads them, and new copies "
-                                  "removed only once a migration is aborted")
+def _check(store: ControlStore, state, options: JobOptions) -> float:
     if state.phase is Phase.ABORTED:
         # A backfill (or a repairing verify) started before the abort writes new copies
         # until its workers notice the phase at their next page; removing copies while
         # one still holds a lease could leave copies behind the cleanup's scan.
-        busy = live_leases(store, migration_id, ("backfill", "verify"), store.clock())
+        busy = live_leases(store, state.id, (BACKFILL_JOB, VERIFY_JOB), store.clock())
         if busy:
             raise errors.RefusedTransition(
-                f"cleanup refused for {migration_id!r}: {len(busy)} backfill/verify segment lease(s) are still "
+                f"cleanup refused for {state.id!r}: {len(busy)} backfill/verify segment lease(s) are still "
                 f"held ({', '.join(busy[:3])}); their workers stop at their next page: retry when the leases "
                 "are released or expired (see `reshard status`)")
-    return state
-
-
-def run_cleanup(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: CleanupOptions | None = None, *,
-                subscribers: Iterable[Subscriber] = (), clock: Callable[[], float] = time.time,
-                sleep: Callable[[float], None] = time.sleep) -> CleanupResult:
-    """Check the preconditions and run (or join, or resume) a cleanup pass with this host's workers."""
-    opts = opts or CleanupOptions()
-    state = check_preconditions(store, migration_id)
-    migration = state.migration()
-    aborted = state.phase is Phase.ABORTED
-    dynamo.describe_table(migration.table)
-    if not aborted and not opts.delete:
-        check_ttl(dynamo, migration, opts.enable_ttl)
     # A pass counts only if it started in this phase (a pass from before a rollback does not).
-    since = state.last.at if state.last else 0.0
-    run = run_to_join(store, migration_id, JOB, not_before=since, fresh=True)
-    budget = CapacityBudget(opts.max_wcu, opts.max_rcu)
-    budget.attach(dynamo, migration.table)
-    cleaner = Cleaner(dynamo, KeyMapper(migration), migration.table, budget, opts, aborted, clock)
-    engine = make_engine(dynamo, store, migration_id, JOB, run, opts.segments, cleaner.page, budget,
-                         phases=(state.phase,), workers=opts.workers, lease_seconds=opts.lease_seconds, subscribers=subscribers,
-                         clock=clock, sleep=sleep)
-    result = engine.run_all()
-    if result.done and aborted:
-        store.retire(migration_id)
-    return CleanupResult(run, result.done, {k: int(v) if float(v).is_integer() else v
-                                            for k, v in result.totals.items()}, result)
+    return state.last.at if state.last else 0.0
 
 
-@register_facts_provider
-def cleanup_facts(store: ControlStore, state) -> dict:
-    """``cleanup_missing``: None only for a finished pass that started in the current cleanup phase."""
-    cmd = f"`reshard cleanup {state.id}`"
-    if state.phase is not Phase.CLEANUP:
-        return {"cleanup_missing": f"the cleanup pass runs in the cleanup phase: then run {cmd}"}
-    since = entered_at(store, state.id, "cutover", "cleanup")
-    latest = latest_run(store, state.id, JOB)
-    if latest is None or latest.started_at < since:
-        return {"cleanup_missing": f"the cleanup pass has not run: run {cmd}"}
-    if latest.finished_at is None:
-        return {"cleanup_missing": f"cleanup run {latest.run} is not finished: run {cmd} to finish it"}
-    return {"cleanup_missing": None}
+def _prepare(ctx: JobContext) -> None:
+    if ctx.state.phase is not Phase.ABORTED and not ctx.options.delete:
+        check_ttl(ctx.dynamo, ctx.migration, ctx.options.enable_ttl)
 
+
+def _make_page(ctx: JobContext):
+    return Cleaner(ctx.dynamo, ctx.mapper, ctx.migration.table, ctx.budget, ctx.options,
+                   ctx.state.phase is Phase.ABORTED, ctx.clock).page
+
+
+def _finish(ctx: JobContext, result: RunResult) -> None:
+    if ctx.state.phase is Phase.ABORTED:
+        retire(ctx.store, ctx.state.id)
+
+
+#: ``reshard cleanup``: a fresh pass per phase; retires an aborted migration when done.
+CLEANUP = JobSpec(CLEANUP_JOB, _make_page, check=_check, fresh=True, prepare=_prepare, finish=_finish)

@@ -48,123 +48,23 @@ Same-host dead workers
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import random
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from reshard import errors
-from reshard.control.store import ControlStore, N, S, _n, _s
-
-FREE = "-"
+from reshard.control.records import RunInfo, run_sk, segment_sk
+from reshard.control.runs import read_run, segment_records, sum_counters
+from reshard.control.store import ControlStore
+from reshard.core.leases import FREE, LeaseDecision, SegmentRecord, lease_decision
+from reshard.core.wire import N, S, dump_key
+from reshard.jobs.subscribers import Fanout, Subscriber
 DEFAULT_LEASE_SECONDS = 60.0
 DEFAULT_MAX_ATTEMPTS = 3
-
-
-# --------------------------------------------------------------------------- records
-
-def run_sk(job: str, run: int) -> str:
-    return f"R#{job}#{run:06d}"
-
-
-def segment_sk(job: str, run: int, segment: int) -> str:
-    return f"J#{job}#{run:06d}#{segment:05d}"
-
-
-
-def dump_key(key: dict) -> str:
-    """A wire key (LastEvaluatedKey, an item's key) as JSON text; binary values as base64.
-
-    botocore hands binary attributes over as ``bytes``, which JSON cannot hold.
-    """
-    return json.dumps({a: ({"B64": base64.b64encode(v["B"]).decode()} if "B" in v else v) for a, v in key.items()},
-                      sort_keys=True, separators=(",", ":"))
-
-
-def load_key(text: str) -> dict:
-    """The inverse of :func:`dump_key`."""
-    return {a: ({"B": base64.b64decode(v["B64"])} if "B64" in v else v) for a, v in json.loads(text).items()}
-
-@dataclass(frozen=True)
-class SegmentRecord:
-    """One segment's lease and checkpoint as read from the control table."""
-
-    segment: int
-    exists: bool = False
-    owner: str = FREE
-    lease_expires: float = 0.0
-    lease_counter: int = 0
-    checkpoint: dict | None = None
-    counters: dict = field(default_factory=dict)
-    done: bool = False
-    failed: bool = False
-    failed_by: str = ""
-    attempts: int = 0
-    last_error: str = ""
-    takeovers: int = 0
-    last_throttle: str = ""
-
-    @classmethod
-    def from_item(cls, segment: int, item: dict | None) -> "SegmentRecord":
-        if not item:
-            return cls(segment)
-        cp = _s(item, "checkpoint")
-        counters = {k: _num(v["N"]) for k, v in item.get("counters", {}).get("M", {}).items()}
-        return cls(segment, True, _s(item, "owner", FREE), float(_n(item, "lease_expires", 0)),
-                   int(_n(item, "lease_counter", 0)), load_key(cp) if cp else None, counters,
-                   item.get("done", {}).get("BOOL", False), item.get("failed", {}).get("BOOL", False),
-                   _s(item, "failed_by", ""), int(_n(item, "attempts", 0)), _s(item, "last_error", ""),
-                   int(_n(item, "takeovers", 0)), _s(item, "last_throttle", ""))
-
-    def as_dict(self, now: float) -> dict:
-        state = "done" if self.done else "failed" if self.failed else \
-            "leased" if self.owner != FREE and self.lease_expires > now else \
-            "pending" if not self.exists else "released"
-        return {"segment": self.segment, "state": state, "owner": None if self.owner == FREE else self.owner,
-                "lease_seconds_left": round(max(0.0, self.lease_expires - now), 1) if self.owner != FREE else 0,
-                "counters": self.counters, "attempts": self.attempts, "last_error": self.last_error or None,
-                "takeovers": self.takeovers, "last_throttle": self.last_throttle or None,
-                "resumable_from_checkpoint": self.checkpoint is not None}
-
-
-def _num(v: str) -> float | int:
-    return int(v) if v.lstrip("-").isdigit() else float(v)
-
-
-# --------------------------------------------------------------------------- pure lease logic
-
-@dataclass(frozen=True)
-class LeaseDecision:
-    """Whether a worker may claim a segment, and why (for logs and tests)."""
-
-    claim: bool
-    reason: str
-    takeover: bool = False  # the previous owner never released it: its page is redone
-
-
-def lease_decision(rec: SegmentRecord, *, me: str, invocation: str, now: float,
-                   is_dead: Callable[[str], bool] = lambda owner: False) -> LeaseDecision:
-    """Decide locally whether ``me`` may claim ``rec`` (the write is then a compare-and-set)."""
-    if rec.done:
-        return LeaseDecision(False, "done")
-    if rec.failed and rec.failed_by == invocation:
-        return LeaseDecision(False, f"failed in this run after {rec.attempts} attempts")
-    if not rec.exists:
-        return LeaseDecision(True, "new")
-    if rec.owner == FREE:
-        return LeaseDecision(True, "free")
-    if rec.owner == me:
-        return LeaseDecision(True, "already mine")
-    if rec.lease_expires <= now:
-        return LeaseDecision(True, f"lease of {rec.owner} expired", takeover=True)
-    if is_dead(rec.owner):
-        return LeaseDecision(True, f"owner {rec.owner} is a dead process on this host", takeover=True)
-    return LeaseDecision(False, f"leased by {rec.owner}")
 
 
 def same_host_dead(owner: str, host: str | None = None) -> bool:
@@ -187,32 +87,6 @@ def same_host_dead(owner: str, host: str | None = None) -> bool:
     return False
 
 
-# --------------------------------------------------------------------------- subscribers
-
-class Subscriber:
-    """Progress callbacks (s3transfer-style). Override what you need; called from worker threads."""
-
-    def on_run_start(self, run: "RunInfo") -> None: ...
-    def on_segment_start(self, segment: int, resumed: bool, reason: str) -> None: ...
-    def on_page(self, segment: int, counts: dict) -> None: ...
-    def on_segment_done(self, segment: int, counters: dict) -> None: ...
-    def on_segment_failed(self, segment: int, error: str, attempts: int, final: bool) -> None: ...
-    def on_lease_lost(self, segment: int, reason: str) -> None: ...
-    def on_throttle(self, reason: str) -> None: ...
-    def on_run_done(self, result: "RunResult") -> None: ...
-
-
-class _Fanout(Subscriber):
-    def __init__(self, subs: Iterable[Subscriber]):
-        self.subs = list(subs)
-
-    def __getattribute__(self, name):
-        if name.startswith("on_"):
-            subs = object.__getattribute__(self, "subs")
-            return lambda *a, **k: [getattr(s, name)(*a, **k) for s in subs]
-        return object.__getattribute__(self, name)
-
-
 # --------------------------------------------------------------------------- engine
 
 class LeaseLost(Exception):
@@ -229,16 +103,6 @@ class Lease:
     expires: float
     renew_due: float
     attempts: int = 0  # failed attempts so far in this invocation's count
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    migration_id: str
-    job: str
-    run: int
-    total_segments: int
-    started_at: float
-    finished_at: float | None
 
 
 @dataclass
@@ -262,11 +126,7 @@ class RunResult:
 
     @property
     def totals(self) -> dict:
-        out: dict = {}
-        for r in self.segments:
-            for k, v in r.counters.items():
-                out[k] = out.get(k, 0) + v
-        return out
+        return sum_counters(self.segments)
 
 
 class PageContext:
@@ -318,7 +178,7 @@ class SegmentEngine:
         self.max_attempts = max_attempts
         self.clock = clock
         self.sleep = sleep
-        self.subs = _Fanout(subscribers)
+        self.subs = Fanout(subscribers)
         self.poll_seconds = poll_seconds if poll_seconds is not None else min(2.0, lease_seconds / 4)
         self.throttle_reason = throttle_reason
         self.host = host or socket.gethostname()
@@ -356,8 +216,7 @@ class SegmentEngine:
 
     # ---------------------------------------------------------------- reads
     def records(self) -> list[SegmentRecord]:
-        items = {_s(i, "sk"): i for i in self.store.query(self.pk, f"J#{self.job}#{self.run:06d}#")}
-        return [SegmentRecord.from_item(s, items.get(segment_sk(self.job, self.run, s))) for s in range(self.total)]
+        return segment_records(self.store, self.migration_id, self.job, self.run, self.total)
 
     # ---------------------------------------------------------------- lease writes
     def claim(self, rec: SegmentRecord, me: str) -> tuple[Lease, SegmentRecord, LeaseDecision] | None:
@@ -461,10 +320,7 @@ class SegmentEngine:
         recs = self.records()
         if not all(r.done for r in recs):
             return
-        totals: dict = {}
-        for r in recs:
-            for k, v in r.counters.items():
-                totals[k] = totals.get(k, 0) + v
+        totals = sum_counters(recs)
         try:
             # Once: the first worker to see every segment done stamps the run.
             self.store.update(self.pk, run_sk(self.job, self.run), "SET finished_at = :now, totals = :tot",
@@ -581,33 +437,3 @@ class SegmentEngine:
 
 def _counters_av(counters: dict) -> dict:
     return {"M": {k: N(round(v, 3) if isinstance(v, float) else v) for k, v in counters.items()}}
-
-
-def read_run(store: ControlStore, migration_id: str, job: str, run: int) -> RunInfo | None:
-    item = store.get(store.mpk(migration_id), run_sk(job, run))
-    if not item:
-        return None
-    fin = _n(item, "finished_at")
-    return RunInfo(migration_id, job, run, int(_n(item, "total_segments", 0)), float(_n(item, "started_at", 0)),
-                   float(fin) if fin is not None else None)
-
-
-def describe(store: ControlStore, migration_id: str, job: str, run: int,
-             clock: Callable[[], float] = time.time) -> dict | None:
-    """Per-segment progress, owners and totals of a run (for ``reshard status``)."""
-    info = read_run(store, migration_id, job, run)
-    if info is None:
-        return None
-    items = {_s(i, "sk"): i for i in store.query(store.mpk(migration_id), f"J#{job}#{run:06d}#")}
-    recs = [SegmentRecord.from_item(s, items.get(segment_sk(job, run, s))) for s in range(info.total_segments)]
-    now = clock()
-    totals: dict = {}
-    for r in recs:
-        for k, v in r.counters.items():
-            totals[k] = totals.get(k, 0) + v
-    throttles = [r.last_throttle for r in recs if r.last_throttle]
-    return {"job": job, "run": run, "total_segments": info.total_segments, "started_at": info.started_at,
-            "finished_at": info.finished_at, "done": sum(r.done for r in recs),
-            "failed": [r.segment for r in recs if r.failed and not r.done],
-            "totals": totals, "last_throttle": throttles[-1] if throttles else None,
-            "segments": [r.as_dict(now) for r in recs]}

@@ -1,139 +1,291 @@
-"""Plumbing shared by the data jobs (backfill, verify, cleanup).
+"""One job runner for backfill, verify and cleanup (s3transfer's one task machinery).
 
-Each job is a page function run by :class:`reshard.jobs.engine.SegmentEngine`; what they
-share is here: the phase-and-fleet precondition, choosing the run to join or start,
-and wiring the capacity budget and subscribers into an engine.
+A job is a :class:`JobSpec`: its name, a factory for its page function, its own extra
+precondition and how it picks its run. :func:`run_job` does everything else, the same
+way for all three:
+
+1. preconditions: the phase allows the job (:data:`reshard.core.phases.JOB_RULES`) and
+   every live shim acknowledged it (a shim one phase behind may not write what the job
+   races), then the job's own check, all *before* anything is written;
+2. the run to join or start (several hosts share one run);
+3. the capacity budget and the subscribers;
+4. a phase guard the engine checks before every page, so a job started before an
+   abort or a rollback stops at its next page instead of racing what follows;
+5. SIGTERM handled like Ctrl-C (finish the page, release the leases);
+6. one :class:`JobResult`.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from reshard import errors
-from reshard.jobs.budget import CapacityBudget, scan_units
-from reshard.control.store import ControlStore, MigrationState, _n, _s
 from reshard.aws.dynamo import Dynamo
-from reshard.core.phases import Phase
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, PageContext, PageFn, RunInfo, SegmentEngine, Subscriber, read_run
+from reshard.control import fleet
+from reshard.control.records import MigrationState, RunInfo
+from reshard.control.runs import examples as recorded_examples
+from reshard.control.runs import run_to_join
+from reshard.control.store import ControlStore
+from reshard.core.capacity import page_scan_units
+from reshard.core.compare import differences
+from reshard.core.layout import KeyMapper
+from reshard.core.migration import Migration
+from reshard.core.phases import Phase, job_rule
 from reshard.core.versions import Fence
+from reshard.jobs.budget import CapacityBudget
+from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, PageContext, PageFn, RunResult, SegmentEngine
+from reshard.jobs.subscribers import Subscriber
+
+DEFAULT_PAGE_SIZE = 500
 
 
-def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, phases: Iterable[Phase],
-                          why: str) -> MigrationState:
-    """The migration is in one of ``phases`` and every live shim acknowledged it.
+@dataclass
+class JobOptions:
+    """The knobs of every data job (one config object, like s3transfer's ``TransferConfig``).
 
-    A job that runs while some shim still acts on an earlier phase could race writes that
-    shim does not fence or mirror; so the job waits for the fleet like a transition does.
+    The last fields belong to one job each and are ignored by the others.
     """
-    phases = tuple(phases)
+
+    segments: int = 16
+    workers: int | None = None
+    page_size: int = DEFAULT_PAGE_SIZE
+    max_wcu: float | None = None
+    max_rcu: float | None = None
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    # verify
+    repair: bool = False
+    examples: int = 20
+    rechecks: int = 4
+    recheck_pause: float = 0.05
+    # cleanup
+    delete: bool = False
+    enable_ttl: bool = False
+
+    @property
+    def worker_count(self) -> int:
+        return max(1, self.workers or min(self.segments, 4))
+
+
+@dataclass
+class JobContext:
+    """What a job's page factory and hooks get: the migration, its run, the budget."""
+
+    dynamo: Dynamo
+    store: ControlStore
+    state: MigrationState
+    migration: Migration
+    mapper: KeyMapper
+    run: int
+    budget: CapacityBudget
+    options: JobOptions
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One data job: everything :func:`run_job` cannot know by itself.
+
+    ``check(store, state, options) -> not_before``: the job's own precondition (raise
+    ``RefusedTransition``); returns the time a run must have started after to be joined.
+    ``fresh``: start a new run unless the latest is unfinished (verify and cleanup: a
+    finished run is a verdict; the backfill resumes its run).
+    ``prepare(ctx)``: a last check against the data table before the first write.
+    ``finish(ctx, result)``: what to do once every segment is done (cleanup retires an
+    aborted migration).
+    """
+
+    name: str
+    make_page: Callable[[JobContext], PageFn]
+    check: Callable[[ControlStore, MigrationState, JobOptions], float] = lambda store, state, opts: 0.0
+    fresh: bool = False
+    prepare: Callable[[JobContext], None] = lambda ctx: None
+    finish: Callable[[JobContext, RunResult], None] = lambda ctx, result: None
+
+
+@dataclass
+class JobResult:
+    """What an invocation of a job ended with (this host's view of a shared run)."""
+
+    job: str
+    migration_id: str
+    run: int
+    outcome: RunResult            # the engine's view of the run after this invocation
+    consumed: dict = field(default_factory=dict)
+    last_throttle: str = ""
+    examples: list = field(default_factory=list)
+
+    @property
+    def info(self) -> RunInfo:
+        return self.outcome.run
+
+    @property
+    def segments(self) -> list:
+        """Every segment's record (lease, checkpoint, counters) as the run ended here."""
+        return self.outcome.segments
+
+    @property
+    def done(self) -> bool:
+        """Every segment of the run is done."""
+        return self.outcome.done
+
+    @property
+    def finished(self) -> bool:
+        """The run record is stamped finished (by whichever host finished the last segment)."""
+        return self.info.finished_at is not None
+
+    @property
+    def failed(self):
+        return self.outcome.failed
+
+    @property
+    def stopped(self) -> bool:
+        return self.outcome.stopped
+
+    @property
+    def stop_reason(self) -> str:
+        return self.outcome.stop_reason
+
+    @property
+    def worked(self) -> list[int]:
+        return self.outcome.worked
+
+    @property
+    def totals(self) -> dict:
+        """Every counter of the run, summed over its segments."""
+        recorded = self.info.totals
+        return dict(recorded) if recorded and self.finished else self.outcome.totals
+
+    @property
+    def counts(self) -> dict:
+        """:attr:`totals` as whole numbers where they are whole."""
+        return {k: int(v) if float(v).is_integer() else v for k, v in self.totals.items()}
+
+    @property
+    def differences(self) -> dict:
+        """Verify's difference kinds and how many of each were found (all zero for other jobs)."""
+        return differences(self.totals)
+
+    @property
+    def passed(self) -> bool:
+        """Finished, and found no difference (a verify's verdict; for other jobs: finished)."""
+        return self.finished and not any(self.differences.values())
+
+    @property
+    def checked(self) -> int:
+        return int(self.totals.get("checked", 0))
+
+    @property
+    def repaired(self) -> int:
+        return int(self.totals.get("repaired", 0))
+
+    def as_dict(self) -> dict:
+        info = self.info
+        return {"job": self.job, "migration": self.migration_id, "run": self.run, "done": self.done,
+                "finished": self.finished, "passed": self.passed, "counts": self.counts,
+                "differences": self.differences, "checked": self.checked, "repaired": self.repaired,
+                "examples": self.examples, "worked_here": self.worked,
+                "failed": [{"segment": r.segment, "attempts": r.attempts, "error": r.last_error}
+                           for r in self.failed],
+                "pages_redone": sum(r.takeovers for r in self.segments),
+                "consumed_here": self.consumed, "last_throttle": self.last_throttle or None,
+                "stop_reason": self.stop_reason or None,
+                "started_at": info.started_at, "finished_at": info.finished_at,
+                "elapsed_seconds": round(self.outcome.elapsed, 2)}
+
+
+# --------------------------------------------------------------------------- preconditions
+
+def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repair: bool = False) -> MigrationState:
+    """The migration is in a phase where ``job`` runs and every live shim acknowledged it."""
+    rule = job_rule(job, repair)
     state = store.load_state(migration_id)
-    if state.phase not in phases:
-        allowed = " or ".join(p.value for p in phases)
+    if state.phase not in rule.phases:
+        allowed = " or ".join(p.value for p in rule.phases)
         raise errors.RefusedTransition(f"{job} refused for {migration_id!r}: the migration is in {state.phase}; "
-                                       f"{job} runs only in {allowed} ({why})")
-    census = store.census(migration_id, state.phase_version)
+                                       f"{job} runs only in {allowed} ({rule.why})")
+    census = fleet.census(store, migration_id, state.phase_version)
     if not census.acknowledged:
         shown = ", ".join(h.describe() for h in census.lagging[:5])
         raise errors.RefusedTransition(
             f"{job} refused for {migration_id!r}: {len(census.lagging)} live shim(s) have not acknowledged "
-            f"{state.phase} yet ({shown}); wait and retry (see `reshard status`)")
+            f"{state.phase} yet ({shown}); a shim one phase behind could race the job's writes. Wait and retry "
+            "(see `reshard status`)")
     return state
-
-
-def runs(store: ControlStore, migration_id: str, job: str) -> list[RunInfo]:
-    """Every run of ``job`` for this migration, oldest first."""
-    out = []
-    for item in store.query(store.mpk(migration_id), f"R#{job}#"):
-        fin = _n(item, "finished_at")
-        out.append(RunInfo(migration_id, job, int(_s(item, "sk").rsplit("#", 1)[1]),
-                           int(_n(item, "total_segments", 0)), float(_n(item, "started_at", 0)),
-                           float(fin) if fin is not None else None))
-    return sorted(out, key=lambda r: r.run)
-
-
-def latest_run(store: ControlStore, migration_id: str, job: str) -> RunInfo | None:
-    all_runs = runs(store, migration_id, job)
-    return all_runs[-1] if all_runs else None
-
-
-def run_to_join(store: ControlStore, migration_id: str, job: str, *, not_before: float = 0.0,
-                fresh: bool = False) -> int:
-    """The run number this invocation works on.
-
-    An unfinished run that started at or after ``not_before`` is joined (resumed, or
-    shared with other hosts); otherwise a new run starts. ``fresh`` forces a new run
-    unless the latest one is unfinished (two operators starting a verify at once then
-    share one run instead of racing two).
-    """
-    latest = latest_run(store, migration_id, job)
-    if latest is None:
-        return 1
-    if latest.finished_at is None and latest.started_at >= not_before:
-        return latest.run
-    if not fresh and latest.started_at >= not_before:
-        return latest.run
-    return latest.run + 1
-
-
-def entered_at(store: ControlStore, migration_id: str, frm: str, to: str) -> float:
-    """When the migration last moved ``frm`` → ``to`` (0 if never)."""
-    times = [t.at for t in store.history(migration_id) if t.from_phase == frm and t.to_phase == to]
-    return max(times) if times else 0.0
 
 
 def phase_guard(store: ControlStore, migration_id: str, job: str, phases: Iterable[Phase],
                 min_interval: float = 1.0) -> Callable[[], str | None]:
     """A segment-engine guard: a reason to stop once the migration left ``phases``.
 
-    The precondition is checked once at the start; this keeps checking (a consistent read
-    of META at most every ``min_interval`` seconds, shared by the workers), so a job started
-    before an abort or a rollback stops writing at its next page instead of racing the
-    cleanup that follows.
+    A consistent read of META at most every ``min_interval`` seconds, shared by the
+    workers, so a job started before an abort or a rollback stops writing at its next
+    page instead of racing the cleanup that follows.
     """
     phases = frozenset(phases)
     last = {"at": -1e18, "why": None}
+    lock = threading.Lock()
 
     def guard() -> str | None:
-        now = time.monotonic()
-        if now - last["at"] >= min_interval:
-            state = store.load_state(migration_id)
-            last["at"] = now
-            last["why"] = None if state.phase in phases else (
-                f"{job} stopped: the migration moved to {state.phase} (phase version {state.phase_version})")
-        return last["why"]
+        with lock:
+            now = time.monotonic()
+            if now - last["at"] >= min_interval:
+                state = store.load_state(migration_id)
+                last["at"] = now
+                last["why"] = None if state.phase in phases else (
+                    f"{job} stopped: the migration moved to {state.phase} (phase version {state.phase_version})")
+            return last["why"]
 
     return guard
 
 
-def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now: float) -> list[str]:
-    """Segments of ``jobs`` whose lease is still held by someone (their workers may still write)."""
-    out = []
-    for job in jobs:
-        for item in store.query(store.mpk(migration_id), f"J#{job}#"):
-            if _s(item, "owner", "-") != "-" and float(_n(item, "lease_expires", 0)) > now:
-                out.append(f"{job} segment {int(_n(item, 'segment', -1))} ({_s(item, 'owner')})")
-    return out
+# --------------------------------------------------------------------------- the runner
+
+def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
+    raise KeyboardInterrupt
 
 
-def make_engine(dynamo: Dynamo, store: ControlStore, migration_id: str, job: str, run: int, segments: int,
-                page: PageFn, budget: CapacityBudget, *, phases: Iterable[Phase], workers: int | None = None,
-                lease_seconds: float = DEFAULT_LEASE_SECONDS, max_attempts: int = 3,
-                subscribers: Iterable[Subscriber] = (), clock: Callable[[], float] = time.time,
-                sleep: Callable[[float], None] = time.sleep) -> SegmentEngine:
-    """A segment engine for one job run, reporting budget decisions to the subscribers."""
+def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: str,
+            options: JobOptions | None = None, *, subscribers: Iterable[Subscriber] = (),
+            clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+            budget: CapacityBudget | None = None) -> JobResult:
+    """Check every precondition, then run (or join, or resume) ``spec``'s run with this host's workers."""
+    opts = options or JobOptions()
+    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair)
+    not_before = spec.check(store, state, opts)
+    migration = state.migration()
+    dynamo.describe_table(migration.table)  # a clear error if the table is missing
+    run = run_to_join(store, migration_id, spec.name, not_before=not_before, fresh=spec.fresh)
+    budget = budget or CapacityBudget(opts.max_wcu, opts.max_rcu)
+    budget.attach(dynamo, migration.table)
     subscribers = list(subscribers)
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
-    return SegmentEngine(store, migration_id, job, run, segments, page, workers=workers,
-                         lease_seconds=lease_seconds, max_attempts=max_attempts, clock=clock, sleep=sleep,
-                         subscribers=subscribers, throttle_reason=budget.latest_reason,
-                         guard=phase_guard(store, migration_id, job, phases))
+    ctx = JobContext(dynamo, store, state, migration, KeyMapper(migration), run, budget, opts, clock, sleep)
+    spec.prepare(ctx)
+    engine = SegmentEngine(store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
+                           workers=opts.worker_count, lease_seconds=opts.lease_seconds,
+                           max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
+                           throttle_reason=budget.latest_reason,
+                           guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+    try:
+        segments = engine.run_all()
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
+    if segments.done:
+        spec.finish(ctx, segments)
+    shown = recorded_examples(store, migration_id, spec.name, run)[:opts.examples] if opts.examples else []
+    return JobResult(spec.name, migration_id, run, segments, budget.consumed(), budget.latest_reason(), shown)
 
 
-def finished_run(store: ControlStore, migration_id: str, job: str, run: int) -> RunInfo | None:
-    info = read_run(store, migration_id, job, run)
-    return info if info and info.finished_at is not None else None
-
+# --------------------------------------------------------------------------- data-table writes jobs share
 
 def conditional_put(dynamo: Dynamo, budget: CapacityBudget, table: str, item: dict, fence: Fence,
                     units: float = 1.0) -> bool:
@@ -164,5 +316,5 @@ def scan_page(dynamo: Dynamo, budget: CapacityBudget, table: str, ctx: PageConte
                     "Limit": page_size, "ReturnConsumedCapacity": "TOTAL"}
     if start_key:
         kwargs["ExclusiveStartKey"] = start_key
-    with budget.spend("read", scan_units(page_size, avg_item_bytes)):
+    with budget.spend("read", page_scan_units(page_size, avg_item_bytes)):
         return dynamo.call("scan", **kwargs)

@@ -1,4 +1,4 @@
-"""Progress subscribers for the segment engine: a tqdm bar, and an event log for tests.
+"""Progress subscribers for the segment engine: the interface, a tqdm bar, and an event log.
 
 The engine never touches a UI (s3transfer-style); the command picks a subscriber.
 """
@@ -6,8 +6,37 @@ The engine never touches a UI (s3transfer-style); the command picks a subscriber
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING, Iterable
 
-from reshard.jobs.engine import RunInfo, RunResult, Subscriber
+if TYPE_CHECKING:  # annotations only: the engine imports this module
+    from reshard.control.records import RunInfo
+    from reshard.jobs.engine import RunResult
+
+
+class Subscriber:
+    """Progress callbacks (s3transfer-style). Override what you need; called from worker threads."""
+
+    def on_run_start(self, run: "RunInfo") -> None: ...
+    def on_segment_start(self, segment: int, resumed: bool, reason: str) -> None: ...
+    def on_page(self, segment: int, counts: dict) -> None: ...
+    def on_segment_done(self, segment: int, counters: dict) -> None: ...
+    def on_segment_failed(self, segment: int, error: str, attempts: int, final: bool) -> None: ...
+    def on_lease_lost(self, segment: int, reason: str) -> None: ...
+    def on_throttle(self, reason: str) -> None: ...
+    def on_run_done(self, result: "RunResult") -> None: ...
+
+
+class Fanout(Subscriber):
+    """Calls every subscriber in turn."""
+
+    def __init__(self, subs: Iterable[Subscriber]):
+        self.subs = list(subs)
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            subs = object.__getattribute__(self, "subs")
+            return lambda *a, **k: [getattr(s, name)(*a, **k) for s in subs]
+        return object.__getattribute__(self, name)
 
 
 class TqdmSubscriber(Subscriber):

@@ -34,61 +34,23 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 from reshard import errors
-from reshard.jobs.backfill import JOB as BACKFILL_JOB
-from reshard.jobs.backfill import current_run as backfill_run
-from reshard.jobs.budget import CapacityBudget
-from reshard.core.compare import KINDS, classify, live
-from reshard.control.store import ControlStore, S, register_facts_provider
 from reshard.aws.dynamo import Dynamo
-from reshard.jobs.runner import scan_page, conditional_delete, conditional_put, latest_run, make_engine, require_phase_and_ack, run_to_join
+from reshard.control.records import example_prefix
+from reshard.control.runs import backfill_run, read_run
+from reshard.control.store import ControlStore
+from reshard.core.compare import KINDS, Difference, classify, live
 from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper
-from reshard.core.phases import Phase
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, PageContext, RunResult, Subscriber, read_run
+from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB
 from reshard.core.versions import fence_for, unchanged, version_of
+from reshard.core.wire import S, key_of, projection
+from reshard.jobs.budget import CapacityBudget
+from reshard.jobs.engine import PageContext
+from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, scan_page
 
-JOB = "verify"
 DIFFERENCE_KINDS = tuple(KINDS)
-
-
-@dataclass
-class VerifyOptions:
-    """The knobs of ``reshard verify``."""
-
-    segments: int = 16
-    workers: int | None = None
-    repair: bool = False
-    max_rcu: float | None = None
-    max_wcu: float | None = None
-    examples: int = 20
-    page_size: int = 500
-    rechecks: int = 4
-    recheck_pause: float = 0.05
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-
-
-@dataclass
-class VerifyResult:
-    """The outcome of a verify run (possibly shared with other hosts)."""
-
-    run: int
-    finished: bool
-    passed: bool
-    counts: dict
-    examples: list = field(default_factory=list)
-    checked: int = 0
-    repaired: int = 0
-    started_at: float = 0.0
-    finished_at: float | None = None
-    segments: RunResult | None = None
-
-    def as_dict(self) -> dict:
-        return {"run": self.run, "finished": self.finished, "passed": self.passed, "counts": self.counts,
-                "checked": self.checked, "repaired": self.repaired, "examples": self.examples,
-                "started_at": self.started_at, "finished_at": self.finished_at}
 
 
 def _kid(key: dict) -> tuple:
@@ -100,7 +62,7 @@ class Verifier:
     """The page function of a verify run."""
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, mapper: KeyMapper,
-                 table: str, budget: CapacityBudget, opts: VerifyOptions,
+                 table: str, budget: CapacityBudget, opts: JobOptions,
                  sleep: Callable[[float], None] = time.sleep):
         self.dynamo = dynamo
         self.store = store
@@ -112,12 +74,10 @@ class Verifier:
         self.opts = opts
         self.sleep = sleep
         self.key_attrs = mapper.old.key_attrs
-        names = {f"#k{i}": a for i, a in enumerate(self.key_attrs)}
-        names.update({"#v": VERSION_ATTR, "#d": TOMBSTONE_ATTR, "#n": NEW_COPY_ATTR})
-        self._liveness_projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
+        self._liveness_projection = projection([*self.key_attrs, VERSION_ATTR, TOMBSTONE_ATTR, NEW_COPY_ATTR])
 
     def _key(self, item: dict) -> dict:
-        return {a: item[a] for a in self.key_attrs}
+        return key_of(item, self.key_attrs)
 
     def _read(self, keys: list[dict], consistent: bool, projection: dict | None = None) -> dict[str, dict]:
         unique = list({_kid(k): k for k in keys}.values())
@@ -268,11 +228,10 @@ class Verifier:
         # shared by several hosts still has one list; the digest makes a re-done page idempotent.
         if counts[kind] > max(1, self.opts.examples // 4):
             return
-        body = {"kind": kind, "identity": [str(x) for x in identity], "old_key": old_key, "new_key": new_key,
-                "old_version": version_of(old), "new_version": version_of(new), "detail": detail}
+        body = Difference(kind, identity, old_key, new_key, version_of(old), version_of(new), detail).as_dict()
         text = json.dumps(body, sort_keys=True, default=str)
         digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-        self.store.put({"pk": S(self.store.mpk(self.migration_id)), "sk": S(f"D#{JOB}#{self.run:06d}#{digest}"),
+        self.store.put({"pk": S(self.store.mpk(self.migration_id)), "sk": S(example_prefix(VERIFY_JOB, self.run) + digest),
                         "body": S(text)})
 
     # ---------------------------------------------------------------- repair
@@ -302,83 +261,22 @@ class Verifier:
                                   unchanged(version_of(item), self.key_attrs[0]))
 
 
-def check_preconditions(store: ControlStore, migration_id: str, repair: bool):
-    """Phase backfill (or cutover, without --repair), fleet acknowledged, backfill finished."""
-    phases = (Phase.BACKFILL,) if repair else (Phase.BACKFILL, Phase.CUTOVER)
-    why = ("--repair writes from the old layout, which is authoritative only up to backfill" if repair
-           else "it compares the layouts the backfill filled")
-    state = require_phase_and_ack(store, migration_id, "verify", phases, why)
-    run = backfill_run(store, migration_id)
-    info = read_run(store, migration_id, BACKFILL_JOB, run)
+def _after_backfill(store: ControlStore, state, options: JobOptions) -> float:
+    """The backfill run finished (else uncopied items would show as missing); a verify run
+    counts only if it started after that."""
+    info = read_run(store, state.id, BACKFILL_JOB, backfill_run(store, state.id))
     if info is None or info.finished_at is None:
         raise errors.RefusedTransition(
-            f"verify refused for {migration_id!r}: the backfill has not finished, so uncopied items would show as "
-            f"missing; run `reshard backfill {migration_id}` to completion first")
-    return state, info
+            f"verify refused for {state.id!r}: the backfill has not finished, so uncopied items would show as "
+            f"missing; run `reshard backfill {state.id}` to completion first")
+    return info.finished_at
 
 
-def run_verify(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: VerifyOptions | None = None, *,
-               subscribers: Iterable[Subscriber] = (), clock: Callable[[], float] = time.time,
-               sleep: Callable[[float], None] = time.sleep) -> VerifyResult:
-    """Check the preconditions and run (or join, or resume) a verify run with this host's workers."""
-    opts = opts or VerifyOptions()
-    state, backfill_info = check_preconditions(store, migration_id, opts.repair)
-    phases = (Phase.BACKFILL,) if opts.repair else (Phase.BACKFILL, Phase.CUTOVER)
-    migration = state.migration()
-    mapper = KeyMapper(migration)
-    dynamo.describe_table(migration.table)
-    # Join an unfinished run that started after the backfill finished; else start a new one.
-    run = run_to_join(store, migration_id, JOB, not_before=backfill_info.finished_at, fresh=True)
-    budget = CapacityBudget(opts.max_wcu, opts.max_rcu)
-    budget.attach(dynamo, migration.table)
-    verifier = Verifier(dynamo, store, migration_id, run, mapper, migration.table, budget, opts, sleep)
-    engine = make_engine(dynamo, store, migration_id, JOB, run, opts.segments, verifier.page, budget,
-                         phases=phases, workers=opts.workers, lease_seconds=opts.lease_seconds, subscribers=subscribers,
-                         clock=clock, sleep=sleep)
-    result = engine.run_all()
-    return result_of(store, migration_id, run, opts.examples, result)
+def _make_page(ctx: JobContext):
+    return Verifier(ctx.dynamo, ctx.store, ctx.state.id, ctx.run, ctx.mapper, ctx.migration.table, ctx.budget,
+                    ctx.options, ctx.sleep).page
 
 
-def result_of(store: ControlStore, migration_id: str, run: int, examples: int = 20,
-              segments: RunResult | None = None) -> VerifyResult:
-    """The verdict of a verify run as recorded in the control table."""
-    info = read_run(store, migration_id, JOB, run)
-    item = store.get(store.mpk(migration_id), f"R#{JOB}#{run:06d}") or {}
-    totals = {k: float(v["N"]) for k, v in item.get("totals", {}).get("M", {}).items()}
-    if segments is not None and not totals:
-        totals = segments.totals
-    counts = {k: int(totals.get(k, 0)) for k in DIFFERENCE_KINDS}
-    finished = bool(info and info.finished_at is not None)
-    shown = [json.loads(i["body"]["S"]) for i in store.query(store.mpk(migration_id), f"D#{JOB}#{run:06d}#")]
-    return VerifyResult(run=run, finished=finished, passed=finished and not any(counts.values()), counts=counts,
-                        examples=shown[:examples], checked=int(totals.get("checked", 0)),
-                        repaired=int(totals.get("repaired", 0)), started_at=info.started_at if info else 0.0,
-                        finished_at=info.finished_at if info else None, segments=segments)
-
-
-@register_facts_provider
-def verify_facts(store: ControlStore, state) -> dict:
-    """``verify_missing``: None only for a passing verify that started after the backfill finished.
-
-    A run with repairs does not pass: it changed the new layout, so its own reading is
-    stale; the operator verifies again.
-    """
-    cmd = f"`reshard verify {state.id}`"
-    run = backfill_run(store, state.id)
-    backfill = read_run(store, state.id, BACKFILL_JOB, run)
-    if backfill is None or backfill.finished_at is None:
-        return {"verify_missing": f"no verify yet (the backfill must finish first, then run {cmd})"}
-    latest = latest_run(store, state.id, JOB)
-    if latest is None or latest.started_at < backfill.finished_at:
-        return {"verify_missing": f"no verify since the backfill finished: run {cmd}"}
-    result = result_of(store, state.id, latest.run, examples=0)
-    if not result.finished:
-        return {"verify_missing": f"verify run {latest.run} is not finished: run {cmd} to finish it"}
-    if not result.passed:
-        found = ", ".join(f"{n} {k}" for k, n in result.counts.items() if n)
-        return {"verify_missing": f"the last verify (run {latest.run}) found differences ({found}): fix them "
-                                  f"(`reshard verify {state.id} --repair`), then run {cmd} again"}
-    if result.repaired:
-        return {"verify_missing": f"the last verify repaired {result.repaired} item(s): run {cmd} again"}
-    return {"verify_missing": None}
-
+#: ``reshard verify``: a fresh run each time (a finished run is a verdict), joined by
+#: other hosts while it is unfinished.
+VERIFY = JobSpec(VERIFY_JOB, _make_page, check=_after_backfill, fresh=True)

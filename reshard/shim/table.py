@@ -63,7 +63,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from reshard import errors
-from reshard.control.store import DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, ControlStore
+from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore
+from reshard.control.records import DEFAULT_LIVENESS_SECONDS
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
@@ -71,6 +72,7 @@ from reshard.core.phases import ROUTING, STEADY, Phase, Routing
 from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
                         touched_attributes)
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
+from reshard.control import fleet
 
 log = logging.getLogger("reshard.shim.table")
 
@@ -183,7 +185,7 @@ class ShardedTable:
             self._executor = None
         if self._control is not None and not self._pinned and self._announced:
             try:
-                self._control.forget_shim(self.migration.id, self.instance_id)
+                fleet.forget(self._control, self.migration.id, self.instance_id)
             except errors.ReshardError as e:
                 log.warning("could not remove heartbeat of %s: %s", self.instance_id, e)
 
@@ -273,7 +275,7 @@ class ShardedTable:
         return self._state
 
     def _heartbeat(self, phase: str, version: int) -> None:
-        self._control.heartbeat(self.migration.id, self.instance_id, phase, version,
+        fleet.heartbeat(self._control, self.migration.id, self.instance_id, phase, version,
                                 liveness_seconds=self.liveness_seconds, table=self.table)
         self._announced = True
 

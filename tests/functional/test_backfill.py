@@ -5,11 +5,21 @@ from __future__ import annotations
 import pytest
 
 from reshard import errors
-from reshard.jobs.backfill import BackfillOptions, JOB, RUN, Backfill, backfill_facts, run_backfill, unmappable_items
+from reshard.control.gates import backfill_missing
+from reshard.jobs.backfill import Backfill
+
+RUN = 1  # the first backfill run of a migration
+from reshard.core.phases import BACKFILL_JOB as JOB
+from reshard.control.runs import unmappable_items
 from reshard.jobs.budget import CapacityBudget
 from reshard.control.store import ControlStore
 from reshard.jobs.subscribers import EventLog
 from reshard.jobs.engine import SegmentEngine, read_run
+from reshard.control.transition import transition
+from reshard.control import fleet
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 
@@ -17,7 +27,7 @@ from tests.backfill_support import Shim, diff, expected_table, logical, scan_all
 def _opts(**kw):
     base = dict(segments=3, workers=1, page_size=7, lease_seconds=30)
     base.update(kw)
-    return BackfillOptions(**base)
+    return JobOptions(**base)
 
 
 @pytest.mark.parametrize("kind", ["sensor", "invoices", "hourly"])
@@ -31,7 +41,7 @@ def test_copy_is_exact_for_each_example_migration(moto_dynamo, kind):
     shim.delete(logical(kind, 45))                # and a tombstone
     log = EventLog()
     before = len(scan_all(moto_dynamo, m.table))   # both layouts: the shim's mirror writes are there too
-    result, _ = run_backfill(moto_dynamo, store, m.id, _opts(), subscribers=[log])
+    result = run_job(BACKFILL, moto_dynamo, store, m.id, _opts(), subscribers=[log])
     assert result.done and not result.failed
     assert diff(scan_all(moto_dynamo, m.table), expected_table(mapper, shim.model)) == []
     t = result.totals
@@ -43,12 +53,12 @@ def test_copy_is_exact_for_each_example_migration(moto_dynamo, kind):
     assert t["unmappable"] == 0 and t["new_layout"] > 0
     assert t["moved"] > 0
     assert read_run(store, m.id, JOB, RUN).finished_at is not None
-    assert backfill_facts(store, store.load_state(m.id)) == {"backfill_missing": None}
+    assert backfill_missing(store, store.load_state(m.id)) is None
     # A crash between the last segment and the run stamp: the next invocation stamps it.
     store.update(store.mpk(m.id), "R#backfill#000001", "REMOVE finished_at")
-    assert "incomplete" in backfill_facts(store, store.load_state(m.id))["backfill_missing"]
-    run_backfill(moto_dynamo, store, m.id, _opts())
-    assert backfill_facts(store, store.load_state(m.id)) == {"backfill_missing": None}
+    assert "incomplete" in backfill_missing(store, store.load_state(m.id))
+    run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
+    assert backfill_missing(store, store.load_state(m.id)) is None
     assert {e[1] for e in log.kinds("done")} == {0, 1, 2}
 
 
@@ -78,7 +88,7 @@ def test_unmoved_items_are_skipped_and_unmappable_reported_untouched(moto_dynamo
         return resp
 
     moto_dynamo.call = call
-    result, _ = run_backfill(moto_dynamo, store, m.id, _opts())
+    result = run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
     assert result.done
     t = result.totals
     assert t["unmoved"] == len(unmoved) and t["unmappable"] == 3 and t["moved"] == 30 - len(unmoved)
@@ -138,9 +148,9 @@ def test_resume_from_checkpoint_does_not_rescan_done_pages(moto_dynamo):
 
 def test_segments_mismatch_is_refused(moto_dynamo):
     m, mapper, store = setup_migration(moto_dynamo, "sensor", "Tsensor")
-    run_backfill(moto_dynamo, store, m.id, _opts(segments=2))
+    run_job(BACKFILL, moto_dynamo, store, m.id, _opts(segments=2))
     with pytest.raises(errors.BadInput, match="started with --segments 2"):
-        run_backfill(moto_dynamo, store, m.id, _opts(segments=4))
+        run_job(BACKFILL, moto_dynamo, store, m.id, _opts(segments=4))
 
 
 def test_refused_outside_backfill_phase_and_gate_says_what_is_missing(moto_dynamo):
@@ -152,18 +162,18 @@ def test_refused_outside_backfill_phase_and_gate_says_what_is_missing(moto_dynam
     store = ControlStore(moto_dynamo)
     store.register(m)
     with pytest.raises(errors.RefusedTransition, match="in planned"):
-        run_backfill(moto_dynamo, store, m.id, _opts())
+        run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
     from reshard.core.phases import Action
     for _ in range(3):
-        store.transition(m.id, Action.ADVANCE)
-    store.heartbeat(m.id, "app-1", "dual_read", store.load_state(m.id).phase_version - 1)
+        transition(store, m.id, Action.ADVANCE)
+    fleet.heartbeat(store, m.id, "app-1", "dual_read", store.load_state(m.id).phase_version - 1)
     with pytest.raises(errors.RefusedTransition, match="1 live shim"):
-        run_backfill(moto_dynamo, store, m.id, _opts())
-    store.forget_shim(m.id, "app-1")
-    assert "has not run" in backfill_facts(store, store.load_state(m.id))["backfill_missing"]
+        run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
+    fleet.forget(store, m.id, "app-1")
+    assert "has not run" in backfill_missing(store, store.load_state(m.id))
     # The gate is wired into transitions: advance to cutover is refused with the backfill reason.
     with pytest.raises(errors.RefusedTransition, match="backfill has not run"):
-        store.transition(m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE)
 
 
 def test_expired_lease_is_taken_over_and_a_lost_lease_stops_the_worker(moto_dynamo):
@@ -223,7 +233,7 @@ def test_failing_segment_is_released_with_error_then_retried_next_run(moto_dynam
     rec = result.failed[0]
     assert rec.attempts == 3 and "InternalServerError" in rec.last_error and rec.owner == "-"
     assert [e[3:] for e in log.kinds("failed")][-1] == (3, True)
-    assert "1 failed (segments 1)" in backfill_facts(store, store.load_state(m.id))["backfill_missing"]
+    assert "1 failed (segments 1)" in backfill_missing(store, store.load_state(m.id))
     broken["on"] = False
     second = SegmentEngine(store, m.id, JOB, RUN, 2, page, workers=1, invocation="two")
     result = second.run_all()

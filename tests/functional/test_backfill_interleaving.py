@@ -19,7 +19,10 @@ import random
 
 import pytest
 
-from reshard.jobs.backfill import BackfillOptions, run_backfill
+
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 
@@ -85,8 +88,8 @@ def test_random_shim_traffic_between_backfill_steps_converges_to_the_model(moto_
         return True
 
     hook = Interleaver(moto_dynamo, traffic)
-    result, _ = run_backfill(moto_dynamo, store, m.id,
-                             BackfillOptions(segments=2, workers=1, page_size=6, lease_seconds=30))
+    result = run_job(BACKFILL, moto_dynamo, store, m.id,
+                             JobOptions(segments=2, workers=1, page_size=6, lease_seconds=30))
     while in_flight:
         in_flight.pop(0)()
     assert result.done
@@ -120,8 +123,8 @@ def test_each_race_is_repaired_by_the_right_step(moto_dynamo):
         return False
 
     hook = Interleaver(moto_dynamo, once)
-    result, _ = run_backfill(moto_dynamo, store, m.id,
-                             BackfillOptions(segments=1, workers=1, page_size=100, lease_seconds=30))
+    result = run_job(BACKFILL, moto_dynamo, store, m.id,
+                             JobOptions(segments=1, workers=1, page_size=100, lease_seconds=30))
     moto_dynamo.call = hook.real
     t = result.totals
     assert done == {"scan", "batch_write_item"}

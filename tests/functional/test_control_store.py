@@ -8,10 +8,12 @@ import pytest
 
 from reshard import errors
 
-from reshard.control import store as control
+from reshard.control import records
 from reshard.control.store import ControlStore, resolve
 from reshard.core.migration import parse
 from reshard.core.phases import Action, Phase
+from reshard.control.transition import retire, transition
+from reshard.control import fleet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = (ROOT / "migrations" / "0001_sensor_events.toml").read_text()
@@ -41,12 +43,6 @@ def clock():
 @pytest.fixture
 def store(moto_dynamo, clock):
     return ControlStore(moto_dynamo, "rs-control", clock=clock)
-
-
-@pytest.fixture
-def no_providers(monkeypatch):
-    """An empty provider list for this test (restored afterwards)."""
-    monkeypatch.setattr(control, "_fact_providers", [])
 
 
 def migration(text: str = SENSOR, **replace: str):
@@ -84,12 +80,12 @@ def test_one_active_migration_per_table(store):
     store.register(migration())
     with pytest.raises(errors.BadInput, match=f"already has an active migration '{MID}' \\(in planned\\)"):
         store.register(other_migration())
-    store.transition(MID, Action.ABORT)
+    transition(store, MID, Action.ABORT)
     # An aborted migration keeps the table until its cleanup removed the new copies...
     with pytest.raises(errors.BadInput, match="run `reshard cleanup` on it first"):
         store.register(other_migration())
     assert store.active_migration_ids() == [MID]
-    retired = store.retire(MID)  # ...which `reshard cleanup` marks by retiring it
+    retired = retire(store, MID)  # ...which `reshard cleanup` marks by retiring it
     assert retired.retired and retired.phase is Phase.ABORTED and retired.phase_version == 3
     assert [t.action for t in store.history(MID)][-1] == "retire"
     state, created = store.register(other_migration())
@@ -106,14 +102,14 @@ def test_a_stale_table_lock_is_taken_over(store):
     assert store.get("T#SensorEvents", "ACTIVE")["migration_id"]["S"] == MID
 
 
-def test_history_records_who_when_from_to(store, clock, no_providers):
+def test_history_records_who_when_from_to(store, clock):
     store.register(migration(), who="alice@h1")
     clock.t += 10
-    store.transition(MID, Action.ADVANCE, who="bob@h2")
+    transition(store, MID, Action.ADVANCE, who="bob@h2")
     clock.t += 5
-    store.transition(MID, Action.ADVANCE, who="carol@h3")
+    transition(store, MID, Action.ADVANCE, who="carol@h3")
     clock.t += 5
-    before, after = store.transition(MID, Action.ROLLBACK, who="alice@h1")
+    before, after = transition(store, MID, Action.ROLLBACK, who="alice@h1")
     assert (before.phase, after.phase, after.phase_version) == (Phase.DUAL_READ, Phase.DUAL_WRITE, 4)
     t0 = 1_000_000.0
     assert [t.as_dict() for t in store.history(MID)] == [
@@ -128,10 +124,10 @@ def test_history_records_who_when_from_to(store, clock, no_providers):
 
 def test_a_history_row_lost_to_a_crash_is_recorded_by_the_next_transition(store):
     store.register(migration())
-    store.transition(MID, Action.ADVANCE, who="bob@h2")
+    transition(store, MID, Action.ADVANCE, who="bob@h2")
     store.delete(store.mpk(MID), "H#00000002")  # as if bob's process died after the compare-and-set
     assert [t.phase_version for t in store.history(MID)] == [1, 2]  # META's copy fills in
-    store.transition(MID, Action.ADVANCE)
+    transition(store, MID, Action.ADVANCE)
     hist = store.history(MID)
     assert [t.phase_version for t in hist] == [1, 2, 3]
     assert (hist[1].who, hist[1].to_phase) == ("bob@h2", "dual_write")
@@ -140,124 +136,130 @@ def test_a_history_row_lost_to_a_crash_is_recorded_by_the_next_transition(store)
 
 def test_census_and_expiry_follow_the_injected_clock(store, clock):
     store.register(migration())
-    store.heartbeat(MID, "i-1", "planned", 1, liveness_seconds=30, host="h1", pid=11)
+    fleet.heartbeat(store, MID, "i-1", "planned", 1, liveness_seconds=30, host="h1", pid=11)
     clock.t += 10
-    store.heartbeat(MID, "i-2", "planned", 1, liveness_seconds=30, host="h2", pid=12)
-    window = 30 + control.CLOCK_SKEW_ALLOWANCE_SECONDS
+    fleet.heartbeat(store, MID, "i-2", "planned", 1, liveness_seconds=30, host="h2", pid=12)
+    window = 30 + records.CLOCK_SKEW_ALLOWANCE_SECONDS
     clock.t += window - 10  # i-1 exactly at the edge of its window: still live
-    c = store.census(MID, 1)
+    c = fleet.census(store, MID, 1)
     assert [h.instance for h in c.live] == ["i-1", "i-2"] and c.expired == () and c.acknowledged
     clock.t += 1
-    c = store.census(MID, 1)
+    c = fleet.census(store, MID, 1)
     assert [h.instance for h in c.live] == ["i-2"] and [h.instance for h in c.expired] == ["i-1"]
-    assert store.census(MID, 2).lagging[0].describe() == "i-2 (h2 pid 12, on planned v1)"
-    store.forget_shim(MID, "i-2")
-    assert store.census(MID, 2).live == ()
+    assert fleet.census(store, MID, 2).lagging[0].describe() == "i-2 (h2 pid 12, on planned v1)"
+    fleet.forget(store, MID, "i-2")
+    assert fleet.census(store, MID, 2).live == ()
 
 
 def test_advance_is_refused_while_a_shim_lags_and_allowed_once_it_acknowledges(store, clock):
     store.register(migration())
-    store.heartbeat(MID, "i-1", "planned", 1, host="h1", pid=7)
-    store.transition(MID, Action.ADVANCE)  # the fleet acknowledged v1
+    fleet.heartbeat(store, MID, "i-1", "planned", 1, host="h1", pid=7)
+    transition(store, MID, Action.ADVANCE)  # the fleet acknowledged v1
     with pytest.raises(errors.RefusedTransition) as e:
-        store.transition(MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE)
     assert not isinstance(e.value, errors.ConcurrentChange)
     assert "1 live shim(s) have not acknowledged dual_write yet: i-1 (h1 pid 7, on planned v1)" in str(e.value)
     assert store.load_state(MID).phase is Phase.DUAL_WRITE
-    store.heartbeat(MID, "i-1", "dual_write", 2, host="h1", pid=7)
-    _, after = store.transition(MID, Action.ADVANCE)
+    fleet.heartbeat(store, MID, "i-1", "dual_write", 2, host="h1", pid=7)
+    _, after = transition(store, MID, Action.ADVANCE)
     assert after.phase is Phase.DUAL_READ
 
 
 def test_rollback_and_abort_also_wait_for_the_fleet(store):
     store.register(migration())
-    store.transition(MID, Action.ADVANCE)
-    store.heartbeat(MID, "i-1", "planned", 1)
+    transition(store, MID, Action.ADVANCE)
+    fleet.heartbeat(store, MID, "i-1", "planned", 1)
     for action in (Action.ROLLBACK, Action.ABORT):
         with pytest.raises(errors.RefusedTransition, match=f"reshard {action.value} --wait"):
-            store.transition(MID, action)
+            transition(store, MID, action)
 
 
 def test_an_expired_heartbeat_drops_out_and_stops_blocking(store, clock):
     store.register(migration())
-    store.heartbeat(MID, "i-gone", "planned", 0, liveness_seconds=5)
+    fleet.heartbeat(store, MID, "i-gone", "planned", 0, liveness_seconds=5)
     with pytest.raises(errors.RefusedTransition, match="i-gone"):
-        store.transition(MID, Action.ADVANCE)
-    clock.t += 5 + control.CLOCK_SKEW_ALLOWANCE_SECONDS + 0.1
-    _, after = store.transition(MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE)
+    clock.t += 5 + records.CLOCK_SKEW_ALLOWANCE_SECONDS + 0.1
+    _, after = transition(store, MID, Action.ADVANCE)
     assert after.phase is Phase.DUAL_WRITE
 
 
 def test_no_shims_means_immediate_acknowledgement(store, clock):
     store.register(migration())
-    c = store.wait_for_ack(MID, 1, seconds=60, sleep=clock.sleep)
+    c = fleet.wait_for_ack(store, MID, 1, seconds=60, sleep=clock.sleep)
     assert c.acknowledged and c.live == () and clock.sleeps == []
 
 
 def test_wait_for_ack_returns_when_the_laggard_catches_up(store, clock):
     store.register(migration())
-    store.heartbeat(MID, "i-1", "planned", 0)
+    fleet.heartbeat(store, MID, "i-1", "planned", 0)
 
     def sleep(seconds):
         clock.sleep(seconds)
         if len(clock.sleeps) == 3:  # the shim refreshes during our third nap
-            store.heartbeat(MID, "i-1", "planned", 1)
+            fleet.heartbeat(store, MID, "i-1", "planned", 1)
 
-    c = store.wait_for_ack(MID, 1, seconds=60, sleep=sleep, poll=1.0)
+    c = fleet.wait_for_ack(store, MID, 1, seconds=60, sleep=sleep, poll=1.0)
     assert c.acknowledged and len(clock.sleeps) == 3
 
 
 def test_wait_for_ack_gives_up_at_the_deadline_with_the_laggards(store, clock):
     store.register(migration())
-    store.heartbeat(MID, "i-1", "planned", 0, liveness_seconds=600)
-    c = store.wait_for_ack(MID, 1, seconds=2.5, sleep=clock.sleep, poll=1.0)
+    fleet.heartbeat(store, MID, "i-1", "planned", 0, liveness_seconds=600)
+    c = fleet.wait_for_ack(store, MID, 1, seconds=2.5, sleep=clock.sleep, poll=1.0)
     assert not c.acknowledged and [h.instance for h in c.lagging] == ["i-1"]
     assert clock.sleeps == [1.0, 1.0, 0.5]
 
 
 def test_wait_for_ack_sees_a_laggard_expire(store, clock):
     store.register(migration())
-    store.heartbeat(MID, "i-1", "planned", 0, liveness_seconds=5)
-    c = store.wait_for_ack(MID, 1, seconds=60, sleep=clock.sleep, poll=2.0)
+    fleet.heartbeat(store, MID, "i-1", "planned", 0, liveness_seconds=5)
+    c = fleet.wait_for_ack(store, MID, 1, seconds=60, sleep=clock.sleep, poll=2.0)
     assert c.acknowledged and [h.instance for h in c.expired] == ["i-1"]
-    assert sum(clock.sleeps) <= 5 + control.CLOCK_SKEW_ALLOWANCE_SECONDS + 2
+    assert sum(clock.sleeps) <= 5 + records.CLOCK_SKEW_ALLOWANCE_SECONDS + 2
 
 
 def _walk_to(store, phase):
     while store.load_state(MID).phase is not phase:
-        store.transition(MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE)
 
 
-def test_facts_providers_open_the_gates(store, no_providers):
+def test_gates_are_passed_in(store):
     store.register(migration())
     _walk_to(store, Phase.BACKFILL)
-    with pytest.raises(errors.RefusedTransition, match="the backfill has not run.*no passing verify"):
-        store.transition(MID, Action.ADVANCE)
+    with pytest.raises(errors.RefusedTransition, match="the backfill has not run.*no verify yet"):
+        transition(store, MID, Action.ADVANCE)
     calls = []
 
-    @control.register_facts_provider
     def fake_gates(st, state):
         calls.append((st, state.phase))
         return {"backfill_missing": None, "verify_missing": None, "cleanup_missing": "3 segments left: run cleanup"}
 
-    _, after = store.transition(MID, Action.ADVANCE)
+    _, after = transition(store, MID, Action.ADVANCE, gates=fake_gates)
     assert after.phase is Phase.CUTOVER and calls[-1] == (store, Phase.BACKFILL)
-    store.transition(MID, Action.ADVANCE)
+    transition(store, MID, Action.ADVANCE, gates=fake_gates)
     with pytest.raises(errors.RefusedTransition, match="3 segments left: run cleanup"):
-        store.transition(MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE, gates=fake_gates)
     with pytest.raises(errors.RefusedTransition, match="rollback is refused in cleanup"):
-        store.transition(MID, Action.ROLLBACK)
+        transition(store, MID, Action.ROLLBACK, gates=fake_gates)
 
 
-def test_the_provider_registry_is_clean_after_a_test(no_providers):
-    assert control._fact_providers == []
+def test_gates_passed_to_one_transition_do_not_outlive_it(store):
+    """No registry: open gates given to one call leave the next call to the run records."""
+    store.register(migration())
+    _walk_to(store, Phase.BACKFILL)
+    opened = lambda st, state: {"backfill_missing": None, "verify_missing": None, "cleanup_missing": None}
+    transition(store, MID, Action.ADVANCE, gates=opened)
+    transition(store, MID, Action.ROLLBACK)
+    with pytest.raises(errors.RefusedTransition, match="the backfill has not run"):
+        transition(store, MID, Action.ADVANCE)
 
 
-def test_expected_version_pins_the_state_we_acted_on(store, no_providers):
+def test_expected_version_pins_the_state_we_acted_on(store):
     store.register(migration(), who="alice@h1")
-    store.transition(MID, Action.ADVANCE, who="bob@h2")
+    transition(store, MID, Action.ADVANCE, who="bob@h2")
     with pytest.raises(errors.ConcurrentChange) as e:
-        store.transition(MID, Action.ADVANCE, expected_version=1)
+        transition(store, MID, Action.ADVANCE, expected_version=1)
     assert str(e.value) == (f"another operator (bob@h2) moved migration '{MID}' first: it is now in dual_write "
                             "(phase version 2, you acted on 1); check `reshard status` before acting again")
 
@@ -271,11 +273,11 @@ def test_a_lost_compare_and_set_names_the_winner(store, moto_dynamo):
     def rival_moves_first(**kwargs):
         if not fired:
             fired.append(True)
-            rival.transition(MID, Action.ADVANCE, who="rival@h9")
+            transition(rival, MID, Action.ADVANCE, who="rival@h9")
 
     moto_dynamo.client.meta.events.register("before-call.dynamodb.UpdateItem", rival_moves_first)
     with pytest.raises(errors.ConcurrentChange, match=r"another operator \(rival@h9\) .* now in dual_write"):
-        store.transition(MID, Action.ADVANCE, who="me@h1")
+        transition(store, MID, Action.ADVANCE, who="me@h1")
     hist = store.history(MID)
     assert [t.phase_version for t in hist] == [1, 2] and (hist[1].who, hist[1].to_phase) == ("rival@h9", "dual_write")
 

@@ -9,13 +9,14 @@ import time
 
 import pytest
 
-from reshard.control import store as control
 
 from reshard.aws import dynamo as dynamo_module
 from reshard.cli.main import main
 from reshard.control.store import ControlStore
 from reshard.aws.dynamo import Dynamo
 from reshard.core.phases import Action
+from reshard.control.transition import transition
+from reshard.control import fleet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR_FILE = str(ROOT / "migrations" / "0001_sensor_events.toml")
@@ -45,14 +46,6 @@ def store(aws):
     return ControlStore(aws, "rs-control")
 
 
-@pytest.fixture
-def gates_open(monkeypatch):
-    """A fake backfill/verify/cleanup provider, registered for this test only."""
-    monkeypatch.setattr(control, "_fact_providers", [])
-    control.register_facts_provider(lambda st, state: {"backfill_missing": None, "verify_missing": None,
-                                                       "cleanup_missing": None})
-
-
 def run(capsys, *args: str) -> tuple[int, str, str]:
     code = main([*args, *CT])
     out, err = capsys.readouterr()
@@ -71,7 +64,7 @@ def status_json(capsys, *ref: str) -> dict:
     return json.loads(out)
 
 
-def test_the_phase_commands_end_to_end(aws, capsys, gates_open):
+def test_the_phase_commands_end_to_end(aws, capsys):
     code, out, err = run(capsys, "start", SENSOR_FILE)
     assert code == 0, err
     assert f"registered migration '{MID}' on table 'SensorEvents': phase planned" in out
@@ -156,8 +149,8 @@ def test_two_active_migrations_must_be_named(aws, capsys):
 
 def test_advance_waits_for_the_fleet(aws, capsys, store):
     assert run(capsys, "start", SENSOR_FILE)[0] == 0
-    store.heartbeat(MID, "i-1", "planned", 1, host="h1", pid=11)
-    store.heartbeat(MID, "i-2", "planned", 0, host="h2", pid=12, liveness_seconds=600)
+    fleet.heartbeat(store, MID, "i-1", "planned", 1, host="h1", pid=11)
+    fleet.heartbeat(store, MID, "i-2", "planned", 0, host="h2", pid=12, liveness_seconds=600)
 
     code, out, err = run(capsys, "advance")
     line = one_error_line(err)
@@ -170,7 +163,7 @@ def test_advance_waits_for_the_fleet(aws, capsys, store):
     assert {s["instance"]: s["acknowledged"] for s in report["shims"]} == {"i-1": True, "i-2": False}
     assert report["advance"]["allowed"] is False and report["fleet"]["lagging"] == ["i-2 (h2 pid 12, on planned v0)"]
 
-    store.forget_shim(MID, "i-2")
+    fleet.forget(store, MID, "i-2")
     code, out, err = run(capsys, "advance", "--wait", "0.2")
     assert code == 0, err  # the transition happened; the fleet has not caught up
     assert "moved planned -> dual_write" in out
@@ -180,7 +173,7 @@ def test_advance_waits_for_the_fleet(aws, capsys, store):
     code, out, err = run(capsys, "advance", "--output", "json")
     assert code == 2 and "have not acknowledged dual_write" in one_error_line(err) and out == ""
 
-    store.heartbeat(MID, "i-1", "dual_write", 2, host="h1", pid=11)
+    fleet.heartbeat(store, MID, "i-1", "dual_write", 2, host="h1", pid=11)
     code, out, err = run(capsys, "advance", "--wait", "0.2", "--output", "json")
     assert code == 0
     moved = json.loads(out)
@@ -188,9 +181,15 @@ def test_advance_waits_for_the_fleet(aws, capsys, store):
     assert moved["fleet"]["lagging"] == ["i-1 (h1 pid 11, on dual_write v2)"]
 
 
-def test_rollback_is_refused_once_cleanup_began(aws, capsys, gates_open):
+def test_rollback_is_refused_once_cleanup_began(aws, capsys):
     assert run(capsys, "start", SENSOR_FILE)[0] == 0
-    for _ in range(5):
+    for _ in range(3):
+        assert run(capsys, "advance")[0] == 0
+    # The cutover gate reads the run records: a real (empty-table) backfill and verify open it.
+    for job in ("backfill", "verify"):
+        code, out, err = run(capsys, job, "--segments", "1")
+        assert code == 0, err
+    for _ in range(2):
         assert run(capsys, "advance")[0] == 0
     assert status_json(capsys)["phase"] == "cleanup"
     for cmd, why in (("rollback", "rollback is refused in cleanup: cleanup has begun"),
@@ -238,7 +237,7 @@ def test_the_loser_of_a_race_is_told_in_one_line(aws, capsys, monkeypatch, store
         def rival_moves_first(**_):
             if not fired:
                 fired.append(True)
-                rival.transition(MID, Action.ADVANCE, who="rival@h9")
+                transition(rival, MID, Action.ADVANCE, who="rival@h9")
 
         client.meta.events.register("before-call.dynamodb.UpdateItem", rival_moves_first)
         return client
@@ -256,8 +255,8 @@ def test_the_loser_of_a_race_is_told_in_one_line(aws, capsys, monkeypatch, store
 def test_status_shows_expired_shims_which_no_longer_block(aws, capsys, store):
     assert run(capsys, "start", SENSOR_FILE)[0] == 0
     long_ago = ControlStore(aws, "rs-control", clock=lambda: time.time() - 3600)
-    long_ago.heartbeat(MID, "i-old", "planned", 0, host="h0", pid=5, liveness_seconds=30)
-    store.heartbeat(MID, "i-new", "planned", 1, host="h1", pid=6)
+    fleet.heartbeat(long_ago, MID, "i-old", "planned", 0, host="h0", pid=5, liveness_seconds=30)
+    fleet.heartbeat(store, MID, "i-new", "planned", 1, host="h1", pid=6)
     report = status_json(capsys)
     assert [(s["instance"], s["live"], s["acknowledged"]) for s in report["shims"]] == [
         ("i-new", True, True), ("i-old", False, False)]

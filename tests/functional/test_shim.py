@@ -14,6 +14,8 @@ from reshard.core.layout import KeyMapper, hash_shard
 from reshard.core.phases import Action, Phase
 from reshard.shim.table import ShardedTable
 from reshard.core.versions import VersionClock
+from reshard.control.transition import transition
+from reshard.control import fleet
 from tests.shim_helpers import by_layout, create_table, migration, scan, shim
 
 FENCED = ["planned", "dual_write", "dual_read", "backfill", "cutover"]
@@ -328,13 +330,13 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
         # Heartbeat first (version 0), then the phase read, then the acknowledgement.
         assert order[:3] == [("PutItem", "ctl"), ("GetItem", "ctl"), ("PutItem", "ctl")]
         assert t.phase == "planned"
-        beat = store.heartbeats(sensor.id)
+        beat = fleet.heartbeats(store, sensor.id)
         assert [(h.instance, h.phase, h.phase_version) for h in beat] == [(t.instance_id, "planned", 1)]
-        store.transition(sensor.id, Action.ADVANCE, who="test")
+        transition(store, sensor.id, Action.ADVANCE, who="test")
         assert t.phase == "planned"  # cached: no control read per request
         t.put_item(Item=event(1))
         assert t.refresh() and t.phase == "dual_write"
-        assert store.census(sensor.id, 2).acknowledged
+        assert fleet.census(store, sensor.id, 2).acknowledged
         # The control table becomes unreachable: requests go on within the liveness window...
         def broken(**kw):
             raise __import__("botocore").exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
@@ -351,7 +353,7 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
             t.put_item(Item=event(2))
     finally:
         t.close()
-    assert store.heartbeats(sensor.id) == []  # close() leaves the census at once
+    assert fleet.heartbeats(store, sensor.id) == []  # close() leaves the census at once
 
 
 def test_unregistered_migration_is_steady_and_from_migration_id(moto_dynamo, sensor):
@@ -375,13 +377,13 @@ def test_acknowledges_a_new_phase_only_after_older_requests_finish(moto_dynamo, 
     store.register(sensor, who="test")
     with ShardedTable(sensor, moto_dynamo, control_table="ctl3", refresh_seconds=3600) as t:
         running = t._begin()  # a request in flight under planned (v1)
-        store.transition(sensor.id, Action.ADVANCE, who="test")
+        transition(store, sensor.id, Action.ADVANCE, who="test")
         assert t.refresh() and t.phase == "dual_write"  # new requests use the new phase...
-        assert [h.phase_version for h in store.heartbeats(sensor.id)] == [1]  # ...but v2 is not acknowledged
-        assert not store.census(sensor.id, 2).acknowledged
+        assert [h.phase_version for h in fleet.heartbeats(store, sensor.id)] == [1]  # ...but v2 is not acknowledged
+        assert not fleet.census(store, sensor.id, 2).acknowledged
         t._end(running)
         assert t.refresh()
-        assert store.census(sensor.id, 2).acknowledged
+        assert fleet.census(store, sensor.id, 2).acknowledged
 
 
 def test_throttling_is_retried_and_errors_carry_code_and_request_id(moto_dynamo, sensor):

@@ -7,12 +7,18 @@ import time
 import pytest
 
 from reshard import errors
-from reshard.jobs.backfill import BackfillOptions, run_backfill
-from reshard.jobs.cleanup import CleanupOptions, run_cleanup
+
+
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, is_tombstone
 from reshard.core.phases import Action, Phase
-from reshard.jobs.verify import VerifyOptions, run_verify, verify_facts
+from reshard.control.gates import verify_missing
 from reshard.core.versions import version_of
+from reshard.control.transition import transition
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.verify import VERIFY
+from reshard.jobs.cleanup import CLEANUP
 
 from tests.backfill_support import Shim, logical, scan_all, setup_migration
 
@@ -28,13 +34,13 @@ def backfilled(dynamo, kind="sensor", n=40, table=None):
     for i in range(n, n + 6):
         shim.put(logical(kind, i))
     shim.delete(logical(kind, n + 2))
-    result, _ = run_backfill(dynamo, store, m.id, BackfillOptions(**FAST))
+    result = run_job(BACKFILL, dynamo, store, m.id, JobOptions(**FAST))
     assert result.done
     return m, mapper, store, shim
 
 
 def verify(dynamo, store, m, **kw):
-    return run_verify(dynamo, store, m.id, VerifyOptions(**FAST, rechecks=2, recheck_pause=0.0, **kw),
+    return run_job(VERIFY, dynamo, store, m.id, JobOptions(**FAST, rechecks=2, recheck_pause=0.0, **kw),
                       sleep=lambda s: None)
 
 
@@ -51,14 +57,14 @@ def new_copy_of(mapper, old):
 @pytest.mark.parametrize("kind", ["sensor", "invoices", "hourly"])
 def test_verify_passes_on_a_clean_copy_and_opens_the_cutover_gate(moto_dynamo, kind):
     m, mapper, store, shim = backfilled(moto_dynamo, kind)
-    assert "no verify since the backfill" in verify_facts(store, store.load_state(m.id))["verify_missing"]
+    assert "no verify since the backfill" in verify_missing(store, store.load_state(m.id))
     with pytest.raises(errors.RefusedTransition, match="verify"):
-        store.transition(m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE)
     result = verify(moto_dynamo, store, m)
-    assert result.finished and result.passed, result.counts
-    assert result.checked >= len(shim.model) and not any(result.counts.values())
-    assert verify_facts(store, store.load_state(m.id)) == {"verify_missing": None}
-    _, after = store.transition(m.id, Action.ADVANCE)
+    assert result.finished and result.passed, result.differences
+    assert result.checked >= len(shim.model) and not any(result.differences.values())
+    assert verify_missing(store, store.load_state(m.id)) is None
+    _, after = transition(store, m.id, Action.ADVANCE)
     assert after.phase is Phase.CUTOVER
 
 
@@ -105,13 +111,13 @@ def test_verify_finds_each_planted_difference_and_repair_converges(moto_dynamo):
 
     result = verify(moto_dynamo, store, m)
     assert result.finished and not result.passed
-    assert result.counts == {"missing": 1, "stale": 1, "diverged": 1, "extra": 1, "resurrected": 1,
-                             "duplicate": 1}, result.counts
+    assert result.differences == {"missing": 1, "stale": 1, "diverged": 1, "extra": 1, "resurrected": 1,
+                                  "duplicate": 1}, result.differences
     kinds = sorted(e["kind"] for e in result.examples)
     assert kinds == ["diverged", "duplicate", "extra", "missing", "resurrected", "stale"]
-    assert "found differences" in verify_facts(store, store.load_state(m.id))["verify_missing"]
+    assert "found differences" in verify_missing(store, store.load_state(m.id))
     with pytest.raises(errors.RefusedTransition, match="found differences"):
-        store.transition(m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE)
 
     repaired = verify(moto_dynamo, store, m, repair=True)
     assert repaired.repaired == 6 and not repaired.passed, repaired.examples  # a repairing run never passes
@@ -136,7 +142,7 @@ def test_repair_never_overwrites_a_newer_version_in_the_new_layout(moto_dynamo):
     newest = dict(new_copy_of(mapper, x), temp={"N": "7"}, **{VERSION_ATTR: {"S": "9999999999999.000000.zz"}})
     moto_dynamo.call("put_item", TableName=m.table, Item=newest)
     result = verify(moto_dynamo, store, m, repair=True)
-    assert result.counts["diverged"] == 1 and result.repaired == 0
+    assert result.differences["diverged"] == 1 and result.repaired == 0
     got = moto_dynamo.call("get_item", TableName=m.table, Key=mapper.new.key(mapper.fields(x, mapper.old)),
                            ConsistentRead=True)["Item"]
     assert got == newest
@@ -144,8 +150,8 @@ def test_repair_never_overwrites_a_newer_version_in_the_new_layout(moto_dynamo):
 
 def to_cleanup(dynamo, store, m):
     assert verify(dynamo, store, m).passed
-    store.transition(m.id, Action.ADVANCE)  # cutover
-    store.transition(m.id, Action.ADVANCE)  # cleanup
+    transition(store, m.id, Action.ADVANCE)  # cutover
+    transition(store, m.id, Action.ADVANCE)  # cleanup
 
 
 def test_cleanup_ttl_marks_exactly_the_moved_old_items(moto_dynamo):
@@ -158,12 +164,12 @@ def test_cleanup_ttl_marks_exactly_the_moved_old_items(moto_dynamo):
     shim.put(soon)
     to_cleanup(moto_dynamo, store, m)
     with pytest.raises(errors.BadInput, match="TTL is DISABLED"):
-        run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+        run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
     with pytest.raises(errors.RefusedTransition, match="cleanup pass has not run"):
-        store.transition(m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE)
     before = scan_all(moto_dynamo, m.table)
     t0 = time.time()
-    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST, enable_ttl=True))
+    result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST, enable_ttl=True))
     assert result.done
     after = scan_all(moto_dynamo, m.table)
     old_moved = {k for k, i in before.items() if NEW_COPY_ATTR not in i and not is_tombstone(i)
@@ -185,7 +191,7 @@ def test_cleanup_ttl_marks_exactly_the_moved_old_items(moto_dynamo):
     # Half the calculated-suffix items stay where they are (N -> 2N).
     old_live = [i for i in before.values() if NEW_COPY_ATTR not in i and not is_tombstone(i)]
     assert 0 < result.counts["unmoved"] < len(old_live)
-    _, done = store.transition(m.id, Action.ADVANCE)
+    _, done = transition(store, m.id, Action.ADVANCE)
     assert done.phase is Phase.COMPLETE
 
 
@@ -193,7 +199,7 @@ def test_cleanup_delete_removes_exactly_the_moved_old_items(moto_dynamo):
     m, mapper, store, shim = backfilled(moto_dynamo, kind="hourly", n=50)
     to_cleanup(moto_dynamo, store, m)
     before = scan_all(moto_dynamo, m.table)
-    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST, delete=True))
+    result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST, delete=True))
     assert result.done
     after = scan_all(moto_dynamo, m.table)
     gone = set(before) - set(after)
@@ -209,10 +215,10 @@ def test_abort_then_cleanup_leaves_the_old_layout_byte_identical(moto_dynamo):
     for i in range(50):
         shim.seed(logical("sensor", i))
     snapshot = scan_all(moto_dynamo, m.table)
-    run_backfill(moto_dynamo, store, m.id, BackfillOptions(**FAST))
+    run_job(BACKFILL, moto_dynamo, store, m.id, JobOptions(**FAST))
     assert len(scan_all(moto_dynamo, m.table)) > len(snapshot)  # the new copies are there
-    store.transition(m.id, Action.ABORT)
-    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+    transition(store, m.id, Action.ABORT)
+    result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
     assert result.done and result.counts["new_copies_removed"] > 0
     assert scan_all(moto_dynamo, m.table) == snapshot
     state = store.load_state(m.id)
@@ -222,7 +228,7 @@ def test_abort_then_cleanup_leaves_the_old_layout_byte_identical(moto_dynamo):
 def test_cleanup_refused_outside_cleanup_and_aborted(moto_dynamo):
     m, mapper, store, shim = backfilled(moto_dynamo)
     with pytest.raises(errors.RefusedTransition, match="cleanup runs only in cleanup or aborted"):
-        run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST, delete=True))
+        run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST, delete=True))
 
 
 def test_verify_and_cleanup_commands_exit_codes(moto_dynamo, capsys):
@@ -257,13 +263,13 @@ def test_a_retired_migration_puts_its_shims_back_in_steady_state(moto_dynamo):
     try:
         t.refresh()
         assert t.phase == "backfill"
-        store.transition(m.id, Action.ABORT)
+        transition(store, m.id, Action.ABORT)
         t.refresh()  # acknowledges aborted
         item = {"sensor_id": "s-1", "event_id": "e-1", "ts": "2024-10-27T15:00:00Z"}
         t.put_item(Item=item)
         t.delete_item(Key=item)
         assert [is_tombstone(i) for i in scan_all(moto_dynamo, m.table).values()] == [True]  # still fenced
-        result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+        result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
         assert result.done and result.counts["tombstones_retired"] == 1
         assert scan_all(moto_dynamo, m.table) == {}
         t.refresh()
@@ -297,10 +303,10 @@ def test_an_abort_stops_a_running_backfill_and_cleanup_waits_for_its_leases(moto
     def page(ctx, key):
         pages.append(ctx.segment)
         if len(pages) == 2:
-            store.transition(m.id, Action.ABORT)  # an operator aborts mid-copy
+            transition(store, m.id, Action.ABORT)  # an operator aborts mid-copy
             # ...while this worker still holds its lease: cleanup must wait for it.
             with pytest.raises(errors.RefusedTransition, match="lease"):
-                run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+                run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
         return copier.page(ctx, key)
 
     engine = SegmentEngine(store, m.id, "backfill", 1, 1, page, workers=1,
@@ -308,6 +314,6 @@ def test_an_abort_stops_a_running_backfill_and_cleanup_waits_for_its_leases(moto
     result = engine.run_all()
     assert result.stopped and not result.done and "moved to aborted" in result.stop_reason
     assert len(pages) == 2  # no page after the abort was seen
-    result = run_cleanup(moto_dynamo, store, m.id, CleanupOptions(**FAST))
+    result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
     assert result.done
     assert scan_all(moto_dynamo, m.table) == snapshot

@@ -12,8 +12,11 @@ import threading
 import time
 
 
-from reshard.jobs.backfill import BackfillOptions, run_backfill, status
+from reshard.control.runs import backfill_progress as status
 from reshard.aws.dynamo import Dynamo, RetryPolicy, make_client
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 from tests.conftest import ROOT
@@ -225,8 +228,8 @@ def test_throttling_5xx_and_split_batches_leave_the_same_result(dynalite, dynali
             client.meta.events.register(f"before-send.dynamodb.{op}", faults)
         data = Dynamo(client, retry=RetryPolicy(max_attempts=12, base_seconds=0.005, max_backoff_seconds=0.1))
         from reshard.control.store import ControlStore
-        result, budget = run_backfill(data, ControlStore(dynalite, f"{table}-ctl"), m.id,
-                                      BackfillOptions(segments=3, workers=3, page_size=40, max_wcu=5000))
+        result = run_job(BACKFILL, data, ControlStore(dynalite, f"{table}-ctl"), m.id,
+                                      JobOptions(segments=3, workers=3, page_size=40, max_wcu=5000))
         assert result.done
         assert diff(scan_all(dynalite, m.table), expected_table(mapper, shim.model)) == []
         # The two tables hold the same data; only the seeding time (the versions) and the
@@ -238,7 +241,7 @@ def test_throttling_5xx_and_split_batches_leave_the_same_result(dynalite, dynali
             assert faults.counts["throttle"] >= 5 and faults.counts["5xx"] >= 5 and faults.counts["split"] >= 2, \
                 faults.counts
             st = status(ControlStore(dynalite, f"{table}-ctl"), m.id)
-            assert "throttled on" in budget.latest_reason()
+            assert "throttled on" in result.last_throttle
             assert any((s["last_throttle"] or "").startswith(("throttled on", "no throttling"))
                        for s in st["segments"])
     assert results["clean"] == results["faulty"]

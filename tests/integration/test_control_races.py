@@ -18,10 +18,11 @@ import pytest
 
 from reshard import errors
 
-from reshard.control import store as control
 from reshard.control.store import ControlStore
 from reshard.core.migration import parse
 from reshard.core.phases import Action
+from reshard.control.transition import transition
+from reshard.control import fleet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = (ROOT / "migrations" / "0001_sensor_events.toml").read_text()
@@ -33,7 +34,6 @@ LOSER = re.compile(r"^reshard: error: another operator \((?P<who>[^)]+)\) moved 
 @pytest.fixture
 def setup(dynalite, unique_name, tmp_path, monkeypatch):
     """A data table, a migration file for it, and a control table name, all unique to the test."""
-    monkeypatch.setattr(control, "_fact_providers", [])
     table = f"{unique_name}-data"
     mid = f"{unique_name}-mig"
     dynalite.call("create_table", TableName=table, BillingMode="PAY_PER_REQUEST",
@@ -148,7 +148,7 @@ def test_four_advance_processes_at_once(setup, dynalite_server):
     try the same transition: one moves the migration, three exit 2 with the one clear line."""
     store, m, _ = setup
     store.register(m, who="alice@h0")
-    store.heartbeat(m.id, "i-1", "planned", 0, host="app1", pid=41, liveness_seconds=600)
+    fleet.heartbeat(store, m.id, "i-1", "planned", 0, host="app1", pid=41, liveness_seconds=600)
     procs = [subprocess.Popen(cli(dynalite_server.endpoint, "advance", m.id, "--wait", "40", "--output", "json",
                                   "--control-table", store.table),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(f"op{i}@h{i}"))
@@ -157,12 +157,12 @@ def test_four_advance_processes_at_once(setup, dynalite_server):
         for p in procs:  # each has read phase version 1 and is waiting for the shim
             line = p.stderr.readline()
             assert line.startswith("waiting up to 40s for 1 live shim(s) to acknowledge planned v1"), line
-        store.heartbeat(m.id, "i-1", "planned", 1, host="app1", pid=41)
+        fleet.heartbeat(store, m.id, "i-1", "planned", 1, host="app1", pid=41)
         deadline = time.monotonic() + 30
         while store.load_state(m.id).phase_version < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         # The shim catches up with the new phase too, so the winner's second wait ends.
-        store.heartbeat(m.id, "i-1", "dual_write", 2, host="app1", pid=41)
+        fleet.heartbeat(store, m.id, "i-1", "dual_write", 2, host="app1", pid=41)
         outs = [p.communicate(timeout=60) for p in procs]
     finally:
         for p in procs:
@@ -191,7 +191,7 @@ def test_four_plain_advance_processes_leave_a_chain(setup, dynalite_server):
     """Without --wait, each process acts on what it reads: every winner moves exactly one phase."""
     store, m, _ = setup
     store.register(m)
-    store.transition(m.id, Action.ADVANCE)  # dual_write: at most two steps left before the backfill gate
+    transition(store, m.id, Action.ADVANCE)  # dual_write: at most two steps left before the backfill gate
     procs = [subprocess.Popen(cli(dynalite_server.endpoint, "advance", m.id, "--control-table", store.table),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(f"op{i}"))
              for i in range(4)]
@@ -220,13 +220,13 @@ def test_the_commands_from_the_command_line(setup, dynalite_server):
     assert r.returncode == 0 and "already registered with this file" in r.stdout
     r = run_cli(ep, "advance", *ct, who="bob@h2")
     assert r.returncode == 0 and "moved planned -> dual_write (phase version 2)" in r.stdout
-    store.heartbeat(m.id, "i-7", "dual_write", 2, host="app7", pid=70)
+    fleet.heartbeat(store, m.id, "i-7", "dual_write", 2, host="app7", pid=70)
     r = run_cli(ep, "advance", path, *ct, who="bob@h2")
     assert r.returncode == 0 and "moved dual_write -> dual_read" in r.stdout
     assert "NOT caught up" in r.stdout and "i-7 (app7 pid 70, on dual_write v2)" in r.stdout
     r = run_cli(ep, "rollback", m.id, *ct, who="carol@h3")
     assert r.returncode == 2 and "rollback refused" in r.stderr and "reshard rollback --wait" in r.stderr
-    store.heartbeat(m.id, "i-7", "dual_read", 3, host="app7", pid=70)
+    fleet.heartbeat(store, m.id, "i-7", "dual_read", 3, host="app7", pid=70)
     r = run_cli(ep, "rollback", m.id, *ct, who="carol@h3")
     assert r.returncode == 0, r.stderr
     r = run_cli(ep, "status", *ct)

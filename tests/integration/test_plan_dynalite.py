@@ -47,7 +47,7 @@ def test_plan_full_scan_on_dynalite(dynalite, dynalite_server, unique_name, tmp_
 
 def test_capacity_model_matches_dynalite_consumed_capacity(dynalite, unique_name):
     """The unit rules the plan uses agree with what a real server charges (dynalite is exact)."""
-    from reshard.core import planning
+    from reshard.core import capacity
     from reshard.core.layout import item_size
 
     dynalite.call("create_table", TableName=unique_name, BillingMode="PAY_PER_REQUEST",
@@ -58,13 +58,13 @@ def test_capacity_model_matches_dynalite_consumed_capacity(dynalite, unique_name
               "blob": {"S": "x" * (i * 53 % 5000)}} for i in range(150)]
     writes = sum(dynalite.call("put_item", TableName=unique_name, Item=i, ReturnConsumedCapacity="TOTAL")
                  ["ConsumedCapacity"]["CapacityUnits"] for i in items)
-    assert writes == sum(planning.write_units(item_size(i)) for i in items)
-    assert max(planning.write_units(item_size(i)) for i in items) == 5  # sizes span 1..5 WCU
+    assert writes == sum(capacity.write_units(item_size(i)) for i in items)
+    assert max(capacity.write_units(item_size(i)) for i in items) == 5  # sizes span 1..5 WCU
 
     keys = [{"PK": i["PK"], "SK": i["SK"]} for i in items[:100]]
     resp = dynalite.call("batch_get_item", RequestItems={unique_name: {"Keys": keys, "ConsistentRead": True}},
                          ReturnConsumedCapacity="TOTAL")
-    assert resp["ConsumedCapacity"][0]["CapacityUnits"] == sum(planning.read_units(item_size(i)) for i in items[:100])
+    assert resp["ConsumedCapacity"][0]["CapacityUnits"] == sum(capacity.read_units(item_size(i)) for i in items[:100])
 
     scanned, kwargs = 0.0, {"TableName": unique_name, "ReturnConsumedCapacity": "TOTAL", "Limit": 1000}
     for _ in range(100):  # bounded: 150 items fit a few 1 MB pages
@@ -74,4 +74,4 @@ def test_capacity_model_matches_dynalite_consumed_capacity(dynalite, unique_name
             break
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
     # A scan rounds each page (not each item) up to 4 KB: one page here, so the model is exact.
-    assert scanned == planning.scan_units(sum(item_size(i) for i in items))
+    assert scanned == capacity.scan_units(sum(item_size(i) for i in items))

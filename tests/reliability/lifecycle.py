@@ -22,6 +22,8 @@ from reshard.core.layout import KeyMapper, is_tombstone
 from reshard.core.migration import load
 from reshard.core.phases import Action, Phase
 from reshard.shim.table import ShardedTable
+from reshard.control.transition import transition
+from reshard.control import fleet
 
 from tests.backfill_support import create_table, migration_text
 from tests.integration.test_backfill_dynalite import Watchdog, _cli, _env
@@ -143,9 +145,9 @@ class Lifecycle:
     def move(self, action: Action, dwell: float = 0.6) -> None:
         """Wait for every live shim to acknowledge the current phase, then advance or roll back."""
         state = self.store.load_state(self.m.id)
-        census = self.store.wait_for_ack(self.m.id, state.phase_version, 30, poll=0.1)
+        census = fleet.wait_for_ack(self.store, self.m.id, state.phase_version, 30, poll=0.1)
         assert census.acknowledged, f"shims did not acknowledge {state.phase}: {census.lagging}"
-        before, after = self.store.transition(self.m.id, action, who="chaos-test")
+        before, after = transition(self.store, self.m.id, action, who="chaos-test")
         self.transitions.append(f"{before.phase}->{after.phase}")
         self.log(f"{before.phase} -> {after.phase}")
         time.sleep(dwell)  # let the traffic run in the new phase (and the shims pick it up)

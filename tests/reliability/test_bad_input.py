@@ -13,13 +13,17 @@ from decimal import Decimal
 
 import pytest
 
-from reshard.jobs.backfill import BackfillOptions, run_backfill, unmappable_items
+from reshard.control.runs import unmappable_items
 from reshard.cli.main import main
 from reshard.control.store import ControlStore
 from reshard.core.layout import KeyMapper, item_size
 from reshard.core.migration import parse
 from reshard.core.phases import Action
 from reshard.shim.table import ShardedTable
+from reshard.control.transition import transition
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
 
 from tests.backfill_support import scan_all
 from tests.conftest import ROOT
@@ -81,7 +85,7 @@ def _register(dynamo, text: str, ctl: str = "bad-ctl"):
     store = ControlStore(dynamo, ctl)
     store.register(m)
     for _ in range(3):
-        store.transition(m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE)
     return m, store
 
 
@@ -129,7 +133,7 @@ def test_items_over_400_kb_after_rekeying_are_reported_and_left(dynalite, unique
     big["blob"] = {"S": "z" * (400 * 1024 - 1100 - item_size(big))}  # 1.1 KB under the limit
     for item in (small, big):
         moto_dynamo.call("put_item", TableName=table, Item=item)
-    result, _ = run_backfill(moto_dynamo, store, m.id, BackfillOptions(segments=1, workers=1, page_size=10))
+    result = run_job(BACKFILL, moto_dynamo, store, m.id, JobOptions(segments=1, workers=1, page_size=10))
     assert result.done
     report = unmappable_items(store, m.id)
     assert [u["reason"] for u in report] == ["too-large"], report
@@ -170,7 +174,7 @@ def test_reserved_words_as_fields_through_shim_and_backfill(moto_dynamo):
         shim.update_item(Key=keys[0], UpdateExpression="SET #s = :s", ExpressionAttributeNames={"#s": "size"},
                          ExpressionAttributeValues={":s": Decimal(5)})
         shim.delete_item(Key=keys[1])
-        result, _ = run_backfill(moto_dynamo, store, m.id, BackfillOptions(segments=2, workers=1, page_size=7))
+        result = run_job(BACKFILL, moto_dynamo, store, m.id, JobOptions(segments=2, workers=1, page_size=7))
         assert result.done
         assert shim.get_item(Key=keys[0], ConsistentRead=True)["size"] == 5
         assert shim.get_item(Key=keys[1], ConsistentRead=True) is None
@@ -214,7 +218,7 @@ def test_number_and_binary_sort_keys_through_shim_and_backfill(moto_dynamo, t, v
         shim.put_item(Item={"device": "d9", "seq": value(50), "v": Decimal(50)})
         shim.update_item(Key={"device": "d0", "seq": value(0)}, UpdateExpression="SET v = :v",
                          ExpressionAttributeValues={":v": Decimal(-1)})
-        result, _ = run_backfill(moto_dynamo, store, m.id, BackfillOptions(segments=2, workers=1, page_size=6))
+        result = run_job(BACKFILL, moto_dynamo, store, m.id, JobOptions(segments=2, workers=1, page_size=6))
         assert result.done and not unmappable_items(store, m.id)
         items = scan(moto_dynamo, m.table)
         assert {i["SK"].get(t) is not None for i in items} == {True}   # the sort key keeps its type

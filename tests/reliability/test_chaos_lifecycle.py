@@ -10,7 +10,7 @@ import json
 import os
 
 
-from reshard.jobs.backfill import unmappable_items
+from reshard.control.runs import unmappable_items
 from reshard.core.phases import Action
 
 from tests.reliability.lifecycle import Lifecycle

@@ -13,9 +13,11 @@ import time
 import pytest
 
 from reshard import errors
-from reshard.control.store import CLOCK_SKEW_ALLOWANCE_SECONDS, ControlStore
+from reshard.control.store import ControlStore
+from reshard.control.records import CLOCK_SKEW_ALLOWANCE_SECONDS
 from reshard.aws.dynamo import Dynamo, RetryPolicy
 from reshard.shim.table import ShardedTable
+from reshard.control import fleet
 
 from tests.backfill_support import setup_migration
 from tests.integration.test_backfill_dynalite import _cli, _env
@@ -36,7 +38,7 @@ def test_a_shim_cut_off_from_the_control_table_stops_writing_and_leaves_the_cens
                            control_table=ctl, refresh_seconds=0.2, liveness_seconds=1.5, writer_id="cut")
         try:
             cut.put_item(Item=w.item(1, "before", __import__("random").Random(1)))
-            assert {h.instance for h in store.census(m.id, 4).live} == {"cut"}
+            assert {h.instance for h in fleet.census(store, m.id, 4).live} == {"cut"}
             proxy.blocked_tables.add(ctl)          # the data table stays reachable
             cut_at = time.monotonic()
             accepted_after_window = 0
@@ -59,10 +61,10 @@ def test_a_shim_cut_off_from_the_control_table_stops_writing_and_leaves_the_cens
             # Its heartbeat is no longer renewed, so it expires once the liveness window and the
             # census's clock-skew allowance have passed since its last beat (a census taken
             # at that time, without waiting ~17 s of wall clock here).
-            beat, = store.heartbeats(m.id)
+            beat, = fleet.heartbeats(store, m.id)
             assert beat.instance == "cut" and beat.at <= time.time() - 1.0
             later = ControlStore(dynalite, ctl, clock=lambda: beat.at + 1.5 + CLOCK_SKEW_ALLOWANCE_SECONDS + 0.1)
-            census = later.census(m.id, 4)
+            census = fleet.census(later, m.id, 4)
             assert census.live == () and [h.instance for h in census.expired] == ["cut"]
             print(f"\n[cut-off shim] refused after {refused[0]:.2f}s: {refused[1]}; "
                   f"blocked control calls: {proxy.counts['blocked']}")
@@ -96,7 +98,7 @@ def test_two_backfills_and_a_verify_at_once(dynalite, dynalite_server, unique_na
              for _ in range(2)]
     time.sleep(1.0)
     v = subprocess.run(verify, env=_env(), capture_output=True, text=True, timeout=120)
-    from reshard.jobs.backfill import status
+    from reshard.control.runs import backfill_progress as status
     unfinished = not (status(store, m.id) or {}).get("finished_at")
     assert unfinished, "the backfill finished before verify returned: the race did not happen (slow it down)"
     outs = [p.communicate(timeout=120) for p in procs]

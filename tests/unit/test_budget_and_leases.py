@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from reshard.jobs.budget import Aimd, CapacityBudget, TokenBucket, read_units, scan_units, write_units
+from reshard.core.capacity import Aimd, TokenBucket, items_read_units, items_write_units, page_scan_units
+from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import FREE, SegmentRecord, lease_decision
 
 
@@ -119,9 +120,9 @@ def test_budget_throttle_records_a_reason_and_tells_listeners():
 def test_capacity_estimates_follow_dynamodb_units():
     small = {"PK": {"S": "a"}, "v": {"S": "x" * 100}}
     big = {"PK": {"S": "a"}, "v": {"S": "x" * 5000}}
-    assert write_units([small, big]) == 1 + 5
-    assert read_units([small, big]) == 1 + 2 and read_units([big], consistent=False) == 1
-    assert scan_units(100, 1024) == 12.5
+    assert items_write_units([small, big]) == 1 + 5
+    assert items_read_units([small, big]) == 1 + 2 and items_read_units([big], consistent=False) == 1
+    assert page_scan_units(100, 1024) == 12.5
 
 
 REC = dict(segment=3, exists=True, owner="h:1:inv:0", lease_expires=200.0, lease_counter=4)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from reshard.core.phases import (ABORTABLE, ORDER, ROUTING, STEADY, TERMINAL, Action, Facts, Phase, decide,
-                            jobs_allowed, next_phase, previous_phase)
+                                 jobs_allowed, next_phase, previous_phase)
 
 P, A = Phase, Action
 

@@ -8,7 +8,7 @@ import pytest
 
 from reshard.core import migration
 
-from reshard.core import planning
+from reshard.core import capacity, planning
 from reshard.core.layout import KeyMapper
 
 SENSOR = """\
@@ -35,17 +35,17 @@ def h(s: str) -> int:
 
 
 def test_unit_rules():
-    assert planning.write_units(1) == 1
-    assert planning.write_units(1024) == 1
-    assert planning.write_units(1025) == 2
-    assert planning.write_units(0) == 1
-    assert planning.read_units(4096) == 1
-    assert planning.read_units(4097) == 2
-    assert planning.read_units(4097, consistent=False) == 1.0
-    assert planning.read_units(100, consistent=False) == 0.5
-    assert planning.scan_units(0) == 0
-    assert planning.scan_units(4096) == 0.5
-    assert planning.scan_units(4096 * 10 + 1) == 5.5
+    assert capacity.write_units(1) == 1
+    assert capacity.write_units(1024) == 1
+    assert capacity.write_units(1025) == 2
+    assert capacity.write_units(0) == 1
+    assert capacity.read_units(4096) == 1
+    assert capacity.read_units(4097) == 2
+    assert capacity.read_units(4097, consistent=False) == 1.0
+    assert capacity.read_units(100, consistent=False) == 0.5
+    assert capacity.scan_units(0) == 0
+    assert capacity.scan_units(4096) == 0.5
+    assert capacity.scan_units(4096 * 10 + 1) == 5.5
 
 
 def test_distribution_skew_and_hottest():
@@ -135,9 +135,9 @@ def test_sample_analysis_counts_and_units():
     assert est.scale == 10
     assert est.backfill.wcu == 20 * len(moved)
     assert est.backfill.readback_rcu == 10 * len(moved)
-    assert est.backfill.scan_rcu == planning.scan_units(a.bytes_all * 10)
+    assert est.backfill.scan_rcu == capacity.scan_units(a.bytes_all * 10)
     assert est.cleanup.wcu == 20 * len(moved)
-    assert est.cleanup.scan_rcu == planning.scan_units((a.bytes_all + a.bytes_moved_new) * 10)
+    assert est.cleanup.scan_rcu == capacity.scan_units((a.bytes_all + a.bytes_moved_new) * 10)
     assert est.backfill_seconds == 2 * len(moved)
     assert est.cost(est.backfill) == pytest.approx(est.backfill.rcu / 1e6 * 0.5 + est.backfill.wcu / 1e6)
 

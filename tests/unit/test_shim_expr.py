@@ -3,8 +3,7 @@
 import pytest
 
 from reshard.errors import BadInput
-from reshard.shim.expr import (and_conditions, check_placeholders, merge_update, split_clauses, split_top,
-                               touched_attributes)
+from reshard.shim.expr import and_conditions, check_placeholders, merge_update, split_clauses, split_top, touched_attributes
 
 
 def test_split_clauses_any_order_and_case():

@@ -1,0 +1,147 @@
+"""Job runs as the control table records them: which run counts, how far it got, what it found.
+
+A run (``R#<job>#<run>``) is shared by every process and host working on it; its
+segments (``J#...``) carry leases and checkpoints (:mod:`reshard.jobs.engine` writes
+them). Everything here only reads, so ``status``, the gates and the job runner agree on
+one reading of the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable, Iterable
+
+from reshard.control.records import (RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
+from reshard.control.store import ControlStore
+from reshard.core.compare import differences
+from reshard.core.leases import FREE, SegmentRecord
+from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Phase
+from reshard.core.wire import get_n, get_s, load_key
+
+
+def read_run(store: ControlStore, migration_id: str, job: str, run: int) -> RunInfo | None:
+    item = store.get(store.mpk(migration_id), run_sk(job, run))
+    return RunInfo.from_item(migration_id, item) if item else None
+
+
+def runs(store: ControlStore, migration_id: str, job: str) -> list[RunInfo]:
+    """Every run of ``job`` for this migration, oldest first."""
+    return sorted((RunInfo.from_item(migration_id, i) for i in store.query(store.mpk(migration_id), f"R#{job}#")),
+                  key=lambda r: r.run)
+
+
+def latest_run(store: ControlStore, migration_id: str, job: str) -> RunInfo | None:
+    all_runs = runs(store, migration_id, job)
+    return all_runs[-1] if all_runs else None
+
+
+def run_to_join(store: ControlStore, migration_id: str, job: str, *, not_before: float = 0.0,
+                fresh: bool = False) -> int:
+    """The run number this invocation works on.
+
+    An unfinished run that started at or after ``not_before`` is joined (resumed, or
+    shared with other hosts); otherwise a new run starts. ``fresh`` forces a new run
+    unless the latest one is unfinished (two operators starting a verify at once then
+    share one run instead of racing two).
+    """
+    latest = latest_run(store, migration_id, job)
+    if latest is None:
+        return 1
+    if latest.finished_at is None and latest.started_at >= not_before:
+        return latest.run
+    if not fresh and latest.started_at >= not_before:
+        return latest.run
+    return latest.run + 1
+
+
+def entered_at(store: ControlStore, migration_id: str, frm: str, to: str) -> float:
+    """When the migration last moved ``frm`` → ``to`` (0 if never)."""
+    times = [t.at for t in store.history(migration_id) if t.from_phase == frm and t.to_phase == to]
+    return max(times) if times else 0.0
+
+
+def backfill_run(store: ControlStore, migration_id: str) -> int:
+    """The backfill run that counts: the latest one started since dual writes last began.
+
+    Re-running resumes it (finished segments stay done); a rollback to ``planned`` (the
+    shims stopped dual-writing, so the copy went stale) makes the next backfill a new run.
+    """
+    return run_to_join(store, migration_id, BACKFILL_JOB,
+                       not_before=entered_at(store, migration_id, Phase.PLANNED.value, Phase.DUAL_WRITE.value))
+
+
+def segment_records(store: ControlStore, migration_id: str, job: str, run: int, total: int) -> list[SegmentRecord]:
+    """Every segment of a run (one Query), a blank record for segments nobody touched yet."""
+    items = {get_s(i, "sk"): i for i in store.query(store.mpk(migration_id), segment_prefix(job, run))}
+    return [SegmentRecord.from_item(s, items.get(segment_sk(job, run, s))) for s in range(total)]
+
+
+def sum_counters(records: Iterable[SegmentRecord]) -> dict:
+    """The counters of several segments added up."""
+    out: dict = {}
+    for r in records:
+        for k, v in r.counters.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def describe(store: ControlStore, migration_id: str, job: str, run: int,
+             clock: Callable[[], float] = time.time) -> dict | None:
+    """Per-segment progress, owners and totals of a run (for ``reshard status``)."""
+    info = read_run(store, migration_id, job, run)
+    if info is None:
+        return None
+    recs = segment_records(store, migration_id, job, run, info.total_segments)
+    now = clock()
+    throttles = [r.last_throttle for r in recs if r.last_throttle]
+    return {"job": job, "run": run, "total_segments": info.total_segments, "started_at": info.started_at,
+            "finished_at": info.finished_at, "done": sum(r.done for r in recs),
+            "failed": [r.segment for r in recs if r.failed and not r.done],
+            "totals": sum_counters(recs), "last_throttle": throttles[-1] if throttles else None,
+            "segments": [r.as_dict(now) for r in recs]}
+
+
+def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now: float) -> list[str]:
+    """Segments of ``jobs`` whose lease is still held by someone (their workers may still write)."""
+    out = []
+    for job in jobs:
+        for item in store.query(store.mpk(migration_id), f"J#{job}#"):
+            if get_s(item, "owner", FREE) != FREE and float(get_n(item, "lease_expires", 0)) > now:
+                out.append(f"{job} segment {int(get_n(item, 'segment', -1))} ({get_s(item, 'owner')})")
+    return out
+
+
+def unmappable_items(store: ControlStore, migration_id: str, job: str = BACKFILL_JOB) -> list[dict]:
+    """The unmappable-items report of a job (old key, reason, detail)."""
+    return [{"old_key": load_key(get_s(i, "old_key")), "reason": get_s(i, "reason"), "detail": get_s(i, "detail")}
+            for i in store.query(store.mpk(migration_id), unmappable_sk(job, ""))]
+
+
+def examples(store: ControlStore, migration_id: str, job: str, run: int) -> list[dict]:
+    """The example differences a run recorded (``D#<job>#<run>#...``)."""
+    return [json.loads(get_s(i, "body")) for i in store.query(store.mpk(migration_id), example_prefix(job, run))]
+
+
+def backfill_progress(store: ControlStore, migration_id: str) -> dict | None:
+    """The counting backfill run's segments, owners, totals, throttle reason and unmappable count."""
+    d = describe(store, migration_id, BACKFILL_JOB, backfill_run(store, migration_id))
+    if d is not None:
+        d["unmappable_items"] = len(store.query(store.mpk(migration_id), unmappable_sk(BACKFILL_JOB, "")))
+    return d
+
+
+def verify_verdict(store: ControlStore, migration_id: str, run: int, shown: int = 20) -> dict:
+    """A verify run's verdict as recorded: finished, passed, differences per kind, examples.
+
+    Passing means finished with no difference; a run that repaired anything also says so
+    (the gate then wants another run, since the repairs changed what it read).
+    """
+    info = read_run(store, migration_id, VERIFY_JOB, run)
+    totals = info.totals if info else {}
+    counts = differences(totals)
+    finished = bool(info and info.finished)
+    return {"run": run, "finished": finished, "passed": finished and not any(counts.values()), "counts": counts,
+            "checked": int(totals.get("checked", 0)), "repaired": int(totals.get("repaired", 0)),
+            "examples": examples(store, migration_id, VERIFY_JOB, run)[:shown] if shown else [],
+            "started_at": info.started_at if info else 0.0, "finished_at": info.finished_at if info else None}
