@@ -31,7 +31,8 @@ from reshard.core.migration import SHARD
 from reshard.core.versions import newest
 
 if TYPE_CHECKING:
-    from reshard.shim.table import PhaseState, ShardedTable
+    from reshard.shim.phase_cache import PhaseState
+    from reshard.shim.table import ShardedTable
 
 _OPS = {"=": "=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 

@@ -33,14 +33,10 @@ Random-suffix old layouts
     brand-new item goes to a shard derived from its identity, so two racing creators
     pick the same key.
 
-Phase cache, heartbeat, liveness
-    A daemon thread refreshes the phase every ``refresh_seconds`` (with jitter) and
-    writes a heartbeat with the phase version the instance acts on; requests never read
-    the control table. Start-up writes a heartbeat (``starting``, version 0) *before*
-    the first phase read, so an operator's census cannot miss a shim that is starting.
-    A version is acknowledged only when no request that started under an older version
-    is still running. An instance that could not refresh for ``liveness_seconds``
-    raises :class:`~reshard.errors.ShimUnavailable` instead of acting on a stale phase.
+Phase
+    Every request asks the instance's :class:`~reshard.shim.phase_cache.PhaseCache` for
+    the phase to act on (never the control table) and tells it when it is done, so a
+    new phase is acknowledged only after the requests on the old one drain.
 
 Reserved names: every bookkeeping attribute starts with ``_rs_`` and never reaches the
 application; placeholders ``#rs_*`` / ``:rs_*`` are reserved in expressions.
@@ -53,46 +49,25 @@ other attributes behave as on a missing item. Test for a non-key attribute inste
 
 from __future__ import annotations
 
-import logging
-import random
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from reshard import errors
-from reshard.control.store import DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, ControlStore
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
-from reshard.core.phases import ROUTING, STEADY, Phase, Routing
-from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
-                        touched_attributes)
+from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
-
-log = logging.getLogger("reshard.shim.table")
+from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
+                               touched_attributes)
+from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, STEADY_NAME,  # noqa: F401
+                                      PhaseCache, PhaseState, registered_migration)
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
-STEADY_NAME = "steady"
-
-
-@dataclass(frozen=True)
-class PhaseState:
-    """The phase an instance acts on: name, control-table version and routing."""
-
-    phase: str
-    version: int
-    routing: Routing
-
-    @property
-    def stamps(self) -> bool:
-        # Versions are stamped whenever a migration is registered (even in unfenced
-        # cleanup/complete), so versions on the authoritative copy only grow and a
-        # failed fence is never mistaken for the app's condition next to a cleanup shim.
-        return self.phase != STEADY_NAME
 
 
 class ShardedTable:
@@ -113,22 +88,9 @@ class ShardedTable:
         self.dynamo = dynamo
         self.instance_id = writer_id or uuid.uuid4().hex[:12]
         self.versions = version_clock or VersionClock(self.instance_id)
-        self.refresh_seconds = refresh_seconds
-        self.liveness_seconds = liveness_seconds
-        self._clock = clock
-        self._control = ControlStore(dynamo, control_table) if control_table else None
-        self._lock = threading.Lock()
-        self._state: PhaseState | None = None if self._control else PhaseState(STEADY_NAME, 0, STEADY)
-        self._last_ok = clock()
-        self._last_error: str | None = None
-        self._pinned = False
-        self._inflight: dict[int, int] = {}
-        self._states: dict[int, PhaseState] = {}
-        self._acked: int | None = None
-        self._announced = False  # a heartbeat of ours is in the control table
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._phases = PhaseCache(migration, dynamo, control_table, self.instance_id,
+                                  refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, clock=clock)
+        self._lock = threading.Lock()  # guards the lazily created query pool
         self._executor: ThreadPoolExecutor | None = None
         self._query_workers = max(1, query_workers)
         m = self.mapper
@@ -139,8 +101,8 @@ class ShardedTable:
         # Names the app's update may not write: key fields (they are the identity) and
         # the physical key attributes.
         self._frozen_attrs = set(m.key_fields) | self._key_attrs
-        if self._control and start:
-            self._start()
+        if self._phases.controlled and start:
+            self._phases.start()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -161,8 +123,7 @@ class ShardedTable:
                           **kwargs) -> "ShardedTable":
         """A shim for a registered migration; the file text comes from the control table."""
         dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
-        state = ControlStore(dynamo, control_table).load_state(migration_id)
-        return cls(state.migration(), dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
+        return cls(registered_migration(dynamo, control_table, migration_id), dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
                    liveness_seconds=liveness_seconds, **kwargs)
 
     def __enter__(self) -> "ShardedTable":
@@ -173,148 +134,40 @@ class ShardedTable:
 
     def close(self) -> None:
         """Stop the refresh thread and remove this instance's heartbeat (it leaves the census at once)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._phases.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
-        if self._control is not None and not self._pinned and self._announced:
-            try:
-                self._control.forget_shim(self.migration.id, self.instance_id)
-            except errors.ReshardError as e:
-                log.warning("could not remove heartbeat of %s: %s", self.instance_id, e)
 
-    # ------------------------------------------------------------------ phase cache
+    # ------------------------------------------------------------------ phase
     @property
     def phase(self) -> str:
         """The phase this instance acts on now (``steady`` when no migration is registered)."""
-        st = self._state
-        return st.phase if st else "unknown"
+        return self._phases.phase
 
-    def _start(self) -> None:
-        # Announce ourselves before reading the phase: an operator's census taken between
-        # our phase read and our first acknowledgement would otherwise not see us, and
-        # could move the fleet two phases away from the one we are about to act on.
-        try:
-            self._heartbeat("starting", 0)
-        except errors.ResourceNotFound:
-            pass  # no control table: no migration can be registered either; refresh says STEADY
-        except errors.ReshardError as e:
-            log.warning("reshard shim %s: first heartbeat failed: %s", self.instance_id, e)
-        self.refresh()
-        self._thread = threading.Thread(target=self._run, name=f"reshard-shim-{self.instance_id}", daemon=True)
-        self._thread.start()
+    @property
+    def refresh_seconds(self) -> float:
+        return self._phases.refresh_seconds
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            delay = self.refresh_seconds * random.uniform(0.8, 1.2)  # jitter: a fleet must not beat in step
-            self._wake.wait(delay)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            self.refresh()
+    @property
+    def liveness_seconds(self) -> float:
+        return self._phases.liveness_seconds
 
     def refresh(self) -> bool:
-        """Read the phase and write the heartbeat now. True on success (the thread calls this)."""
-        if self._pinned or self._control is None:
-            return True
-        started = self._clock()
-        try:
-            try:
-                state = self._control.load_state(self.migration.id, missing_ok=True)
-            except (errors.ResourceNotFound, errors.ControlTableMissing):
-                state = None  # the control table does not exist: nothing is registered
-                table_exists = False
-            else:
-                table_exists = True
-            if state is None:
-                new = PhaseState(STEADY_NAME, 0, STEADY)
-            else:
-                if state.file_hash != self.migration.content_hash:
-                    raise errors.BadInput(
-                        f"migration {self.migration.id!r} is registered with a different file than the one this "
-                        "shim loaded; deploy the registered file (or use ShardedTable.from_migration_id)")
-                elif state.retired:
-                    # An aborted migration whose cleanup finished: the old layout is plain
-                    # steady state again (no versions, no tombstones).
-                    new = PhaseState(STEADY_NAME, state.phase_version, STEADY)
-                else:
-                    new = PhaseState(state.phase.value, state.phase_version, ROUTING[state.phase])
-            with self._lock:
-                self._states[new.version] = new
-                self._state = new
-                ack = self._ack_state_locked()
-            if table_exists:
-                self._heartbeat(ack.phase, ack.version)
-            with self._lock:
-                self._acked = ack.version
-                # Conservative: liveness counts from the start of the refresh, which is
-                # before the heartbeat's timestamp, so we stop before the census drops us.
-                self._last_ok = started
-                self._last_error = None
-            return True
-        except errors.ReshardError as e:
-            with self._lock:
-                self._last_error = str(e)
-                if isinstance(e, errors.BadInput):
-                    self._state = None
-            log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
-            return False
-
-    def _ack_state_locked(self) -> PhaseState:
-        # Acknowledge the oldest version a request is still running under: the fleet
-        # must not move on while one of our requests still follows an older phase.
-        oldest = min(self._inflight, default=None)
-        if oldest is not None and oldest < self._state.version and oldest in self._states:
-            return self._states[oldest]
-        return self._state
-
-    def _heartbeat(self, phase: str, version: int) -> None:
-        self._control.heartbeat(self.migration.id, self.instance_id, phase, version,
-                                liveness_seconds=self.liveness_seconds, table=self.table)
-        self._announced = True
+        """Read the phase and write the heartbeat now. True on success (the refresh thread calls this)."""
+        return self._phases.refresh()
 
     def _pin_phase(self, phase: Phase | str | None, version: int = 1) -> None:
         """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table."""
-        self._pinned = True
-        if phase is None or phase == STEADY_NAME:
-            st = PhaseState(STEADY_NAME, 0, STEADY)
-        else:
-            p = Phase(phase)
-            st = PhaseState(p.value, version, ROUTING[p])
-        with self._lock:
-            self._states[st.version] = st
-            self._state = st
+        self._phases.pin(phase, version)
 
     def _begin(self) -> PhaseState:
-        now = self._clock()
-        with self._lock:
-            st = self._state
-            if st is None:
-                raise errors.ShimUnavailable(
-                    f"reshard shim for table {self.table!r} (migration {self.migration.id!r}) has no usable phase: "
-                    f"{self._last_error or 'not loaded yet'}")
-            if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
-                raise errors.ShimUnavailable(
-                    f"reshard shim for table {self.table!r} (migration {self.migration.id!r}) could not refresh "
-                    f"its phase for {now - self._last_ok:.0f}s (liveness window {self.liveness_seconds:g}s); "
-                    f"refusing to act on a possibly stale phase. Last error: {self._last_error or 'none'}")
-            self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
-        return st
+        # Every request brackets its work with _begin/_end: the phase cache must know
+        # which phase versions still have requests running before it acknowledges a newer one.
+        return self._phases.begin()
 
     def _end(self, st: PhaseState) -> None:
-        with self._lock:
-            n = self._inflight[st.version] - 1
-            if n:
-                self._inflight[st.version] = n
-                return
-            del self._inflight[st.version]
-            lagging_ack = self._acked is not None and self._state is not None and self._acked < self._state.version
-        if lagging_ack:
-            self._wake.set()  # the last request on an old version finished: acknowledge now
+        self._phases.end(st)
 
     # ------------------------------------------------------------------ inputs
     def _logical_item(self, item: Mapping[str, Any]) -> dict:
