@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
@@ -65,6 +65,7 @@ from reshard.shim.expr import (and_conditions, check_placeholders, check_targets
                                touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, STEADY_NAME,  # noqa: F401
                                       PhaseCache, PhaseState, registered_migration)
+from reshard.shim.query import QuerySource, run_query
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
@@ -93,6 +94,8 @@ class ShardedTable:
         self._lock = threading.Lock()  # guards the lazily created query pool
         self._executor: ThreadPoolExecutor | None = None
         self._query_workers = max(1, query_workers)
+        self._query_source = QuerySource(mapper=self.mapper, query_page=self._query_page, run_all=self._run_all,
+                                         to_app=self._to_app)
         m = self.mapper
         self._key_attrs = set(m.old.key_attrs)
         self._kept = m._kept_key_attrs
@@ -553,13 +556,23 @@ class ShardedTable:
         ``{"Items", "Count", "LastEvaluatedKey"?}``; pass ``LastEvaluatedKey`` back as
         ``ExclusiveStartKey`` (an opaque string) for the next page.
         """
-        from reshard.shim.query import run_query
         st = self._begin()
         try:
-            return run_query(self, st, Key, SortKeyCondition, Limit, ScanIndexForward, ExclusiveStartKey,
-                             ConsistentRead)
+            return run_query(self._query_source, st.routing, Key, SortKeyCondition, Limit, ScanIndexForward,
+                             ExclusiveStartKey, ConsistentRead)
         finally:
             self._end(st)
+
+    def _query_page(self, **kwargs) -> dict:
+        return self.dynamo.call("query", TableName=self.table, **kwargs)
+
+    def _run_all(self, fn: Callable[[Any], None], items: Sequence[Any]) -> None:
+        pool = self._pool() if len(items) > 1 else None
+        if pool is not None:
+            list(pool.map(fn, items))
+        else:
+            for x in items:
+                fn(x)
 
     def _pool(self) -> ThreadPoolExecutor | None:
         if self._query_workers <= 1:
