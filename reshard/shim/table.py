@@ -63,8 +63,8 @@ from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
 from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
                                touched_attributes)
-from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, STEADY_NAME,  # noqa: F401
-                                      PhaseCache, PhaseState, registered_migration)
+from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
+                                      registered_migration)
 from reshard.shim.query import QuerySource, run_query
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
@@ -126,8 +126,8 @@ class ShardedTable:
                           **kwargs) -> "ShardedTable":
         """A shim for a registered migration; the file text comes from the control table."""
         dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
-        return cls(registered_migration(dynamo, control_table, migration_id), dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
-                   liveness_seconds=liveness_seconds, **kwargs)
+        return cls(registered_migration(dynamo, control_table, migration_id), dynamo, control_table=control_table,
+                   refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, **kwargs)
 
     def __enter__(self) -> "ShardedTable":
         return self
@@ -246,12 +246,17 @@ class ShardedTable:
         """Where an item of a random-suffix layout lives: a consistent BatchGetItem of every
         candidate, newest wins; a brand-new item gets a shard derived from its identity."""
         candidates = layout.candidate_keys(fields)
+        # Consistent: an eventually consistent miss would put a second copy of an existing
+        # item into another shard.
         found = self.dynamo.batch_get(self.table, candidates, consistent=True)
         if found:
             # The new layout's key may also parse as an old candidate (same template): the
             # new-copy marker tells the copy apart from the item's genuine old location.
             genuine = [i for i in found if not self.mapper.is_new_copy(i)] or found
             return self._key_of(newest(genuine))
+        # Nothing stored yet. Two instances creating the item at once must pick the same
+        # key (one item, ordered by the fence), so the shard comes from the identity,
+        # not from a random draw.
         return layout.key(fields, hash_shard(self._identity_text(fields), layout.shards))
 
     def _key_of(self, item: Mapping[str, Any]) -> dict:
@@ -271,13 +276,53 @@ class ShardedTable:
     # ------------------------------------------------------------------ low-level writes
     def _put(self, item: dict, condition: str | None, names: dict | None, values: dict | None,
              return_old: bool = False) -> dict:
+        """One PutItem; the caller's condition is the whole contract (see the write paths)."""
         kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
         return self.dynamo.call("put_item", TableName=self.table, Item=item, **kwargs)
 
+    def _put_through(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
+                     app_condition: str | None, app_names: dict, app_values: dict, *, return_old: bool,
+                     tombstone: bool = False) -> dict:
+        """Put ``base`` (a logical item, or a tombstone's key fields) on the authoritative
+        key under the app's condition and the fence, then mirror the item it stored.
+
+        Mirrors get exactly the stored item (same version, the winning retry's), so
+        both layouts converge on it. Returns the authoritative PutItem's response.
+        """
+        key, mark = targets[0]
+        built: dict = {}
+
+        def attempt(version, condition, names, values):
+            item = dict(base)
+            item.update(key)
+            self._marked(item, mark)
+            if version:  # always set in tombstone phases: they all stamp
+                item[VERSION_ATTR] = {"S": version}
+            if tombstone:
+                item[TOMBSTONE_ATTR] = {"BOOL": True}
+            built["item"] = item
+            return self._put(item, condition, {**app_names, **names} or None, {**app_values, **values} or None,
+                             return_old=return_old)
+
+        _, resp = self._authoritative(st, key, app_condition, attempt)
+        self._mirror_to(targets[1:], built["item"])
+        return resp
+
+    def _mirror_to(self, mirrors: list[tuple[dict, bool]], item: Mapping[str, Any]) -> None:
+        """Copy the authoritative copy's resulting ``item`` to every other layout's key."""
+        for key, mark in mirrors:
+            mirrored = dict(item)
+            mirrored.update(key)
+            self._mirror(self._marked(mirrored, mark))
+
     def _mirror(self, item: dict) -> None:
-        """Write the full resulting item to the other layout, fenced by its own version."""
+        """Write the full resulting item to the other layout, fenced by its own version.
+
+        The fence keeps an older mirror (ours, delayed; or a lagging instance's) from
+        overwriting a newer copy or a tombstone on that layout.
+        """
         fence = fence_for(version_of(item))
         try:
             self._put(item, fence.expression, fence.names, fence.values)
@@ -306,14 +351,20 @@ class ShardedTable:
                 return version, attempt(version, condition, names, values)
             except errors.ConditionalCheckFailed:
                 if not st.routing.fenced:
-                    raise
+                    raise  # no fence in this phase: only the app's condition can have failed
+                # Consistent: a stale (older) version would turn our fence loss into a
+                # false "condition failed" for the application.
                 stored = version_of(self.dynamo.call("get_item", TableName=self.table, Key=key,
                                                      ConsistentRead=True).get("Item"))
                 if stored >= version:
                     self.versions.observe(stored)  # another writer is ahead: go above it
                 elif app_condition:
                     raise  # the stored item is older than us, so it was the app's condition
+                # Otherwise the newer item that beat our fence was replaced or removed
+                # before our read (e.g. by an unfenced cleanup-phase instance): try again.
                 version = self.versions.next()
+        # Bounded: a writer that keeps losing (a badly lagging clock, a hot key) fails
+        # the request loudly instead of spinning.
         raise errors.AWSError("write", "ReshardVersionConflict",
                               f"lost the version race on {key} {MAX_FENCE_RETRIES + 1} times; retry the request")
 
@@ -354,25 +405,8 @@ class ShardedTable:
         app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
         st = self._begin()
         try:
-            targets = self._write_keys(st, fields)
-            keys = [k for k, _ in targets]
-            built: dict = {}
-
-            def attempt(version, condition, names, values):
-                item = dict(logical)
-                item.update(keys[0])
-                self._marked(item, targets[0][1])
-                if version:
-                    item[VERSION_ATTR] = {"S": version}
-                built["item"] = item
-                return self._put(item, condition, {**app_names, **names} or None, {**app_values, **values} or None,
-                                 return_old=ReturnValues == "ALL_OLD")
-
-            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
-            for key, mark in targets[1:]:
-                mirrored = dict(built["item"])
-                mirrored.update(key)
-                self._mirror(self._marked(mirrored, mark))
+            resp = self._put_through(st, self._write_keys(st, fields), logical, ConditionExpression, app_names,
+                                     app_values, return_old=ReturnValues == "ALL_OLD")
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
@@ -394,7 +428,9 @@ class ShardedTable:
             keys = [k for k, _ in targets]
             if not st.routing.tombstones:
                 # No racing copy exists in these phases (steady, cleanup, complete): a
-                # plain delete, with the app's condition as DynamoDB would check it.
+                # plain delete, with the app's condition as DynamoDB would check it. The
+                # condition and ALL_OLD belong to the authoritative key (in these phases
+                # it is the only one).
                 old = None
                 for i, key in enumerate(keys):
                     kwargs: dict[str, Any] = {"TableName": self.table, "Key": key}
@@ -412,23 +448,8 @@ class ShardedTable:
                 return self._response(old, self.mapper.layout(st.routing.writes[0]))
             # Tombstone: key fields let the backfill re-key it; the version orders it.
             marker_base = {f: key_wire[f] for f in self._key_fields}
-            built: dict = {}
-
-            def attempt(version, condition, names, values):
-                item = dict(marker_base)
-                item.update(keys[0])
-                self._marked(item, targets[0][1])
-                item[VERSION_ATTR] = {"S": version}
-                item[TOMBSTONE_ATTR] = {"BOOL": True}
-                built["item"] = item
-                return self._put(item, condition, {**app_names, **names} or None,
-                                 {**app_values, **values} or None, return_old=want_old)
-
-            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
-            for key, mark in targets[1:]:
-                marker = dict(built["item"])
-                marker.update(key)
-                self._mirror(self._marked(marker, mark))
+            resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
+                                     return_old=want_old, tombstone=True)
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
@@ -478,7 +499,7 @@ class ShardedTable:
             expression = merge_update(UpdateExpression, extra_set, extra_remove)
             internal_rv = rv
             if mirrors and rv in ("NONE", "UPDATED_NEW"):
-                internal_rv = "ALL_NEW"
+                internal_rv = "ALL_NEW"  # the mirror needs the whole new item: get it from the update itself
 
             def attempt(version, condition, names, values):
                 kwargs: dict[str, Any] = {"TableName": self.table, "Key": keys[0], "UpdateExpression": expression,
@@ -498,14 +519,14 @@ class ShardedTable:
             if mirrors:
                 if internal_rv == "ALL_NEW":
                     full = attrs
-                else:  # the app asked for old values: read the result (one more read)
+                else:
+                    # The app asked for old values: read the result (one more read). A
+                    # write landing in between is mirrored instead of ours; fine, it is
+                    # newer and the mirror is fenced by its own version.
                     full = self.dynamo.call("get_item", TableName=self.table, Key=keys[0],
                                             ConsistentRead=True).get("Item")
-                if full:
-                    for key, mark in mirrors:
-                        mirrored = dict(full)
-                        mirrored.update(key)
-                        self._mirror(self._marked(mirrored, mark))
+                if full:  # None: the item was removed in between; nothing left to mirror
+                    self._mirror_to(mirrors, full)
         finally:
             self._end(st)
         if rv == "NONE":
@@ -618,6 +639,9 @@ class BatchWriter:
             layout = t.mapper.layout(st.routing.writes[0])
             batchable = len(st.routing.writes) == 1 and not st.routing.fenced and not layout.random
             if batchable:
+                # BatchWriteItem takes no conditions: fine here, as these phases fence
+                # nothing and need no lookup. It also rejects two requests for one key,
+                # so the app's last op on a key is the one sent.
                 requests: dict[str, dict] = {}  # physical key -> request; the last op on a key wins
                 for kind, body in ops:
                     if kind == "put":
@@ -625,7 +649,7 @@ class BatchWriter:
                         key = layout.key(t._fields(logical))
                         item = dict(logical)
                         item.update(key)
-                        if st.stamps:
+                        if st.stamps:  # cleanup/complete: versions keep growing, as for single puts
                             item[VERSION_ATTR] = {"S": t.versions.next()}
                         requests[repr(sorted(key.items()))] = {"PutRequest": {"Item": item}}
                     else:
