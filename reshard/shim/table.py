@@ -150,10 +150,12 @@ class ShardedTable:
 
     @property
     def refresh_seconds(self) -> float:
+        """How often the phase is re-read and the heartbeat written (± jitter)."""
         return self._phases.refresh_seconds
 
     @property
     def liveness_seconds(self) -> float:
+        """How long without a successful refresh before requests fail with ShimUnavailable."""
         return self._phases.liveness_seconds
 
     def refresh(self) -> bool:
@@ -584,6 +586,7 @@ class ShardedTable:
         finally:
             self._end(st)
 
+    # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
     def _query_page(self, **kwargs) -> dict:
         return self.dynamo.call("query", TableName=self.table, **kwargs)
 
