@@ -2,7 +2,10 @@
 
 One Query per physical partition (a partition shared by both layouts -- the same
 ``{sensor_id}#5`` string -- is queried once), the first page of all partitions
-concurrently on the shim's small thread pool, then a k-way merge in sort-key order.
+concurrently, then a k-way merge in sort-key order. The table hands in what the query
+needs as a :class:`QuerySource` (run one Query, run fetches in parallel, convert a
+stored item), so this module knows nothing else about it.
+
 Copies of one logical item (old and new layout) have the same sort key (the layouts
 the phase reads must share the sort template), so they meet at the same merge step:
 the newest version wins, tombstones are dropped.
@@ -21,17 +24,16 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from reshard import errors
 from reshard.aws.dynamo import to_wire
-from reshard.core.layout import derive_time, is_tombstone, scalar
+from reshard.core.layout import KeyMapper, Layout, derive_time, is_tombstone, scalar
 from reshard.core.migration import SHARD
+from reshard.core.phases import Routing
 from reshard.core.versions import newest
-
-if TYPE_CHECKING:
-    from reshard.shim.table import PhaseState, ShardedTable
 
 _OPS = {"=": "=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
@@ -50,16 +52,29 @@ class _Partition:
         self.fresh = position is None  # not in the token: skip up to the token's "last"
 
 
+@dataclass(frozen=True)
+class QuerySource:
+    """All a fan-out query needs from the table it reads (and nothing else of it)."""
 
-def run_query(t: "ShardedTable", st: "PhaseState", key: Mapping[str, Any], condition, limit, forward, token,
+    mapper: KeyMapper
+    #: One DynamoDB Query on the table: Query's parameters except TableName -> its response.
+    query_page: Callable[..., dict]
+    #: Call ``fn`` on every element; concurrently where the table keeps a thread pool.
+    run_all: Callable[[Callable[[Any], None], Sequence[Any]], None]
+    #: A stored item (of ``layout``) as the application sees it; None for a tombstone.
+    to_app: Callable[[Mapping[str, Any], Layout], dict | None]
+
+
+def run_query(src: QuerySource, routing: Routing, key: Mapping[str, Any], condition, limit, forward, token,
               consistent) -> dict:
-    m = t.mapper
+    """One page of a logical query over every partition of the layouts ``routing`` reads."""
+    m = src.mapper
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise errors.BadInput(f"Limit must be a positive integer (got {limit!r})")
-    layouts = [m.layout(side) for side in st.routing.reads]
+    layouts = [m.layout(side) for side in routing.reads]
     sort_attr = m.keys.sort
     if len({(l.sort.text if l.sort else None) for l in layouts}) > 1:
-        raise errors.BadInput(f"query: the layouts this phase reads ({', '.join(st.routing.reads)}) have different "
+        raise errors.BadInput(f"query: the layouts this phase reads ({', '.join(routing.reads)}) have different "
                               "sort templates, so their items cannot be merged in sort-key order")
     if condition is not None and sort_attr is None:
         raise errors.BadInput("query: SortKeyCondition given but the table has no sort key")
@@ -82,7 +97,7 @@ def run_query(t: "ShardedTable", st: "PhaseState", key: Mapping[str, Any], condi
     last_pos = (_sort_from_json(last[0]), tuple(last[1])) if last else None
 
     kce, names, vals = _key_condition(m.keys.partition, sort_attr, condition)
-    base = {"TableName": t.table, "KeyConditionExpression": kce, "ExpressionAttributeNames": names,
+    base = {"KeyConditionExpression": kce, "ExpressionAttributeNames": names,
             "ScanIndexForward": forward, "ConsistentRead": consistent}
     if limit is not None:
         base["Limit"] = limit
@@ -94,7 +109,7 @@ def run_query(t: "ShardedTable", st: "PhaseState", key: Mapping[str, Any], condi
             kwargs["ExclusiveStartKey"] = p.lek
         elif p.after is not None:
             kwargs["ExclusiveStartKey"] = {**p.pk, sort_attr: _sort_to_av(p.after)}
-        resp = t.dynamo.call("query", **kwargs)
+        resp = src.query_page(**kwargs)
         items = resp.get("Items", [])
         p.lek = resp.get("LastEvaluatedKey")
         if not p.lek:
@@ -102,7 +117,7 @@ def run_query(t: "ShardedTable", st: "PhaseState", key: Mapping[str, Any], condi
         entries = []
         for item in items:
             sv = scalar(item[sort_attr]) if sort_attr else None
-            ident = _identity(t, item, p.layouts)
+            ident = _identity(m, item, p.layouts)
             if ident is None:
                 continue  # not an item of a layout this phase reads
             if p.fresh and last_pos is not None and not _after((sv, ident), last_pos, forward):
@@ -110,13 +125,8 @@ def run_query(t: "ShardedTable", st: "PhaseState", key: Mapping[str, Any], condi
             entries.append(((sv, ident), item))
         p.buf.extend(entries)
 
-    live = [p for p in partitions.values() if not p.done]
-    pool = t._pool() if len(live) > 1 else None
-    if pool is not None:
-        list(pool.map(fetch, live))
-    else:
-        for p in live:
-            fetch(p)
+    # First pages of all partitions at once: a query's latency is one round trip, not N.
+    src.run_all(fetch, [p for p in partitions.values() if not p.done])
 
     out: list[dict] = []
     last_emitted = last_pos
@@ -140,7 +150,7 @@ def run_query(t: "ShardedTable", st: "PhaseState", key: Mapping[str, Any], condi
         its_layouts = next(ls for it, ls in copies if it is winner)
         last_emitted = best
         if not is_tombstone(winner):
-            out.append(t._to_app(winner, its_layouts[0]))
+            out.append(src.to_app(winner, its_layouts[0]))
 
     more = any(p.buf or not p.done for p in partitions.values())
     resp: dict[str, Any] = {"Items": out, "Count": len(out)}
@@ -202,7 +212,7 @@ def _key_condition(pk_attr: str, sk_attr: str | None, condition) -> tuple[str, d
                           "('>=', v), ('between', a, b) or ('begins_with', prefix)")
 
 
-def _identity(t: "ShardedTable", item: Mapping[str, Any], layouts: list) -> tuple | None:
+def _identity(m: KeyMapper, item: Mapping[str, Any], layouts: list) -> tuple | None:
     """The logical identity of ``item`` if it belongs to one of ``layouts``, else None.
 
     A physical partition can hold items of both layouts (``s-1#5`` is a partition of
@@ -211,7 +221,6 @@ def _identity(t: "ShardedTable", item: Mapping[str, Any], layouts: list) -> tupl
     old-layout item that happens to share a partition with the new layout. Items that
     map to no layout (other entity types in the same partitions) are not returned.
     """
-    m = t.mapper
     key = {a: item[a] for a in m.old.key_attrs}
     for layout in layouts:
         try:

@@ -33,14 +33,10 @@ Random-suffix old layouts
     brand-new item goes to a shard derived from its identity, so two racing creators
     pick the same key.
 
-Phase cache, heartbeat, liveness
-    A daemon thread refreshes the phase every ``refresh_seconds`` (with jitter) and
-    writes a heartbeat with the phase version the instance acts on; requests never read
-    the control table. Start-up writes a heartbeat (``starting``, version 0) *before*
-    the first phase read, so an operator's census cannot miss a shim that is starting.
-    A version is acknowledged only when no request that started under an older version
-    is still running. An instance that could not refresh for ``liveness_seconds``
-    raises :class:`~reshard.errors.ShimUnavailable` instead of acting on a stale phase.
+Phase
+    Every request asks the instance's :class:`~reshard.shim.phase_cache.PhaseCache` for
+    the phase to act on (never the control table) and tells it when it is done, so a
+    new phase is acknowledged only after the requests on the old one drain.
 
 Reserved names: every bookkeeping attribute starts with ``_rs_`` and never reaches the
 application; placeholders ``#rs_*`` / ``:rs_*`` are reserved in expressions.
@@ -53,48 +49,26 @@ other attributes behave as on a missing item. Test for a non-key attribute inste
 
 from __future__ import annotations
 
-import logging
-import random
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from reshard import errors
-from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore
-from reshard.control.records import DEFAULT_LIVENESS_SECONDS
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
-from reshard.core.phases import ROUTING, STEADY, Phase, Routing
-from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
-                        touched_attributes)
+from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
-from reshard.control import fleet
-
-log = logging.getLogger("reshard.shim.table")
+from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
+                               touched_attributes)
+from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
+                                      registered_migration)
+from reshard.shim.query import QuerySource, run_query
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
-STEADY_NAME = "steady"
-
-
-@dataclass(frozen=True)
-class PhaseState:
-    """The phase an instance acts on: name, control-table version and routing."""
-
-    phase: str
-    version: int
-    routing: Routing
-
-    @property
-    def stamps(self) -> bool:
-        # Versions are stamped whenever a migration is registered (even in unfenced
-        # cleanup/complete), so versions on the authoritative copy only grow and a
-        # failed fence is never mistaken for the app's condition next to a cleanup shim.
-        return self.phase != STEADY_NAME
 
 
 class ShardedTable:
@@ -115,24 +89,13 @@ class ShardedTable:
         self.dynamo = dynamo
         self.instance_id = writer_id or uuid.uuid4().hex[:12]
         self.versions = version_clock or VersionClock(self.instance_id)
-        self.refresh_seconds = refresh_seconds
-        self.liveness_seconds = liveness_seconds
-        self._clock = clock
-        self._control = ControlStore(dynamo, control_table) if control_table else None
-        self._lock = threading.Lock()
-        self._state: PhaseState | None = None if self._control else PhaseState(STEADY_NAME, 0, STEADY)
-        self._last_ok = clock()
-        self._last_error: str | None = None
-        self._pinned = False
-        self._inflight: dict[int, int] = {}
-        self._states: dict[int, PhaseState] = {}
-        self._acked: int | None = None
-        self._announced = False  # a heartbeat of ours is in the control table
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._phases = PhaseCache(migration, dynamo, control_table, self.instance_id,
+                                  refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, clock=clock)
+        self._lock = threading.Lock()  # guards the lazily created query pool
         self._executor: ThreadPoolExecutor | None = None
         self._query_workers = max(1, query_workers)
+        self._query_source = QuerySource(mapper=self.mapper, query_page=self._query_page, run_all=self._run_all,
+                                         to_app=self._to_app)
         m = self.mapper
         self._key_attrs = set(m.old.key_attrs)
         self._kept = m._kept_key_attrs
@@ -141,8 +104,8 @@ class ShardedTable:
         # Names the app's update may not write: key fields (they are the identity) and
         # the physical key attributes.
         self._frozen_attrs = set(m.key_fields) | self._key_attrs
-        if self._control and start:
-            self._start()
+        if self._phases.controlled and start:
+            self._phases.start()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -163,9 +126,8 @@ class ShardedTable:
                           **kwargs) -> "ShardedTable":
         """A shim for a registered migration; the file text comes from the control table."""
         dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
-        state = ControlStore(dynamo, control_table).load_state(migration_id)
-        return cls(state.migration(), dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
-                   liveness_seconds=liveness_seconds, **kwargs)
+        return cls(registered_migration(dynamo, control_table, migration_id), dynamo, control_table=control_table,
+                   refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, **kwargs)
 
     def __enter__(self) -> "ShardedTable":
         return self
@@ -175,148 +137,42 @@ class ShardedTable:
 
     def close(self) -> None:
         """Stop the refresh thread and remove this instance's heartbeat (it leaves the census at once)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._phases.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
-        if self._control is not None and not self._pinned and self._announced:
-            try:
-                fleet.forget(self._control, self.migration.id, self.instance_id)
-            except errors.ReshardError as e:
-                log.warning("could not remove heartbeat of %s: %s", self.instance_id, e)
 
-    # ------------------------------------------------------------------ phase cache
+    # ------------------------------------------------------------------ phase
     @property
     def phase(self) -> str:
         """The phase this instance acts on now (``steady`` when no migration is registered)."""
-        st = self._state
-        return st.phase if st else "unknown"
+        return self._phases.phase
 
-    def _start(self) -> None:
-        # Announce ourselves before reading the phase: an operator's census taken between
-        # our phase read and our first acknowledgement would otherwise not see us, and
-        # could move the fleet two phases away from the one we are about to act on.
-        try:
-            self._heartbeat("starting", 0)
-        except errors.ResourceNotFound:
-            pass  # no control table: no migration can be registered either; refresh says STEADY
-        except errors.ReshardError as e:
-            log.warning("reshard shim %s: first heartbeat failed: %s", self.instance_id, e)
-        self.refresh()
-        self._thread = threading.Thread(target=self._run, name=f"reshard-shim-{self.instance_id}", daemon=True)
-        self._thread.start()
+    @property
+    def refresh_seconds(self) -> float:
+        """How often the phase is re-read and the heartbeat written (± jitter)."""
+        return self._phases.refresh_seconds
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            delay = self.refresh_seconds * random.uniform(0.8, 1.2)  # jitter: a fleet must not beat in step
-            self._wake.wait(delay)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            self.refresh()
+    @property
+    def liveness_seconds(self) -> float:
+        """How long without a successful refresh before requests fail with ShimUnavailable."""
+        return self._phases.liveness_seconds
 
     def refresh(self) -> bool:
-        """Read the phase and write the heartbeat now. True on success (the thread calls this)."""
-        if self._pinned or self._control is None:
-            return True
-        started = self._clock()
-        try:
-            try:
-                state = self._control.load_state(self.migration.id, missing_ok=True)
-            except (errors.ResourceNotFound, errors.ControlTableMissing):
-                state = None  # the control table does not exist: nothing is registered
-                table_exists = False
-            else:
-                table_exists = True
-            if state is None:
-                new = PhaseState(STEADY_NAME, 0, STEADY)
-            else:
-                if state.file_hash != self.migration.content_hash:
-                    raise errors.BadInput(
-                        f"migration {self.migration.id!r} is registered with a different file than the one this "
-                        "shim loaded; deploy the registered file (or use ShardedTable.from_migration_id)")
-                elif state.retired:
-                    # An aborted migration whose cleanup finished: the old layout is plain
-                    # steady state again (no versions, no tombstones).
-                    new = PhaseState(STEADY_NAME, state.phase_version, STEADY)
-                else:
-                    new = PhaseState(state.phase.value, state.phase_version, ROUTING[state.phase])
-            with self._lock:
-                self._states[new.version] = new
-                self._state = new
-                ack = self._ack_state_locked()
-            if table_exists:
-                self._heartbeat(ack.phase, ack.version)
-            with self._lock:
-                self._acked = ack.version
-                # Conservative: liveness counts from the start of the refresh, which is
-                # before the heartbeat's timestamp, so we stop before the census drops us.
-                self._last_ok = started
-                self._last_error = None
-            return True
-        except errors.ReshardError as e:
-            with self._lock:
-                self._last_error = str(e)
-                if isinstance(e, errors.BadInput):
-                    self._state = None
-            log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
-            return False
-
-    def _ack_state_locked(self) -> PhaseState:
-        # Acknowledge the oldest version a request is still running under: the fleet
-        # must not move on while one of our requests still follows an older phase.
-        oldest = min(self._inflight, default=None)
-        if oldest is not None and oldest < self._state.version and oldest in self._states:
-            return self._states[oldest]
-        return self._state
-
-    def _heartbeat(self, phase: str, version: int) -> None:
-        fleet.heartbeat(self._control, self.migration.id, self.instance_id, phase, version,
-                                liveness_seconds=self.liveness_seconds, table=self.table)
-        self._announced = True
+        """Read the phase and write the heartbeat now. True on success (the refresh thread calls this)."""
+        return self._phases.refresh()
 
     def _pin_phase(self, phase: Phase | str | None, version: int = 1) -> None:
         """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table."""
-        self._pinned = True
-        if phase is None or phase == STEADY_NAME:
-            st = PhaseState(STEADY_NAME, 0, STEADY)
-        else:
-            p = Phase(phase)
-            st = PhaseState(p.value, version, ROUTING[p])
-        with self._lock:
-            self._states[st.version] = st
-            self._state = st
+        self._phases.pin(phase, version)
 
     def _begin(self) -> PhaseState:
-        now = self._clock()
-        with self._lock:
-            st = self._state
-            if st is None:
-                raise errors.ShimUnavailable(
-                    f"reshard shim for table {self.table!r} (migration {self.migration.id!r}) has no usable phase: "
-                    f"{self._last_error or 'not loaded yet'}")
-            if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
-                raise errors.ShimUnavailable(
-                    f"reshard shim for table {self.table!r} (migration {self.migration.id!r}) could not refresh "
-                    f"its phase for {now - self._last_ok:.0f}s (liveness window {self.liveness_seconds:g}s); "
-                    f"refusing to act on a possibly stale phase. Last error: {self._last_error or 'none'}")
-            self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
-        return st
+        # Every request brackets its work with _begin/_end: the phase cache must know
+        # which phase versions still have requests running before it acknowledges a newer one.
+        return self._phases.begin()
 
     def _end(self, st: PhaseState) -> None:
-        with self._lock:
-            n = self._inflight[st.version] - 1
-            if n:
-                self._inflight[st.version] = n
-                return
-            del self._inflight[st.version]
-            lagging_ack = self._acked is not None and self._state is not None and self._acked < self._state.version
-        if lagging_ack:
-            self._wake.set()  # the last request on an old version finished: acknowledge now
+        self._phases.end(st)
 
     # ------------------------------------------------------------------ inputs
     def _logical_item(self, item: Mapping[str, Any]) -> dict:
@@ -392,12 +248,17 @@ class ShardedTable:
         """Where an item of a random-suffix layout lives: a consistent BatchGetItem of every
         candidate, newest wins; a brand-new item gets a shard derived from its identity."""
         candidates = layout.candidate_keys(fields)
+        # Consistent: an eventually consistent miss would put a second copy of an existing
+        # item into another shard.
         found = self.dynamo.batch_get(self.table, candidates, consistent=True)
         if found:
             # The new layout's key may also parse as an old candidate (same template): the
             # new-copy marker tells the copy apart from the item's genuine old location.
             genuine = [i for i in found if not self.mapper.is_new_copy(i)] or found
             return self._key_of(newest(genuine))
+        # Nothing stored yet. Two instances creating the item at once must pick the same
+        # key (one item, ordered by the fence), so the shard comes from the identity,
+        # not from a random draw.
         return layout.key(fields, hash_shard(self._identity_text(fields), layout.shards))
 
     def _key_of(self, item: Mapping[str, Any]) -> dict:
@@ -417,13 +278,53 @@ class ShardedTable:
     # ------------------------------------------------------------------ low-level writes
     def _put(self, item: dict, condition: str | None, names: dict | None, values: dict | None,
              return_old: bool = False) -> dict:
+        """One PutItem; the caller's condition is the whole contract (see the write paths)."""
         kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
         return self.dynamo.call("put_item", TableName=self.table, Item=item, **kwargs)
 
+    def _put_through(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
+                     app_condition: str | None, app_names: dict, app_values: dict, *, return_old: bool,
+                     tombstone: bool = False) -> dict:
+        """Put ``base`` (a logical item, or a tombstone's key fields) on the authoritative
+        key under the app's condition and the fence, then mirror the item it stored.
+
+        Mirrors get exactly the stored item (same version, the winning retry's), so
+        both layouts converge on it. Returns the authoritative PutItem's response.
+        """
+        key, mark = targets[0]
+        built: dict = {}
+
+        def attempt(version, condition, names, values):
+            item = dict(base)
+            item.update(key)
+            self._marked(item, mark)
+            if version:  # always set in tombstone phases: they all stamp
+                item[VERSION_ATTR] = {"S": version}
+            if tombstone:
+                item[TOMBSTONE_ATTR] = {"BOOL": True}
+            built["item"] = item
+            return self._put(item, condition, {**app_names, **names} or None, {**app_values, **values} or None,
+                             return_old=return_old)
+
+        _, resp = self._authoritative(st, key, app_condition, attempt)
+        self._mirror_to(targets[1:], built["item"])
+        return resp
+
+    def _mirror_to(self, mirrors: list[tuple[dict, bool]], item: Mapping[str, Any]) -> None:
+        """Copy the authoritative copy's resulting ``item`` to every other layout's key."""
+        for key, mark in mirrors:
+            mirrored = dict(item)
+            mirrored.update(key)
+            self._mirror(self._marked(mirrored, mark))
+
     def _mirror(self, item: dict) -> None:
-        """Write the full resulting item to the other layout, fenced by its own version."""
+        """Write the full resulting item to the other layout, fenced by its own version.
+
+        The fence keeps an older mirror (ours, delayed; or a lagging instance's) from
+        overwriting a newer copy or a tombstone on that layout.
+        """
         fence = fence_for(version_of(item))
         try:
             self._put(item, fence.expression, fence.names, fence.values)
@@ -452,14 +353,20 @@ class ShardedTable:
                 return version, attempt(version, condition, names, values)
             except errors.ConditionalCheckFailed:
                 if not st.routing.fenced:
-                    raise
+                    raise  # no fence in this phase: only the app's condition can have failed
+                # Consistent: a stale (older) version would turn our fence loss into a
+                # false "condition failed" for the application.
                 stored = version_of(self.dynamo.call("get_item", TableName=self.table, Key=key,
                                                      ConsistentRead=True).get("Item"))
                 if stored >= version:
                     self.versions.observe(stored)  # another writer is ahead: go above it
                 elif app_condition:
                     raise  # the stored item is older than us, so it was the app's condition
+                # Otherwise the newer item that beat our fence was replaced or removed
+                # before our read (e.g. by an unfenced cleanup-phase instance): try again.
                 version = self.versions.next()
+        # Bounded: a writer that keeps losing (a badly lagging clock, a hot key) fails
+        # the request loudly instead of spinning.
         raise errors.AWSError("write", "ReshardVersionConflict",
                               f"lost the version race on {key} {MAX_FENCE_RETRIES + 1} times; retry the request")
 
@@ -500,25 +407,8 @@ class ShardedTable:
         app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
         st = self._begin()
         try:
-            targets = self._write_keys(st, fields)
-            keys = [k for k, _ in targets]
-            built: dict = {}
-
-            def attempt(version, condition, names, values):
-                item = dict(logical)
-                item.update(keys[0])
-                self._marked(item, targets[0][1])
-                if version:
-                    item[VERSION_ATTR] = {"S": version}
-                built["item"] = item
-                return self._put(item, condition, {**app_names, **names} or None, {**app_values, **values} or None,
-                                 return_old=ReturnValues == "ALL_OLD")
-
-            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
-            for key, mark in targets[1:]:
-                mirrored = dict(built["item"])
-                mirrored.update(key)
-                self._mirror(self._marked(mirrored, mark))
+            resp = self._put_through(st, self._write_keys(st, fields), logical, ConditionExpression, app_names,
+                                     app_values, return_old=ReturnValues == "ALL_OLD")
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
@@ -540,7 +430,9 @@ class ShardedTable:
             keys = [k for k, _ in targets]
             if not st.routing.tombstones:
                 # No racing copy exists in these phases (steady, cleanup, complete): a
-                # plain delete, with the app's condition as DynamoDB would check it.
+                # plain delete, with the app's condition as DynamoDB would check it. The
+                # condition and ALL_OLD belong to the authoritative key (in these phases
+                # it is the only one).
                 old = None
                 for i, key in enumerate(keys):
                     kwargs: dict[str, Any] = {"TableName": self.table, "Key": key}
@@ -558,23 +450,8 @@ class ShardedTable:
                 return self._response(old, self.mapper.layout(st.routing.writes[0]))
             # Tombstone: key fields let the backfill re-key it; the version orders it.
             marker_base = {f: key_wire[f] for f in self._key_fields}
-            built: dict = {}
-
-            def attempt(version, condition, names, values):
-                item = dict(marker_base)
-                item.update(keys[0])
-                self._marked(item, targets[0][1])
-                item[VERSION_ATTR] = {"S": version}
-                item[TOMBSTONE_ATTR] = {"BOOL": True}
-                built["item"] = item
-                return self._put(item, condition, {**app_names, **names} or None,
-                                 {**app_values, **values} or None, return_old=want_old)
-
-            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
-            for key, mark in targets[1:]:
-                marker = dict(built["item"])
-                marker.update(key)
-                self._mirror(self._marked(marker, mark))
+            resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
+                                     return_old=want_old, tombstone=True)
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
@@ -624,7 +501,7 @@ class ShardedTable:
             expression = merge_update(UpdateExpression, extra_set, extra_remove)
             internal_rv = rv
             if mirrors and rv in ("NONE", "UPDATED_NEW"):
-                internal_rv = "ALL_NEW"
+                internal_rv = "ALL_NEW"  # the mirror needs the whole new item: get it from the update itself
 
             def attempt(version, condition, names, values):
                 kwargs: dict[str, Any] = {"TableName": self.table, "Key": keys[0], "UpdateExpression": expression,
@@ -644,14 +521,14 @@ class ShardedTable:
             if mirrors:
                 if internal_rv == "ALL_NEW":
                     full = attrs
-                else:  # the app asked for old values: read the result (one more read)
+                else:
+                    # The app asked for old values: read the result (one more read). A
+                    # write landing in between is mirrored instead of ours; fine, it is
+                    # newer and the mirror is fenced by its own version.
                     full = self.dynamo.call("get_item", TableName=self.table, Key=keys[0],
                                             ConsistentRead=True).get("Item")
-                if full:
-                    for key, mark in mirrors:
-                        mirrored = dict(full)
-                        mirrored.update(key)
-                        self._mirror(self._marked(mirrored, mark))
+                if full:  # None: the item was removed in between; nothing left to mirror
+                    self._mirror_to(mirrors, full)
         finally:
             self._end(st)
         if rv == "NONE":
@@ -702,13 +579,24 @@ class ShardedTable:
         ``{"Items", "Count", "LastEvaluatedKey"?}``; pass ``LastEvaluatedKey`` back as
         ``ExclusiveStartKey`` (an opaque string) for the next page.
         """
-        from reshard.shim.query import run_query
         st = self._begin()
         try:
-            return run_query(self, st, Key, SortKeyCondition, Limit, ScanIndexForward, ExclusiveStartKey,
-                             ConsistentRead)
+            return run_query(self._query_source, st.routing, Key, SortKeyCondition, Limit, ScanIndexForward,
+                             ExclusiveStartKey, ConsistentRead)
         finally:
             self._end(st)
+
+    # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
+    def _query_page(self, **kwargs) -> dict:
+        return self.dynamo.call("query", TableName=self.table, **kwargs)
+
+    def _run_all(self, fn: Callable[[Any], None], items: Sequence[Any]) -> None:
+        pool = self._pool() if len(items) > 1 else None
+        if pool is not None:
+            list(pool.map(fn, items))
+        else:
+            for x in items:
+                fn(x)
 
     def _pool(self) -> ThreadPoolExecutor | None:
         if self._query_workers <= 1:
@@ -754,6 +642,9 @@ class BatchWriter:
             layout = t.mapper.layout(st.routing.writes[0])
             batchable = len(st.routing.writes) == 1 and not st.routing.fenced and not layout.random
             if batchable:
+                # BatchWriteItem takes no conditions: fine here, as these phases fence
+                # nothing and need no lookup. It also rejects two requests for one key,
+                # so the app's last op on a key is the one sent.
                 requests: dict[str, dict] = {}  # physical key -> request; the last op on a key wins
                 for kind, body in ops:
                     if kind == "put":
@@ -761,7 +652,7 @@ class BatchWriter:
                         key = layout.key(t._fields(logical))
                         item = dict(logical)
                         item.update(key)
-                        if st.stamps:
+                        if st.stamps:  # cleanup/complete: versions keep growing, as for single puts
                             item[VERSION_ATTR] = {"S": t.versions.next()}
                         requests[repr(sorted(key.items()))] = {"PutRequest": {"Item": item}}
                     else:

@@ -1,0 +1,249 @@
+"""The shim's knowledge of the migration phase: :class:`PhaseCache`.
+
+Requests never read the control table: a daemon thread refreshes the phase every
+``refresh_seconds`` (with jitter) and writes a heartbeat with the phase version this
+instance acts on. The operator's tools move the fleet only once every live heartbeat
+acknowledges the current version, so three rules keep that acknowledgement honest:
+
+* start-up writes a heartbeat (``starting``, version 0) *before* the first phase read,
+  so a census cannot miss a shim that is starting;
+* a version is acknowledged only when no request that started under an older version
+  is still running (:meth:`PhaseCache.begin` / :meth:`PhaseCache.end` count them);
+* an instance that could not refresh for ``liveness_seconds`` -- after which the census
+  no longer waits for it -- raises :class:`~reshard.errors.ShimUnavailable` instead of
+  acting on a phase the fleet may have left.
+
+This is the only module of the shim that talks to the control table.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from reshard import errors
+from reshard.aws.dynamo import Dynamo
+# DEFAULT_* are re-exported for table.py, so this stays the shim's one control-plane module.
+from reshard.control import fleet
+from reshard.control.records import DEFAULT_LIVENESS_SECONDS  # noqa: F401
+from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore  # noqa: F401
+from reshard.core.migration import Migration
+from reshard.core.phases import ROUTING, STEADY, Phase, Routing
+
+# The logger name predates this module; applications may already configure it.
+log = logging.getLogger("reshard.shim.table")
+
+STEADY_NAME = "steady"
+
+
+@dataclass(frozen=True)
+class PhaseState:
+    """The phase an instance acts on: name, control-table version and routing."""
+
+    phase: str
+    version: int
+    routing: Routing
+
+    @property
+    def stamps(self) -> bool:
+        # Versions are stamped whenever a migration is registered (even in unfenced
+        # cleanup/complete), so versions on the authoritative copy only grow and a
+        # failed fence is never mistaken for the app's condition next to a cleanup shim.
+        return self.phase != STEADY_NAME
+
+
+def registered_migration(dynamo: Dynamo, control_table: str, migration_id: str) -> Migration:
+    """The migration as registered in the control table (its file text is stored there)."""
+    return ControlStore(dynamo, control_table).load_state(migration_id).migration()
+
+
+class PhaseCache:
+    """The phase one shim instance acts on, kept fresh in the background.
+
+    Without a control table (``control_table=None``) the phase is steady forever and no
+    thread or heartbeat exists.
+    """
+
+    def __init__(self, migration: Migration, dynamo: Dynamo, control_table: str | None, instance_id: str, *,
+                 refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float]):
+        self.migration = migration
+        self.instance_id = instance_id
+        self.refresh_seconds = refresh_seconds
+        self.liveness_seconds = liveness_seconds
+        self._clock = clock
+        self._control = ControlStore(dynamo, control_table) if control_table else None
+        self._lock = threading.Lock()
+        self._state: PhaseState | None = None if self._control else PhaseState(STEADY_NAME, 0, STEADY)
+        self._last_ok = clock()
+        self._last_error: str | None = None
+        self._pinned = False
+        self._inflight: dict[int, int] = {}  # phase version -> requests running under it
+        self._states: dict[int, PhaseState] = {}
+        self._acked: int | None = None
+        self._announced = False  # a heartbeat of ours is in the control table
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def controlled(self) -> bool:
+        """Whether a control table is consulted at all (False: steady forever)."""
+        return self._control is not None
+
+    @property
+    def phase(self) -> str:
+        st = self._state
+        return st.phase if st else "unknown"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Announce this instance, read the phase, and start the refresh thread."""
+        # Announce ourselves before reading the phase: an operator's census taken between
+        # our phase read and our first acknowledgement would otherwise not see us, and
+        # could move the fleet two phases away from the one we are about to act on.
+        try:
+            self._heartbeat("starting", 0)
+        except errors.ResourceNotFound:
+            pass  # no control table: no migration can be registered either; refresh says STEADY
+        except errors.ReshardError as e:
+            log.warning("reshard shim %s: first heartbeat failed: %s", self.instance_id, e)
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name=f"reshard-shim-{self.instance_id}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the refresh thread and remove our heartbeat (we leave the census at once)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        # A pinned (test) cache never announced itself on purpose; don't touch the table.
+        if self._control is not None and not self._pinned and self._announced:
+            try:
+                fleet.forget(self._control, self.migration.id, self.instance_id)
+            except errors.ReshardError as e:
+                log.warning("could not remove heartbeat of %s: %s", self.instance_id, e)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            delay = self.refresh_seconds * random.uniform(0.8, 1.2)  # jitter: a fleet must not beat in step
+            self._wake.wait(delay)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self.refresh()
+
+    # ------------------------------------------------------------------ refresh
+    def refresh(self) -> bool:
+        """Read the phase and write the heartbeat now. True on success."""
+        if self._pinned or self._control is None:
+            return True
+        started = self._clock()
+        try:
+            try:
+                state = self._control.load_state(self.migration.id, missing_ok=True)
+            except (errors.ResourceNotFound, errors.ControlTableMissing):
+                state = None  # the control table does not exist: nothing is registered
+                table_exists = False
+            else:
+                table_exists = True
+            if state is None:
+                new = PhaseState(STEADY_NAME, 0, STEADY)
+            else:
+                if state.file_hash != self.migration.content_hash:
+                    # Routing by another file's templates would write keys the fleet does
+                    # not read: refuse (the except below clears the state: fail closed).
+                    raise errors.BadInput(
+                        f"migration {self.migration.id!r} is registered with a different file than the one this "
+                        "shim loaded; deploy the registered file (or use ShardedTable.from_migration_id)")
+                elif state.retired:
+                    # An aborted migration whose cleanup finished: the old layout is plain
+                    # steady state again (no versions, no tombstones).
+                    new = PhaseState(STEADY_NAME, state.phase_version, STEADY)
+                else:
+                    new = PhaseState(state.phase.value, state.phase_version, ROUTING[state.phase])
+            # New requests use the new phase at once; the heartbeat may still name an
+            # older one (see _ack_state_locked) until the requests on it drain.
+            with self._lock:
+                self._states[new.version] = new
+                self._state = new
+                ack = self._ack_state_locked()
+            if table_exists:
+                self._heartbeat(ack.phase, ack.version)
+            with self._lock:
+                self._acked = ack.version
+                # Conservative: liveness counts from the start of the refresh, which is
+                # before the heartbeat's timestamp, so we stop before the census drops us.
+                self._last_ok = started
+                self._last_error = None
+            return True
+        except errors.ReshardError as e:
+            with self._lock:
+                self._last_error = str(e)
+                if isinstance(e, errors.BadInput):
+                    self._state = None
+            log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
+            return False
+
+    def _ack_state_locked(self) -> PhaseState:
+        # Acknowledge the oldest version a request is still running under: the fleet
+        # must not move on while one of our requests still follows an older phase.
+        oldest = min(self._inflight, default=None)
+        if oldest is not None and oldest < self._state.version and oldest in self._states:
+            return self._states[oldest]
+        return self._state
+
+    def _heartbeat(self, phase: str, version: int) -> None:
+        # Unconditional put: each instance owns its heartbeat row.
+        fleet.heartbeat(self._control, self.migration.id, self.instance_id, phase, version,
+                                liveness_seconds=self.liveness_seconds, table=self.migration.table)
+        self._announced = True
+
+    def pin(self, phase: Phase | str | None, version: int = 1) -> None:
+        """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table."""
+        self._pinned = True
+        if phase is None or phase == STEADY_NAME:
+            st = PhaseState(STEADY_NAME, 0, STEADY)
+        else:
+            p = Phase(phase)
+            st = PhaseState(p.value, version, ROUTING[p])
+        with self._lock:
+            self._states[st.version] = st
+            self._state = st
+
+    # ------------------------------------------------------------------ per request
+    def begin(self) -> PhaseState:
+        """The phase a request acts on; it counts as in flight on that version until :meth:`end`."""
+        now = self._clock()
+        with self._lock:
+            st = self._state
+            if st is None:
+                raise errors.ShimUnavailable(
+                    f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) has no "
+                    f"usable phase: {self._last_error or 'not loaded yet'}")
+            # Past the liveness window the census no longer counts us, so the fleet may
+            # already be two phases ahead: fail closed rather than act on a stale phase.
+            if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
+                raise errors.ShimUnavailable(
+                    f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) could not "
+                    f"refresh its phase for {now - self._last_ok:.0f}s (liveness window "
+                    f"{self.liveness_seconds:g}s); refusing to act on a possibly stale phase. "
+                    f"Last error: {self._last_error or 'none'}")
+            self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
+        return st
+
+    def end(self, st: PhaseState) -> None:
+        """The request that :meth:`begin` returned ``st`` to has finished."""
+        with self._lock:
+            n = self._inflight[st.version] - 1
+            if n:
+                self._inflight[st.version] = n
+                return
+            del self._inflight[st.version]
+            lagging_ack = self._acked is not None and self._state is not None and self._acked < self._state.version
+        if lagging_ack:
+            self._wake.set()  # the last request on an old version finished: acknowledge now
