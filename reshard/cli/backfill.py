@@ -5,31 +5,25 @@ from __future__ import annotations
 import signal
 import time
 
-import click
-
 from reshard import errors
+from reshard.cli.options import (command, is_tty, lease_seconds_option, max_rcu_option, max_wcu_option,
+                                 migration_argument, page_size_option, segments_option, workers_option)
 from reshard.jobs.backfill import BackfillOptions, run_backfill, status
-from reshard.cli.main import cli
-from reshard.cli.options import (command, is_tty, max_rcu_option, max_wcu_option, migration_argument, segments_option,
-                           workers_option)
 from reshard.jobs.subscribers import TqdmSubscriber
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 
 
 def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
     raise KeyboardInterrupt
 
 
-@command(cli, "backfill")
+@command("backfill")
 @migration_argument
 @segments_option
 @workers_option
 @max_wcu_option
 @max_rcu_option
-@click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
-              help="Items per Scan page (the unit of work redone after a kill).")
-@click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS, show_default=True,
-              help="How long a segment lease lasts without a checkpoint before others may take it over.")
+@page_size_option("Items per Scan page (the unit of work redone after a kill).")
+@lease_seconds_option("How long a segment lease lasts without a checkpoint before others may take it over.")
 def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 

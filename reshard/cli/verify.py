@@ -8,19 +8,12 @@ import time
 import click
 
 from reshard import errors
-from reshard.jobs.cleanup import CleanupOptions, run_cleanup
-from reshard.cli.main import cli
-from reshard.cli.options import (Env, command, is_tty, max_rcu_option, max_wcu_option, migration_argument,
-                           segments_option, workers_option)
+from reshard.cli.options import (Env, command, is_tty, lease_seconds_option, max_rcu_option, max_wcu_option,
+                                 migration_argument, page_size_option, segments_option, workers_option)
 from reshard.core.compare import KINDS
+from reshard.jobs.cleanup import CleanupOptions, run_cleanup
 from reshard.jobs.subscribers import TqdmSubscriber
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 from reshard.jobs.verify import VerifyOptions, run_verify
-
-lease_option = click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
-                            show_default=True, help="How long a segment lease lasts without a checkpoint.")
-page_option = click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
-                           help="Items per Scan page.")
 
 
 def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
@@ -46,7 +39,7 @@ def _run_job(env: Env, job: str, mid: str, fn, opts):
     return result, dict(result.as_dict(), migration=mid, elapsed_seconds=round(time.monotonic() - start, 2))
 
 
-@command(cli, "verify")
+@command("verify")
 @migration_argument
 @segments_option
 @workers_option
@@ -56,8 +49,8 @@ def _run_job(env: Env, job: str, mid: str, fn, opts):
               help="How many differences to list.")
 @max_rcu_option
 @max_wcu_option
-@page_option
-@lease_option
+@page_size_option()
+@lease_seconds_option()
 def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, max_wcu, page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
 
@@ -102,7 +95,7 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
         raise errors.ReshardError(f"verify found differences ({found})")
 
 
-@command(cli, "cleanup")
+@command("cleanup")
 @migration_argument
 @segments_option
 @workers_option
@@ -111,8 +104,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
               help="Enable TTL on [cleanup] ttl_attribute (UpdateTimeToLive) if it is not enabled.")
 @max_wcu_option
 @max_rcu_option
-@page_option
-@lease_option
+@page_size_option()
+@lease_seconds_option()
 def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu, max_rcu, page_size,
             lease_seconds):
     """Retire what the migration no longer needs.
