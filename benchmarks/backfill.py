@@ -32,11 +32,11 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from reshard.jobs.backfill import BackfillOptions, run_backfill  # noqa: E402
+from benchmarks._support import old_items, setup_migration  # noqa: E402
 from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
+from reshard.aws.local import DynaliteServer  # noqa: E402
 from reshard.errors import UnmappableItem  # noqa: E402
-from tests.backfill_support import Shim, logical, setup_migration  # noqa: E402
-from tests.servers import DynaliteServer  # noqa: E402
+from reshard.jobs.backfill import BackfillOptions, run_backfill  # noqa: E402
 
 KIND = "invoices"  # random suffix 10 -> hashed 20: about 95 % of the items move
 
@@ -52,11 +52,9 @@ def client(endpoint: str, latency_ms: float = 0.0) -> Dynamo:
 def prepare(dynamo: Dynamo, name: str, n: int):
     """A table of n old-layout items and a migration in the backfill phase (own control table)."""
     m, mapper, store = setup_migration(dynamo, KIND, name, control=f"{name}-ctl", mid=name)
-    shim = Shim(dynamo, mapper, m.table)
     batch = []
-    for i in range(n):
-        it = logical(KIND, i)
-        batch.append({"PutRequest": {"Item": mapper.to_physical(it, mapper.old, shim._shard(shim.ident(it)))}})
+    for item in old_items(mapper, KIND, n):
+        batch.append({"PutRequest": {"Item": item}})
         if len(batch) == 500:
             dynamo.batch_write(m.table, batch)
             batch = []

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 import benchmarks.backfill as backfill_bench  # noqa: E402
 from benchmarks.backfill import client, prepare  # noqa: E402
+from reshard.aws.local import DynaliteServer  # noqa: E402
 from reshard.jobs.backfill import BackfillOptions, run_backfill  # noqa: E402
 from reshard.jobs.verify import VerifyOptions, run_verify  # noqa: E402
-from tests.servers import DynaliteServer  # noqa: E402
 
 
 def plain_scan(dynamo, table: str, segments: int, page_size: int) -> int:

@@ -17,7 +17,7 @@ from reshard.aws.dynamo import Dynamo, RetryPolicy, make_client
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 from tests.conftest import ROOT
-from tests.servers import DynaliteServer
+from reshard.aws.local import DynaliteServer
 
 
 def _seed(dynamo, shim: Shim, kind: str, n: int, versioned_every: int = 10) -> None:
