@@ -43,22 +43,9 @@ class Started:
     control_table_created: bool
 
 
-def check_data_table(dynamo: Dynamo, m: Migration) -> dict:
-    """The data table must exist and have the key attributes the file names (exit 2 otherwise)."""
-    desc = dynamo.describe_table(m.table)  # TableProblem (exit 2) when missing
-    mismatch = inspect.key_mismatch(desc, m)
-    if mismatch:
-        def show(d: dict) -> str:
-            return f"partition {d.get('HASH')!r}, sort {d.get('RANGE')!r}"
-        have, want = mismatch
-        raise errors.TableProblem(f"{m.path}: keys: table {m.table!r} has {show(have)}, "
-                                  f"the file says {show(want)}")
-    return desc
-
-
 def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet) -> Started:
     """Register ``m`` (phase planned), creating the control table if it is missing."""
-    check_data_table(dynamo, m)
+    inspect.check_keys(dynamo, m)
     created_table = store.ensure_table()
     if created_table:
         say(f"created control table {store.table!r} (PAY_PER_REQUEST)")
@@ -201,24 +188,6 @@ def check_plan_options(peak_writes_per_sec: float | None, item_kb: float | None)
         raise errors.BadInput("--item-kb needs --peak-writes-per-sec (the recommendation uses both)")
 
 
-def describe_for_plan(dynamo: Dynamo, m: Migration) -> dict:
-    """DescribeTable, and refuse a table whose keys cannot hold the file's layouts."""
-    t = dynamo.describe_table(m.table)
-    mismatch = inspect.key_mismatch(t, m)
-    if mismatch:
-        have, want = mismatch
-        raise errors.TableProblem(f"table {m.table!r} has key schema {_schema_text(have)} but {m.path} "
-                                  f"[keys] says {_schema_text(want)}")
-    problem = inspect.string_key_problem(t, m)
-    if problem:
-        raise errors.TableProblem(problem)
-    return t
-
-
-def _schema_text(schema: dict) -> str:
-    return ", ".join(f"{v} ({k})" for k, v in sorted(schema.items())) or "(none)"
-
-
 def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE, segments: int = 8,
          max_wcu: float | None = None, peak_writes_per_sec: float | None = None, item_kb: float | None = None,
          headroom: float = planning.DEFAULT_HEADROOM, write_price: float = planning.DEFAULT_WRITE_PRICE,
@@ -230,7 +199,7 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
     """
     check_plan_options(peak_writes_per_sec, item_kb)
     mapper = KeyMapper(m)
-    table = describe_for_plan(dynamo, m)
+    table = inspect.check_plannable(dynamo, m)
     ttl = inspect.ttl_report(dynamo, m.table)
 
     analysis = planning.SampleAnalysis(mapper)

@@ -1,8 +1,9 @@
 """Read-only looks at a data table: its key schema, its TTL, a sample of its items.
 
 Every check that ``start``, ``plan`` and ``cleanup`` make of the live table before
-they act lives here once, so two commands cannot disagree about the same table.
-Nothing here writes.
+they act lives here once, so two commands cannot disagree about the same table
+(``start`` and ``plan`` word a key mismatch differently, but decide it with the same
+:func:`key_mismatch`). Nothing here writes.
 """
 
 from __future__ import annotations
@@ -55,6 +56,43 @@ def string_key_problem(desc: dict, m: Migration) -> str | None:
                 return (f"table {m.table!r}: key attribute {attr!r} has type "
                         f"{types[attr]} but the templates of {m.path} build strings")
     return None
+
+
+def check_keys(dynamo: Dynamo, m: Migration) -> dict:
+    """DescribeTable; the table must exist and have the key attributes the file names.
+
+    What ``start`` checks (TableProblem, exit 2, otherwise).
+    """
+    desc = dynamo.describe_table(m.table)  # TableProblem when missing
+    mismatch = key_mismatch(desc, m)
+    if mismatch:
+        def show(d: dict) -> str:
+            return f"partition {d.get('HASH')!r}, sort {d.get('RANGE')!r}"
+        have, want = mismatch
+        raise errors.TableProblem(f"{m.path}: keys: table {m.table!r} has {show(have)}, "
+                                  f"the file says {show(want)}")
+    return desc
+
+
+def check_plannable(dynamo: Dynamo, m: Migration) -> dict:
+    """DescribeTable; refuse a table whose keys cannot hold the file's layouts.
+
+    What ``plan`` checks: the key schema (worded for the plan report) and the key types.
+    """
+    desc = dynamo.describe_table(m.table)
+    mismatch = key_mismatch(desc, m)
+    if mismatch:
+        have, want = mismatch
+        raise errors.TableProblem(f"table {m.table!r} has key schema {_schema_text(have)} but {m.path} "
+                                  f"[keys] says {_schema_text(want)}")
+    problem = string_key_problem(desc, m)
+    if problem:
+        raise errors.TableProblem(problem)
+    return desc
+
+
+def _schema_text(schema: dict) -> str:
+    return ", ".join(f"{v} ({k})" for k, v in sorted(schema.items())) or "(none)"
 
 
 def ttl_status(dynamo: Dynamo, table: str) -> tuple[str, str | None]:
