@@ -3,11 +3,11 @@
 The CLI renders these results (text or JSON, :mod:`reshard.cli.render`); the demo and
 the tests call the same functions, so a rule such as "wait for the fleet, then
 compare-and-set the phase" exists once. The functions take a loaded migration or a
-migration id, never a file name or global options: resolving those stays with the
-caller, which keeps bad input from ever reaching AWS.
+migration id and built clients, never a file name or global options: the caller
+resolves those first, so a bad file is refused before any AWS client exists.
+Progress lines go to ``say``; nothing here prints.
 
 Calls into the control plane (:mod:`reshard.control`) are kept here and few.
-The data jobs (backfill, verify, cleanup) are run by :mod:`reshard.jobs`.
 """
 
 from __future__ import annotations
