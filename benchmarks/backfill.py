@@ -32,14 +32,13 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-
+from benchmarks._support import old_items, setup_migration  # noqa: E402
 from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
+from reshard.aws.local import DynaliteServer  # noqa: E402
 from reshard.errors import UnmappableItem  # noqa: E402
-from reshard.jobs.runner import run_job
-from reshard.jobs.runner import JobOptions
+
+from reshard.jobs.runner import JobOptions, run_job
 from reshard.jobs.backfill import BACKFILL
-from tests.backfill_support import Shim, logical, setup_migration  # noqa: E402
-from tests.servers import DynaliteServer  # noqa: E402
 
 KIND = "invoices"  # random suffix 10 -> hashed 20: about 95 % of the items move
 
@@ -55,11 +54,9 @@ def client(endpoint: str, latency_ms: float = 0.0) -> Dynamo:
 def prepare(dynamo: Dynamo, name: str, n: int):
     """A table of n old-layout items and a migration in the backfill phase (own control table)."""
     m, mapper, store = setup_migration(dynamo, KIND, name, control=f"{name}-ctl", mid=name)
-    shim = Shim(dynamo, mapper, m.table)
     batch = []
-    for i in range(n):
-        it = logical(KIND, i)
-        batch.append({"PutRequest": {"Item": mapper.to_physical(it, mapper.old, shim._shard(shim.ident(it)))}})
+    for item in old_items(mapper, KIND, n):
+        batch.append({"PutRequest": {"Item": item}})
         if len(batch) == 500:
             dynamo.batch_write(m.table, batch)
             batch = []
@@ -72,7 +69,7 @@ def ours(dynamo, name, n, segments, page_size):
     m, mapper, store = prepare(dynamo, name, n)
     t0 = time.perf_counter()
     result = run_job(BACKFILL, dynamo, store, m.id, JobOptions(segments=segments, workers=segments,
-                                                                       page_size=page_size))
+                                                               page_size=page_size))
     elapsed = time.perf_counter() - t0
     assert result.done
     return {"items": n, "seconds": elapsed, "items_per_s": n / elapsed, "moved": result.totals["moved"],
@@ -140,7 +137,7 @@ def rss_child(endpoint: str, name: str, segments: int, page_size: int) -> None:
     dynamo = client(endpoint)
     from reshard.control.store import ControlStore
     result = run_job(BACKFILL, dynamo, ControlStore(dynamo, f"{name}-ctl"), name,
-                             JobOptions(segments=segments, workers=segments, page_size=page_size))
+                     JobOptions(segments=segments, workers=segments, page_size=page_size))
     assert result.done
     print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 
@@ -188,9 +185,9 @@ def wcu_windows(dynamo, name, n, max_wcu, seconds, segments, page_size):
     def run():
         from reshard.jobs.budget import CapacityBudget
         b = CapacityBudget(max_wcu=max_wcu)
-        box["result"] = run_job(BACKFILL, 
-            dynamo, store, m.id, JobOptions(segments=segments, workers=segments, page_size=page_size,
-                                                 max_wcu=max_wcu), budget=b)
+        box["result"] = run_job(BACKFILL, dynamo, store, m.id, JobOptions(segments=segments, workers=segments,
+                                                                     page_size=page_size, max_wcu=max_wcu),
+                                budget=b)
 
     t = threading.Thread(target=run, daemon=True)
     t0 = time.monotonic()

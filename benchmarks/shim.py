@@ -34,10 +34,9 @@ sys.path.insert(0, str(ROOT))
 import boto3  # noqa: E402
 
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo  # noqa: E402
+from reshard.aws.local import DynaliteServer, create_table  # noqa: E402
 from reshard.core.migration import load  # noqa: E402
 from reshard.shim.table import ShardedTable  # noqa: E402
-from tests.servers import DynaliteServer  # noqa: E402
-from tests.shim_helpers import create_table  # noqa: E402
 
 GOALS = {"steady_put": 1.1, "steady_get": 1.1, "dual_write_put": 2.1, "dual_read_get": 1.2}
 
@@ -70,7 +69,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp)) as server:
         m = load(ROOT / "migrations" / "0001_sensor_events.toml")
         dyn = Dynamo(endpoint_url=server.endpoint, region="us-east-1", retry=SHIM_RETRIES)
-        create_table(dyn, m)
+        create_table(dyn, m.table, m.keys)
         res = boto3.resource("dynamodb", endpoint_url=server.endpoint, region_name="us-east-1",
                              aws_access_key_id="x", aws_secret_access_key="x")
         table = res.Table(m.table)

@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 
 import benchmarks.backfill as backfill_bench  # noqa: E402
 from benchmarks.backfill import client, prepare  # noqa: E402
+from reshard.aws.local import DynaliteServer  # noqa: E402
 
 
 from reshard.jobs.runner import run_job
 from reshard.jobs.runner import JobOptions
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.verify import VERIFY
-from tests.servers import DynaliteServer  # noqa: E402
 
 
 def plain_scan(dynamo, table: str, segments: int, page_size: int) -> int:

@@ -12,10 +12,10 @@ What it does, in order
        Each thread owns a disjoint set of sensors, so it knows exactly what every read of
        its items must return: puts, updates, deletes, consistent gets that check
        read-your-writes, and now and then a consistent query of a whole sensor.
-    4. Walks every phase to ``complete`` through the library (``ControlStore.transition``
-       after the fleet acknowledged the current phase, then waits for it to acknowledge
-       the new one), running the backfill and verify in ``backfill`` and the cleanup in
-       ``cleanup``.
+    4. Walks every phase to ``complete`` through :func:`reshard.operations.transition`
+       (what ``reshard advance --wait`` runs: the fleet acknowledges the current phase,
+       the transition, the fleet acknowledges the new one), running the backfill and
+       verify in ``backfill`` and the cleanup in ``cleanup``.
     5. Stops the traffic and checks, independently of the migration code: every
        acknowledged write reads back through a fresh shim as written, every deleted item
        stays deleted, and a raw Scan finds each live item exactly once in the new layout.
@@ -35,21 +35,14 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Callable
 
-from reshard import errors
-
-from reshard.control.store import ControlStore
+from reshard import errors, operations
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
+from reshard.control.store import ControlStore
 from reshard.core.migration import Migration, parse
 from reshard.core.phases import ROUTING, Action, Phase
 from reshard.core.planning import Distribution, distribution, histogram
-from reshard.shim.table import ShardedTable
-from reshard.control.transition import transition
-from reshard.control import fleet
-from reshard.jobs.runner import run_job
 from reshard.jobs.runner import JobOptions
-from reshard.jobs.backfill import BACKFILL
-from reshard.jobs.verify import VERIFY
-from reshard.jobs.cleanup import CLEANUP
+from reshard.shim.table import ShardedTable
 
 TABLE = "SensorEvents"
 TTL_ATTRIBUTE = "expires_at"
@@ -363,33 +356,32 @@ class Demo:
 
     # -- 4. the phases
     def advance(self) -> Phase:
-        """One ``advance``: wait for the fleet on the current phase, transition, wait for it again."""
+        """One ``reshard advance --wait``: the fleet acknowledges the current phase, the
+        transition, the fleet acknowledges the new one; the demo insists on both."""
         o = self.opts
-        state = self.store.load_state(self.migration_id)
-        census = fleet.wait_for_ack(self.store, self.migration_id, state.phase_version, o.ack_timeout, poll=0.1)
-        if not census.acknowledged:
+
+        def lagging(state, census) -> None:
             raise DemoFailed(f"the fleet did not acknowledge {state.phase} within {o.ack_timeout:g}s: "
                              + ", ".join(h.describe() for h in census.lagging))
-        started = time.monotonic()
-        before, after = transition(self.store, self.migration_id, Action.ADVANCE, who="reshard-demo",
-                                              expected_version=state.phase_version)
-        census = fleet.wait_for_ack(self.store, self.migration_id, after.phase_version, o.ack_timeout, poll=0.1)
+
+        done = operations.transition(self.store, self.migration_id, Action.ADVANCE, wait=o.ack_timeout,
+                                     who="reshard-demo", poll=0.1, on_lagging=lagging)
+        after, census = done.after, done.census
         if not census.acknowledged:
             raise DemoFailed(f"the fleet did not acknowledge {after.phase} within {o.ack_timeout:g}s")
-        acked = time.monotonic() - started
         r = ROUTING[after.phase]
         self.say(f"\n==> {after.phase}  (phase version {after.phase_version}): {PHASE_NOTES[after.phase]}")
         self.say(f"    writes {' + '.join(r.writes)}, reads {' + '.join(r.reads)}; "
-                 f"{len(census.live)} live shims acknowledged in {acked:.1f} s")
+                 f"{len(census.live)} live shims acknowledged in {done.ack_seconds:.1f} s")
         self.report["phases"].append({"phase": after.phase.value, "phase_version": after.phase_version,
-                                      "ack_seconds": round(acked, 2), "live_shims": len(census.live)})
+                                      "ack_seconds": round(done.ack_seconds, 2), "live_shims": len(census.live)})
         time.sleep(o.dwell_seconds)
         return after.phase
 
     def backfill_step(self) -> dict:
         o = self.opts
         subs = self._progress("backfill")
-        result = run_job(BACKFILL, self.dynamo, self.store, self.migration_id,
+        result = operations.run_data_job("backfill", self.dynamo, self.store, self.migration_id,
                          JobOptions(segments=o.segments, page_size=250), subscribers=subs)
         t = result.totals
         out = {"done": result.done, "scanned": t.get("scanned", 0), "moved": t.get("moved", 0),
@@ -406,7 +398,7 @@ class Demo:
     def verify_step(self) -> dict:
         """``reshard verify`` through the library: compares both layouts per logical item."""
         started = time.monotonic()
-        result = run_job(VERIFY, self.dynamo, self.store, self.migration_id,
+        result = operations.run_data_job("verify", self.dynamo, self.store, self.migration_id,
                          JobOptions(segments=self.opts.segments), subscribers=self._progress("verify"))
         out = {"passed": bool(result.passed), "checked": result.checked, "counts": result.differences,
                "examples": list(result.examples)[:5], "run": result.run,
@@ -421,8 +413,9 @@ class Demo:
         """``reshard cleanup`` through the library: TTL on the old items (moto never expires them)."""
         ttl = bool(self.report.get("ttl_enabled"))
         started = time.monotonic()
-        result = run_job(CLEANUP, self.dynamo, self.store, self.migration_id,
-                         JobOptions(segments=self.opts.segments, delete=not ttl), subscribers=self._progress("cleanup"))
+        result = operations.run_data_job("cleanup", self.dynamo, self.store, self.migration_id,
+                         JobOptions(segments=self.opts.segments, delete=not ttl),
+                             subscribers=self._progress("cleanup"))
         out = {"done": bool(result.done), "counts": dict(result.counts), "mode": "ttl" if ttl else "delete",
                "seconds": round(time.monotonic() - started, 2)}
         shown = {k: v for k, v in out["counts"].items() if v and k not in ("pages", "rcu", "wcu")}

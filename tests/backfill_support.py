@@ -12,8 +12,9 @@ import random
 import threading
 
 from reshard import errors
-from reshard.control.store import ControlStore
+from reshard.aws import local
 from reshard.aws.dynamo import to_wire
+from reshard.control.store import ControlStore
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import load
 from reshard.core.phases import Action
@@ -30,14 +31,7 @@ MIGRATIONS = {
 
 
 def create_table(dynamo, name: str, mapper: KeyMapper) -> None:
-    k = mapper.keys
-    schema = [{"AttributeName": k.partition, "KeyType": "HASH"}]
-    attrs = [{"AttributeName": k.partition, "AttributeType": "S"}]
-    if k.sort:
-        schema.append({"AttributeName": k.sort, "KeyType": "RANGE"})
-        attrs.append({"AttributeName": k.sort, "AttributeType": "S"})
-    dynamo.call("create_table", TableName=name, KeySchema=schema, AttributeDefinitions=attrs,
-                BillingMode="PAY_PER_REQUEST")
+    local.create_table(dynamo, name, mapper.keys)
 
 
 def migration_text(kind: str, table: str, mid: str | None = None) -> str:

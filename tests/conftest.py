@@ -14,7 +14,7 @@ import pathlib
 
 import pytest
 
-from tests.servers import DynaliteServer, dynalite_available
+from reshard.aws.local import DynaliteServer, dynalite_available
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
+from reshard.aws import local
 from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
 from reshard.core.migration import load
 from reshard.shim.table import ShardedTable
@@ -26,13 +27,7 @@ def migration(name: str, table: str | None = None):
 
 
 def create_table(dynamo, m) -> None:
-    keys = [{"AttributeName": m.keys.partition, "KeyType": "HASH"}]
-    attrs = [{"AttributeName": m.keys.partition, "AttributeType": "S"}]
-    if m.keys.sort:
-        keys.append({"AttributeName": m.keys.sort, "KeyType": "RANGE"})
-        attrs.append({"AttributeName": m.keys.sort, "AttributeType": "S"})
-    dynamo.call("create_table", TableName=m.table, KeySchema=keys, AttributeDefinitions=attrs,
-                BillingMode="PAY_PER_REQUEST")
+    local.create_table(dynamo, m.table, m.keys)
 
 
 def shim(m, dynamo, phase=None, writer_id=None, **kw) -> ShardedTable:

@@ -1,19 +1,30 @@
-"""An embedded local DynamoDB for `reshard demo` and quick tries: no AWS account needed.
+"""Local DynamoDB servers, so nothing here needs an AWS account.
 
-It is moto's threaded server (``pip install 'reshard[demo]'`` brings it) listening on
-a free 127.0.0.1 port. Fine for a few thousand items; for bigger local runs point
-``--endpoint-url`` at a DynamoDB-compatible server such as dynalite or DynamoDB Local.
+:class:`EmbeddedDynamoDB` is moto's threaded server (``pip install 'reshard[demo]'``
+brings it) for `reshard demo` and quick tries: fine for a few thousand items.
+:class:`DynaliteServer` is a dynalite process (``npm install`` in a checkout) that
+persists to disk and survives its clients being killed: the integration tests and the
+benchmarks use it. Both listen on a free 127.0.0.1 port.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pathlib
+import signal
 import socket
+import subprocess
+import time
 
 from reshard import errors
+from reshard.core.migration import Keys
+
+#: dynalite as ``npm install`` puts it in a checkout of reshard (package.json).
+DYNALITE_CLI = pathlib.Path(__file__).resolve().parents[2] / "node_modules" / "dynalite" / "cli.js"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -23,7 +34,7 @@ class EmbeddedDynamoDB:
     """moto's server in a background thread; use as a context manager."""
 
     def __init__(self, port: int | None = None):
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self._server = None
 
     @property
@@ -53,3 +64,79 @@ class EmbeddedDynamoDB:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def dynalite_available() -> bool:
+    return DYNALITE_CLI.is_file()
+
+
+class DynaliteServer:
+    """A dynalite process on 127.0.0.1 persisting to ``path`` (survives kill -9 of clients).
+
+    ``restart()`` keeps the same port and data directory, for crash/resume tests.
+    """
+
+    def __init__(self, path: pathlib.Path | str, port: int | None = None):
+        self.path = pathlib.Path(path)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log = self.path / "dynalite.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        data = self.path / "data"
+        cmd = ["node", str(DYNALITE_CLI), "--host", "127.0.0.1", "--port", str(self.port), "--path", str(data),
+               "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dynalite exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"dynalite did not listen on {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def create_table(dynamo, table: str, keys: Keys) -> None:
+    """An on-demand table with the key attributes a migration file's ``[keys]`` names
+    (string keys, as the layouts write them), for tries, tests and benchmarks."""
+    schema = [{"AttributeName": keys.partition, "KeyType": "HASH"}]
+    attrs = [{"AttributeName": keys.partition, "AttributeType": "S"}]
+    if keys.sort:
+        schema.append({"AttributeName": keys.sort, "KeyType": "RANGE"})
+        attrs.append({"AttributeName": keys.sort, "AttributeType": "S"})
+    dynamo.call("create_table", TableName=table, KeySchema=schema, AttributeDefinitions=attrs,
+                BillingMode="PAY_PER_REQUEST")

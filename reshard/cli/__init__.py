@@ -1,2 +1,2 @@
-"""The ``reshard`` command line: one module per area, each adding its commands to the
-group in :mod:`reshard.cli.main`."""
+"""The ``reshard`` command line: one module per area defines its commands;
+:mod:`reshard.cli.main` adds them to the group."""

@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import time
 
-import click
-
-from reshard import errors
-from reshard.control.runs import backfill_progress as status
-from reshard.cli.main import cli
-from reshard.cli.options import (command, is_tty, max_rcu_option, max_wcu_option, migration_argument,
-                                 segments_option, workers_option)
-from reshard.jobs.subscribers import TqdmSubscriber
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
-from reshard.jobs.runner import run_job
+from reshard import errors, operations
+from reshard.cli.options import (command, job_progress, lease_seconds_option, max_rcu_option, max_wcu_option,
+                                 migration_argument, page_size_option, segments_option, workers_option)
+from reshard.control.runs import backfill_progress
 from reshard.jobs.runner import JobOptions
-from reshard.jobs.backfill import BACKFILL
 
 
-@command(cli, "backfill")
+@command("backfill")
 @migration_argument
 @segments_option
 @workers_option
 @max_wcu_option
 @max_rcu_option
-@click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
-              help="Items per Scan page (the unit of work redone after a kill).")
-@click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS, show_default=True,
-              help="How long a segment lease lasts without a checkpoint before others may take it over.")
+@page_size_option("Items per Scan page (the unit of work redone after a kill).")
+@lease_seconds_option("How long a segment lease lasts without a checkpoint before others may take it over.")
 def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
@@ -46,18 +37,10 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
     store = env.store()
     opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
                       lease_seconds=lease_seconds)
-    dynamo = env.dynamo()
-    before = status(store, mid)
-    subs = []
-    if is_tty() and not env.json:
-        state = store.load_state(mid)
-        total = dynamo.describe_table(state.migration().table).get("ItemCount")
-        done_before = int((before or {}).get("totals", {}).get("scanned", 0))
-        subs.append(TqdmSubscriber(total, initial=done_before))
-    else:
-        env.info(f"backfill of {mid}: {segments} segments, {opts.worker_count} workers on this host")
+    before = backfill_progress(store, mid)
+    subs = job_progress(env, "backfill", mid, opts, initial=int((before or {}).get("totals", {}).get("scanned", 0)))
     start = time.monotonic()
-    result = run_job(BACKFILL, dynamo, store, mid, opts, subscribers=subs)
+    result = operations.run_data_job("backfill", env.dynamo(), store, mid, opts, subscribers=subs)
     t = result.totals
     summary = {
         "migration": mid, "segments": segments, "done": sum(r.done for r in result.segments),

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import click
 
-from reshard.cli.main import cli
 from reshard.cli.options import Env, command, is_tty
 from reshard.demo import DemoFailed, DemoOptions, render_report, run_demo
 
 
-@command(cli, "demo")
+@command("demo")
 @click.option("--items", type=click.IntRange(10, 1_000_000), default=DemoOptions.items, show_default=True,
               help="Items in the table before the migration.")
 @click.option("--from-shards", type=click.IntRange(1, 1000), default=DemoOptions.from_shards, show_default=True,

@@ -6,13 +6,12 @@ import json
 
 import click
 
-from reshard.core import iam
-from reshard.cli.main import cli
+from reshard import operations
 from reshard.cli.options import Env, command
 from reshard.core.migration import load
 
 
-@command(cli, "iam-policy")
+@command("iam-policy")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--role", type=click.Choice(["operator", "app"]), default="operator", show_default=True,
               help="operator: runs reshard commands; app: instances importing the shim.")
@@ -24,6 +23,5 @@ def iam_policy(env: Env, file: str, role: str, account: str) -> None:
     Example:
       reshard iam-policy migrations/0001_sensor_events.toml --role app --account 123456789012
     """
-    m = load(file)
-    doc = iam.policy(role, m.table, env.control_table, env.region or "*", account)
-    click.echo(json.dumps(doc, indent=2))
+    policy = operations.iam_policy(load(file), role, env.control_table, env.region, account)
+    click.echo(json.dumps(policy.document, indent=2))  # JSON whatever --output says: it is the product

@@ -1,8 +1,8 @@
-"""The ``reshard`` command line: the group, the global options, and the one place
-where errors become a line on stderr and an exit status.
+"""The ``reshard`` command line: the group, its commands, and the one place where
+errors become a line on stderr and an exit status.
 
-Exit status (PRODUCT.md): 0 done; 1 the operation failed or found differences;
-2 bad input or a refused transition. No traceback unless ``--verbose``.
+Exit status: 0 done; 1 the operation failed or found differences; 2 bad input or a
+refused transition; 130 interrupted. No traceback unless ``--verbose``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import traceback
 import click
 
 from reshard import errors
+from reshard.cli import backfill, demo, iam, phase, plan, verify
 from reshard.cli.options import global_options
 
 
@@ -40,19 +41,22 @@ def cli() -> None:
     """
 
 
-def _register() -> None:
-    # Each area module adds its commands to `cli` when imported.
-    from reshard.cli import backfill  # noqa: F401
-    from reshard.cli import demo  # noqa: F401
-    from reshard.cli import iam  # noqa: F401
-    from reshard.cli import phase  # noqa: F401
-    from reshard.cli import plan  # noqa: F401
-    from reshard.cli import verify  # noqa: F401  (verify and cleanup)
+# The command modules do not know the group (no import circle); they are added here.
+cli.add_command(phase.start)
+cli.add_command(phase.status)
+cli.add_command(phase.advance)
+cli.add_command(phase.rollback)
+cli.add_command(phase.abort)
+cli.add_command(plan.plan)
+cli.add_command(backfill.backfill_command)
+cli.add_command(verify.verify)
+cli.add_command(verify.cleanup)
+cli.add_command(iam.iam_policy)
+cli.add_command(demo.demo)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
-    _register()
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv or "-v" in argv
     try:

@@ -1,4 +1,4 @@
-"""Click options and plumbing shared by every command (defined once, stacked on each).
+"""Click options and plumbing shared by the commands: each option is declared here once.
 
 Every command takes the global options (``--endpoint-url``, ``--region``,
 ``--profile``, ``--control-table``, ``--output``, ``--verbose``) either before the
@@ -19,8 +19,10 @@ from typing import Any, Callable
 
 import click
 
-from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
 from reshard.aws.dynamo import Dynamo
+from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
+from reshard.core.phases import Phase
+from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 
 _GLOBALS = ("endpoint_url", "region", "profile", "control_table", "output", "verbose")
 
@@ -132,11 +134,15 @@ def _ctx_chain(ctx: click.Context):
         ctx = ctx.parent
 
 
-def command(group: click.Group, name: str | None = None, **kwargs) -> Callable:
-    """``@command(cli)``: a command with the global options and an Env argument."""
+def command(name: str | None = None, **kwargs) -> Callable:
+    """``@command("name")``: a command with the global options and an Env argument.
+
+    It is not attached to a group: :mod:`reshard.cli.main` adds it, so no command
+    module needs the group (and the import circle that came with it).
+    """
 
     def deco(f: Callable) -> Callable:
-        return group.command(name=name, **kwargs)(global_options(pass_env(f)))
+        return click.command(name=name, **kwargs)(global_options(pass_env(f)))
 
     return deco
 
@@ -153,5 +159,36 @@ max_rcu_option = click.option("--max-rcu", type=click.FloatRange(min=0, min_open
                               help="Read capacity budget in RCU/s for this job (per host).")
 
 
+def page_size_option(help: str = "Items per Scan page.") -> Callable:
+    """``--page-size`` of the data jobs (the help differs a little per command)."""
+    return click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True, help=help)
+
+
+def lease_seconds_option(help: str = "How long a segment lease lasts without a checkpoint.") -> Callable:
+    """``--lease-seconds`` of the data jobs (the help differs a little per command)."""
+    return click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
+                        show_default=True, help=help)
+
+
+from_option = click.option(
+    "--from", "from_phase", type=click.Choice([p.value for p in Phase]), default=None, metavar="PHASE",
+    help="Act only if the migration is in PHASE now (guards scripts and a second operator against "
+         "moving it twice).")
+wait_option = click.option(
+    "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+    help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "
+         "then, after the transition, for it to acknowledge the new one.")
+
+
 def is_tty() -> bool:
     return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def job_progress(env: "Env", job: str, mid: str, options, initial: int = 0) -> list:
+    """A progress bar on a terminal (against the table's ItemCount), else one line saying what runs."""
+    if is_tty() and not env.json:
+        from reshard.jobs.subscribers import TqdmSubscriber
+        from reshard.operations import table_item_count
+        return [TqdmSubscriber(table_item_count(env.dynamo(), env.store(), mid), initial=initial, desc=job)]
+    env.info(f"{job} of {mid}: {options.segments} segments, {options.worker_count} workers on this host")
+    return []

@@ -2,45 +2,23 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
-from reshard import errors
-
-from reshard.cli.main import cli
-from reshard.cli.options import (Env, command, is_tty, max_rcu_option, max_wcu_option, migration_argument,
-                                 segments_option, workers_option)
+from reshard import errors, operations
+from reshard.cli.options import (Env, command, job_progress, lease_seconds_option, max_rcu_option, max_wcu_option,
+                                 migration_argument, page_size_option, segments_option, workers_option)
 from reshard.core.compare import KINDS
-from reshard.jobs.subscribers import TqdmSubscriber
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
-
-from reshard.jobs.cleanup import CLEANUP
-from reshard.jobs.runner import JobOptions, run_job
-from reshard.jobs.verify import VERIFY
-
-lease_option = click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
-                            show_default=True, help="How long a segment lease lasts without a checkpoint.")
-page_option = click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True,
-                           help="Items per Scan page.")
+from reshard.jobs.runner import JobOptions
 
 
-def _run_job(env: Env, spec, mid: str, opts):
-    """Run a data job with a progress bar on a TTY (else one line); returns (result, JSON-able summary)."""
-    job = spec.name
-    store = env.store()
-    subs: list = []
-    if is_tty() and not env.json:
-        total = env.dynamo().describe_table(store.load_state(mid).table).get("ItemCount")
-        subs.append(TqdmSubscriber(total, desc=job))
-    else:
-        env.info(f"{job} of {mid}: {opts.segments} segments, {opts.worker_count} workers on this host")
-    start = time.monotonic()
-    result = run_job(spec, env.dynamo(), store, mid, opts, subscribers=subs)
-    return result, dict(result.as_dict(), migration=mid, elapsed_seconds=round(time.monotonic() - start, 2))
+def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
+    """Run a data job with progress; returns (result, JSON-able summary)."""
+    result = operations.run_data_job(job, env.dynamo(), env.store(), mid, opts,
+                                     subscribers=job_progress(env, job, mid, opts))
+    return result, dict(result.as_dict(), migration=mid)
 
 
-@command(cli, "verify")
+@command("verify")
 @migration_argument
 @segments_option
 @workers_option
@@ -50,8 +28,8 @@ def _run_job(env: Env, spec, mid: str, opts):
               help="How many differences to list.")
 @max_rcu_option
 @max_wcu_option
-@page_option
-@lease_option
+@page_size_option()
+@lease_seconds_option()
 def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, max_wcu, page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
 
@@ -70,7 +48,7 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, repair=repair, max_rcu=max_rcu,
                          max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds)
-    result, data = _run_job(env, VERIFY, mid, opts)
+    result, data = _run_job(env, "verify", mid, opts)
     data["counts"] = result.differences  # verify's counts are the kinds of difference
 
     def text() -> str:
@@ -97,7 +75,7 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
         raise errors.ReshardError(f"verify found differences ({found})")
 
 
-@command(cli, "cleanup")
+@command("cleanup")
 @migration_argument
 @segments_option
 @workers_option
@@ -106,8 +84,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
               help="Enable TTL on [cleanup] ttl_attribute (UpdateTimeToLive) if it is not enabled.")
 @max_wcu_option
 @max_rcu_option
-@page_option
-@lease_option
+@page_size_option()
+@lease_seconds_option()
 def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu, max_rcu, page_size,
             lease_seconds):
     """Retire what the migration no longer needs.
@@ -130,7 +108,7 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
     opts = JobOptions(segments=segments, workers=workers, delete=delete,
                           enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
                           lease_seconds=lease_seconds)
-    result, data = _run_job(env, CLEANUP, mid, opts)
+    result, data = _run_job(env, "cleanup", mid, opts)
 
     def text() -> str:
         c = result.counts

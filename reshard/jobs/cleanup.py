@@ -33,6 +33,7 @@ from typing import Callable
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
+from reshard.aws.inspect import ttl_status
 from reshard.control.runs import live_leases
 from reshard.control.store import ControlStore
 from reshard.control.transition import retire
@@ -44,12 +45,6 @@ from reshard.core.wire import N, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
 from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, scan_page
-
-
-def ttl_status(dynamo: Dynamo, table: str) -> tuple[str, str | None]:
-    """(status, attribute) of the table's TTL, from DescribeTimeToLive."""
-    d = dynamo.call("describe_time_to_live", TableName=table).get("TimeToLiveDescription", {})
-    return d.get("TimeToLiveStatus", "DISABLED"), d.get("AttributeName")
 
 
 def check_ttl(dynamo: Dynamo, migration: Migration, enable: bool) -> None:

@@ -20,7 +20,7 @@ from reshard.jobs.backfill import BACKFILL
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 from tests.conftest import ROOT
-from tests.servers import DynaliteServer
+from reshard.aws.local import DynaliteServer
 
 
 def _seed(dynamo, shim: Shim, kind: str, n: int, versioned_every: int = 10) -> None:

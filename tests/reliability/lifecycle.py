@@ -28,7 +28,7 @@ from reshard.control import fleet
 from tests.backfill_support import create_table, migration_text
 from tests.integration.test_backfill_dynalite import Watchdog, _cli, _env
 from tests.reliability.chaos import ABSENT, AppThread, FaultProxy, Oracle, Workload, Write, total_ops
-from tests.servers import DynaliteServer
+from reshard.aws.local import DynaliteServer
 from tests.shim_helpers import by_layout, scan, shim
 
 PATIENT = RetryPolicy(max_attempts=14, max_seconds=30.0, base_seconds=0.01, max_backoff_seconds=0.3)

@@ -14,7 +14,7 @@ import shlex
 import click
 import pytest
 
-from reshard.cli.main import _register, cli
+from reshard.cli.main import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "runbooks"
@@ -60,7 +60,6 @@ def _options(cmd: click.Command) -> dict[str, click.Option]:
 
 def check_invocation(tokens: list[str]) -> str | None:
     """None if the tokens are a valid ``reshard`` call as far as names go, else why not."""
-    _register()
     group_opts = _options(cli)
     i = 0
     while i < len(tokens) and tokens[i].startswith("-"):
@@ -103,7 +102,6 @@ def test_documented_commands_are_real(path):
 
 
 def test_the_docs_mention_every_command():
-    _register()
     text = "\n".join(p.read_text() for p in doc_files())
     named = {t[0] for t in reshard_invocations(text) if t}
     assert set(cli.commands) - named == set()
@@ -118,13 +116,11 @@ def test_the_checker_catches_a_wrong_command_and_option():
 
 
 def test_every_command_help_has_an_example():
-    _register()
     missing = [n for n, c in cli.commands.items() if "Example" not in (c.help or "")]
     assert missing == []
 
 
 def test_help_examples_are_real_invocations():
-    _register()
     problems = []
     for name, c in cli.commands.items():
         examples = (c.help or "").split("Example:", 1)[-1].replace("\\\n", " ")

@@ -1,0 +1,69 @@
+"""What the benchmarks need besides reshard itself: an example migration on a fresh
+table, moved to the backfill phase, and items to fill it with.
+
+Everything else comes from the package (:mod:`reshard.aws.local` starts dynalite), so a
+benchmark never depends on the test suite.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+from typing import Iterator
+
+from reshard import operations
+from reshard.aws import local
+from reshard.aws.dynamo import to_wire
+from reshard.control.store import ControlStore
+from reshard.core.layout import KeyMapper
+from reshard.core.migration import load, parse
+from reshard.core.phases import Action
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MIGRATIONS = {
+    "sensor": ROOT / "migrations" / "0001_sensor_events.toml",
+    "invoices": ROOT / "migrations" / "0002_invoices.toml",
+    "hourly": ROOT / "migrations" / "0003_sensor_hourly.toml",
+}
+
+
+def migration_text(kind: str, table: str, mid: str | None = None) -> str:
+    """The example migration file with another table name (and id)."""
+    text = MIGRATIONS[kind].read_text()
+    m = load(MIGRATIONS[kind])
+    text = text.replace(f'table = "{m.table}"', f'table = "{table}"')
+    if mid:
+        text = text.replace(f'id = "{m.id}"', f'id = "{mid}"')
+    return text
+
+
+def setup_migration(dynamo, kind: str, table: str, control: str, mid: str):
+    """Create the data table, register the migration and advance it to ``backfill``."""
+    m = parse(migration_text(kind, table, mid), f"<{kind}>")
+    mapper = KeyMapper(m)
+    local.create_table(dynamo, table, m.keys)
+    store = ControlStore(dynamo, control)
+    store.register(m)
+    for _ in range(3):  # planned -> dual_write -> dual_read -> backfill (no shims: acknowledged at once)
+        operations.transition(store, m.id, Action.ADVANCE)
+    return m, mapper, store
+
+
+def logical(kind: str, i: int) -> dict:
+    """A logical item (wire format) of the migration ``kind``, number ``i``."""
+    if kind == "invoices":
+        base = {"invoice_number": str(100000 + i // 4), "line": str(i % 4)}
+    else:
+        base = {"sensor_id": f"s-{i % 7}", "event_id": f"e-{i}",
+                "ts": f"2024-10-27T{i % 24:02d}:{(i // 24) % 60:02d}:{i % 60:02d}.{i:06d}Z"}
+    base.update({"temp": i % 50, "note": "x" * (i % 5)})
+    return to_wire(base)
+
+
+def old_items(mapper: KeyMapper, kind: str, n: int, seed: int = 1) -> Iterator[dict]:
+    """``n`` pre-migration items as the application wrote them: the old layout, with a
+    random shard per item when that layout shards at random."""
+    rng = random.Random(seed)
+    for i in range(n):
+        shard = rng.randrange(mapper.old.shards) if mapper.old.random else None
+        yield mapper.to_physical(logical(kind, i), mapper.old, shard)

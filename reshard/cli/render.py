@@ -1,0 +1,338 @@
+"""Text and JSON for the commands, made from what :mod:`reshard.operations` returns.
+
+``*_data`` builds the JSON document of ``--output json``; ``*_text`` the text for
+people, from the same data, so the two never tell different stories.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from reshard.control.store import MigrationState
+from reshard.control.fleet import Census
+from reshard.core import planning
+from reshard.core.phases import TERMINAL, Phase
+from reshard.operations import Plan, Started, Status, Transitioned
+
+
+def next_step(state: MigrationState) -> str:
+    """The command an operator most likely runs next, for the printed hints."""
+    mid = state.id
+    return {
+        Phase.PLANNED: f"deploy the shim, then `reshard advance {mid}` (to dual_write)",
+        Phase.DUAL_WRITE: f"`reshard advance {mid}` (to dual_read) once the fleet acknowledged",
+        Phase.DUAL_READ: f"`reshard advance {mid}` (to backfill)",
+        Phase.BACKFILL: f"`reshard backfill {mid} --segments 16`, then `reshard verify {mid}`, "
+                        f"then `reshard advance {mid}` (to cutover)",
+        Phase.CUTOVER: f"check the application, then `reshard advance {mid}` (to cleanup; "
+                       "no rollback after that)",
+        Phase.CLEANUP: f"`reshard cleanup {mid}`, then `reshard advance {mid}` (to complete)",
+        Phase.COMPLETE: "nothing: the new layout is the steady state",
+        Phase.ABORTED: f"`reshard cleanup {mid}` removes the new-layout items",
+    }[state.phase]
+
+
+def fleet_summary(census: Census) -> dict:
+    return {"phase_version": census.version, "live": len(census.live), "expired": len(census.expired),
+            "acknowledged": census.acknowledged, "lagging": [h.describe() for h in census.lagging]}
+
+
+# ---------------------------------------------------------------------- start
+
+def start_data(r: Started) -> dict:
+    state = r.state
+    return {"migration": state.id, "table": state.table, "control_table": r.control_table, "created": r.created,
+            "control_table_created": r.control_table_created, "phase": state.phase.value,
+            "phase_version": state.phase_version, "next": next_step(state)}
+
+
+def start_text(r: Started) -> str:
+    state = r.state
+    if r.created:
+        text = f"registered migration {state.id!r} on table {state.table!r}: phase {state.phase}"
+    else:
+        text = (f"migration {state.id!r} is already registered with this file: phase {state.phase} "
+                f"(phase version {state.phase_version}); nothing changed")
+        if state.phase in TERMINAL:
+            text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
+    return f"{text}\nnext: {next_step(state)}"
+
+
+# ---------------------------------------------------------------------- status
+
+def status_data(s: Status) -> dict:
+    """Everything ``status`` shows, as plain data (the JSON output)."""
+    state, census, decision = s.state, s.census, s.advance
+    lagging = {h.instance for h in census.lagging}
+    shims = [dict(h.as_dict(s.now), acknowledged=h.instance not in lagging) for h in census.live]
+    shims += [dict(h.as_dict(s.now), acknowledged=False) for h in census.expired]
+    return {
+        "migration": state.id, "table": state.table, "control_table": s.control_table,
+        "phase": state.phase.value, "phase_version": state.phase_version,
+        "created_at": state.created_at, "created_by": state.created_by,
+        "history": [t.as_dict() for t in s.history],
+        "fleet": fleet_summary(census),
+        "shims": shims,
+        "jobs": s.jobs,
+        "advance": {"allowed": decision.allowed, "to": decision.target.value if decision.target else None,
+                    "refusals": list(decision.refusals)},
+        "next": next_step(state),
+    }
+
+
+#: The counters worth a column per job in the text output (all of them are in the JSON).
+_SHOWN = {"backfill": ("scanned", "moved", "unmoved", "recopied", "unmappable"),
+          "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "resurrected",
+                     "duplicate", "repaired"),
+          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed")}
+
+
+def _render_job(j: dict) -> list[str]:
+    state = "finished " + _when(j["finished_at"]) if j["finished_at"] else "in progress"
+    head = f"  {j['job']} run {j['run']}: {j['done']}/{j['total_segments']} segments done, {state}"
+    if j["failed"]:
+        head += f"; FAILED segments {', '.join(map(str, j['failed']))}"
+    lines = [head]
+    shown = _SHOWN[j["job"]]
+    totals = ", ".join(f"{k} {j['totals'][k]}" for k in shown if j["totals"].get(k))
+    if totals:
+        lines.append(f"    totals: {totals}")
+    if j["job"] == "verify":
+        r = j["result"]
+        if r["finished"]:
+            diffs = ", ".join(f"{n} {k}" for k, n in r["counts"].items() if n) or "no differences"
+            lines.append(f"    verdict: {'PASSED' if r['passed'] else 'FAILED'} ({diffs})")
+            for e in r["examples"]:
+                lines.append(f"      {e['kind']}: old {e['old_key']} new {e['new_key']} {e['detail']}".rstrip())
+    if j.get("unmappable", {}).get("count"):
+        u = j["unmappable"]
+        lines.append(f"    unmappable items (left in place): {u['count']}")
+        for e in u["examples"]:
+            lines.append(f"      {e['old_key']}: {e['reason']}: {e['detail']}")
+    if j.get("last_throttle"):
+        lines.append(f"    last budget decision: {j['last_throttle']}")
+    if not j["latest"] or j["finished_at"]:
+        return lines  # older or finished runs: the summary is enough
+    for seg in j["segments"]:
+        c = seg["counters"]
+        progress = " ".join(f"{k}={int(c[k]) if float(c[k]).is_integer() else c[k]}" for k in shown if c.get(k))
+        owner = f" owner {seg['owner']} ({seg['lease_seconds_left']}s left)" if seg["owner"] else ""
+        err = f" error: {seg['last_error']}" if seg["last_error"] else ""
+        lines.append(f"    segment {seg['segment']:>4} {seg['state']:<8}{owner} {progress}{err}".rstrip())
+    return lines
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at)) if at else "?"
+
+
+def _since(history: list[dict]) -> str:
+    return f", since {_when(history[-1]['at'])} by {history[-1]['who']}" if history else ""
+
+
+def status_text(r: dict) -> str:
+    """The text form of :func:`status_data`, for an operator."""
+    lines = [f"migration {r['migration']}  (table {r['table']}, control table {r['control_table']})",
+             f"phase:     {r['phase']}  (phase version {r['phase_version']}" + _since(r["history"]) + ")"]
+    adv = r["advance"]
+    if adv["to"] is None:
+        lines.append(f"advance:   not possible: {'; '.join(adv['refusals'])}")
+    elif adv["allowed"]:
+        lines.append(f"advance:   to {adv['to']} allowed now")
+    else:
+        lines.append(f"advance:   to {adv['to']} refused now:")
+        lines += [f"             - {why}" for why in adv["refusals"]]
+    lines.append(f"next:      {r['next']}")
+
+    lines += ["", "history:"]
+    for t in r["history"]:
+        frm = t["from"] or "-"
+        lines.append(f"  v{t['phase_version']:<3} {_when(t['at'])}  {t['action']:<8} {frm:>10} -> {t['to']:<10}"
+                     f"  by {t['who']}")
+
+    f = r["fleet"]
+    ack = (f"all acknowledged phase version {f['phase_version']}" if f["acknowledged"]
+           else f"{len(f['lagging'])} lagging behind phase version {f['phase_version']}")
+    lines += ["", f"shims:     {f['live']} live ({ack}), {f['expired']} expired"]
+    if not r["shims"]:
+        lines.append("  (no shim has reported: the acknowledgement is immediate)")
+    for s in r["shims"]:
+        mark = "expired" if not s["live"] else ("ok" if s["acknowledged"] else "LAGGING")
+        lines.append(f"  {s['instance']:<24} {s['host']} pid {s['pid']:<7} on {s['phase']} v{s['phase_version']:<4}"
+                     f" {s['seconds_ago']:>7}s ago  {mark}")
+
+    lines += ["", "jobs:" if r["jobs"] else "jobs:      none yet"]
+    for j in r["jobs"]:
+        lines += _render_job(j)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- advance, rollback, abort
+
+def transition_data(t: Transitioned) -> dict:
+    after = t.after
+    return {"migration": after.id, "action": t.action.value, "from": t.before.phase.value, "to": after.phase.value,
+            "phase": after.phase.value, "phase_version": after.phase_version,
+            "who": after.last.who if after.last else None, "fleet": fleet_summary(t.census),
+            "next": next_step(after)}
+
+
+def transition_text(t: Transitioned) -> str:
+    before, after, action, census, wait = t.before, t.after, t.action, t.census, t.waited
+    lines = [f"{action.value}: {after.id} moved {before.phase} -> {after.phase} (phase version {after.phase_version})"]
+    if not census.live:
+        lines.append("fleet: no live shims; acknowledged at once")
+    elif census.acknowledged:
+        lines.append(f"fleet: all {len(census.live)} live shim(s) acknowledged {after.phase}")
+    else:
+        lag = census.lagging
+        lines.append(f"fleet: NOT caught up: {len(lag)} of {len(census.live)} live shim(s) still act on an "
+                     f"earlier phase" + (" after waiting" if wait else "") + ":")
+        lines += [f"  {h.describe()}" for h in lag[:20]]
+        if len(lag) > 20:
+            lines.append(f"  ... and {len(lag) - 20} more")
+        lines.append(f"the next transition is refused until they acknowledge {after.phase}; "
+                     "watch `reshard status`, or use `--wait SECONDS`")
+    lines.append(f"next: {next_step(after)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- plan
+
+def next_commands(p: Plan, file: str, prefix: str = "") -> list[str]:
+    """The whole session for this migration, with the global options ``prefix`` repeated."""
+    fq = shlex.quote(file)
+    mid = p.migration.id
+    segs = max(1, min(16, p.segments * 2))
+    budget = f" --max-wcu {p.estimate.max_wcu:g}" if p.estimate.max_wcu else ""
+    return [
+        f"reshard{prefix} start {fq}",
+        f"reshard{prefix} advance {mid}            # dual_write: deploy the shim first",
+        f"reshard{prefix} advance {mid}            # dual_read",
+        f"reshard{prefix} advance {mid}            # backfill",
+        f"reshard{prefix} backfill {mid} --segments {segs}{budget}",
+        f"reshard{prefix} verify {mid}",
+        f"reshard{prefix} advance {mid}            # cutover",
+        f"reshard{prefix} advance {mid}            # cleanup (no rollback after this)",
+        f"reshard{prefix} cleanup {mid}",
+        f"reshard{prefix} advance {mid}            # complete",
+    ]
+
+
+def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
+    """Everything the plan shows, as plain data (the JSON output; the text is rendered from it)."""
+    m, table, a, est, rec = p.migration, p.table, p.analysis, p.estimate, p.recommendation
+    billing = (table.get("BillingModeSummary") or {}).get("BillingMode", "PROVISIONED")
+    pt = table.get("ProvisionedThroughput") or {}
+    provisioned = None
+    if billing == "PROVISIONED":
+        provisioned = {"rcu": pt.get("ReadCapacityUnits"), "wcu": pt.get("WriteCapacityUnits")}
+    old, new = a.old_distribution(), a.new_distribution()
+
+    def layout(spec) -> dict:
+        return {"partition": spec.partition_text, "sort": spec.sort_text, "shards": spec.shards,
+                "shard_by": "random" if spec.random else list(spec.shard_by),
+                "hash": spec.hash, "shard_function": spec.shard_function}
+
+    return {
+        "migration": {"id": m.id, "file": file, "table": m.table, "description": m.description,
+                      "keys": {"partition": m.keys.partition, "sort": m.keys.sort},
+                      "from": layout(m.source), "to": layout(m.target),
+                      "cleanup": {"ttl_attribute": m.cleanup.ttl_attribute,
+                                  "retain_hours": m.cleanup.retain_hours}},
+        "table": {"name": m.table, "status": table.get("TableStatus"), "billing_mode": billing,
+                  "provisioned": provisioned, "item_count": int(table.get("ItemCount", 0) or 0),
+                  "size_bytes": int(table.get("TableSizeBytes", 0) or 0), "ttl": p.ttl},
+        "sample": {"requested": p.sample, "full_scan": p.sample == 0, "segments": p.segments,
+                   "scanned": a.scanned, "scale": round(est.scale, 6)},
+        "items": {"table": p.table_items, "sampled": a.scanned, "mappable": a.mappable,
+                  "in_new_layout": a.in_new_layout, "tombstones": a.tombstones,
+                  "unmappable": a.unmappable_count, "unmappable_by_reason": dict(sorted(a.unmappable.items())),
+                  "unmappable_examples": a.examples, "moves": a.moves, "stays": a.mappable - a.moves,
+                  "moves_pct": round(100.0 * a.moves / a.mappable, 2) if a.mappable else 0.0,
+                  "estimated_moves": round(a.moves * est.scale),
+                  "estimated_unmappable": round(a.unmappable_count * est.scale)},
+        "distribution": {"old": old.as_dict(), "new": new.as_dict()},
+        "capacity": est.as_dict(),
+        "recommendation": rec.as_dict() if rec else None,
+        "warnings": list(p.warnings),
+        "next": next_commands(p, file, prefix),
+    }
+
+
+def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
+    """The text form of :func:`plan_data` (same content as the JSON)."""
+    m, t, s, it, cap = r["migration"], r["table"], r["sample"], r["items"], r["capacity"]
+    old, new = a.old_distribution(), a.new_distribution()
+    out = []
+    add = out.append
+    add(f"Migration {m['id']}  ({m['file']})")
+    if m["description"]:
+        add(f"  {m['description']}")
+    for side in ("from", "to"):
+        lay = m[side]
+        rule = "random" if lay["shard_by"] == "random" else \
+            f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
+        sort = f", sort {lay['sort']!r}" if lay["sort"] else ""
+        add(f"  {side:<4} partition {lay['partition']!r}{sort}, {lay['shards']} shards, shard = {rule}")
+    add("")
+    prov = t["provisioned"]
+    billing = t["billing_mode"] + (f" ({prov['rcu']} RCU / {prov['wcu']} WCU)" if prov else "")
+    ttl = t["ttl"]
+    add(f"Table {t['name']}: {t['status']}, {billing}, {t['item_count']} items (DescribeTable), "
+        f"{t['size_bytes']} bytes; TTL {ttl['status']}" + (f" on {ttl['attribute']!r}" if ttl["attribute"] else ""))
+    how = "full scan" if s["full_scan"] else f"sample of up to {s['requested']}"
+    add(f"Scanned {s['scanned']} items ({how}, {s['segments']} segments); estimates scaled x{s['scale']:g} "
+        f"to {it['table']} items")
+    add("")
+    add("Items")
+    add(f"  sampled     {it['sampled']:>8}")
+    add(f"  mappable    {it['mappable']:>8}")
+    add(f"  unmappable  {it['unmappable']:>8}" + (
+        "  (" + ", ".join(f"{k}: {v}" for k, v in it["unmappable_by_reason"].items()) + ")"
+        if it["unmappable"] else ""))
+    add(f"  move        {it['moves']:>8}  ({it['moves_pct']:.1f}% of mappable; ~{it['estimated_moves']} in the table)")
+    add(f"  stay        {it['stays']:>8}")
+    if it["in_new_layout"] or it["tombstones"]:
+        add(f"  new layout  {it['in_new_layout']:>8}  (already copied)")
+        add(f"  tombstones  {it['tombstones']:>8}")
+    for ex in it["unmappable_examples"]:
+        key = ", ".join(f"{k}={v!r}" for k, v in ex["key"].items())
+        add(f"    e.g. {key}: {ex['reason']}: {ex['detail']}")
+    add("")
+    for name, d in (("old", old), ("new", new)):
+        hot = f"hottest shard {d.hottest_shard} holds {d.hottest_pct:.1f}%" if d.total else "no items"
+        add(f"Items per shard, {name} layout ({d.shards} shards): skew {d.skew:.2f} (max/mean), {hot}")
+        add(planning.histogram(d, width=30))
+        add("")
+    bf, cl, od = cap["backfill"], cap["cleanup"], cap["on_demand"]
+    add("Capacity (whole table)")
+    add(f"  backfill  {bf['rcu']:>12,.1f} RCU (scan {bf['scan_rcu']:,.1f} + read-back {bf['readback_rcu']:,.1f})"
+        f"  {bf['wcu']:>12,.1f} WCU")
+    add(f"  cleanup   {cl['rcu']:>12,.1f} RCU (scan)  {cl['wcu']:>12,.1f} WCU")
+    if cap["max_wcu"]:
+        add(f"  at --max-wcu {cap['max_wcu']:g}: backfill {planning.human_seconds(cap['backfill_seconds'])}, "
+            f"cleanup {planning.human_seconds(cap['cleanup_seconds'])}")
+    else:
+        add("  (give --max-wcu N for the time at a write budget)")
+    add(f"  on-demand cost: backfill ${od['backfill_usd']:,.4f} + cleanup ${od['cleanup_usd']:,.4f} = "
+        f"${od['total_usd']:,.4f}  (at ${od['write_price_per_million']:g}/M WRU, "
+        f"${od['read_price_per_million']:g}/M RRU: us-east-1 list prices, check yours)")
+    rec = r["recommendation"]
+    add("")
+    if rec:
+        add(f"Recommended shards: {rec['recommended_shards']} = ceil({rec['base_shards']} x {rec['headroom']:g} "
+            f"headroom); base = ceil({rec['peak_writes_per_sec']:g} writes/s x ceil({rec['item_kb']:g} KB) / 1000); "
+            f"[to] has {rec['to_shards']}")
+    else:
+        add("Recommended shards: give --peak-writes-per-sec N (and --item-kb K) for a recommendation")
+    if r["warnings"]:
+        add("")
+        for w in r["warnings"]:
+            add(f"warning: {w}")
+    add("")
+    add("Next:")
+    for c in r["next"]:
+        add(f"  {c}")
+    return "\n".join(out)

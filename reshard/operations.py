@@ -1,0 +1,297 @@
+"""One function per operator verb, returning what happened as data.
+
+The CLI renders these results (text or JSON, :mod:`reshard.cli.render`); the demo and
+the tests call the same functions, so a rule such as "wait for the fleet, then
+compare-and-set the phase" exists once. The functions take a loaded migration or a
+migration id and built clients, never a file name or global options: the caller
+resolves those first, so a bad file is refused before any AWS client exists.
+Progress lines go to ``say``; nothing here prints.
+
+Calls into the control plane (:mod:`reshard.control`) are kept here and few.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from reshard import errors
+from reshard.aws import inspect
+from reshard.aws.dynamo import Dynamo
+from reshard.control import fleet
+from reshard.control import transition as transitions
+from reshard.control.fleet import Census
+from reshard.control.records import MigrationState, Transition
+from reshard.control.runs import backfill_run, describe, runs, unmappable_items, verify_verdict
+from reshard.control.store import ControlStore
+from reshard.core import capacity, iam, planning
+from reshard.core.layout import KeyMapper
+from reshard.core.migration import Migration
+from reshard.core.phases import Action, Decision, decide
+from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.cleanup import CLEANUP
+from reshard.jobs.runner import JobOptions, JobResult, run_job
+from reshard.jobs.subscribers import Subscriber
+from reshard.jobs.verify import VERIFY
+
+Say = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------- start
+
+@dataclass(frozen=True)
+class Started:
+    state: MigrationState
+    control_table: str
+    created: bool  # False: the same file was registered before (idempotent)
+    control_table_created: bool
+
+
+def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet) -> Started:
+    """Register ``m`` (phase planned), creating the control table if it is missing."""
+    inspect.check_keys(dynamo, m)
+    created_table = store.ensure_table()
+    if created_table:
+        say(f"created control table {store.table!r} (PAY_PER_REQUEST)")
+    state, created = store.register(m)
+    return Started(state, store.table, created, created_table)
+
+
+# ---------------------------------------------------------------------- status
+
+
+
+@dataclass(frozen=True)
+class Status:
+    state: MigrationState
+    control_table: str
+    now: float
+    history: list[Transition]
+    census: Census
+    advance: Decision  # whether `advance` would be allowed now, and why not
+    jobs: list[dict]  # every job run, as :func:`job_runs` describes it
+
+
+def status(store: ControlStore, migration_id: str) -> Status:
+    """Phase, history, fleet, job runs, and whether ``advance`` is allowed now."""
+    state = store.load_state(migration_id)
+    now = store.clock()
+    census = fleet.census(store, migration_id, state.phase_version)
+    decision = decide(Action.ADVANCE, state.phase, transitions.facts(store, state, census))
+    return Status(state=state, control_table=store.table, now=now, history=store.history(migration_id),
+                  census=census, advance=decision, jobs=job_runs(store, migration_id))
+
+
+def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
+    """Every backfill/verify/cleanup run: per-segment progress, owners, errors, totals, verdicts."""
+    out = []
+    for job in DATA_JOBS:
+        all_runs = runs(store, migration_id, job)
+        for info in all_runs:
+            d = describe(store, migration_id, job, info.run, clock=store.clock)
+            if d is None:
+                continue
+            d["latest"] = info is all_runs[-1]
+            d["totals"] = {k: (int(v) if float(v).is_integer() else round(v, 1)) for k, v in d["totals"].items()}
+            if job == "backfill":
+                d["current"] = info.run == backfill_run(store, migration_id)
+                if d["latest"]:
+                    items = unmappable_items(store, migration_id)
+                    d["unmappable"] = {"count": len(items), "examples": items[:5]}
+            if job == "verify":
+                d["result"] = verify_verdict(store, migration_id, info.run, shown=5)
+            out.append(d)
+    return out
+
+
+# ---------------------------------------------------------------------- advance, rollback, abort
+
+@dataclass(frozen=True)
+class Transitioned:
+    action: Action
+    before: MigrationState
+    after: MigrationState
+    census: Census  # the fleet on the new phase version, after waiting if asked to
+    waited: bool
+    ack_seconds: float  # from the transition write to ``census`` (monotonic clock, for reports)
+
+
+def transition(store: ControlStore, migration_id: str, action: Action, *, wait: float | None = None,
+               from_phase: str | None = None, who: str | None = None, poll: float = 1.0, say: Say = _quiet,
+               on_lagging: Callable[[MigrationState, Census], None] | None = None) -> Transitioned:
+    """Apply one transition; with ``wait``, wait for the fleet before and after it.
+
+    ``wait`` is one budget for both waits. ``from_phase`` acts only if the migration
+    is in that phase now. Refusals (rules, a lagging fleet, a lost race) raise; once
+    the transition happened, a fleet that has not caught up is reported, not raised.
+    ``on_lagging`` is called when the wait before the transition gave up (it may
+    raise to stop there; otherwise the transition is tried and the rules decide).
+    """
+    expected = None
+    if from_phase is not None:
+        current = store.load_state(migration_id)
+        if current.phase.value != from_phase:
+            raise errors.ConcurrentChange(
+                f"{action.value} refused for {migration_id!r}: it is in {current.phase} (phase version "
+                f"{current.phase_version}, last moved by {current.last.who if current.last else '?'}), "
+                f"not {from_phase}; check `reshard status` before acting again")
+        # The compare-and-set below then acts on exactly the version we checked.
+        expected = current.phase_version
+    if wait:
+        start_at = store.clock()
+        before = store.load_state(migration_id)
+        census = fleet.census(store, migration_id, before.phase_version)
+        if not census.acknowledged:
+            say(f"waiting up to {wait:g}s for {len(census.lagging)} live shim(s) to acknowledge "
+                f"{before.phase} v{before.phase_version}")
+            census = fleet.wait_for_ack(store, migration_id, before.phase_version,
+                                        max(0.0, wait - (store.clock() - start_at)), poll=poll)
+        if not census.acknowledged:
+            say(f"gave up after {wait:g}s waiting for the fleet to acknowledge {before.phase} "
+                f"v{before.phase_version}; lagging: {', '.join(h.describe() for h in census.lagging)}")
+            if on_lagging is not None:
+                on_lagging(before, census)
+        # Act only on the state we waited for: if another operator moved the migration
+        # meanwhile, the compare-and-set below fails and we say so instead of moving it again.
+        if expected is not None and before.phase_version != expected:
+            raise store.lost_race(migration_id, expected)
+        expected = before.phase_version
+        remaining = max(0.0, wait - (store.clock() - start_at))
+    started = time.monotonic()
+    before, after = transitions.transition(store, migration_id, action, who=who, expected_version=expected)
+    census = fleet.wait_for_ack(store, migration_id, after.phase_version, remaining, poll=poll) if wait else \
+        fleet.census(store, migration_id, after.phase_version)
+    return Transitioned(action, before, after, census, bool(wait), time.monotonic() - started)
+
+
+# ---------------------------------------------------------------------- plan
+
+@dataclass(frozen=True)
+class Plan:
+    migration: Migration
+    table: dict  # DescribeTable
+    ttl: dict  # :func:`reshard.aws.inspect.ttl_report`
+    analysis: planning.SampleAnalysis
+    estimate: planning.Estimate
+    recommendation: planning.Recommendation | None
+    sample: int  # requested; 0 = full scan
+    segments: int
+    table_items: int  # the item count the estimates are scaled to
+    warnings: list[str]
+
+
+def check_plan_options(peak_writes_per_sec: float | None, item_kb: float | None) -> None:
+    """An item size alone recommends nothing: refuse it rather than ignore it."""
+    if item_kb is not None and peak_writes_per_sec is None:
+        raise errors.BadInput("--item-kb needs --peak-writes-per-sec (the recommendation uses both)")
+
+
+def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE, segments: int = 8,
+         max_wcu: float | None = None, peak_writes_per_sec: float | None = None, item_kb: float | None = None,
+         headroom: float = planning.DEFAULT_HEADROOM, write_price: float = planning.DEFAULT_WRITE_PRICE,
+         read_price: float = planning.DEFAULT_READ_PRICE, say: Say = _quiet) -> Plan:
+    """Check ``m`` against the live table and estimate the work; reads only.
+
+    Samples ``sample`` items over ``segments`` parallel-scan segments (0: the whole
+    table) and scales the estimates to the table's item count.
+    """
+    check_plan_options(peak_writes_per_sec, item_kb)
+    mapper = KeyMapper(m)
+    table = inspect.check_plannable(dynamo, m)
+    ttl = inspect.ttl_report(dynamo, m.table)
+
+    analysis = planning.SampleAnalysis(mapper)
+    full = sample == 0
+    if full:
+        say(f"scanning all of {m.table} ({segments} segments) ...")
+
+    def observe(items: list[dict]) -> None:
+        for item in items:
+            analysis.observe(item)
+
+    inspect.scan_segments(dynamo, m.table, segments, None if full else sample, observe)
+
+    item_count = int(table.get("ItemCount", 0) or 0)
+    table_items = analysis.scanned if full else max(item_count, analysis.scanned)
+    est = planning.estimate(analysis, table_items, max_wcu=max_wcu,
+                            write_price=write_price, read_price=read_price)
+    rec = None
+    if peak_writes_per_sec is not None:
+        if item_kb is None:
+            item_kb = math.ceil(analysis.bytes_all / analysis.scanned / capacity.KB) if analysis.scanned else 1
+        rec = planning.recommend(peak_writes_per_sec, item_kb, m.target.shards, headroom)
+    return Plan(m, table, ttl, analysis, est, rec, sample, segments, table_items,
+                plan_warnings(m, ttl, analysis, rec))
+
+
+def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,
+                  rec: planning.Recommendation | None) -> list[str]:
+    """What the operator should fix or know before ``start``."""
+    new = a.new_distribution()
+    warnings = []
+    if m.cleanup.ttl_attribute:
+        if ttl["status"] == "UNKNOWN":
+            warnings.append(f"could not read the TTL setting of {m.table} ({ttl.get('error')}): make sure TTL "
+                            f"is enabled on {m.cleanup.ttl_attribute!r} before cleanup")
+        elif ttl["status"] not in ("ENABLED", "ENABLING") or ttl["attribute"] != m.cleanup.ttl_attribute:
+            now = (f"TTL is {ttl['status']}" + (f" on {ttl['attribute']!r}" if ttl["attribute"] else ""))
+            warnings.append(f"[cleanup] ttl_attribute = {m.cleanup.ttl_attribute!r} but {now} on {m.table}: "
+                            f"old items would never expire; enable TTL on {m.cleanup.ttl_attribute!r} "
+                            f"before cleanup")
+    else:
+        warnings.append("[cleanup] has no ttl_attribute: cleanup will delete old-layout items one by one")
+    if a.unmappable_count:
+        warnings.append(f"{a.unmappable_count} sampled item(s) cannot be mapped: the backfill will count, "
+                        "list and skip them (see the examples)")
+    if a.in_new_layout or a.tombstones:
+        warnings.append(f"{a.in_new_layout} sampled item(s) are already in the new layout and {a.tombstones} are "
+                        "tombstones: a migration has written this table (plan is meant for before `start`)")
+    if a.scanned == 0:
+        warnings.append(f"{m.table} looks empty: nothing to sample, estimates are zero")
+    if rec and rec.warning:
+        warnings.append(rec.warning)
+    if new.total and new.skew > 2:
+        # A small sample is uneven by chance alone; say so rather than stay silent.
+        noise = (f" (only {new.mean:.1f} sampled items per shard: part of that is sampling noise)"
+                 if new.mean < 20 else "")
+        warnings.append(f"new layout is skewed: the hottest shard holds {new.hottest_pct:.1f}% "
+                        f"(skew {new.skew:.2f}); check shard_by has enough distinct values{noise}")
+    return warnings
+
+
+# ---------------------------------------------------------------------- iam-policy
+
+@dataclass(frozen=True)
+class IamPolicy:
+    role: str
+    document: dict
+
+
+def iam_policy(m: Migration, role: str, control_table: str, region: str | None = None,
+               account: str = "*") -> IamPolicy:
+    """The least-privilege policy for ``role`` on ``m``'s table and the control table."""
+    return IamPolicy(role, iam.policy(role, m.table, control_table, region or "*", account))
+
+
+
+# ---------------------------------------------------------------------- backfill, verify, cleanup
+
+#: The data jobs by name (their JobSpecs; one runner runs them all).
+DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP)}
+
+
+def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions, *,
+                 subscribers: Iterable[Subscriber] = ()) -> JobResult:
+    """``reshard backfill|verify|cleanup``: run (or join, or resume) the job with this host's workers."""
+    return run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+
+
+def table_item_count(dynamo: Dynamo, store: ControlStore, migration_id: str) -> int | None:
+    """DescribeTable's ItemCount of the migration's table (a progress bar's total; refreshed ~6 h)."""
+    return dynamo.describe_table(store.load_state(migration_id).table).get("ItemCount")
