@@ -4,7 +4,7 @@ Pure module: imports nothing from AWS or the CLI. The command line catches
 :class:`ReshardError` in exactly one place (``reshard.cli.main``) and turns it into one
 line on stderr plus :attr:`ReshardError.exit_code`.
 
-Exit status contract (PRODUCT.md): 0 done; 1 the operation failed or found
+Exit status: 0 done; 1 the operation failed or found
 differences; 2 bad input or a refused transition.
 """
 

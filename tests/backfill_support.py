@@ -15,10 +15,11 @@ from reshard import errors
 from reshard.aws import local
 from reshard.aws.dynamo import to_wire
 from reshard.control.store import ControlStore
-from reshard.core.layout import KeyMapper
+from reshard.core.layout import NEW_COPY_ATTR, KeyMapper
 from reshard.core.migration import load
 from reshard.core.phases import Action
 from reshard.core.versions import VersionClock, fence_for, tombstone
+from reshard.core.wire import key_of
 from reshard.control.transition import transition
 
 from tests.conftest import ROOT
@@ -131,8 +132,8 @@ class Shim:
         """The new-layout physical item, marked as a new copy when its key differs from the old one
         (as the real shim does)."""
         new = self.mapper.to_physical(item, self.mapper.new)
-        if self.mapper.old_key_of(new) != self.mapper.old_key_of(old):
-            self.mapper.mark_new_copy(new)
+        if key_of(new, self.mapper.old.key_attrs) != key_of(old, self.mapper.old.key_attrs):
+            new[NEW_COPY_ATTR] = {"S": self.mapper.migration.id}
         return new
 
     def put_split(self, item: dict):
@@ -159,7 +160,7 @@ class Shim:
         ident = self.ident(item)
         old = self.mapper.to_physical({f: item[f] for f in self.mapper.key_fields}, self.mapper.old,
                                       self._shard(ident))
-        self.dynamo.call("delete_item", TableName=self.table, Key=self.mapper.old_key_of(old))
+        self.dynamo.call("delete_item", TableName=self.table, Key=key_of(old, self.mapper.old.key_attrs))
         self.model.pop(ident, None)
 
 

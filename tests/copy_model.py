@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from reshard.core.layout import VERSION_ATTR, KeyMapper
+from reshard.core.wire import key_of
 from reshard.core.versions import copy_action, fence_for, version_of
 from reshard import errors
 
@@ -33,7 +34,7 @@ def copy_items(dynamo, table: str, mapper: KeyMapper, scanned: list[dict],
     dynamo.batch_write(table, [{"PutRequest": {"Item": new}} for _, new in moving])
     counts["copied"] += len(moving)
     hook("written")
-    keys = [mapper.old_key_of(old) for old, _ in moving]
+    keys = [key_of(old, mapper.old.key_attrs) for old, _ in moving]
     current = {_k(i, mapper): i for i in dynamo.batch_get(table, keys, consistent=True)}
     hook("read-back")
     for old, new in moving:
@@ -61,7 +62,7 @@ def copy_items(dynamo, table: str, mapper: KeyMapper, scanned: list[dict],
 
 
 def _k(item: dict, mapper: KeyMapper) -> str:
-    return repr(sorted(mapper.old_key_of(item).items()))
+    return repr(sorted(key_of(item, mapper.old.key_attrs).items()))
 
 
 def _values(v: dict) -> dict:

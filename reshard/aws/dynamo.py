@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import boto3
 import botocore.config
@@ -331,7 +331,3 @@ def expression_kwargs(condition: str | None = None, names: dict | None = None, v
         out["ExpressionAttributeValues"] = values
     return out
 
-
-def chunks(seq: list, n: int) -> Iterable[list]:
-    for i in range(0, len(seq), n):
-        yield seq[i:i + n]

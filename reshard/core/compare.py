@@ -71,12 +71,6 @@ def classify(mapper: KeyMapper, old: Mapping[str, Any] | None, new: Mapping[str,
     return "stale" if version_of(new) < version_of(old) else "diverged"
 
 
-def difference(mapper: KeyMapper, kind: str, identity: tuple, old: Mapping[str, Any] | None,
-               new: Mapping[str, Any] | None, old_key: dict | None, new_key: dict | None,
-               detail: str = "") -> Difference:
-    return Difference(kind, identity, old_key, new_key, version_of(old), version_of(new), detail)
-
-
 def differences(totals: Mapping[str, float]) -> dict[str, int]:
     """How many differences of each kind a verify run's totals hold (zero for absent kinds)."""
     return {k: int(totals.get(k, 0)) for k in KINDS}

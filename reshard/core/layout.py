@@ -445,14 +445,6 @@ class KeyMapper:
         marker = item.get(NEW_COPY_ATTR)
         return marker is not None and marker.get("S") == self.migration.id
 
-    def mark_new_copy(self, item: Wire) -> Wire:
-        """Mark a physical item written at a new-layout key that differs from its old key."""
-        item[NEW_COPY_ATTR] = {"S": self.migration.id}
-        return item
-
-    def old_key_of(self, old_item: Mapping[str, Any]) -> Wire:
-        return {a: old_item[a] for a in self.old.key_attrs}
-
     def moves(self, old_item: Mapping[str, Any]) -> bool:
         """Whether an old-layout item's physical key changes in the new layout."""
         values = self.fields(old_item, self.old)

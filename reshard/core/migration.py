@@ -1,4 +1,4 @@
-"""Migration files: parse and validate the TOML contract of PRODUCT.md.
+"""Migration files: parse and validate the TOML migration file (the format is in the README).
 
 Pure module (tomllib + stdlib only). Every mistake raises
 :class:`~reshard.errors.MigrationFileError`, whose message is one line naming the

@@ -5,7 +5,7 @@ and must survive kills, share the work between any number of hosts, and never re
 finished segment. This module does that part once; a job supplies only a *page
 function* that processes one page of one segment and returns counters.
 
-Control-table records (partition ``M#<migration id>``, see :mod:`reshard.control.store`)::
+Control-table records (partition ``M#<migration id>``, see :mod:`reshard.control.records`)::
 
     R#<job>#<run:06d>                 the run: total_segments, started_at/by, finished_at,
                                       totals (set once, by whoever finishes the last segment)
@@ -21,7 +21,7 @@ Control-table records (partition ``M#<migration id>``, see :mod:`reshard.control
 
 Lease protocol (KCL-style)
     *Claim*: read the segment records (one Query), decide locally with the pure
-    :func:`lease_decision`, then compare-and-set on ``lease_counter`` (or
+    :func:`reshard.core.leases.lease_decision`, then compare-and-set on ``lease_counter`` (or
     ``attribute_not_exists`` for a segment nobody touched). Of two workers that saw the
     same record, exactly one write matches; the loser just picks another segment.
     *Checkpoint*: a write conditioned on ``owner = me AND lease_counter = my token``;

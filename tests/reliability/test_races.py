@@ -77,8 +77,6 @@ def test_a_shim_cut_off_from_the_control_table_stops_writing_and_leaves_the_cens
 
 
 def test_two_backfills_and_a_verify_at_once(dynalite, dynalite_server, unique_name, tmp_path):
-    if not (ROOT / "reshard" / "verify.py").is_file():
-        pytest.skip("reshard verify has not landed")
     ctl = f"{unique_name}-ctl"
     path = tmp_path / "m.toml"
     m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=ctl, mid=unique_name, path=path)
