@@ -1,4 +1,4 @@
-"""A stand-in for the backfill's copy step (the protocol of the common brief), reusable
+"""A stand-in for the backfill's copy step (the protocol described in reshard.jobs.backfill), reusable
 by the backfill's own tests.
 
 ``copy_items`` copies scanned old-layout items to the new layout: unconditional write of
