@@ -244,6 +244,7 @@ class Parser:
         self.ctx = ctx
         self.toks = tokenize(text, what)
         self.i = 0
+        self.parenthesized: set[int] = set()
 
     # -- token helpers
     @property
@@ -346,24 +347,37 @@ class Parser:
     def conjunct(self) -> tuple:
         if self.is_kw("NOT"):
             self.next()
+            if self.is_kw("NOT"):  # dynalite (and DynamoDB's grammar) want a condition, not another NOT
+                raise ExprError(f"Invalid {self.what}: Syntax error; token: \"NOT\", near: \"NOT NOT\"")
             return ("not", self.conjunct())
         return self.primary()
 
     def primary(self) -> tuple:
         t = self.tok
         if t.kind == "punct" and t.text == "(":
+            start = self.i
             self.next()
-            node = self.condition()
-            self.expect("punct", ")")
+            try:
+                node = self.condition()
+                self.expect("punct", ")")
+            except ExprError:
+                self.i = start  # not a parenthesized condition: a parenthesized operand, "(a) = :v"
+                return self.comparison()
+            if id(node) in self.parenthesized:
+                raise ExprError(f"Invalid {self.what}: The expression has redundant parentheses;")
+            self.parenthesized.add(id(node))
             return node
         if self.is_call(FUNCTIONS) and t.text != "size":
             return self.function()
+        return self.comparison()
+
+    def comparison(self) -> tuple:
         left = self.operand()
         t = self.tok
         if t.kind == "op":
             self.next()
             node = ("cmp", t.text, left, self.operand())
-            self.check_operands(t.text, node[2:])
+            self.check_distinct(t.text, node[2:])
             return node
         if self.is_kw("BETWEEN"):
             self.next()
@@ -372,8 +386,12 @@ class Parser:
                 raise self.error()
             self.next()
             hi = self.operand()
-            self.check_operands("BETWEEN", (left, lo, hi))
-            if lo[0] == "value" and hi[0] == "value" and vtype(lo[1]) == vtype(hi[1]) \
+            self.check_distinct("BETWEEN", (left, lo, hi))
+            if lo[0] == "value" and hi[0] == "value" and vtype(lo[1]) != vtype(hi[1]):
+                raise ExprError(f"Invalid {self.what}: The BETWEEN operator requires same data type for lower and "
+                                f"upper bounds; lower bound operand: AttributeValue: {lo[1]}, upper bound operand: "
+                                f"AttributeValue: {hi[1]}")
+            if lo[0] == "value" and hi[0] == "value" and vtype(lo[1]) in SCALAR_COMPARABLE \
                     and sort_value(lo[1]) > sort_value(hi[1]):
                 raise ExprError(f"Invalid {self.what}: The BETWEEN operator requires upper bound to be greater than "
                                 f"or equal to lower bound; lower bound operand: AttributeValue: {lo[1]}, upper bound "
@@ -390,6 +408,14 @@ class Parser:
 
     def operand(self) -> tuple:
         t = self.tok
+        if t.kind == "punct" and t.text == "(":
+            self.next()
+            node = self.operand()
+            self.expect("punct", ")")
+            if id(node) in self.parenthesized:
+                raise ExprError(f"Invalid {self.what}: The expression has redundant parentheses;")
+            self.parenthesized.add(id(node))
+            return node
         if t.kind == "value":
             return self.value()
         if self.is_call(("size",)):
@@ -404,6 +430,11 @@ class Parser:
         raise self.error()
 
     def path_arg(self) -> tuple:
+        if self.tok.kind == "punct" and self.tok.text == "(":
+            self.next()
+            node = self.path_arg()
+            self.expect("punct", ")")
+            return node
         if self.tok.kind not in ("name", "ident"):
             raise ExprError(f"Invalid {self.what}: Operator or function requires a document path; "
                             f"operator or function: {self.toks[self.i - 2].text}")
@@ -427,6 +458,8 @@ class Parser:
             if args[1][1]["S"] not in TYPES:
                 raise ExprError(f"Invalid {self.what}: Invalid attribute type name found; type: {args[1][1]['S']}, "
                                 f"valid types: {{B,NULL,SS,BOOL,L,BS,N,NS,S,M}}")
+        if fname in ("begins_with", "contains"):
+            self.check_distinct(fname, args)
         if fname == "begins_with":
             for a in args:
                 if a[0] == "value" and vtype(a[1]) not in ("S", "B"):
@@ -434,13 +467,13 @@ class Parser:
                                     f"operator or function: begins_with, operand type: {vtype(a[1])}")
         return ("func", fname, tuple(args))
 
-    def check_operands(self, op: str, operands) -> None:
-        if op in ("=", "<>"):
-            return
-        for o in operands:
-            if o[0] == "value" and vtype(o[1]) not in SCALAR_COMPARABLE:
-                raise ExprError(f"Invalid {self.what}: Incorrect operand type for operator or function; "
-                                f"operator or function: {op}, operand type: {vtype(o[1])}")
+    def check_distinct(self, op: str, operands) -> None:
+        """``a = a``, ``contains(a, a)``: refused (dynalite and DynamoDB), for a path as first operand."""
+        first = operands[0]
+        if first[0] in ("path", "size") and any(o == first for o in operands[1:]):
+            shown = path_text(first[1] if first[0] == "path" else first[1][1])
+            raise ExprError(f"Invalid {self.what}: The first operand must be distinct from the remaining operands "
+                            f"for this operator or function; operator: {op}, first operand: [{shown}]")
 
     # -- update
     def update(self) -> dict:

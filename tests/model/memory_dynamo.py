@@ -11,8 +11,8 @@ an *interceptor* (the scheduler of :mod:`tests.model.scheduler`) sees every call
 it runs (``before(op, kwargs)``, where an actor thread can be held back) and after
 (``after(op, kwargs, response, error)``, for the trace).
 
-Items are stored in wire format (``{"S": ...}``) exactly as written (numbers keep their
-text, as dynalite does; DynamoDB itself normalizes ``"1.50"`` to ``"1.5"``). Failures
+Items are stored in wire format (``{"S": ...}``); numbers are normalized as DynamoDB and
+dynalite do (``"1.50"`` -> ``"1.5"``, ``"1e3"`` -> ``"1000"``; more than 38 digits refused). Failures
 are botocore ``ClientError``s with DynamoDB's error codes. The README in this folder
 lists what is and is not supported.
 """
@@ -62,8 +62,7 @@ def normalize(v: Any, where: str = "") -> dict:
             raise ExprError(f"Invalid S value{where}")
         return {"S": x}
     if t == "N":
-        ex.num(x)
-        return {"N": str(x)}
+        return {"N": _number(x)}
     if t == "B":
         return {"B": _bytes(x)}
     if t == "BOOL":
@@ -79,8 +78,8 @@ def normalize(v: Any, where: str = "") -> dict:
             kind = {"SS": "string", "NS": "number", "BS": "binary"}[t]
             raise ExprError(f"One or more parameter values were invalid: An {kind} set  may not be empty{where}")
         if t == "NS":
-            keys = [ex.num(i) for i in items]
-            items = [str(i) for i in items]
+            items = [_number(i) for i in items]
+            keys = [Decimal(i) for i in items]
         elif t == "BS":
             items = [_bytes(i) for i in items]
             keys = items
@@ -95,6 +94,27 @@ def normalize(v: Any, where: str = "") -> dict:
     if t == "M":
         return {"M": {k: normalize(i, where) for k, i in x.items()}}
     raise ExprError(f"Supplied AttributeValue has an unsupported datatype {t}{where}")
+
+
+def _number(x: Any) -> str:
+    """A number as DynamoDB (and dynalite) store it: checked, in plain notation, no trailing zeros."""
+    try:
+        d = Decimal(str(x))
+        if not d.is_finite():
+            raise decimal.InvalidOperation
+    except decimal.InvalidOperation:
+        raise ExprError(f"The parameter cannot be converted to a numeric value: {x}") from None
+    if d == 0:
+        return "0"
+    _, digits, exp = d.normalize(_WIDE).as_tuple()
+    e = len(digits) - 1 + exp
+    if e > 125:
+        raise ExprError("Number overflow. Attempting to store a number with magnitude larger than supported range")
+    if e < -130:
+        raise ExprError("Number underflow. Attempting to store a number with magnitude smaller than supported range")
+    if len(digits) > 38:
+        raise ExprError("Attempting to store more than 38 significant digits in a Number")
+    return format(d.normalize(_WIDE), "f")
 
 
 def _bytes(x: Any) -> bytes:
@@ -178,6 +198,15 @@ def hash_prefix(v: dict) -> str:
 
 def segment_of(prefix: str, total: int) -> int:
     return int(prefix[:3], 16) * total // 4096
+
+
+def _check_table_name(name: Any) -> None:
+    import re
+    if not isinstance(name, str) or not 3 <= len(name) <= 255:
+        raise ExprError("TableName must be at least 3 characters long and at most 255 characters long")
+    if not re.fullmatch(r"[a-zA-Z0-9_.-]+", name):
+        raise ExprError(f"1 validation error detected: Value '{name}' at 'tableName' failed to satisfy constraint: "
+                        "Member must satisfy regular expression pattern: [a-zA-Z0-9_.-]+")
 
 
 def _parameters(fn) -> frozenset:
@@ -370,6 +399,7 @@ class MemoryDynamo:
         return botocore.exceptions.ClientError(response, _OPERATION_NAMES.get(op, op))
 
     def _table(self, name: str) -> Table:
+        _check_table_name(name)
         t = self.tables.get(name)
         if t is None:
             raise ExprError("Requested resource not found", "ResourceNotFoundException")
@@ -428,6 +458,7 @@ class MemoryDynamo:
     def _create_table(self, TableName, KeySchema, AttributeDefinitions, BillingMode=None, ProvisionedThroughput=None,
                       GlobalSecondaryIndexes=None, LocalSecondaryIndexes=None, StreamSpecification=None,
                       SSESpecification=None, Tags=None, TableClass=None, DeletionProtectionEnabled=None):
+        _check_table_name(TableName)
         if LocalSecondaryIndexes:
             raise ExprError("memory dynamo: local secondary indexes are not supported")
         if TableName in self.tables:
