@@ -14,8 +14,12 @@ prefix are pushed onto the stack: every leaf of the tree of choices is run exact
 No state is snapshotted or hashed, so a scenario must be deterministic given its
 schedule (the explorer checks that replays see the same choices).
 
-With ``samples=N`` the explorer then runs N schedules chosen at random (seeded) up to
-``sample_max_steps``: deeper than exhaustive search affords.
+Long actors (a real ``transition`` makes 14 calls) make the full tree astronomically
+wide; two bounds keep exhaustive search useful: ``max_steps`` (depth: truncated runs are
+not checked unless ``check_truncated``) and ``preemption_bound`` (CHESS-style: at most k
+switches away from an actor that could have gone on -- most concurrency bugs need very
+few). With ``samples=N`` the explorer then runs N schedules chosen at random (seeded)
+up to ``sample_max_steps``, with no preemption bound.
 
 The first violation -- the check failed, or an actor raised -- is reported with its
 schedule and its trace (actor, call, table, key, condition, result per step), and
@@ -51,6 +55,11 @@ class World:
         self.ticks_left = 0
         self.kills_left: dict[str, int] = {}
         self.truncated = False
+        #: Preemption bounding (CHESS): at most this many switches away from an actor that could
+        #: have gone on. None: unbounded. Ticks and kills are not switches.
+        self.preemption_bound: int | None = None
+        self.preemptions = 0
+        self.last_actor: str | None = None
 
     def actor(self, name: str, fn: Callable[[], object]) -> None:
         if name == TICK or name.startswith("kill:"):
@@ -81,6 +90,9 @@ class World:
         steps = self.sched.enabled()
         if not steps:
             return []
+        if self.preemption_bound is not None and self.preemptions >= self.preemption_bound \
+                and self.last_actor in steps:
+            steps = [self.last_actor]  # no switch left: the running actor goes on
         out = list(steps)
         if self.ticks_left > 0:
             out.append(TICK)
@@ -96,6 +108,9 @@ class World:
             self.kills_left[name] -= 1
             self.sched.kill(name)
         else:
+            if self.last_actor not in (None, move) and self.last_actor in self.sched.enabled():
+                self.preemptions += 1
+            self.last_actor = move
             self.sched.step(move)
 
 
@@ -147,9 +162,10 @@ class Result:
 
 def run_one(factory: Callable[[World], Callable[[World], None]], prefix: list[str], *,
             max_steps: int | None, pick: Callable[[list[str]], str] = lambda moves: moves[0],
-            check_truncated: bool = False) -> Run:
+            check_truncated: bool = False, preemption_bound: int | None = None) -> Run:
     """Run one schedule: ``prefix`` first, then ``pick`` among the moves at every later point."""
     world = World()
+    world.preemption_bound = preemption_bound
     check = factory(world)
     schedule: list[str] = []
     choices: list[list[str]] = []
@@ -187,15 +203,18 @@ def run_one(factory: Callable[[World], Callable[[World], None]], prefix: list[st
 
 
 def explore(factory: Callable[[World], Callable[[World], None]], *, max_steps: int | None = None,
-            samples: int = 0, seed: int = 0, sample_max_steps: int | None = None, check_truncated: bool = False,
-            stop_at_first: bool = True, keep_runs: bool = False, max_schedules: int = 200_000) -> Result:
-    """Every schedule up to ``max_steps`` moves (depth first), then ``samples`` random ones."""
+            preemption_bound: int | None = None, samples: int = 0, seed: int = 0,
+            sample_max_steps: int | None = None, check_truncated: bool = False, stop_at_first: bool = True,
+            keep_runs: bool = False, max_schedules: int = 200_000) -> Result:
+    """Every schedule up to ``max_steps`` moves (depth first) with at most ``preemption_bound``
+    preemptions, then ``samples`` random schedules (unbounded preemptions, ``sample_max_steps``)."""
     result = Result()
     start = time.perf_counter()
     stack: list[list[str]] = [[]]
     while stack:
         prefix = stack.pop()
-        run = run_one(factory, prefix, max_steps=max_steps, check_truncated=check_truncated)
+        run = run_one(factory, prefix, max_steps=max_steps, check_truncated=check_truncated,
+                      preemption_bound=preemption_bound)
         result.schedules += 1
         result.longest = max(result.longest, len(run.schedule))
         if run.truncated:
@@ -233,3 +252,9 @@ def replay(factory: Callable[[World], Callable[[World], None]], schedule: list[s
            check_truncated: bool = True) -> Run:
     """Run exactly ``schedule`` (e.g. a reported violation's) and return the run with its trace."""
     return run_one(factory, schedule, max_steps=len(schedule), check_truncated=check_truncated)
+
+
+def describe_bounds(result: Result) -> str:
+    return (f"{result.schedules} schedules ({result.complete} complete, {result.truncated} truncated), "
+            f"{result.sampled} sampled, longest {result.longest} moves, {result.seconds:.2f}s, "
+            f"{result.per_second:.0f}/s")
