@@ -86,6 +86,15 @@ class Both:
         self.wait_active(t)
         return t
 
+    def wait_gone(self, t: str) -> None:
+        import time
+        for _ in range(200):
+            try:
+                self.real.describe_table(TableName=t)
+            except botocore.exceptions.ClientError:
+                return
+            time.sleep(0.01)
+
     def wait_active(self, t: str) -> None:
         import time
         for _ in range(200):  # dynalite creates tables asynchronously even with --createTableMs 0
@@ -338,6 +347,7 @@ def test_tables_and_ttl(both):
     both.error("ResourceNotFoundException", "describe_table", TableName=both.table("missing"))
     both("describe_time_to_live", TableName=t)  # (dynalite has no UpdateTimeToLive: see the memory-only tests)
     both("delete_table", TableName=t)
+    both.wait_gone(t)  # dynalite deletes asynchronously (DELETING for a moment); the memory client at once
     both.error("ResourceNotFoundException", "describe_table", TableName=t)
 
 
