@@ -562,6 +562,7 @@ def parse_projection(text: str, ctx: Context) -> list[tuple]:
     p = Parser(text, "ProjectionExpression", ctx)
     paths = p.projection()
     p.done()
+    projection_tree(paths)
     return paths
 
 
@@ -612,12 +613,17 @@ def remove_path(item: dict, path: tuple) -> None:
     else:
         if vtype(parent) == "M":
             parent["M"].pop(last, None)
-        elif parent is not None:
+        else:  # a missing or non-map parent: DynamoDB (and dynalite) refuse, unlike a missing leaf
             raise ExprError("The document path provided in the update expression is invalid for update")
 
 
 def project(item: dict, paths: list[tuple]) -> dict:
     """The item restricted to ``paths`` (ProjectionExpression semantics: list elements compacted)."""
+    return (_extract({"M": item}, projection_tree(paths)) or {"M": {}})["M"]
+
+
+def projection_tree(paths: list[tuple]) -> dict:
+    """The paths as a tree; ValidationException when two overlap (``a, a.b``), as DynamoDB says."""
     tree: dict = {}
     for _, path in paths:
         node = tree
@@ -630,7 +636,7 @@ def project(item: dict, paths: list[tuple]) -> dict:
                 node[part] = _ALL
             else:
                 node = node.setdefault(part, {})
-    return (_extract({"M": item}, tree) or {"M": {}})["M"]
+    return tree
 
 
 _ALL = object()
@@ -847,8 +853,12 @@ def apply_update(old: dict, clauses: dict) -> dict:
     for kind, path, value in planned:
         if kind == "set":
             set_path(new, path, value)
-        else:
-            remove_path(new, path)
+    # Removals last, list elements from the highest index down: every index names an element of
+    # the list as it was before the update ("REMOVE l[0], l[2]" removes the first and the third).
+    removals = [path for kind, path, _ in planned if kind == "remove"]
+    removals.sort(key=lambda p: tuple((0, x) if isinstance(x, int) else (1, x) for x in p), reverse=True)
+    for path in removals:
+        remove_path(new, path)
     return new
 
 
