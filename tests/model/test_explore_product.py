@@ -1,0 +1,132 @@
+"""The scheduler and explorer driving reshard's own code (a preview of the model checker).
+
+* Two operators race a transition through the real ControlStore.
+* Two backfill hosts share a segment through the real SegmentEngine; one stalls past its
+  lease (by hand, then in every interleaving with at most one preemption and one clock
+  jump): the segment is finished exactly once, and pages are redone at most once per
+  takeover (the engine's promise: a takeover redoes the page in flight).
+"""
+
+from __future__ import annotations
+
+from reshard import errors
+from reshard.control.store import ControlStore
+from reshard.core.phases import Action, Phase
+from reshard.jobs.engine import SegmentEngine, segment_sk
+from tests.model.explore import World, explore
+from tests.shim_helpers import migration
+
+PAGES = 2
+
+
+def test_two_operators_race_a_transition():
+    """Both saw phase version 1 (``expected_version``, what ``--from`` gives): exactly one wins, the
+    other gets ConcurrentChange, and the history has one row per version."""
+
+    def factory(w: World):
+        store = ControlStore(w.dynamo, "ctl", clock=w.clock)
+        m = migration("sensor")
+        store.register(m, who="setup")
+        outcome = {}
+
+        def operator(name):
+            def run():
+                try:
+                    store.transition(m.id, Action.ADVANCE, who=name, expected_version=1)
+                    outcome[name] = "won"
+                except errors.ConcurrentChange:
+                    outcome[name] = "lost"
+            return run
+
+        w.actor("op1", operator("op1"))
+        w.actor("op2", operator("op2"))
+
+        def check(w: World) -> None:
+            assert sorted(outcome.values()) == ["lost", "won"], outcome
+            state = store.load_state(m.id)
+            assert state.phase is Phase.DUAL_WRITE and state.phase_version == 2
+            assert [t.phase_version for t in store.history(m.id)] == [1, 2]
+        return check
+
+    result = explore(factory, preemption_bound=1, samples=20, seed=3)
+    result.assert_ok()
+    # A transition is 14 calls; a loser that got as far as the compare-and-set makes 12, fails it
+    # and reads the state once more for its message: 13. Longest: 14 + 13.
+    assert result.longest == 27
+    # Bound 1: the 2 serial orders, plus, for either operator first, a switch after any of its
+    # first 13 calls (then the other runs to its end, then the first finishes: forced): 2 + 2 * 13.
+    assert result.schedules == 28 and result.sampled == 20
+
+
+def backfill_world(w: World, pages: int = PAGES):
+    """Two hosts' SegmentEngines (one worker each) on one segment of ``pages`` pages; each page
+    bumps a counter item in a data table. Returns the store."""
+    store = ControlStore(w.dynamo, "ctl", clock=w.clock)
+    store.ensure_table()
+    w.dynamo.call("create_table", TableName="data", BillingMode="PAY_PER_REQUEST",
+                  KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+                  AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}])
+
+    def page(ctx, key):
+        i = int(key["pos"]["N"]) if key else 0
+        w.dynamo.call("update_item", TableName="data", Key={"k": {"S": f"page-{i}"}},
+                      UpdateExpression="ADD copies :one", ExpressionAttributeValues={":one": {"N": "1"}})
+        return {"pages_copied": 1}, ({"pos": {"N": str(i + 1)}} if i < pages - 1 else None)
+
+    for host in ("A", "B"):
+        # One worker, run on the actor's own thread (run_all would start threads the scheduler
+        # does not know). Hosts differ, so a held lease is only taken over once it expired.
+        engine = SegmentEngine(store, "mid", "backfill", 1, 1, page, workers=1, lease_seconds=10,
+                               clock=w.clock, sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False)
+
+        def body(e=engine):
+            e.start_run()
+            e._worker(0)
+            if e._errors:
+                raise e._errors[0]
+        w.actor(host, body)
+    return store
+
+
+def copies(w: World) -> dict:
+    return {i["k"]["S"]: int(i["copies"]["N"]) for i in w.db.items("data")}
+
+
+def test_a_copier_stalled_past_its_lease_loses_it_at_its_next_checkpoint():
+    w = World()
+    store = backfill_world(w, pages=3)
+    s = w.sched
+    s.start()
+    while "data" not in s.step("A").detail:  # A claims the segment and copies page 0 ...
+        pass
+    s.stall("A")                             # ... then freezes (a GC pause) before its checkpoint
+    s.tick(11)                               # past its 10 s lease
+    s.run_to_end()                           # B takes the lease over and does the whole segment
+    s.resume("A")
+    s.run_to_end()                           # A's fenced checkpoint fails: it stops at once
+    s.shutdown()
+    trace = [x.line() for x in s.trace]
+    assert any("A " in t and "lease_counter = 1" in t and "ConditionalCheckFailed" in t for t in trace), trace
+    assert copies(w) == {"page-0": 2, "page-1": 1, "page-2": 1}  # the page in flight, redone once
+    rec = store.get("M#mid", segment_sk("backfill", 1, 0))
+    assert rec["done"] == {"BOOL": True} and rec["takeovers"] == {"N": "1"} and rec["owner"] == {"S": "-"}
+
+
+def test_every_interleaving_of_two_hosts_on_one_segment():
+    def factory(w: World):
+        store = backfill_world(w)
+        w.may_tick(11)  # one jump of the clock past a lease, anywhere
+
+        def check(w: World) -> None:
+            got = copies(w)
+            rec = store.get("M#mid", segment_sk("backfill", 1, 0))
+            assert set(got) == {f"page-{i}" for i in range(PAGES)}, got
+            assert rec["done"] == {"BOOL": True}
+            # Each takeover redoes at most the page in flight.
+            assert sum(got.values()) - PAGES <= int(rec["takeovers"]["N"]), (got, rec["takeovers"])
+            assert store.get("M#mid", "R#backfill#000001").get("finished_at") is not None
+        return check
+
+    result = explore(factory, preemption_bound=1, max_steps=60)
+    result.assert_ok()
+    assert result.truncated == 0 and result.schedules > 100
