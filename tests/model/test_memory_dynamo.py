@@ -107,9 +107,16 @@ class Both:
         assert got == code, f"{op}: expected {code}, both said {got}"
 
 
+COMPARED: dict[str, int] = {}
+
+
 @pytest.fixture
-def both(dynalite):
-    return Both(dynalite.client, f"m{uuid.uuid4().hex[:8]}")
+def both(dynalite, request):
+    b = Both(dynalite.client, f"m{uuid.uuid4().hex[:8]}")
+    yield b
+    COMPARED[request.node.name] = b.compared
+    print(f"\n{request.node.name}: {b.compared} requests agreed ({sum(b.errors.values())} errors: {b.errors}); "
+          f"{sum(COMPARED.values())} so far")
 
 
 CCF = "ConditionalCheckFailedException"
