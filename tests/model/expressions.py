@@ -111,7 +111,7 @@ def num(s: str) -> Decimal:
     try:
         return Decimal(s)
     except decimal.InvalidOperation:
-        raise ExprError(f"A value provided cannot be converted into a number") from None
+        raise ExprError("A value provided cannot be converted into a number") from None
 
 
 def fmt_num(d: Decimal) -> str:
@@ -584,7 +584,7 @@ def get_path(item: dict, path: tuple) -> dict | None:
     return cur
 
 
-def set_path(item: dict, path: tuple, value: dict, what: str = "UpdateExpression") -> None:
+def set_path(item: dict, path: tuple, value: dict) -> None:
     parent = get_path(item, path[:-1]) if len(path) > 1 else {"M": item}
     last = path[-1]
     invalid = ExprError("The document path provided in the update expression is invalid for update")

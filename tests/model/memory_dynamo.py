@@ -442,7 +442,7 @@ class MemoryDynamo:
     def _check_return_values(rv: str | None, allowed: tuple) -> str:
         rv = rv or "NONE"
         if rv not in allowed:
-            raise ExprError(f"Return values set to invalid value" if rv not in
+            raise ExprError("Return values set to invalid value" if rv not in
                             ("NONE", "ALL_OLD", "UPDATED_OLD", "ALL_NEW", "UPDATED_NEW")
                             else f"ReturnValues can only be {' or '.join(allowed)} on this operation")
         return rv
@@ -672,8 +672,8 @@ class MemoryDynamo:
             raise ExprError("1 validation error detected: Value '0' at 'limit' failed to satisfy constraint: "
                             "Member must have value greater than or equal to 1")
         if Select not in (None, "ALL_ATTRIBUTES", "COUNT", "SPECIFIC_ATTRIBUTES", "ALL_PROJECTED_ATTRIBUTES"):
-            raise ExprError(f"Select must be one of ALL_ATTRIBUTES, ALL_PROJECTED_ATTRIBUTES, SPECIFIC_ATTRIBUTES, "
-                            f"COUNT")
+            raise ExprError("Select must be one of ALL_ATTRIBUTES, ALL_PROJECTED_ATTRIBUTES, SPECIFIC_ATTRIBUTES, "
+                            "COUNT")
         evaluated, size, last = [], 0, None
         for item in ordered:
             if (Limit is not None and len(evaluated) >= Limit) or size >= MAX_PAGE_BYTES:

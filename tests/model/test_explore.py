@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from math import comb, factorial
 
-import pytest
-
 from reshard import errors
-from tests.model.explore import World, explore, replay, run_one
+from tests.model.explore import World, explore, replay
 from tests.model.scheduler import Killed, Scheduler
 
 TABLE = "counters"
