@@ -3,6 +3,8 @@
 * Two operators race a transition through the real ControlStore.
 * Two real ShardedTable shims on adjacent phases (dual_write, dual_read) write, update and
   delete the same item: both layouts end up agreeing in every interleaving explored.
+* A zombie copier (frozen past its lease between its lease check and its batch write, then
+  killed) leaves a stale new-layout copy behind a finished backfill; verify catches it.
 * Two backfill hosts share a segment through the real SegmentEngine; one stalls past its
   lease (by hand, then in every interleaving with at most one preemption and one clock
   jump): the segment is finished exactly once, and pages are redone at most once per
@@ -171,3 +173,67 @@ def test_two_shims_on_adjacent_phases_keep_both_layouts_in_agreement():
     result = explore(factory, preemption_bound=2, samples=60, seed=11)
     result.assert_ok()
     assert result.schedules == 52 and result.sampled == 60
+
+
+def test_a_zombie_copier_leaves_a_stale_new_copy_that_verify_catches():
+    """A copier frozen between its lease check and its unconditional batch write, past its lease:
+    another host takes the segment over and finishes it, the application writes the item (both
+    layouts, versioned), then the zombie's batch write lands -- the pre-migration copy over the
+    newer new-layout item -- and it dies before its read-back could repair it. The backfill run
+    is finished and the layouts disagree; verify reports the copy stale, so the cutover gate
+    holds *if* verify runs after the zombie write. (The engine's lease fencing covers control
+    records only, and its guard and ``ensure_lease`` are checked per page, not per write.)"""
+    import time
+
+    from reshard.aws.dynamo import from_wire
+    from reshard.jobs.backfill import JOB, Backfill, current_run
+    from reshard.jobs.budget import CapacityBudget
+    from reshard.jobs.verify import VerifyOptions, run_verify
+    from tests.backfill_support import Shim, logical, setup_migration
+
+    w = World(clock_start=time.time() + 3600)  # after the set-up's (real-time) phase changes
+    m, mapper, _ = setup_migration(w.dynamo, "sensor", "Tzombie")
+    store = ControlStore(w.dynamo, "reshard-control", clock=w.clock)
+    item = next(x for x in (logical("sensor", i) for i in range(50)) if mapper.moves(mapper.to_physical(x, mapper.old)))
+    Shim(w.dynamo, mapper, m.table).seed(item)  # a pre-migration item that moves
+    run = current_run(store, m.id)
+
+    def copier(host):
+        budget = CapacityBudget(None, None, clock=w.clock, sleep=w.sleep)
+        budget.attach(w.dynamo, m.table)
+        page = Backfill(w.dynamo, store, m.id, mapper, m.table, budget, page_size=10).page
+        engine = SegmentEngine(store, m.id, JOB, run, 1, page, workers=1, lease_seconds=10, clock=w.clock,
+                               sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False)
+
+        def body():
+            engine.start_run()
+            engine._worker(0)
+        return body
+
+    app = shim(m, w.dynamo, "backfill", writer_id="app", version_clock=VersionClock("app", now_ms=w.clock.now_ms))
+    w.actor("A", copier("A"))
+    w.actor("B", copier("B"))
+    w.actor("app", lambda: app.put_item(Item={**from_wire(item), "temp": Decimal(99)}))
+    s = w.sched
+    s.start()
+    s.stall("app")
+    while s.actors["A"].pending[0] != "batch_write_item":
+        s.step("A")                          # A claims, scans the page, checks its lease ...
+    s.stall("A")                             # ... and freezes before its batch write
+    s.tick(11)
+    s.run_to_end()                           # B takes over, copies, settles, finishes the run
+    s.resume("app")
+    s.run_to_end()                           # the app's write: old and new layout, versioned
+    s.resume("A")
+    s.step("A")                              # the zombie's batch write lands
+    s.kill("A")                              # and it dies before its read-back
+    s.shutdown()
+
+    layouts = by_layout(mapper, w.db.items(m.table))
+    (ident,) = layouts["old"]
+    (old,), (new,) = layouts["old"][ident], layouts["new"][ident]
+    assert old["temp"] == {"N": "99"} and "_rs_v" in old
+    assert new["temp"] == item["temp"] and "_rs_v" not in new  # the stale pre-migration copy
+    result = run_verify(w.dynamo, store, m.id, VerifyOptions(segments=1, workers=1, page_size=50, rechecks=2,
+                                                             recheck_pause=0.0), sleep=lambda s: None)
+    assert not result.passed and result.counts["stale"] == 1
