@@ -1,0 +1,260 @@
+"""A bounded explorer of interleavings: stateless model checking by replay.
+
+A *scenario factory* ``factory(world)`` sets up a fresh world -- tables and seed items
+through ``world.dynamo`` (or ``world.db``), actors through ``world.actor(name, fn)``,
+optional environment moves (``world.may_tick``, ``world.may_kill``) -- and returns the
+invariant check, a callable raising ``AssertionError`` when the final state is wrong.
+
+:func:`explore` enumerates every *schedule* up to ``max_steps`` moves, depth first. A
+move is one of: step an actor (``"A"``: its pending call and its computation up to the
+next call), advance the clock (``"tick"``), kill an actor (``"kill:A"``). Every schedule
+is run from scratch (a new world from the factory, the prefix replayed, then the first
+enabled move at every later point), and the alternatives seen at each point past the
+prefix are pushed onto the stack: every leaf of the tree of choices is run exactly once.
+No state is snapshotted or hashed, so a scenario must be deterministic given its
+schedule (the explorer checks that replays see the same choices).
+
+Long actors (a real ``transition`` makes 14 calls) make the full tree astronomically
+wide; two bounds keep exhaustive search useful: ``max_steps`` (depth: truncated runs are
+not checked unless ``check_truncated``) and ``preemption_bound`` (CHESS-style: at most k
+switches away from an actor that could have gone on -- most concurrency bugs need very
+few). With ``samples=N`` the explorer then runs N schedules chosen at random (seeded)
+up to ``sample_max_steps``, with no preemption bound.
+
+The first violation -- the check failed, or an actor raised -- is reported with its
+schedule and its trace (actor, call, table, key, condition, result per step), and
+:func:`replay` reproduces it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+from reshard.aws.dynamo import Dynamo, RetryPolicy
+from tests.model.memory_dynamo import MemoryDynamo
+from tests.model.scheduler import LogicalClock, Scheduler, Step
+
+TICK = "tick"
+
+
+class World:
+    """One run's universe: the memory DynamoDB, the choke point over it, a clock, the scheduler."""
+
+    def __init__(self, clock_start: float = 1_700_000_000.0):
+        self.clock = LogicalClock(clock_start)
+        self.db = MemoryDynamo(clock=self.clock)
+        self.sched = Scheduler(self.db, self.clock)
+        #: The real reshard choke point; never sleeps for real (retries back off on the logical clock).
+        self.dynamo = Dynamo(self.db, retry=RetryPolicy(max_attempts=3, base_seconds=0.0, max_backoff_seconds=0.0),
+                             sleep=self.sched.sleep)
+        self.tick_seconds = 0.0
+        self.ticks_left = 0
+        self.kills_left: dict[str, int] = {}
+        self.truncated = False
+        #: Preemption bounding (CHESS): at most this many switches away from an actor that could
+        #: have gone on. None: unbounded. Ticks and kills are not switches.
+        self.preemption_bound: int | None = None
+        self.preemptions = 0
+        self.last_actor: str | None = None
+
+    def actor(self, name: str, fn: Callable[[], object]) -> None:
+        if name == TICK or name.startswith("kill:"):
+            raise ValueError(f"actor name {name!r} is reserved")
+        self.sched.actor(name, fn)
+
+    def may_tick(self, seconds: float, times: int = 1) -> None:
+        """Let the explorer advance the clock by ``seconds``, up to ``times`` times, at any point."""
+        self.tick_seconds, self.ticks_left = seconds, times
+
+    def may_kill(self, name: str, times: int = 1) -> None:
+        """Let the explorer kill ``name`` at any point where it waits at a call."""
+        self.kills_left[name] = times
+
+    @property
+    def sleep(self) -> Callable[[float], None]:
+        return self.sched.sleep
+
+    @property
+    def trace(self) -> list[Step]:
+        return self.sched.trace
+
+    @property
+    def errors(self) -> dict[str, BaseException]:
+        return {n: a.error for n, a in self.sched.actors.items() if a.error is not None and not a.killed}
+
+    def moves(self) -> list[str]:
+        steps = self.sched.enabled()
+        if not steps:
+            return []
+        if self.preemption_bound is not None and self.preemptions >= self.preemption_bound \
+                and self.last_actor in steps:
+            steps = [self.last_actor]  # no switch left: the running actor goes on
+        out = list(steps)
+        if self.ticks_left > 0:
+            out.append(TICK)
+        out += [f"kill:{n}" for n in steps if self.kills_left.get(n, 0) > 0]
+        return out
+
+    def apply(self, move: str) -> None:
+        if move == TICK:
+            self.ticks_left -= 1
+            self.sched.tick(self.tick_seconds)
+        elif move.startswith("kill:"):
+            name = move[5:]
+            self.kills_left[name] -= 1
+            self.sched.kill(name)
+        else:
+            if self.last_actor not in (None, move) and self.last_actor in self.sched.enabled():
+                self.preemptions += 1
+            self.last_actor = move
+            self.sched.step(move)
+
+
+@dataclass
+class Run:
+    schedule: list[str]
+    choices: list[list[str]]
+    truncated: bool
+    violation: str | None
+    trace: list[Step]
+
+    def trace_text(self) -> str:
+        return "\n".join(s.line() for s in self.trace)
+
+
+@dataclass
+class Violation:
+    schedule: list[str]
+    message: str
+    trace: list[Step]
+    sampled: bool = False
+
+    def report(self) -> str:
+        how = "a random sample" if self.sampled else "exhaustive search"
+        return (f"violation found by {how}: {self.message}\n"
+                f"schedule: {' '.join(self.schedule)}\n"
+                f"trace:\n" + "\n".join(s.line() for s in self.trace))
+
+
+@dataclass
+class Result:
+    schedules: int = 0            # distinct schedules run by exhaustive search
+    complete: int = 0             # ... of which every actor finished
+    truncated: int = 0            # ... of which hit max_steps
+    sampled: int = 0              # random schedules run after the exhaustive search
+    seconds: float = 0.0
+    violation: Violation | None = None
+    longest: int = 0
+    runs: list[Run] = field(default_factory=list, repr=False)
+
+    @property
+    def per_second(self) -> float:
+        return (self.schedules + self.sampled) / self.seconds if self.seconds else 0.0
+
+    def assert_ok(self) -> None:
+        if self.violation is not None:
+            raise AssertionError(self.violation.report())
+
+
+def run_one(factory: Callable[[World], Callable[[World], None]], prefix: list[str], *,
+            max_steps: int | None, pick: Callable[[list[str]], str] = lambda moves: moves[0],
+            check_truncated: bool = False, preemption_bound: int | None = None) -> Run:
+    """Run one schedule: ``prefix`` first, then ``pick`` among the moves at every later point."""
+    world = World()
+    world.preemption_bound = preemption_bound
+    check = factory(world)
+    schedule: list[str] = []
+    choices: list[list[str]] = []
+    violation = None
+    try:
+        world.sched.start()
+        while True:
+            moves = world.moves()
+            if not moves:
+                break
+            if max_steps is not None and len(schedule) >= max_steps:
+                world.truncated = True
+                break
+            i = len(schedule)
+            move = prefix[i] if i < len(prefix) else pick(moves)
+            if move not in moves:
+                raise RuntimeError(f"replay diverged at move {i + 1}: {move!r} is not among {moves} "
+                                   "(is the scenario deterministic?)")
+            choices.append(moves)
+            schedule.append(move)
+            world.apply(move)
+    finally:
+        world.sched.shutdown()
+    if world.errors:
+        name, err = next(iter(world.errors.items()))
+        violation = f"actor {name} raised {type(err).__name__}: {err}\n" + \
+            "".join(traceback.format_exception(type(err), err, err.__traceback__)[-3:])
+    elif not world.truncated or check_truncated:
+        try:
+            if check is not None:
+                check(world)
+        except AssertionError as e:
+            violation = f"invariant: {e}"
+    return Run(schedule, choices, world.truncated, violation, list(world.trace))
+
+
+def explore(factory: Callable[[World], Callable[[World], None]], *, max_steps: int | None = None,
+            preemption_bound: int | None = None, samples: int = 0, seed: int = 0,
+            sample_max_steps: int | None = None, check_truncated: bool = False, stop_at_first: bool = True,
+            keep_runs: bool = False, max_schedules: int = 200_000) -> Result:
+    """Every schedule up to ``max_steps`` moves (depth first) with at most ``preemption_bound``
+    preemptions, then ``samples`` random schedules (unbounded preemptions, ``sample_max_steps``)."""
+    result = Result()
+    start = time.perf_counter()
+    stack: list[list[str]] = [[]]
+    while stack:
+        prefix = stack.pop()
+        run = run_one(factory, prefix, max_steps=max_steps, check_truncated=check_truncated,
+                      preemption_bound=preemption_bound)
+        result.schedules += 1
+        result.longest = max(result.longest, len(run.schedule))
+        if run.truncated:
+            result.truncated += 1
+        else:
+            result.complete += 1
+        if keep_runs:
+            result.runs.append(run)
+        if run.violation and result.violation is None:
+            result.violation = Violation(run.schedule, run.violation, run.trace)
+            if stop_at_first:
+                break
+        # Alternatives at every point this run decided by itself (past the replayed prefix),
+        # pushed so the deepest is popped first and siblings in order: lexicographic DFS.
+        for i in range(len(prefix), len(run.schedule)):
+            for alt in reversed(run.choices[i][1:]):
+                stack.append(run.schedule[:i] + [alt])
+        if result.schedules >= max_schedules:
+            raise RuntimeError(f"more than {max_schedules} schedules: lower max_steps or use samples")
+    if samples and (result.violation is None or not stop_at_first):
+        rng = random.Random(seed)
+        for _ in range(samples):
+            run = run_one(factory, [], max_steps=sample_max_steps, pick=rng.choice, check_truncated=check_truncated)
+            result.sampled += 1
+            result.longest = max(result.longest, len(run.schedule))
+            if run.violation and result.violation is None:
+                result.violation = Violation(run.schedule, run.violation, run.trace, sampled=True)
+                if stop_at_first:
+                    break
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def replay(factory: Callable[[World], Callable[[World], None]], schedule: list[str],
+           check_truncated: bool = True) -> Run:
+    """Run exactly ``schedule`` (e.g. a reported violation's) and return the run with its trace."""
+    return run_one(factory, schedule, max_steps=len(schedule), check_truncated=check_truncated)
+
+
+def describe_bounds(result: Result) -> str:
+    return (f"{result.schedules} schedules ({result.complete} complete, {result.truncated} truncated), "
+            f"{result.sampled} sampled, longest {result.longest} moves, {result.seconds:.2f}s, "
+            f"{result.per_second:.0f}/s")
