@@ -22,11 +22,18 @@ from reshard import errors
 from reshard.aws.dynamo import Dynamo, RetryPolicy
 from reshard.core.phases import Action, Phase
 from reshard.core.versions import fence_for, unchanged
-from reshard.jobs.backfill import BackfillOptions, run_backfill
-from reshard.jobs.cleanup import CleanupOptions, run_cleanup
-from reshard.jobs.verify import VerifyOptions, run_verify
+
+
+
 from reshard.shim.expr import and_conditions, merge_update
 from reshard.shim.query import _key_condition
+from reshard.control.transition import transition
+from reshard.control.transition import retire
+from reshard.jobs.runner import run_job
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.verify import VERIFY
+from reshard.jobs.cleanup import CLEANUP
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 from tests.model import expressions as ex
 from tests.model.memory_dynamo import MemoryDynamo
@@ -155,16 +162,16 @@ def test_backfill_verify_cleanup_run_exactly_on_the_memory_client(recorded, kind
     for i in range(40, 50):
         shim_.put(logical(kind, i))
     shim_.delete(logical(kind, 45))
-    result, _ = run_backfill(dynamo, store, m.id, BackfillOptions(**FAST, lease_seconds=30))
+    result = run_job(BACKFILL, dynamo, store, m.id, JobOptions(**FAST, lease_seconds=30))
     assert result.done and not result.failed
     assert diff(scan_all(dynamo, m.table), expected_table(mapper, shim_.model)) == []
-    v = run_verify(dynamo, store, m.id, VerifyOptions(**FAST, rechecks=2, recheck_pause=0.0), sleep=lambda s: None)
+    v = run_job(VERIFY, dynamo, store, m.id, JobOptions(**FAST, rechecks=2, recheck_pause=0.0), sleep=lambda s: None)
     assert v.finished and v.passed, v.counts
-    store.transition(m.id, Action.ADVANCE)  # cutover
-    store.transition(m.id, Action.ADVANCE)  # cleanup
-    c = run_cleanup(dynamo, store, m.id, CleanupOptions(**FAST, delete=kind != "sensor", enable_ttl=kind == "sensor"))
+    transition(store, m.id, Action.ADVANCE)  # cutover
+    transition(store, m.id, Action.ADVANCE)  # cleanup
+    c = run_job(CLEANUP, dynamo, store, m.id, JobOptions(**FAST, delete=kind != "sensor", enable_ttl=kind == "sensor"))
     assert c.done
-    _, done = store.transition(m.id, Action.ADVANCE)
+    _, done = transition(store, m.id, Action.ADVANCE)
     assert done.phase is Phase.COMPLETE
     assert [t.to_phase for t in store.history(m.id)][-1] == "complete"
     # What the flows sent (each parsed and evaluated, or they would have failed):
@@ -180,8 +187,8 @@ def test_backfill_verify_cleanup_run_exactly_on_the_memory_client(recorded, kind
 def test_abort_and_retire(recorded):
     dynamo, rec = recorded
     m, mapper, store = setup_migration(dynamo, "sensor", "Tabort")
-    store.transition(m.id, Action.ABORT)
-    state = store.retire(m.id)
+    transition(store, m.id, Action.ABORT)
+    state = retire(store, m.id)
     assert state.phase is Phase.ABORTED and state.raw["retired"] == {"BOOL": True}
     assert "phase_version = :v AND phase = :ph" in rec.seen["ConditionExpression"]
     assert store.list_states()[0].id == m.id  # the Scan with FilterExpression sk = :m
