@@ -81,6 +81,13 @@ class ShimUnavailable(ReshardError):
     """
 
 
+class SwitchInProgress(ShimUnavailable):
+    """The fleet is switching authority (backfill <-> cutover) and did not finish within the
+    shim's hold bound: the request was held and never sent. Retrying is safe."""
+
+    retryable = True
+
+
 class AWSError(ReshardError):
     """A DynamoDB call failed after retries. Carries the AWS error code and request id."""
 

@@ -69,7 +69,7 @@ def status_data(s: Status) -> dict:
     shims += [dict(h.as_dict(s.now), acknowledged=False) for h in census.expired]
     return {
         "migration": state.id, "table": state.table, "control_table": s.control_table,
-        "phase": state.phase.value, "phase_version": state.phase_version,
+        "phase": state.phase.value, "phase_version": state.phase_version, "switching": state.switching,
         "created_at": state.created_at, "created_by": state.created_by,
         "history": [t.as_dict() for t in s.history],
         "fleet": fleet_summary(census),
@@ -135,6 +135,9 @@ def status_text(r: dict) -> str:
     """The text form of :func:`status_data`, for an operator."""
     lines = [f"migration {r['migration']}  (table {r['table']}, control table {r['control_table']})",
              f"phase:     {r['phase']}  (phase version {r['phase_version']}" + _since(r["history"]) + ")"]
+    if r.get("switching"):
+        lines.append(f"switch:    the fleet is switching authority to {r['phase']}: shims hold every request; "
+                     f"`reshard advance {r['migration']}` finishes the switch, `reshard rollback` undoes it")
     adv = r["advance"]
     if adv["to"] is None:
         lines.append(f"advance:   not possible: {'; '.join(adv['refusals'])}")

@@ -124,6 +124,11 @@ class MigrationState:
         return bool(self.raw.get("retired", {}).get("BOOL", False))
 
     @property
+    def switching(self) -> bool:
+        """The fleet is switching authority into ``phase`` (shims hold requests until it is over)."""
+        return bool(self.raw.get("switching", {}).get("BOOL", False))
+
+    @property
     def active(self) -> bool:
         """Still owns its table: not complete, and not aborted-and-cleaned-up."""
         if self.phase is Phase.ABORTED:
@@ -155,6 +160,7 @@ class Heartbeat:
     phase_version: int
     at: float
     liveness_seconds: float
+    refresh_seconds: float = 0.0  # how often it re-reads the phase (0: not reported)
 
     def live(self, now: float) -> bool:
         return now - self.at <= self.liveness_seconds + CLOCK_SKEW_ALLOWANCE_SECONDS
@@ -171,7 +177,8 @@ class Heartbeat:
     def from_item(cls, i: dict) -> "Heartbeat":
         return cls(get_s(i, "instance"), get_s(i, "host", "?"), int(get_n(i, "pid", 0)), get_s(i, "phase", "?"),
                    int(get_n(i, "phase_version", 0)), float(get_n(i, "at", 0)),
-                   float(get_n(i, "liveness_seconds", DEFAULT_LIVENESS_SECONDS)))
+                   float(get_n(i, "liveness_seconds", DEFAULT_LIVENESS_SECONDS)),
+                   float(get_n(i, "refresh_seconds", 0.0)))
 
 
 @dataclass(frozen=True)

@@ -253,11 +253,13 @@ class ControlStore:
             pass  # already recorded (a retried call): history rows are write-once
 
     # ------------------------------------------------------------------ phase writes
-    def set_phase(self, state: MigrationState, target: Phase, action: str, who: str) -> MigrationState:
+    def set_phase(self, state: MigrationState, target: Phase, action: str, who: str,
+                  switching: bool = False) -> MigrationState:
         """Compare-and-set the phase from ``state`` to ``target`` and record the transition.
 
         Only the operator who read this exact ``phase_version`` wins; the loser gets
-        ConcurrentChange with the phase the winner set.
+        ConcurrentChange with the phase the winner set. ``switching``: the fleet must
+        hold requests until the switch into ``target`` is finished (a second write).
         """
         now = self.clock()
         new_version = state.phase_version + 1
@@ -265,10 +267,11 @@ class ControlStore:
             self.update(
                 self.mpk(state.id), META,
                 "SET phase = :to, phase_version = :nv, updated_at = :now, updated_by = :who, "
-                "last_from = :from, last_to = :to, last_action = :act",
+                "last_from = :from, last_to = :to, last_action = :act, switching = :sw",
                 condition="phase_version = :v AND phase = :from",
                 values={":to": S(target.value), ":nv": N(new_version), ":now": N(now), ":who": S(who),
-                        ":from": S(state.phase.value), ":act": S(action), ":v": N(state.phase_version)},
+                        ":from": S(state.phase.value), ":act": S(action), ":v": N(state.phase_version),
+                        ":sw": {"BOOL": switching}},
             )
         except errors.ConditionalCheckFailed:
             raise self.lost_race(state.id, state.phase_version) from None

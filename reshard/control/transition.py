@@ -8,6 +8,7 @@ of the same shape a caller passes in) say what the run records prove; the write 
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from reshard import errors
@@ -15,7 +16,10 @@ from reshard.control import fleet
 from reshard.control.gates import gate_facts
 from reshard.control.records import MigrationState
 from reshard.control.store import ControlStore, operator_name
-from reshard.core.phases import Action, Facts, Phase, decide
+from reshard.core.phases import Action, Facts, Phase, changes_authority, decide
+
+#: How often the operator re-reads the census while the fleet switches authority.
+SWITCH_POLL_SECONDS = 0.1
 
 #: ``gates(store, state) -> dict`` of :class:`Facts` fields (backfill/verify/cleanup_missing).
 Gates = Callable[[ControlStore, MigrationState], dict]
@@ -27,12 +31,21 @@ def facts(store: ControlStore, state: MigrationState, census: fleet.Census, gate
 
 
 def transition(store: ControlStore, migration_id: str, action: Action, who: str | None = None,
-               expected_version: int | None = None,
-               gates: Gates = gate_facts) -> tuple[MigrationState, MigrationState]:
+               expected_version: int | None = None, gates: Gates = gate_facts,
+               switch_wait: float | None = None,
+               sleep: Callable[[float], None] = time.sleep) -> tuple[MigrationState, MigrationState]:
     """Apply ``action`` if the rules allow it. Returns (before, after).
 
     ``expected_version``: act only on the version the operator saw (``--from``), so a
     retried script cannot move the migration twice.
+
+    A move that changes authority (backfill <-> cutover) is a *switch* of two
+    compare-and-sets: first "switching to the target" (shims that see it hold every
+    request), then, once every live shim acknowledged that version -- none is still
+    acting on the old authority, none has a request in flight under it -- the target
+    itself. If the fleet does not get across within ``switch_wait`` seconds (default:
+    :func:`default_switch_wait`), the switch is abandoned: the row goes back to the
+    phase it came from and nothing has acted on the new authority. See :func:`finish_switch`.
     """
     who = who or operator_name()
     state = store.load_state(migration_id)
@@ -43,17 +56,68 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
         # process died in between, record the row now (write-once, so a no-op normally),
         # before META's copy of it is overwritten and the history would keep a gap.
         store.record_history(migration_id, state.last)
+    if state.switching:
+        # An operator died (or gave up waiting) in the middle of a switch: the fleet is
+        # holding its requests. Advancing finishes that switch; rolling back abandons it.
+        if action is Action.ADVANCE:
+            return state, finish_switch(store, state, who, switch_wait, sleep)
+        if action is Action.ROLLBACK:
+            return state, abandon_switch(store, state, who, "rollback during the switch")
+        raise errors.RefusedTransition(
+            f"{action.value} refused for {migration_id!r}: the fleet is switching to {state.phase}; run "
+            f"`reshard advance {migration_id}` to finish the switch or `reshard rollback {migration_id}` to undo it")
     census = fleet.census(store, migration_id, state.phase_version)
     decision = decide(action, state.phase, facts(store, state, census, gates))
     if not decision.allowed:
         raise errors.RefusedTransition(f"{action.value} refused for {migration_id!r} in {state.phase}: "
                                        + "; ".join(decision.refusals))
+    if changes_authority(state.phase, decision.target):
+        held = store.set_phase(state, decision.target, action.value, who, switching=True)
+        return state, finish_switch(store, held, who, switch_wait, sleep)
     after = store.set_phase(state, decision.target, action.value, who)
     if decision.target is Phase.COMPLETE:
         # An aborted migration keeps the table until `reshard cleanup` removed its new
         # copies (see retire): a new migration must not start among them.
         store.release_table(state.table, migration_id)
     return state, after
+
+
+def default_switch_wait(census: fleet.Census) -> float:
+    """How long a switch may wait for the fleet: every live shim notices the switch at its
+    next refresh (at most 1.2 x its refresh interval, with jitter), plus slack."""
+    return max((h.refresh_seconds for h in census.live), default=0.0) * 1.2 + 2.0
+
+
+def finish_switch(store: ControlStore, held: MigrationState, who: str, switch_wait: float | None = None,
+                  sleep: Callable[[float], None] = time.sleep) -> MigrationState:
+    """Wait until every live shim acknowledged the switching version, then end the switch.
+
+    Acknowledging means the shim holds new requests and none of its requests under the
+    previous authority is still running; once all have, nobody acts on the old
+    authority, so the second compare-and-set lets the fleet act on the new one. A fleet
+    that does not get across in time makes the switch go back (:func:`abandon_switch`):
+    requests were only held, never served on either side, so nothing is lost.
+    """
+    census = fleet.census(store, held.id, held.phase_version)
+    wait = default_switch_wait(census) if switch_wait is None else switch_wait
+    if not census.acknowledged:
+        census = fleet.wait_for_ack(store, held.id, held.phase_version, wait, sleep=sleep, poll=SWITCH_POLL_SECONDS)
+    if not census.acknowledged:
+        lagging = ", ".join(h.describe() for h in census.lagging[:5])
+        abandon_switch(store, held, who, f"{len(census.lagging)} live shim(s) did not acknowledge within {wait:g}s")
+        raise errors.RefusedTransition(
+            f"the switch of {held.id!r} to {held.phase} was abandoned: {len(census.lagging)} live shim(s) did not "
+            f"reach it within {wait:g}s ({lagging}); the migration is back in {held.last.from_phase if held.last else '?'}"
+            " and nothing acted on the new authority. Retry when they are healthy (see `reshard status`)")
+    return store.set_phase(held, held.phase, "switch", who, switching=False)
+
+
+def abandon_switch(store: ControlStore, held: MigrationState, who: str, why: str) -> MigrationState:
+    """Put the phase back to where the switch started (shims stop holding, on the old authority)."""
+    back = Phase(held.last.from_phase) if held.last and held.last.from_phase else None
+    if back is None or not changes_authority(held.phase, back):
+        raise errors.RefusedTransition(f"cannot undo the switch of {held.id!r}: its previous phase is unknown")
+    return store.set_phase(held, back, "switch-abandoned", who, switching=False)
 
 
 def retire(store: ControlStore, migration_id: str, who: str | None = None) -> MigrationState:

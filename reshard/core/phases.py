@@ -57,12 +57,15 @@ class Routing:
         the item back.
     ``fenced``: authoritative writes carry a version condition, so versions grow
         monotonically per item and mirror writes can be ordered by them.
+    ``hold``: the fleet is switching authority (:data:`SWITCH`): requests wait, and
+        never act on either layout, until the switch is over.
     """
 
     writes: tuple[str, ...]
     reads: tuple[str, ...]
     tombstones: bool
     fenced: bool
+    hold: bool = False
 
     @property
     def authoritative(self) -> str:
@@ -79,6 +82,31 @@ ROUTING: dict[Phase, Routing] = {
     Phase.COMPLETE: Routing(("new",), ("new",), tombstones=False, fenced=False),
     Phase.ABORTED: Routing(("old",), ("old",), tombstones=True, fenced=True),
 }
+
+#: The routing of a shim while the fleet switches authority (backfill <-> cutover):
+#: hold every request until the whole fleet is across. See :func:`changes_authority`.
+SWITCH = Routing((), (), tombstones=True, fenced=True, hold=True)
+
+
+def changes_authority(frm: Phase, to: Phase) -> bool:
+    """Whether moving ``frm`` -> ``to`` changes the layout written first (old <-> new).
+
+    Two adjacent phases normally serve traffic together while the fleet catches up. For
+    these moves that is unsafe: a shim still on ``backfill`` writes the old layout first,
+    one already on ``cutover`` the new one, and two read-modify-writes (``ADD``, a
+    conditional put) of one item can each succeed on a different authoritative copy. So
+    the move goes through a *switch*: the control row first says "switching to ``to``"
+    (every shim that sees it holds its requests), and only once every live shim has
+    acknowledged that does the row say ``to`` (Vitess's deny-and-drain).
+    """
+    a, b = ROUTING.get(frm), ROUTING.get(to)
+    return bool(a and b and a.writes and b.writes and a.authoritative != b.authoritative)
+
+
+def routing_of(phase: Phase, switching: bool = False) -> Routing:
+    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it."""
+    return SWITCH if switching else ROUTING[phase]
+
 
 #: The shim's routing when no migration is registered for its table at all.
 STEADY = Routing(("old",), ("old",), tombstones=False, fenced=False)

@@ -209,6 +209,10 @@ def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repa
         allowed = " or ".join(p.value for p in rule.phases)
         raise errors.RefusedTransition(f"{job} refused for {migration_id!r}: the migration is in {state.phase}; "
                                        f"{job} runs only in {allowed} ({rule.why})")
+    if state.switching:
+        raise errors.RefusedTransition(
+            f"{job} refused for {migration_id!r}: the fleet is switching authority to {state.phase}; run "
+            f"`reshard advance {migration_id}` to finish the switch (or `reshard rollback` to undo it) first")
     census = fleet.census(store, migration_id, state.phase_version)
     if not census.acknowledged:
         shown = ", ".join(h.describe() for h in census.lagging[:5])

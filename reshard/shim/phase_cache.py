@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,12 +32,17 @@ from reshard.control import fleet
 from reshard.control.records import DEFAULT_LIVENESS_SECONDS  # noqa: F401
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore  # noqa: F401
 from reshard.core.migration import Migration
-from reshard.core.phases import ROUTING, STEADY, Phase, Routing
+from reshard.core.phases import ROUTING, STEADY, Phase, Routing, routing_of
 
 # The logger name predates this module; applications may already configure it.
 log = logging.getLogger("reshard.shim.table")
 
 STEADY_NAME = "steady"
+#: How often a shim re-reads the control row while the fleet switches authority (100-250 ms).
+SWITCH_POLL_SECONDS = 0.15
+#: How long a request is held during a switch, beyond the refresh interval, before it
+#: fails with a retryable SwitchInProgress (it is never sent on the old authority).
+SWITCH_HOLD_SLACK_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -68,11 +74,16 @@ class PhaseCache:
     """
 
     def __init__(self, migration: Migration, dynamo: Dynamo, control_table: str | None, instance_id: str, *,
-                 refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float]):
+                 refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float],
+                 switch_hold_seconds: float | None = None):
         self.migration = migration
         self.instance_id = instance_id
         self.refresh_seconds = refresh_seconds
         self.liveness_seconds = liveness_seconds
+        # A switch ends once every shim noticed it (within ~1.2 refresh intervals): hold
+        # requests that long, plus slack, before giving up with a retryable error.
+        self.switch_hold_seconds = (refresh_seconds * 1.2 + SWITCH_HOLD_SLACK_SECONDS
+                                    if switch_hold_seconds is None else switch_hold_seconds)
         self._clock = clock
         self._control = ControlStore(dynamo, control_table) if control_table else None
         self._lock = threading.Lock()
@@ -87,6 +98,11 @@ class PhaseCache:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # One refresh at a time, so an older read never replaces a newer state; held
+        # requests wait on `_refreshed` for whoever is polling.
+        self._refresh_lock = threading.Lock()
+        self._refreshed = threading.Condition()
+        self._last_poll = 0.0
 
     @property
     def controlled(self) -> bool:
@@ -130,7 +146,11 @@ class PhaseCache:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            delay = self.refresh_seconds * random.uniform(0.8, 1.2)  # jitter: a fleet must not beat in step
+            st = self._state
+            if st is not None and st.routing.hold:
+                delay = SWITCH_POLL_SECONDS  # a switch ends soon: notice it at once
+            else:
+                delay = self.refresh_seconds * random.uniform(0.8, 1.2)  # jitter: a fleet must not beat in step
             self._wake.wait(delay)
             self._wake.clear()
             if self._stop.is_set():
@@ -142,6 +162,13 @@ class PhaseCache:
         """Read the phase and write the heartbeat now. True on success."""
         if self._pinned or self._control is None:
             return True
+        with self._refresh_lock:
+            ok = self._refresh_locked()
+        with self._refreshed:
+            self._refreshed.notify_all()
+        return ok
+
+    def _refresh_locked(self) -> bool:
         started = self._clock()
         try:
             try:
@@ -165,7 +192,8 @@ class PhaseCache:
                     # steady state again (no versions, no tombstones).
                     new = PhaseState(STEADY_NAME, state.phase_version, STEADY)
                 else:
-                    new = PhaseState(state.phase.value, state.phase_version, ROUTING[state.phase])
+                    new = PhaseState(state.phase.value, state.phase_version,
+                                     routing_of(state.phase, state.switching))
             # New requests use the new phase at once; the heartbeat may still name an
             # older one (see _ack_state_locked) until the requests on it drain.
             with self._lock:
@@ -200,7 +228,8 @@ class PhaseCache:
     def _heartbeat(self, phase: str, version: int) -> None:
         # Unconditional put: each instance owns its heartbeat row.
         fleet.heartbeat(self._control, self.migration.id, self.instance_id, phase, version,
-                                liveness_seconds=self.liveness_seconds, table=self.migration.table)
+                        liveness_seconds=self.liveness_seconds, table=self.migration.table,
+                        refresh_seconds=self.refresh_seconds)
         self._announced = True
 
     def pin(self, phase: Phase | str | None, version: int = 1) -> None:
@@ -217,24 +246,63 @@ class PhaseCache:
 
     # ------------------------------------------------------------------ per request
     def begin(self) -> PhaseState:
-        """The phase a request acts on; it counts as in flight on that version until :meth:`end`."""
-        now = self._clock()
-        with self._lock:
-            st = self._state
-            if st is None:
-                raise errors.ShimUnavailable(
-                    f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) has no "
-                    f"usable phase: {self._last_error or 'not loaded yet'}")
-            # Past the liveness window the census no longer counts us, so the fleet may
-            # already be two phases ahead: fail closed rather than act on a stale phase.
-            if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
-                raise errors.ShimUnavailable(
-                    f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) could not "
-                    f"refresh its phase for {now - self._last_ok:.0f}s (liveness window "
-                    f"{self.liveness_seconds:g}s); refusing to act on a possibly stale phase. "
-                    f"Last error: {self._last_error or 'none'}")
-            self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
-        return st
+        """The phase a request acts on; it counts as in flight on that version until :meth:`end`.
+
+        While the fleet switches authority the request is *held* here -- not in flight
+        under any version, so this instance can acknowledge the switch -- and proceeds
+        only on the phase that follows the switch; after :attr:`switch_hold_seconds` it
+        raises :class:`~reshard.errors.SwitchInProgress` without having sent anything.
+        """
+        give_up_at = None
+        while True:
+            now = self._clock()
+            with self._lock:
+                st = self._state
+                if st is None:
+                    raise errors.ShimUnavailable(
+                        f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) has no "
+                        f"usable phase: {self._last_error or 'not loaded yet'}")
+                # Past the liveness window the census no longer counts us, so the fleet may
+                # already be two phases ahead: fail closed rather than act on a stale phase.
+                if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
+                    raise errors.ShimUnavailable(
+                        f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) could not "
+                        f"refresh its phase for {now - self._last_ok:.0f}s (liveness window "
+                        f"{self.liveness_seconds:g}s); refusing to act on a possibly stale phase. "
+                        f"Last error: {self._last_error or 'none'}")
+                if not st.routing.hold:
+                    self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
+                    return st
+            if give_up_at is None:
+                give_up_at = time.monotonic() + self.switch_hold_seconds
+                self._wake.set()  # acknowledge the switch now if nothing else runs under the old version
+            left = give_up_at - time.monotonic()
+            if left <= 0:
+                raise errors.SwitchInProgress(
+                    f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}): the fleet "
+                    f"is switching authority to {st.phase} and did not finish within {self.switch_hold_seconds:g}s; "
+                    "the request was held and not sent: retry it")
+            self._poll_switch(min(left, SWITCH_POLL_SECONDS))
+
+    def _poll_switch(self, timeout: float) -> None:
+        """Re-read the control row every SWITCH_POLL_SECONDS while requests are held (one
+        poller at a time; the other held requests wait for its result)."""
+        if self._refresh_lock.acquire(blocking=False):
+            try:
+                pause = SWITCH_POLL_SECONDS - (time.monotonic() - self._last_poll)
+                if pause > 0:
+                    time.sleep(min(pause, timeout))
+                self._last_poll = time.monotonic()
+                ok = self._refresh_locked()
+            finally:
+                self._refresh_lock.release()
+            with self._refreshed:
+                self._refreshed.notify_all()
+            if not ok:
+                time.sleep(min(timeout, SWITCH_POLL_SECONDS))
+        else:
+            with self._refreshed:
+                self._refreshed.wait(timeout)
 
     def end(self, st: PhaseState) -> None:
         """The request that :meth:`begin` returned ``st`` to has finished."""
