@@ -362,7 +362,7 @@ class Demo:
 
         def lagging(state, census) -> None:
             raise DemoFailed(f"the fleet did not acknowledge {state.phase} within {o.ack_timeout:g}s: "
-                             + ", ".join(h.describe() for h in census.lagging))
+                             + ", ".join(census.describe_lagging()))
 
         done = operations.transition(self.store, self.migration_id, Action.ADVANCE, wait=o.ack_timeout,
                                      who="reshard-demo", poll=0.1, on_lagging=lagging)

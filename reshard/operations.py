@@ -124,7 +124,8 @@ class Transitioned:
 
 def transition(store: ControlStore, migration_id: str, action: Action, *, wait: float | None = None,
                from_phase: str | None = None, who: str | None = None, poll: float = 1.0, say: Say = _quiet,
-               on_lagging: Callable[[MigrationState, Census], None] | None = None) -> Transitioned:
+               on_lagging: Callable[[MigrationState, Census], None] | None = None,
+               allow_no_shims: bool = False) -> Transitioned:
     """Apply one transition; with ``wait``, wait for the fleet before and after it.
 
     ``wait`` is one budget for both waits. ``from_phase`` acts only if the migration
@@ -132,6 +133,8 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
     the transition happened, a fleet that has not caught up is reported, not raised.
     ``on_lagging`` is called when the wait before the transition gave up (it may
     raise to stop there; otherwise the transition is tried and the rules decide).
+    ``allow_no_shims``: the operator vouches that nothing writes the table (an empty
+    census is refused otherwise).
     """
     expected = None
     if from_phase is not None:
@@ -154,7 +157,7 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
                                         max(0.0, wait - (store.clock() - start_at)), poll=poll)
         if not census.acknowledged:
             say(f"gave up after {wait:g}s waiting for the fleet to acknowledge {before.phase} "
-                f"v{before.phase_version}; lagging: {', '.join(h.describe() for h in census.lagging)}")
+                f"v{before.phase_version}; lagging: {', '.join(census.describe_lagging())}")
             if on_lagging is not None:
                 on_lagging(before, census)
         # Act only on the state we waited for: if another operator moved the migration
@@ -164,7 +167,8 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
         expected = before.phase_version
         remaining = max(0.0, wait - (store.clock() - start_at))
     started = time.monotonic()
-    before, after = transitions.transition(store, migration_id, action, who=who, expected_version=expected)
+    before, after = transitions.transition(store, migration_id, action, who=who, expected_version=expected,
+                                           allow_no_shims=allow_no_shims)
     census = fleet.wait_for_ack(store, migration_id, after.phase_version, remaining, poll=poll) if wait else \
         fleet.census(store, migration_id, after.phase_version)
     return Transitioned(action, before, after, census, bool(wait), time.monotonic() - started)

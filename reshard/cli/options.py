@@ -174,6 +174,10 @@ from_option = click.option(
     "--from", "from_phase", type=click.Choice([p.value for p in Phase]), default=None, metavar="PHASE",
     help="Act only if the migration is in PHASE now (guards scripts and a second operator against "
          "moving it twice).")
+allow_no_shims_option = click.option(
+    "--allow-no-shims", is_flag=True, default=False,
+    help="Transition even though no live shim reports for the table (only when nothing writes it: an empty "
+         "census also looks like shims reporting to another control table).")
 wait_option = click.option(
     "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
     help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "

@@ -11,7 +11,7 @@ import click
 
 from reshard import operations
 from reshard.cli import render
-from reshard.cli.options import Env, command, from_option, migration_argument, wait_option
+from reshard.cli.options import Env, allow_no_shims_option, command, from_option, migration_argument, wait_option
 from reshard.core.migration import load
 from reshard.core.phases import Action
 
@@ -61,7 +61,9 @@ def status(env: Env, migration: str | None) -> None:
 @migration_argument
 @wait_option
 @from_option
-def advance(env: Env, migration: str | None, wait: float | None, from_phase: str | None) -> None:
+@allow_no_shims_option
+def advance(env: Env, migration: str | None, wait: float | None, from_phase: str | None,
+            allow_no_shims: bool) -> None:
     """Move the migration one phase forward (checks the fleet and the gates).
 
     \b
@@ -74,15 +76,18 @@ def advance(env: Env, migration: str | None, wait: float | None, from_phase: str
     Example:
       reshard advance --wait 60
       reshard advance migrations/0001_sensor_events.toml
+      reshard advance --allow-no-shims   # nothing writes the table (no shim to wait for)
     """
-    run_transition(env, migration, Action.ADVANCE, wait, from_phase)
+    run_transition(env, migration, Action.ADVANCE, wait, from_phase, allow_no_shims)
 
 
 @command("rollback")
 @migration_argument
 @wait_option
 @from_option
-def rollback(env: Env, migration: str | None, wait: float | None, from_phase: str | None) -> None:
+@allow_no_shims_option
+def rollback(env: Env, migration: str | None, wait: float | None, from_phase: str | None,
+             allow_no_shims: bool) -> None:
     """Move the migration one phase back, losslessly (up to cutover).
 
     \b
@@ -94,14 +99,16 @@ def rollback(env: Env, migration: str | None, wait: float | None, from_phase: st
     Example:
       reshard rollback --wait 60
     """
-    run_transition(env, migration, Action.ROLLBACK, wait, from_phase)
+    run_transition(env, migration, Action.ROLLBACK, wait, from_phase, allow_no_shims)
 
 
 @command("abort")
 @migration_argument
 @wait_option
 @from_option
-def abort(env: Env, migration: str | None, wait: float | None, from_phase: str | None) -> None:
+@allow_no_shims_option
+def abort(env: Env, migration: str | None, wait: float | None, from_phase: str | None,
+          allow_no_shims: bool) -> None:
     """Return to the old layout only (`aborted`); `reshard cleanup` then removes new-layout items.
 
     \b
@@ -113,11 +120,11 @@ def abort(env: Env, migration: str | None, wait: float | None, from_phase: str |
       reshard abort --wait 60
       reshard cleanup sensor-events-16-to-32
     """
-    run_transition(env, migration, Action.ABORT, wait, from_phase)
+    run_transition(env, migration, Action.ABORT, wait, from_phase, allow_no_shims)
 
 
 def run_transition(env: Env, ref: str | None, action: Action, wait: float | None,
-                   from_phase: str | None = None) -> None:
+                   from_phase: str | None = None, allow_no_shims: bool = False) -> None:
     """Apply one transition (:func:`reshard.operations.transition`) and print the outcome.
 
     Refusals (rules, a lagging fleet, a lost race) raise and exit 2. Once the
@@ -126,5 +133,6 @@ def run_transition(env: Env, ref: str | None, action: Action, wait: float | None
     """
     store = env.store()
     mid = env.migration_id(ref)
-    done = operations.transition(store, mid, action, wait=wait, from_phase=from_phase, say=env.info)
+    done = operations.transition(store, mid, action, wait=wait, from_phase=from_phase, say=env.info,
+                                 allow_no_shims=allow_no_shims)
     env.emit(render.transition_data(done), lambda: render.transition_text(done))

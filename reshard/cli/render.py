@@ -35,7 +35,7 @@ def next_step(state: MigrationState) -> str:
 
 def fleet_summary(census: Census) -> dict:
     return {"phase_version": census.version, "live": len(census.live), "expired": len(census.expired),
-            "acknowledged": census.acknowledged, "lagging": [h.describe() for h in census.lagging]}
+            "acknowledged": census.acknowledged, "lagging": census.describe_lagging()}
 
 
 # ---------------------------------------------------------------------- start
@@ -159,7 +159,8 @@ def status_text(r: dict) -> str:
            else f"{len(f['lagging'])} lagging behind phase version {f['phase_version']}")
     lines += ["", f"shims:     {f['live']} live ({ack}), {f['expired']} expired"]
     if not r["shims"]:
-        lines.append("  (no shim has reported: the acknowledgement is immediate)")
+        lines.append("  (no shim has reported: a transition needs a live shim, or --allow-no-shims if nothing "
+                     "writes the table)")
     for s in r["shims"]:
         mark = "expired" if not s["live"] else ("ok" if s["acknowledged"] else "LAGGING")
         lines.append(f"  {s['instance']:<24} {s['host']} pid {s['pid']:<7} on {s['phase']} v{s['phase_version']:<4}"

@@ -21,19 +21,29 @@ from reshard.core.wire import N, S
 
 @dataclass(frozen=True)
 class Census:
-    """The live fleet, and who lags behind a phase version."""
+    """The live fleet of a data table, and who lags behind a phase version.
+
+    ``foreign``: live shims of the same table that run *another* migration's file (an
+    earlier migration's, or a second one started meanwhile). They route by other
+    templates and phases, so they lag behind every version of this migration until they
+    are redeployed with its file.
+    """
 
     live: tuple[Heartbeat, ...]
     expired: tuple[Heartbeat, ...]
     version: int
+    foreign: tuple[Heartbeat, ...] = ()
 
     @property
     def lagging(self) -> tuple[Heartbeat, ...]:
-        return tuple(h for h in self.live if h.phase_version < self.version)
+        return tuple(h for h in self.live if h.phase_version < self.version) + self.foreign
 
     @property
     def acknowledged(self) -> bool:
         return not self.lagging
+
+    def describe_lagging(self) -> list[str]:
+        return [h.describe_foreign() if h in self.foreign else h.describe() for h in self.lagging]
 
 
 def heartbeat(store: ControlStore, migration_id: str, instance: str, phase: str, phase_version: int,
@@ -58,10 +68,19 @@ def heartbeats(store: ControlStore, migration_id: str) -> list[Heartbeat]:
 
 
 def census(store: ControlStore, migration_id: str, version: int) -> Census:
-    """Which shims are live now, and which of them lag behind ``version``."""
+    """Which shims of the migration's table are live now, and which lag behind ``version``.
+
+    Counts the heartbeats of *every* migration registered on the same data table: a shim
+    still running another migration's file writes that file's layouts, unfenced or
+    fenced differently, so it must hold this migration back as a lagging shim does.
+    """
     now = store.clock()
     beats = heartbeats(store, migration_id)
-    return Census(tuple(h for h in beats if h.live(now)), tuple(h for h in beats if not h.live(now)), version)
+    table = store.load_state(migration_id).table
+    foreign = [h for other in store.list_states() if other.table == table and other.id != migration_id
+               for h in heartbeats(store, other.id) if h.live(now)]
+    return Census(tuple(h for h in beats if h.live(now)), tuple(h for h in beats if not h.live(now)), version,
+                  tuple(foreign))
 
 
 def wait_for_ack(store: ControlStore, migration_id: str, version: int, seconds: float,

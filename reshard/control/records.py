@@ -161,12 +161,17 @@ class Heartbeat:
     at: float
     liveness_seconds: float
     refresh_seconds: float = 0.0  # how often it re-reads the phase (0: not reported)
+    migration_id: str = ""  # the migration whose file the shim runs
 
     def live(self, now: float) -> bool:
         return now - self.at <= self.liveness_seconds + CLOCK_SKEW_ALLOWANCE_SECONDS
 
     def describe(self) -> str:
         return f"{self.instance} ({self.host} pid {self.pid}, on {self.phase} v{self.phase_version})"
+
+    def describe_foreign(self) -> str:
+        return (f"{self.instance} ({self.host} pid {self.pid}, runs migration {self.migration_id!r}, on {self.phase} "
+                f"v{self.phase_version})")
 
     def as_dict(self, now: float) -> dict:
         return {"instance": self.instance, "host": self.host, "pid": self.pid, "phase": self.phase,
@@ -178,7 +183,7 @@ class Heartbeat:
         return cls(get_s(i, "instance"), get_s(i, "host", "?"), int(get_n(i, "pid", 0)), get_s(i, "phase", "?"),
                    int(get_n(i, "phase_version", 0)), float(get_n(i, "at", 0)),
                    float(get_n(i, "liveness_seconds", DEFAULT_LIVENESS_SECONDS)),
-                   float(get_n(i, "refresh_seconds", 0.0)))
+                   float(get_n(i, "refresh_seconds", 0.0)), get_s(i, "pk", "M#")[2:])
 
 
 @dataclass(frozen=True)

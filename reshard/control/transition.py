@@ -25,19 +25,27 @@ SWITCH_POLL_SECONDS = 0.1
 Gates = Callable[[ControlStore, MigrationState], dict]
 
 
-def facts(store: ControlStore, state: MigrationState, census: fleet.Census, gates: Gates = gate_facts) -> Facts:
-    """What the rules need to judge a transition out of ``state``."""
-    return Facts(lagging=tuple(h.describe() for h in census.lagging), **gates(store, state))
+def facts(store: ControlStore, state: MigrationState, census: fleet.Census, gates: Gates = gate_facts,
+          allow_no_shims: bool = False) -> Facts:
+    """What the rules need to judge a transition out of ``state``.
+
+    ``allow_no_shims``: the operator vouches that no application writes the table, so an
+    empty census is not a reason to refuse (otherwise it is: see :func:`decide`).
+    """
+    return Facts(lagging=tuple(census.describe_lagging()),
+                 live_shims=None if allow_no_shims else len(census.live) + len(census.foreign),
+                 **gates(store, state))
 
 
 def transition(store: ControlStore, migration_id: str, action: Action, who: str | None = None,
                expected_version: int | None = None, gates: Gates = gate_facts,
-               switch_wait: float | None = None,
-               sleep: Callable[[float], None] = time.sleep) -> tuple[MigrationState, MigrationState]:
+               switch_wait: float | None = None, sleep: Callable[[float], None] = time.sleep,
+               allow_no_shims: bool = False) -> tuple[MigrationState, MigrationState]:
     """Apply ``action`` if the rules allow it. Returns (before, after).
 
     ``expected_version``: act only on the version the operator saw (``--from``), so a
-    retried script cannot move the migration twice.
+    retried script cannot move the migration twice. ``allow_no_shims``: move even when
+    no live shim reports for the table (refused otherwise: fail closed).
 
     A move that changes authority (backfill <-> cutover) is a *switch* of two
     compare-and-sets: first "switching to the target" (shims that see it hold every
@@ -67,7 +75,7 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
             f"{action.value} refused for {migration_id!r}: the fleet is switching to {state.phase}; run "
             f"`reshard advance {migration_id}` to finish the switch or `reshard rollback {migration_id}` to undo it")
     census = fleet.census(store, migration_id, state.phase_version)
-    decision = decide(action, state.phase, facts(store, state, census, gates))
+    decision = decide(action, state.phase, facts(store, state, census, gates, allow_no_shims))
     if not decision.allowed:
         raise errors.RefusedTransition(f"{action.value} refused for {migration_id!r} in {state.phase}: "
                                        + "; ".join(decision.refusals))
@@ -103,7 +111,7 @@ def finish_switch(store: ControlStore, held: MigrationState, who: str, switch_wa
     if not census.acknowledged:
         census = fleet.wait_for_ack(store, held.id, held.phase_version, wait, sleep=sleep, poll=SWITCH_POLL_SECONDS)
     if not census.acknowledged:
-        lagging = ", ".join(h.describe() for h in census.lagging[:5])
+        lagging = ", ".join(census.describe_lagging()[:5])
         abandon_switch(store, held, who, f"{len(census.lagging)} live shim(s) did not acknowledge within {wait:g}s")
         raise errors.RefusedTransition(
             f"the switch of {held.id!r} to {held.phase} was abandoned: {len(census.lagging)} live shim(s) did not "

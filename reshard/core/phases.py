@@ -123,12 +123,15 @@ class Facts:
     """What the control plane knows when an operator asks for a transition.
 
     ``lagging``: live shims that have not acknowledged the current phase version
-    (their descriptions, for the message). The rest are the cutover and completion
-    gates; each holds ``None`` when satisfied or a sentence saying what is missing and
-    the command that provides it.
+    (their descriptions, for the message). ``live_shims``: how many live shims report
+    for the table (``None``: the caller vouched that none is expected, e.g. with
+    ``--allow-no-shims``). The rest are the cutover and completion gates; each holds
+    ``None`` when satisfied or a sentence saying what is missing and the command that
+    provides it.
     """
 
     lagging: tuple[str, ...] = ()
+    live_shims: int | None = None
     backfill_missing: str | None = "the backfill has not run: run `reshard backfill`"
     verify_missing: str | None = "no passing verify: run `reshard verify`"
     cleanup_missing: str | None = "the cleanup pass has not run: run `reshard cleanup`"
@@ -192,6 +195,11 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
     if target is None:
         return Decision(action, phase, None, (why_not,))
     refusals: list[str] = []
+    if facts.live_shims == 0:
+        # Fail closed: an empty census also describes an application whose shims report to
+        # another control table (a typo), or that does not use the shim at all.
+        refusals.append("no live shim reports for this table: deploy the application with the shim (same "
+                        "control table) first; if nothing writes the table, pass --allow-no-shims")
     if facts.lagging:
         shown = ", ".join(facts.lagging[:5]) + (f" and {len(facts.lagging) - 5} more" if len(facts.lagging) > 5 else "")
         refusals.append(f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "

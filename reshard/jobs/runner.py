@@ -215,7 +215,7 @@ def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repa
             f"`reshard advance {migration_id}` to finish the switch (or `reshard rollback` to undo it) first")
     census = fleet.census(store, migration_id, state.phase_version)
     if not census.acknowledged:
-        shown = ", ".join(h.describe() for h in census.lagging[:5])
+        shown = ", ".join(census.describe_lagging()[:5])
         raise errors.RefusedTransition(
             f"{job} refused for {migration_id!r}: {len(census.lagging)} live shim(s) have not acknowledged "
             f"{state.phase} yet ({shown}); a shim one phase behind could race the job's writes. Wait and retry "

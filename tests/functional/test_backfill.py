@@ -165,7 +165,7 @@ def test_refused_outside_backfill_phase_and_gate_says_what_is_missing(moto_dynam
         run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
     from reshard.core.phases import Action
     for _ in range(3):
-        transition(store, m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
     fleet.heartbeat(store, m.id, "app-1", "dual_read", store.load_state(m.id).phase_version - 1)
     with pytest.raises(errors.RefusedTransition, match="1 live shim"):
         run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
@@ -173,7 +173,7 @@ def test_refused_outside_backfill_phase_and_gate_says_what_is_missing(moto_dynam
     assert "has not run" in backfill_missing(store, store.load_state(m.id))
     # The gate is wired into transitions: advance to cutover is refused with the backfill reason.
     with pytest.raises(errors.RefusedTransition, match="backfill has not run"):
-        transition(store, m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
 
 
 def test_expired_lease_is_taken_over_and_a_lost_lease_stops_the_worker(moto_dynamo):

@@ -80,7 +80,7 @@ def test_one_active_migration_per_table(store):
     store.register(migration())
     with pytest.raises(errors.BadInput, match=f"already has an active migration '{MID}' \\(in planned\\)"):
         store.register(other_migration())
-    transition(store, MID, Action.ABORT)
+    transition(store, MID, Action.ABORT, allow_no_shims=True)
     # An aborted migration keeps the table until its cleanup removed the new copies...
     with pytest.raises(errors.BadInput, match="run `reshard cleanup` on it first"):
         store.register(other_migration())
@@ -105,11 +105,11 @@ def test_a_stale_table_lock_is_taken_over(store):
 def test_history_records_who_when_from_to(store, clock):
     store.register(migration(), who="alice@h1")
     clock.t += 10
-    transition(store, MID, Action.ADVANCE, who="bob@h2")
+    transition(store, MID, Action.ADVANCE, who="bob@h2", allow_no_shims=True)
     clock.t += 5
-    transition(store, MID, Action.ADVANCE, who="carol@h3")
+    transition(store, MID, Action.ADVANCE, who="carol@h3", allow_no_shims=True)
     clock.t += 5
-    before, after = transition(store, MID, Action.ROLLBACK, who="alice@h1")
+    before, after = transition(store, MID, Action.ROLLBACK, who="alice@h1", allow_no_shims=True)
     assert (before.phase, after.phase, after.phase_version) == (Phase.DUAL_READ, Phase.DUAL_WRITE, 4)
     t0 = 1_000_000.0
     assert [t.as_dict() for t in store.history(MID)] == [
@@ -124,10 +124,10 @@ def test_history_records_who_when_from_to(store, clock):
 
 def test_a_history_row_lost_to_a_crash_is_recorded_by_the_next_transition(store):
     store.register(migration())
-    transition(store, MID, Action.ADVANCE, who="bob@h2")
+    transition(store, MID, Action.ADVANCE, who="bob@h2", allow_no_shims=True)
     store.delete(store.mpk(MID), "H#00000002")  # as if bob's process died after the compare-and-set
     assert [t.phase_version for t in store.history(MID)] == [1, 2]  # META's copy fills in
-    transition(store, MID, Action.ADVANCE)
+    transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     hist = store.history(MID)
     assert [t.phase_version for t in hist] == [1, 2, 3]
     assert (hist[1].who, hist[1].to_phase) == ("bob@h2", "dual_write")
@@ -154,33 +154,33 @@ def test_census_and_expiry_follow_the_injected_clock(store, clock):
 def test_advance_is_refused_while_a_shim_lags_and_allowed_once_it_acknowledges(store, clock):
     store.register(migration())
     fleet.heartbeat(store, MID, "i-1", "planned", 1, host="h1", pid=7)
-    transition(store, MID, Action.ADVANCE)  # the fleet acknowledged v1
+    transition(store, MID, Action.ADVANCE, allow_no_shims=True)  # the fleet acknowledged v1
     with pytest.raises(errors.RefusedTransition) as e:
-        transition(store, MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     assert not isinstance(e.value, errors.ConcurrentChange)
     assert "1 live shim(s) have not acknowledged dual_write yet: i-1 (h1 pid 7, on planned v1)" in str(e.value)
     assert store.load_state(MID).phase is Phase.DUAL_WRITE
     fleet.heartbeat(store, MID, "i-1", "dual_write", 2, host="h1", pid=7)
-    _, after = transition(store, MID, Action.ADVANCE)
+    _, after = transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     assert after.phase is Phase.DUAL_READ
 
 
 def test_rollback_and_abort_also_wait_for_the_fleet(store):
     store.register(migration())
-    transition(store, MID, Action.ADVANCE)
+    transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     fleet.heartbeat(store, MID, "i-1", "planned", 1)
     for action in (Action.ROLLBACK, Action.ABORT):
         with pytest.raises(errors.RefusedTransition, match=f"reshard {action.value} --wait"):
-            transition(store, MID, action)
+            transition(store, MID, action, allow_no_shims=True)
 
 
 def test_an_expired_heartbeat_drops_out_and_stops_blocking(store, clock):
     store.register(migration())
     fleet.heartbeat(store, MID, "i-gone", "planned", 0, liveness_seconds=5)
     with pytest.raises(errors.RefusedTransition, match="i-gone"):
-        transition(store, MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     clock.t += 5 + records.CLOCK_SKEW_ALLOWANCE_SECONDS + 0.1
-    _, after = transition(store, MID, Action.ADVANCE)
+    _, after = transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     assert after.phase is Phase.DUAL_WRITE
 
 
@@ -221,27 +221,27 @@ def test_wait_for_ack_sees_a_laggard_expire(store, clock):
 
 def _walk_to(store, phase):
     while store.load_state(MID).phase is not phase:
-        transition(store, MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE, allow_no_shims=True)
 
 
 def test_gates_are_passed_in(store):
     store.register(migration())
     _walk_to(store, Phase.BACKFILL)
     with pytest.raises(errors.RefusedTransition, match="the backfill has not run.*no verify yet"):
-        transition(store, MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     calls = []
 
     def fake_gates(st, state):
         calls.append((st, state.phase))
         return {"backfill_missing": None, "verify_missing": None, "cleanup_missing": "3 segments left: run cleanup"}
 
-    _, after = transition(store, MID, Action.ADVANCE, gates=fake_gates)
+    _, after = transition(store, MID, Action.ADVANCE, gates=fake_gates, allow_no_shims=True)
     assert after.phase is Phase.CUTOVER and calls[-1] == (store, Phase.BACKFILL)
-    transition(store, MID, Action.ADVANCE, gates=fake_gates)
+    transition(store, MID, Action.ADVANCE, gates=fake_gates, allow_no_shims=True)
     with pytest.raises(errors.RefusedTransition, match="3 segments left: run cleanup"):
-        transition(store, MID, Action.ADVANCE, gates=fake_gates)
+        transition(store, MID, Action.ADVANCE, gates=fake_gates, allow_no_shims=True)
     with pytest.raises(errors.RefusedTransition, match="rollback is refused in cleanup"):
-        transition(store, MID, Action.ROLLBACK, gates=fake_gates)
+        transition(store, MID, Action.ROLLBACK, gates=fake_gates, allow_no_shims=True)
 
 
 def test_gates_passed_to_one_transition_do_not_outlive_it(store):
@@ -249,17 +249,17 @@ def test_gates_passed_to_one_transition_do_not_outlive_it(store):
     store.register(migration())
     _walk_to(store, Phase.BACKFILL)
     opened = lambda st, state: {"backfill_missing": None, "verify_missing": None, "cleanup_missing": None}
-    transition(store, MID, Action.ADVANCE, gates=opened)
-    transition(store, MID, Action.ROLLBACK)
+    transition(store, MID, Action.ADVANCE, gates=opened, allow_no_shims=True)
+    transition(store, MID, Action.ROLLBACK, allow_no_shims=True)
     with pytest.raises(errors.RefusedTransition, match="the backfill has not run"):
-        transition(store, MID, Action.ADVANCE)
+        transition(store, MID, Action.ADVANCE, allow_no_shims=True)
 
 
 def test_expected_version_pins_the_state_we_acted_on(store):
     store.register(migration(), who="alice@h1")
-    transition(store, MID, Action.ADVANCE, who="bob@h2")
+    transition(store, MID, Action.ADVANCE, who="bob@h2", allow_no_shims=True)
     with pytest.raises(errors.ConcurrentChange) as e:
-        transition(store, MID, Action.ADVANCE, expected_version=1)
+        transition(store, MID, Action.ADVANCE, expected_version=1, allow_no_shims=True)
     assert str(e.value) == (f"another operator (bob@h2) moved migration '{MID}' first: it is now in dual_write "
                             "(phase version 2, you acted on 1); check `reshard status` before acting again")
 
@@ -273,11 +273,11 @@ def test_a_lost_compare_and_set_names_the_winner(store, moto_dynamo):
     def rival_moves_first(**kwargs):
         if not fired:
             fired.append(True)
-            transition(rival, MID, Action.ADVANCE, who="rival@h9")
+            transition(rival, MID, Action.ADVANCE, who="rival@h9", allow_no_shims=True)
 
     moto_dynamo.client.meta.events.register("before-call.dynamodb.UpdateItem", rival_moves_first)
     with pytest.raises(errors.ConcurrentChange, match=r"another operator \(rival@h9\) .* now in dual_write"):
-        transition(store, MID, Action.ADVANCE, who="me@h1")
+        transition(store, MID, Action.ADVANCE, who="me@h1", allow_no_shims=True)
     hist = store.history(MID)
     assert [t.phase_version for t in hist] == [1, 2] and (hist[1].who, hist[1].to_phase) == ("rival@h9", "dual_write")
 

@@ -46,8 +46,13 @@ def store(aws):
     return ControlStore(aws, "rs-control")
 
 
+#: No application writes these tests' tables: the operator vouches for the empty fleet.
+NO_SHIMS = ["--allow-no-shims"]
+
+
 def run(capsys, *args: str) -> tuple[int, str, str]:
-    code = main([*args, *CT])
+    vouch = NO_SHIMS if args and args[0] in ("advance", "rollback", "abort") else []
+    code = main([*args, *CT, *vouch])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -72,7 +77,12 @@ def test_the_phase_commands_end_to_end(aws, capsys):
     assert "created control table 'rs-control'" in out + err
 
     code, out, err = run(capsys, "status")
-    assert code == 0 and "phase:     planned  (phase version 1" in out and "advance:   to dual_write allowed now" in out
+    assert code == 0 and "phase:     planned  (phase version 1" in out
+    assert "advance:   to dual_write refused now:" in out  # fail closed on an empty fleet
+    assert "- no live shim reports for this table" in out
+    code, out, err = main(["advance", *CT]), *capsys.readouterr()
+    assert code == 2 and "no live shim reports for this table" in one_error_line(err) and "--allow-no-shims" in err
+    assert status_json(capsys)["phase_version"] == 1  # nothing moved
 
     for expected in ("planned -> dual_write", "dual_write -> dual_read"):
         code, out, err = run(capsys, "advance")
@@ -237,7 +247,7 @@ def test_the_loser_of_a_race_is_told_in_one_line(aws, capsys, monkeypatch, store
         def rival_moves_first(**_):
             if not fired:
                 fired.append(True)
-                transition(rival, MID, Action.ADVANCE, who="rival@h9")
+                transition(rival, MID, Action.ADVANCE, who="rival@h9", allow_no_shims=True)
 
         client.meta.events.register("before-call.dynamodb.UpdateItem", rival_moves_first)
         return client

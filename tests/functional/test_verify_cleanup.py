@@ -59,12 +59,12 @@ def test_verify_passes_on_a_clean_copy_and_opens_the_cutover_gate(moto_dynamo, k
     m, mapper, store, shim = backfilled(moto_dynamo, kind)
     assert "no verify since the backfill" in verify_missing(store, store.load_state(m.id))
     with pytest.raises(errors.RefusedTransition, match="verify"):
-        transition(store, m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
     result = verify(moto_dynamo, store, m)
     assert result.finished and result.passed, result.differences
     assert result.checked >= len(shim.model) and not any(result.differences.values())
     assert verify_missing(store, store.load_state(m.id)) is None
-    _, after = transition(store, m.id, Action.ADVANCE)
+    _, after = transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
     assert after.phase is Phase.CUTOVER
 
 
@@ -117,7 +117,7 @@ def test_verify_finds_each_planted_difference_and_repair_converges(moto_dynamo):
     assert kinds == ["diverged", "duplicate", "extra", "missing", "resurrected", "stale"]
     assert "found differences" in verify_missing(store, store.load_state(m.id))
     with pytest.raises(errors.RefusedTransition, match="found differences"):
-        transition(store, m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
 
     repaired = verify(moto_dynamo, store, m, repair=True)
     assert repaired.repaired == 6 and not repaired.passed, repaired.examples  # a repairing run never passes
@@ -150,8 +150,8 @@ def test_repair_never_overwrites_a_newer_version_in_the_new_layout(moto_dynamo):
 
 def to_cleanup(dynamo, store, m):
     assert verify(dynamo, store, m).passed
-    transition(store, m.id, Action.ADVANCE)  # cutover
-    transition(store, m.id, Action.ADVANCE)  # cleanup
+    transition(store, m.id, Action.ADVANCE, allow_no_shims=True)  # cutover
+    transition(store, m.id, Action.ADVANCE, allow_no_shims=True)  # cleanup
 
 
 def test_cleanup_ttl_marks_exactly_the_moved_old_items(moto_dynamo):
@@ -166,7 +166,7 @@ def test_cleanup_ttl_marks_exactly_the_moved_old_items(moto_dynamo):
     with pytest.raises(errors.BadInput, match="TTL is DISABLED"):
         run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
     with pytest.raises(errors.RefusedTransition, match="cleanup pass has not run"):
-        transition(store, m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
     before = scan_all(moto_dynamo, m.table)
     t0 = time.time()
     result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST, enable_ttl=True))
@@ -191,7 +191,7 @@ def test_cleanup_ttl_marks_exactly_the_moved_old_items(moto_dynamo):
     # Half the calculated-suffix items stay where they are (N -> 2N).
     old_live = [i for i in before.values() if NEW_COPY_ATTR not in i and not is_tombstone(i)]
     assert 0 < result.counts["unmoved"] < len(old_live)
-    _, done = transition(store, m.id, Action.ADVANCE)
+    _, done = transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
     assert done.phase is Phase.COMPLETE
 
 
@@ -217,7 +217,7 @@ def test_abort_then_cleanup_leaves_the_old_layout_byte_identical(moto_dynamo):
     snapshot = scan_all(moto_dynamo, m.table)
     run_job(BACKFILL, moto_dynamo, store, m.id, JobOptions(**FAST))
     assert len(scan_all(moto_dynamo, m.table)) > len(snapshot)  # the new copies are there
-    transition(store, m.id, Action.ABORT)
+    transition(store, m.id, Action.ABORT, allow_no_shims=True)
     result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
     assert result.done and result.counts["new_copies_removed"] > 0
     assert scan_all(moto_dynamo, m.table) == snapshot
@@ -263,7 +263,7 @@ def test_a_retired_migration_puts_its_shims_back_in_steady_state(moto_dynamo):
     try:
         t.refresh()
         assert t.phase == "backfill"
-        transition(store, m.id, Action.ABORT)
+        transition(store, m.id, Action.ABORT, allow_no_shims=True)
         t.refresh()  # acknowledges aborted
         item = {"sensor_id": "s-1", "event_id": "e-1", "ts": "2024-10-27T15:00:00Z"}
         t.put_item(Item=item)
@@ -303,7 +303,7 @@ def test_an_abort_stops_a_running_backfill_and_cleanup_waits_for_its_leases(moto
     def page(ctx, key):
         pages.append(ctx.segment)
         if len(pages) == 2:
-            transition(store, m.id, Action.ABORT)  # an operator aborts mid-copy
+            transition(store, m.id, Action.ABORT, allow_no_shims=True)  # an operator aborts mid-copy
             # ...while this worker still holds its lease: cleanup must wait for it.
             with pytest.raises(errors.RefusedTransition, match="lease"):
                 run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))

@@ -101,7 +101,7 @@ def _race_two_adds(dynalite_server, unique_name, start, action):
     store = ControlStore(base, ctl)
     store.register(m)
     while store.load_state(m.id).phase is not start:
-        transition(store, m.id, Action.ADVANCE, gates=OPEN)
+        transition(store, m.id, Action.ADVANCE, gates=OPEN, allow_no_shims=True)
     dyn_b = _dyn(dynalite_server.endpoint, FreezableDynamo)
     shims = [ShardedTable(m, d, control_table=ctl, refresh_seconds=3600, liveness_seconds=3600,
                           switch_hold_seconds=20, writer_id=w)
@@ -121,7 +121,7 @@ def _race_two_adds(dynalite_server, unique_name, start, action):
 
         # The operator moves the migration across the authority change.
         before = store.load_state(m.id).phase_version
-        top, box_op = _in_thread(lambda: transition(store, m.id, action, gates=OPEN, switch_wait=20))
+        top, box_op = _in_thread(lambda: transition(store, m.id, action, gates=OPEN, switch_wait=20, allow_no_shims=True))
         _wait_for(lambda: store.load_state(m.id).phase_version > before)
 
         # A notices the change and does the same update.
@@ -163,7 +163,7 @@ def test_a_switch_the_fleet_does_not_reach_is_abandoned_and_nothing_acts_on_the_
     store = ControlStore(base, ctl)
     store.register(m)
     while store.load_state(m.id).phase is not Phase.BACKFILL:
-        transition(store, m.id, Action.ADVANCE, gates=OPEN)
+        transition(store, m.id, Action.ADVANCE, gates=OPEN, allow_no_shims=True)
     dyn_b = _dyn(dynalite_server.endpoint, FreezableDynamo)
     a = ShardedTable(m, _dyn(dynalite_server.endpoint), control_table=ctl, refresh_seconds=3600,
                      liveness_seconds=3600, switch_hold_seconds=1.0, writer_id="a")
@@ -175,7 +175,7 @@ def test_a_switch_the_fleet_does_not_reach_is_abandoned_and_nothing_acts_on_the_
         tb, box_b = _in_thread(lambda: b.update_item(Key=key, UpdateExpression="ADD n :one",
                                                      ExpressionAttributeValues={":one": Decimal(1)}))
         assert dyn_b.frozen.wait(10)
-        top, box_op = _in_thread(lambda: transition(store, m.id, Action.ADVANCE, gates=OPEN, switch_wait=2.0))
+        top, box_op = _in_thread(lambda: transition(store, m.id, Action.ADVANCE, gates=OPEN, switch_wait=2.0, allow_no_shims=True))
         _wait_for(lambda: store.load_state(m.id).switching)
         a.refresh()
         started = time.monotonic()

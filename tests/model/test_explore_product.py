@@ -44,7 +44,7 @@ def test_two_operators_race_a_transition():
         def operator(name):
             def run():
                 try:
-                    transition(store, m.id, Action.ADVANCE, who=name, expected_version=1)
+                    transition(store, m.id, Action.ADVANCE, who=name, expected_version=1, allow_no_shims=True)
                     outcome[name] = "won"
                 except errors.ConcurrentChange:
                     outcome[name] = "lost"

@@ -85,7 +85,7 @@ def _register(dynamo, text: str, ctl: str = "bad-ctl"):
     store = ControlStore(dynamo, ctl)
     store.register(m)
     for _ in range(3):
-        transition(store, m.id, Action.ADVANCE)
+        transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
     return m, store
 
 

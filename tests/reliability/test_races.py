@@ -23,7 +23,6 @@ from tests.backfill_support import setup_migration
 from tests.integration.test_backfill_dynalite import _cli, _env
 from tests.reliability.chaos import FaultProxy
 from tests.reliability.lifecycle import sensor_workload
-from tests.conftest import ROOT
 
 FAST = RetryPolicy(max_attempts=2, max_seconds=1.0, base_seconds=0.01, max_backoff_seconds=0.05)
 

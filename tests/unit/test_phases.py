@@ -46,6 +46,14 @@ ALLOWED = [k for k, v in RULES.items() if isinstance(v, Phase)]
 REFUSED = [k for k, v in RULES.items() if not isinstance(v, Phase)]
 
 
+def test_an_empty_fleet_is_refused_unless_the_operator_vouches_for_it():
+    empty = decide(Action.ADVANCE, Phase.PLANNED, Facts(live_shims=0))
+    assert not empty.allowed and "no live shim reports for this table" in empty.refusals[0]
+    assert "--allow-no-shims" in empty.refusals[0]
+    assert decide(Action.ADVANCE, Phase.PLANNED, Facts(live_shims=None)).allowed  # vouched for
+    assert decide(Action.ADVANCE, Phase.PLANNED, Facts(live_shims=2)).allowed
+
+
 def test_the_table_covers_every_phase_and_action():
     assert set(RULES) == {(p, a) for p in Phase for a in Action}
 
