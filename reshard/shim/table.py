@@ -16,7 +16,9 @@ Writes (put, update, delete)
     version >= ours is a fence loss (observe it, retry above it, bounded), an older one
     means the application's ConditionExpression failed. A failed mirror write means a
     newer write is already there: fine. Items whose old and new keys are equal are
-    written once. No TransactWriteItems: one plain write per layout per app write.
+    written once, unmarked (one physical item serving both layouts -- also a brand-new
+    item of a random-suffix old layout whose derived old key equals its new key, so a
+    rollback keeps it). No TransactWriteItems: one plain write per layout per app write.
 
 Deletes
     In ``routing.tombstones`` phases a delete writes a tombstone (physical key, the
@@ -41,10 +43,24 @@ Phase
 Reserved names: every bookkeeping attribute starts with ``_rs_`` and never reaches the
 application; placeholders ``#rs_*`` / ``:rs_*`` are reserved in expressions.
 
-Caveat: a tombstone stores the logical key fields (the backfill must be able to re-key
-it). A delete followed by a conditional write whose condition tests a *key field*
-(``attribute_not_exists(sensor_id)``) sees that field on the tombstone; conditions on
-other attributes behave as on a missing item. Test for a non-key attribute instead.
+Tombstones and the application's conditions
+    A tombstone stores the logical key fields (the backfill must be able to re-key it),
+    yet the application must see an absent item. Its ConditionExpression is rewritten
+    (``expr.tombstone_aware``): what the condition means on an absent item is a constant
+    computed from its text (every path is missing there), so the server decides with
+    ``attribute_exists(_rs_del) OR (cond)`` (constant true) or
+    ``attribute_not_exists(_rs_del) AND (cond)`` (constant false) -- no extra request.
+    A condition whose value on an absent item depends on values alone (``:a = :b``) is
+    sent unchanged. Every update, in every phase, removes ``_rs_del``: a leftover
+    tombstone never hides an acknowledged update.
+
+Sizes
+    A put is checked against 400 KB in every layout it writes (the new copy is larger:
+    the marker, the version, maybe a longer key) *before* the authoritative write, and
+    refused with a ``ValidationException`` (:class:`ItemTooLarge`, also a botocore
+    ``ClientError``). An update's result is not known in advance: an update that grows
+    an item past the limit in the mirror layout only still fails after the authoritative
+    write (a known limit).
 """
 
 from __future__ import annotations
