@@ -118,3 +118,213 @@ def and_conditions(app: str | None, ours: str | None) -> str | None:
     if app and ours:
         return f"({app}) AND ({ours})"
     return app or ours
+
+
+# ---------------------------------------------------------------------- conditions vs tombstones
+#
+# A tombstone is a stored item (physical key, logical key fields, ``_rs_v``, ``_rs_del``),
+# but the application must see it as *absent*: ``attribute_not_exists(sensor_id)`` has to
+# hold on it, ``attribute_exists(PK)`` must not. On an absent item every path is missing,
+# so the application's condition evaluated there is a constant; we compute it from the
+# text (no request), with DynamoDB's rules for missing operands (the same rules
+# tests/model/expressions.py checks against dynalite), and the server then decides:
+#
+#   constant True:   attribute_exists(#rs_del) OR (app)
+#   constant False:  attribute_not_exists(#rs_del) AND (app)
+#
+# When the constant cannot be computed (a comparison of two values, a text we cannot
+# parse) the condition is left as the application wrote it (the old behaviour).
+
+_TOKEN = re.compile(r"""\s*(?:
+      (?P<cmp><>|<=|>=|=|<|>)
+    | (?P<punct>[(),.\[\]])
+    | (?P<value>:[A-Za-z0-9_]+)
+    | (?P<name>\#[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*)
+    | (?P<num>[0-9]+)
+    )""", re.VERBOSE)
+
+_MISSING = "missing"  # an operand on an absent item: a path or size(path)
+_VALUE = "value"      # an ExpressionAttributeValues placeholder
+_FUNCS = {"attribute_exists", "attribute_not_exists", "attribute_type", "begins_with", "contains"}
+
+
+class _Unknown(Exception):
+    """The text is outside what absent_value() understands: leave the condition alone."""
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise _Unknown(text[pos:])
+        kind = m.lastgroup
+        out.append((kind, m.group(kind)))
+        pos = m.end()
+    return out
+
+
+class _Parser:
+    """DynamoDB's condition grammar, evaluated on an absent item in three-valued logic
+    (True, False, None = depends on values we do not compare)."""
+
+    def __init__(self, text: str):
+        self.toks = _tokens(text)
+        self.i = 0
+
+    def peek(self, k: int = 0) -> tuple[str, str] | None:
+        j = self.i + k
+        return self.toks[j] if j < len(self.toks) else None
+
+    def kw(self, word: str) -> bool:
+        t = self.peek()
+        if t and t[0] == "name" and t[1].upper() == word:
+            self.i += 1
+            return True
+        return False
+
+    def expect(self, value: str) -> None:
+        t = self.peek()
+        if not t or t[1] != value:
+            raise _Unknown(f"expected {value}")
+        self.i += 1
+
+    def run(self) -> bool | None:
+        v = self.or_()
+        if self.peek() is not None:
+            raise _Unknown("trailing text")
+        return v
+
+    def or_(self):
+        v = self.and_()
+        while self.kw("OR"):
+            w = self.and_()
+            v = True if (v is True or w is True) else (None if (v is None or w is None) else False)
+        return v
+
+    def and_(self):
+        v = self.not_()
+        while self.kw("AND"):
+            w = self.not_()
+            v = False if (v is False or w is False) else (None if (v is None or w is None) else True)
+        return v
+
+    def not_(self):
+        if self.kw("NOT"):
+            v = self.not_()
+            return None if v is None else not v
+        return self.primary()
+
+    def primary(self):
+        t = self.peek()
+        if t and t[1] == "(":
+            self.i += 1
+            v = self.or_()
+            self.expect(")")
+            return v
+        if t and t[0] == "name" and t[1] in _FUNCS and self.peek(1) and self.peek(1)[1] == "(":
+            return self.function()
+        a = self.operand()
+        if self.kw("BETWEEN"):
+            lo = self.operand()
+            if not self.kw("AND"):
+                raise _Unknown("BETWEEN without AND")
+            hi = self.operand()
+            return False if _MISSING in (a, lo, hi) else None
+        if self.kw("IN"):
+            self.expect("(")
+            self.operand()
+            while self.peek() and self.peek()[1] == ",":
+                self.i += 1
+                self.operand()
+            self.expect(")")
+            return False if a == _MISSING else None
+        t = self.peek()
+        if not t or t[0] != "cmp":
+            raise _Unknown("expected a comparator")
+        self.i += 1
+        b = self.operand()
+        op = t[1]
+        if (a == _MISSING) == (b == _MISSING):
+            return None  # two values, or two missing operands: not worth guessing
+        # One side missing: DynamoDB's `=` is false, `<>` true, orderings false.
+        return op == "<>"
+
+    def function(self):
+        name = self.toks[self.i][1]
+        self.i += 2  # name and "("
+        args = [self.operand()]
+        while self.peek() and self.peek()[1] == ",":
+            self.i += 1
+            args.append(self.operand())
+        self.expect(")")
+        if name == "attribute_exists":
+            return False
+        if name == "attribute_not_exists":
+            return True
+        # attribute_type, begins_with, contains: false on a missing first operand.
+        return False if args[0] == _MISSING else None
+
+    def operand(self) -> str:
+        t = self.peek()
+        if not t:
+            raise _Unknown("expected an operand")
+        if t[0] == "value":
+            self.i += 1
+            return _VALUE
+        if t[0] == "name" and t[1] == "size" and self.peek(1) and self.peek(1)[1] == "(":
+            self.i += 2
+            self.path()
+            self.expect(")")
+            return _MISSING  # the size of a missing attribute is missing too
+        if t[0] == "name" and t[1].upper() not in ("AND", "OR", "NOT", "BETWEEN", "IN"):
+            self.path()
+            return _MISSING
+        raise _Unknown(f"unexpected {t[1]!r}")
+
+    def path(self) -> None:
+        self.i += 1  # the head name
+        while self.peek() and self.peek()[1] in (".", "["):
+            if self.peek()[1] == ".":
+                self.i += 1
+                t = self.peek()
+                if not t or t[0] != "name":
+                    raise _Unknown("bad path")
+                self.i += 1
+            else:
+                self.i += 1
+                t = self.peek()
+                if not t or t[0] != "num":
+                    raise _Unknown("bad index")
+                self.i += 1
+                self.expect("]")
+
+
+def absent_value(condition: str) -> bool | None:
+    """What ``condition`` evaluates to on an item that does not exist; None if that
+    depends on values (``:a = :b``) or the text is not understood."""
+    try:
+        return _Parser(condition).run()
+    except (_Unknown, IndexError):
+        return None
+
+
+TOMBSTONE_NAME = "#rs_del"
+
+
+def tombstone_aware(condition: str | None) -> tuple[str | None, bool]:
+    """The application's ``condition`` rewritten so a tombstone counts as an absent item.
+
+    Returns ``(condition, uses_name)``; ``uses_name``: the result refers to
+    :data:`TOMBSTONE_NAME` (the caller maps it to the tombstone attribute; DynamoDB
+    rejects unused names, so it is added only then).
+    """
+    if not condition or not condition.strip():
+        return condition, False
+    on_absent = absent_value(condition)
+    if on_absent is True:
+        return f"attribute_exists({TOMBSTONE_NAME}) OR ({condition})", True
+    if on_absent is False:
+        return f"attribute_not_exists({TOMBSTONE_NAME}) AND ({condition})", True
+    return condition, False

@@ -29,10 +29,11 @@ from reshard import errors
 from reshard.aws.dynamo import Dynamo
 # DEFAULT_* are re-exported for table.py, so this stays the shim's one control-plane module.
 from reshard.control import fleet
-from reshard.control.records import DEFAULT_LIVENESS_SECONDS  # noqa: F401
+from reshard.control.records import DEFAULT_LIVENESS_SECONDS, TABLE_LOCK_SK, table_lock_pk  # noqa: F401
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore  # noqa: F401
 from reshard.core.migration import Migration
 from reshard.core.phases import ROUTING, STEADY, Phase, Routing, routing_of
+from reshard.core.wire import get_s
 
 # The logger name predates this module; applications may already configure it.
 log = logging.getLogger("reshard.shim.table")
@@ -91,6 +92,8 @@ class PhaseCache:
         self._last_ok = clock()
         self._last_error: str | None = None
         self._pinned = False
+        self._seen_migration = False  # a META row of our migration was read once: never steady again
+        self._refused = False  # refresh found the table locked by another active migration
         self._inflight: dict[int, int] = {}  # phase version -> requests running under it
         self._states: dict[int, PhaseState] = {}
         self._acked: int | None = None
@@ -173,14 +176,42 @@ class PhaseCache:
         try:
             try:
                 state = self._control.load_state(self.migration.id, missing_ok=True)
+                lock = self._control.get(table_lock_pk(self.migration.table), TABLE_LOCK_SK)
             except (errors.ResourceNotFound, errors.ControlTableMissing):
-                state = None  # the control table does not exist: nothing is registered
+                state = lock = None  # the control table does not exist: nothing is registered
                 table_exists = False
             else:
                 table_exists = True
+            # Fail closed (issue 12, case 8): once we have seen our migration's META row, a
+            # missing control table or row is an outage or a mistake (a mistyped table
+            # name, a deleted row), never "no migration": routing to the old layout now
+            # could write where nobody reads (after cutover or complete). Count it as a
+            # failed refresh: we keep the last known phase until the liveness window runs
+            # out, then begin() raises ShimUnavailable. Only a shim that never saw a
+            # migration treats "no row" as steady (deployed before `reshard start`).
+            if state is None and self._seen_migration:
+                raise errors.ShimUnavailable(
+                    f"migration {self.migration.id!r} was registered, but "
+                    + (f"its record is missing from control table {self._control.table!r}" if table_exists
+                       else f"control table {self._control.table!r} is missing")
+                    + "; keeping the last known phase until the liveness window ends (check --control-table)")
+            # Another migration owns the table (case 7): its shims write a layout ours
+            # neither reads nor fences against. Refuse at once, whatever our own phase.
+            owner = get_s(lock, "migration_id", "") if lock else ""
+            if owner and owner != self.migration.id:
+                other = self._control.load_state(owner, missing_ok=True)
+                if other is not None and other.active:
+                    self._refused = True
+                    path = get_s(other.raw, "file_path", "") or "its migration file"
+                    raise errors.ShimUnavailable(
+                        f"table {self.migration.table!r} is being migrated by another migration {owner!r} (in "
+                        f"{other.phase}); this shim runs migration {self.migration.id!r} and must not serve it. "
+                        f"Deploy {path} (migration {owner!r}) to this application, or use "
+                        f"ShardedTable.from_migration_id({owner!r})")
             if state is None:
                 new = PhaseState(STEADY_NAME, 0, STEADY)
             else:
+                self._seen_migration = True
                 if state.file_hash != self.migration.content_hash:
                     # Routing by another file's templates would write keys the fleet does
                     # not read: refuse (the except below clears the state: fail closed).
@@ -212,8 +243,9 @@ class PhaseCache:
         except errors.ReshardError as e:
             with self._lock:
                 self._last_error = str(e)
-                if isinstance(e, errors.BadInput):
-                    self._state = None
+                if isinstance(e, errors.BadInput) or self._refused:
+                    self._state = None  # a wrong file or another migration's table: refuse now
+                self._refused = False
             log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
             return False
 

@@ -14,9 +14,11 @@ Pagination token (opaque to the app): base64 of JSON
 ``{"p": {partition: position}, "last": [sort value, identity]}`` (zlib-compressed) where position is
 ``0`` (not started), ``1`` (exhausted) or the last consumed sort value. A partition's
 next Query starts after its own position (ExclusiveStartKey), so a page boundary never
-loses or repeats an item. A partition missing from the token (the phase changed
-between pages and now reads another layout) is read from its start, skipping
-everything up to ``last``.
+loses an item; on every partition, items at or before ``last`` (sort value, ties by
+identity) are skipped, DynamoDB's own rule, so an item that landed meanwhile behind a
+lagging position (a backfill copy) is neither repeated nor returned out of order. A
+partition missing from the token (the phase changed between pages and now reads another
+layout) is read from its start, with the same skip.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ class _Partition:
         self.started = position not in (0, None)
         self.done = position == 1
         self.after: Any = position if self.started and not self.done else None  # last consumed sort value
-        self.fresh = position is None  # not in the token: skip up to the token's "last"
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,12 @@ def run_query(src: QuerySource, routing: Routing, key: Mapping[str, Any], condit
             ident = _identity(m, item, p.layouts)
             if ident is None:
                 continue  # not an item of a layout this phase reads
-            if p.fresh and last_pos is not None and not _after((sv, ident), last_pos, forward):
-                continue  # already returned on an earlier page (read through another layout)
+            if last_pos is not None and not _after((sv, ident), last_pos, forward):
+                # DynamoDB's rule, on every partition: nothing at or before the last item
+                # returned. A partition whose saved position lags ``last`` (or one new to
+                # this phase) may hold items that landed meanwhile (a backfill copy): they
+                # were returned through the other layout, or belong before this page.
+                continue
             entries.append(((sv, ident), item))
         p.buf.extend(entries)
 

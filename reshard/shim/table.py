@@ -16,7 +16,9 @@ Writes (put, update, delete)
     version >= ours is a fence loss (observe it, retry above it, bounded), an older one
     means the application's ConditionExpression failed. A failed mirror write means a
     newer write is already there: fine. Items whose old and new keys are equal are
-    written once. No TransactWriteItems: one plain write per layout per app write.
+    written once, unmarked (one physical item serving both layouts -- also a brand-new
+    item of a random-suffix old layout whose derived old key equals its new key, so a
+    rollback keeps it). No TransactWriteItems: one plain write per layout per app write.
 
 Deletes
     In ``routing.tombstones`` phases a delete writes a tombstone (physical key, the
@@ -41,10 +43,24 @@ Phase
 Reserved names: every bookkeeping attribute starts with ``_rs_`` and never reaches the
 application; placeholders ``#rs_*`` / ``:rs_*`` are reserved in expressions.
 
-Caveat: a tombstone stores the logical key fields (the backfill must be able to re-key
-it). A delete followed by a conditional write whose condition tests a *key field*
-(``attribute_not_exists(sensor_id)``) sees that field on the tombstone; conditions on
-other attributes behave as on a missing item. Test for a non-key attribute instead.
+Tombstones and the application's conditions
+    A tombstone stores the logical key fields (the backfill must be able to re-key it),
+    yet the application must see an absent item. Its ConditionExpression is rewritten
+    (``expr.tombstone_aware``): what the condition means on an absent item is a constant
+    computed from its text (every path is missing there), so the server decides with
+    ``attribute_exists(_rs_del) OR (cond)`` (constant true) or
+    ``attribute_not_exists(_rs_del) AND (cond)`` (constant false) -- no extra request.
+    A condition whose value on an absent item depends on values alone (``:a = :b``) is
+    sent unchanged. Every update, in every phase, removes ``_rs_del``: a leftover
+    tombstone never hides an acknowledged update.
+
+Sizes
+    A put is checked against 400 KB in every layout it writes (the new copy is larger:
+    the marker, the version, maybe a longer key) *before* the authoritative write, and
+    refused with a ``ValidationException`` (:class:`ItemTooLarge`, also a botocore
+    ``ClientError``). An update's result is not known in advance: an update that grows
+    an item past the limit in the mirror layout only still fails after the authoritative
+    write (a known limit).
 """
 
 from __future__ import annotations
@@ -55,20 +71,40 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
+import botocore.exceptions
+
 from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
-from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, hash_shard, is_tombstone
+from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout,
+                                 hash_shard, is_tombstone, item_size)
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
 from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
-from reshard.shim.expr import (and_conditions, check_placeholders, check_targets, merge_update, split_clauses,
-                               touched_attributes)
+from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
+                               split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
 from reshard.shim.query import QuerySource, run_query
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
+
+
+class ItemTooLarge(errors.AWSError, botocore.exceptions.ClientError):
+    """A write refused before anything was stored: one layout's copy would exceed 400 KB.
+
+    Both a reshard :class:`~reshard.errors.AWSError` (code ``ValidationException``, as
+    every DynamoDB refusal reaches the app through the shim) and a botocore
+    ``ClientError`` with the same code, so an app's ``except ClientError`` still works.
+    """
+
+    def __init__(self, operation: str, message: str):
+        # Set both bases' attributes by hand: their __init__s take different arguments.
+        self.operation, self.code, self.aws_message, self.request_id = (operation, "ValidationException",
+                                                                        message, None)
+        self.response = {"Error": {"Code": "ValidationException", "Message": message}}
+        self.operation_name = operation
+        Exception.__init__(self, f"{operation} failed: ValidationException: {message}")
 
 
 class ShardedTable:
@@ -221,22 +257,28 @@ class ShardedTable:
         is impossible from those phases and cleanup only skips marked items.
         """
         keys: list[dict] = []
-        sides: list[str] = []
+        sides: list[set[str]] = []  # the layouts each physical key serves
         for side in st.routing.writes:
             layout = self.mapper.layout(side)
             key = self._locate(layout, fields) if layout.random else layout.key(fields)
-            if key not in keys:
+            if key in keys:
+                sides[keys.index(key)].add(side)  # one physical item serves both layouts
+            else:
                 keys.append(key)
-                sides.append(side)
-        if "new" not in sides:
+                sides.append({side})
+        written = set().union(*sides)
+        if "new" not in written:
             return [(k, False) for k in keys]
-        if "old" in sides:
-            old_key = keys[sides.index("old")]
+        if "old" in written:
+            old_key = next(k for k, s in zip(keys, sides) if "old" in s)
         elif self.mapper.old.random:
             old_key = None
         else:
             old_key = self.mapper.old.key(fields)
-        return [(k, side == "new" and k != old_key) for k, side in zip(keys, sides)]
+        # A key that is also the item's old-layout key is never marked: it is the old copy
+        # too (as for an unmoved item), so rollback, verify --repair, abort and cleanup
+        # keep it. Marking it would leave an acknowledged write with no old copy at all.
+        return [(k, "new" in s and "old" not in s and k != old_key) for k, s in zip(keys, sides)]
 
     def _marked(self, item: dict, mark: bool) -> dict:
         """``item`` with the new-copy marker set or removed as its target key needs."""
@@ -297,6 +339,11 @@ class ShardedTable:
         """
         key, mark = targets[0]
         built: dict = {}
+        self._check_sizes(st, targets, base, tombstone)
+        # The app's condition sees a tombstone as the absent item it stands for.
+        app_condition, uses = tombstone_aware(app_condition)
+        if uses:
+            app_names = {**app_names, TOMBSTONE_NAME: TOMBSTONE_ATTR}
 
         def attempt(version, condition, names, values):
             item = dict(base)
@@ -313,6 +360,32 @@ class ShardedTable:
         _, resp = self._authoritative(st, key, app_condition, attempt)
         self._mirror_to(targets[1:], built["item"])
         return resp
+
+    def _check_sizes(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
+                     tombstone: bool) -> None:
+        """Refuse, before the authoritative write, an item that one layout cannot store.
+
+        The new layout's copy is larger (the marker, maybe a longer key): a put checked
+        only by DynamoDB on the authoritative write would commit there and then fail on
+        the mirror, leaving an acknowledged-looking half write that verify cannot repair.
+        """
+        if tombstone:
+            return
+        # A version string as long as the one the write will carry.
+        version = {"S": "0" * 13 + ".000000." + self.versions.writer_id} if st.stamps else None
+        for i, (key, mark) in enumerate(targets):
+            item = dict(base)
+            item.update(key)
+            self._marked(item, mark)
+            if version:
+                item[VERSION_ATTR] = version
+            size = item_size(item)
+            if size > MAX_ITEM_BYTES:
+                side = st.routing.writes[min(i, len(st.routing.writes) - 1)]
+                raise ItemTooLarge("put_item", f"Item size has exceeded the maximum allowed size: the item would be "
+                                   f"{size} bytes in the {side} layout of migration {self.migration.id!r} "
+                                   f"(limit {MAX_ITEM_BYTES} bytes = 400 KB, including reshard's bookkeeping "
+                                   "attributes and the longer key); nothing was written")
 
     def _mirror_to(self, mirrors: list[tuple[dict, bool]], item: Mapping[str, Any]) -> None:
         """Copy the authoritative copy's resulting ``item`` to every other layout's key."""
@@ -436,10 +509,13 @@ class ShardedTable:
                 # condition and ALL_OLD belong to the authoritative key (in these phases
                 # it is the only one).
                 old = None
+                condition, uses = tombstone_aware(ConditionExpression)  # a leftover tombstone is absent
+                if uses:
+                    app_names = {**app_names, TOMBSTONE_NAME: TOMBSTONE_ATTR}
                 for i, key in enumerate(keys):
                     kwargs: dict[str, Any] = {"TableName": self.table, "Key": key}
-                    if ConditionExpression and i == 0:
-                        kwargs["ConditionExpression"] = ConditionExpression
+                    if condition and i == 0:
+                        kwargs["ConditionExpression"] = condition
                         if app_names:
                             kwargs["ExpressionAttributeNames"] = app_names
                         if app_values:
@@ -490,17 +566,25 @@ class ShardedTable:
             write_targets = self._write_keys(st, fields)
             keys = [k for k, _ in write_targets]
             mirrors = write_targets[1:]
-            extra_remove = []
+            # In every phase, steady included: an update of a tombstone revives the item.
+            # A tombstone left behind (a lagging shim's delete, an aborted migration's
+            # marker) would otherwise hide this acknowledged update for good.
+            extra_remove = [TOMBSTONE_NAME]
+            our_names[TOMBSTONE_NAME] = TOMBSTONE_ATTR
+            our_names["#rs_new"] = NEW_COPY_ATTR
             if write_targets[0][1]:
                 extra_set.append("#rs_new = :rs_new")
-                our_names["#rs_new"] = NEW_COPY_ATTR
                 our_values[":rs_new"] = {"S": self.migration.id}
+            else:
+                # The same as a put: an unmarked target (it is also the old copy) loses a
+                # stale marker, so rollback and cleanup treat it as the old item it is.
+                extra_remove.append("#rs_new")
             if st.stamps:
                 extra_set.append("#rs_v = :rs_nv")
                 our_names["#rs_v"] = VERSION_ATTR
-                extra_remove.append("#rs_del")  # an update of a tombstone revives the item
-                our_names["#rs_del"] = TOMBSTONE_ATTR
             expression = merge_update(UpdateExpression, extra_set, extra_remove)
+            # The app's condition sees a tombstone as the absent item it stands for.
+            condition, _ = tombstone_aware(ConditionExpression)
             internal_rv = rv
             if mirrors and rv in ("NONE", "UPDATED_NEW"):
                 internal_rv = "ALL_NEW"  # the mirror needs the whole new item: get it from the update itself
@@ -518,7 +602,7 @@ class ShardedTable:
                     kwargs["ReturnValues"] = internal_rv
                 return self.dynamo.call("update_item", **kwargs)
 
-            _, resp = self._authoritative(st, keys[0], ConditionExpression, attempt)
+            _, resp = self._authoritative(st, keys[0], condition, attempt)
             attrs = resp.get("Attributes")
             if mirrors:
                 if internal_rv == "ALL_NEW":

@@ -327,8 +327,9 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
     clock = FakeClock()
     t = ShardedTable(sensor, moto_dynamo, control_table="ctl", refresh_seconds=3600, liveness_seconds=30, clock=clock)
     try:
-        # Heartbeat first (version 0), then the phase read, then the acknowledgement.
-        assert order[:3] == [("PutItem", "ctl"), ("GetItem", "ctl"), ("PutItem", "ctl")]
+        # Heartbeat first (version 0), then the phase read (META row, then the table's
+        # lock row: another active migration there is refused), then the acknowledgement.
+        assert order[:4] == [("PutItem", "ctl"), ("GetItem", "ctl"), ("GetItem", "ctl"), ("PutItem", "ctl")]
         assert t.phase == "planned"
         beat = fleet.heartbeats(store, sensor.id)
         assert [(h.instance, h.phase, h.phase_version) for h in beat] == [(t.instance_id, "planned", 1)]
