@@ -68,13 +68,17 @@ class PhaseCache:
     """
 
     def __init__(self, migration: Migration, dynamo: Dynamo, control_table: str | None, instance_id: str, *,
-                 refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float]):
+                 refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float],
+                 control_clock: Callable[[], float] | None = None):
         self.migration = migration
         self.instance_id = instance_id
         self.refresh_seconds = refresh_seconds
         self.liveness_seconds = liveness_seconds
         self._clock = clock
-        self._control = ControlStore(dynamo, control_table) if control_table else None
+        # control_clock: the wall clock heartbeats are stamped with (default time.time);
+        # injectable so a test's logical clock drives both liveness and the census.
+        self._control = (ControlStore(dynamo, control_table, **({"clock": control_clock} if control_clock else {}))
+                         if control_table else None)
         self._lock = threading.Lock()
         self._state: PhaseState | None = None if self._control else PhaseState(STEADY_NAME, 0, STEADY)
         self._last_ok = clock()

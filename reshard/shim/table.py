@@ -82,7 +82,8 @@ class ShardedTable:
     def __init__(self, migration: Migration, dynamo: Dynamo, *, control_table: str | None = DEFAULT_CONTROL_TABLE,
                  refresh_seconds: float = 5.0, liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
                  clock: Callable[[], float] = time.monotonic, writer_id: str | None = None,
-                 query_workers: int = 8, start: bool = True, version_clock: VersionClock | None = None):
+                 query_workers: int = 8, start: bool = True, version_clock: VersionClock | None = None,
+                 control_clock: Callable[[], float] | None = None):
         self.migration = migration
         self.mapper = KeyMapper(migration)
         self.table = migration.table
@@ -90,7 +91,8 @@ class ShardedTable:
         self.instance_id = writer_id or uuid.uuid4().hex[:12]
         self.versions = version_clock or VersionClock(self.instance_id)
         self._phases = PhaseCache(migration, dynamo, control_table, self.instance_id,
-                                  refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, clock=clock)
+                                  refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, clock=clock,
+                                  control_clock=control_clock)
         self._lock = threading.Lock()  # guards the lazily created query pool
         self._executor: ThreadPoolExecutor | None = None
         self._query_workers = max(1, query_workers)
