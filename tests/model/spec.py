@@ -37,6 +37,7 @@ have taken effect). At the end of a run, :meth:`Fleet.check`:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Callable
@@ -48,12 +49,12 @@ from reshard.control.transition import retire, transition
 from reshard.core.compare import differences
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import parse
-from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Action, Phase
+from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Action, Phase, job_rule
 from reshard.core.versions import VersionClock
 from reshard.jobs.backfill import Backfill
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import SegmentEngine
-from reshard.jobs.runner import JobOptions
+from reshard.jobs.runner import JobOptions, phase_guard
 from reshard.jobs.verify import Verifier
 from reshard.shim.table import ShardedTable
 from tests.backfill_support import create_table as create_data_table
@@ -69,6 +70,7 @@ OPEN_GATES: Callable = lambda store, state: {"backfill_missing": None, "verify_m
 VERIFY_PHASES = {"backfill", "cutover"}
 
 UNKNOWN = object()  # an outcome the application never learned
+_SET_UP: dict = {}  # (kind, phase, table, clock) -> the memory tables after the set-up
 
 
 # ----------------------------------------------------------------------------- history
@@ -178,15 +180,21 @@ class Fleet:
         self.mapper = KeyMapper(self.m)
         self.table = table
         self.lease_seconds = lease_seconds
-        create_data_table(w.dynamo, table, self.mapper)
         self.store = ControlStore(w.dynamo, CONTROL, clock=w.clock)
-        self.store.register(self.m, who="setup")
-        # No shims yet: every transition is acknowledged at once. "aborted" is reached from backfill.
-        path = ["planned", "dual_write", "dual_read", "backfill", "aborted"] if phase == "aborted" else \
-            [p.value for p in Phase][:[p.value for p in Phase].index(phase) + 1]
-        for target in path[1:]:
-            action = Action.ABORT if target == "aborted" else Action.ADVANCE
-            transition(self.store, self.m.id, action, who="setup", gates=OPEN_GATES)
+        cached = _SET_UP.get((kind, phase, table, w.clock()))
+        if cached is not None:
+            # The same set-up as a previous run (deterministic): restore it, ~30 calls saved per schedule.
+            w.db.tables = copy.deepcopy(cached)
+        else:
+            create_data_table(w.dynamo, table, self.mapper)
+            self.store.register(self.m, who="setup")
+            # No shims yet: every transition is acknowledged at once. "aborted" is reached from backfill.
+            path = ["planned", "dual_write", "dual_read", "backfill", "aborted"] if phase == "aborted" else \
+                [p.value for p in Phase][:[p.value for p in Phase].index(phase) + 1]
+            for target in path[1:]:
+                action = Action.ABORT if target == "aborted" else Action.ADVANCE
+                transition(self.store, self.m.id, action, who="setup", gates=OPEN_GATES)
+            _SET_UP[(kind, phase, table, w.clock())] = copy.deepcopy(w.db.tables)
         assert self.store.load_state(self.m.id).phase.value == phase
         self.history = History(w)
         self.keys: dict[str, dict] = {}       # scenario name -> logical key fields (python)
@@ -289,16 +297,40 @@ class Fleet:
         self.w.actor(name, body)
 
     def transition(self, who: str, a: str) -> None:
-        """One operator action, from the calling actor's thread."""
+        """One operator action, from the calling actor's thread: advance / rollback / abort /
+        retire with open gates; ``verify+advance``: a real verify run (scheduled, like every
+        call of the actor), then advance through the *real* gates (backfill finished, a
+        passing verify since); ``cleanup``: the real cleanup pass (its precondition, the
+        Cleaner page function, and the retire of an aborted migration when it is done)."""
         out = self.outcomes.setdefault(who, [])
         try:
             if a == "retire":
                 retire(self.store, self.m.id, who=who)
+            elif a == "verify+advance":
+                passed, diffs = self.verify(run=1, host=who)
+                out.append(("verify", "passed" if passed else f"failed: {diffs}"))
+                transition(self.store, self.m.id, Action.ADVANCE, who=who)  # the real gates
+            elif a == "cleanup":
+                self.cleanup_pass(who)
             else:
                 transition(self.store, self.m.id, Action(a), who=who, gates=OPEN_GATES)
             out.append((a, "ok"))
         except (errors.RefusedTransition, errors.ConcurrentChange) as e:
             out.append((a, f"refused: {e}"))
+
+    def cleanup_pass(self, who: str) -> None:
+        from reshard.jobs import cleanup
+        state = self.store.load_state(self.m.id)
+        opts = JobOptions(segments=1, workers=1, page_size=50, delete=True)
+        cleanup._check(self.store, state, opts)  # refuses while a backfill/verify lease is live
+        budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
+        page = cleanup.Cleaner(self.w.dynamo, self.mapper, self.table, budget, opts,
+                               state.phase is Phase.ABORTED, self.w.clock).page
+        engine = SegmentEngine(self.store, self.m.id, "cleanup", 1, 1, page, workers=1, clock=self.w.clock,
+                               sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False)
+        engine.work_inline()
+        if state.phase is Phase.ABORTED:
+            retire(self.store, self.m.id, who=who)
 
     def copier(self, host: str, segments: int = 1, page_size: int = 10, run: int = 1,
                then: Callable[[], None] | None = None) -> SegmentEngine:
@@ -308,9 +340,12 @@ class Fleet:
         budget = CapacityBudget(None, None, clock=w.clock, sleep=w.sleep)
         budget.attach(w.dynamo, self.table)
         page = Backfill(w.dynamo, self.store, self.m.id, self.mapper, self.table, budget, page_size=page_size).page
+        # The runner's phase guard, read before every page (min_interval 0: its cache runs on
+        # the real monotonic clock, which would make runs depend on real time).
+        guard = phase_guard(self.store, self.m.id, BACKFILL_JOB, job_rule(BACKFILL_JOB).phases, min_interval=0.0)
         engine = SegmentEngine(self.store, self.m.id, BACKFILL_JOB, run, segments, page, workers=1,
                                lease_seconds=self.lease_seconds, clock=w.clock, sleep=w.sleep, host=host,
-                               invocation=host, is_dead=lambda owner: False)
+                               invocation=host, is_dead=lambda owner: False, guard=guard)
         def body():
             engine.work_inline()
             if then is not None:
@@ -330,16 +365,16 @@ class Fleet:
         t._pin_phase(phase)
         return t.get_item(Key=self.keys[name], ConsistentRead=True)
 
-    def verify(self) -> tuple[bool, dict]:
+    def verify(self, run: int | None = None, host: str = "verifier") -> tuple[bool, dict]:
         """The real verify page function over the whole table, one segment, inline; (passed, counts)."""
         self.verify_runs += 1
-        run = 100 + self.verify_runs
+        run = run or 100 + self.verify_runs
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=lambda s: None)
         opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=0.0)
         v = Verifier(self.w.dynamo, self.store, self.m.id, run, self.mapper, self.table, budget, opts,
                      sleep=lambda s: None)
         engine = SegmentEngine(self.store, self.m.id, VERIFY_JOB, run, 1, v.page, workers=1, clock=self.w.clock,
-                               sleep=lambda s: None, host="verifier", invocation="verifier",
+                               sleep=lambda s: None, host=host, invocation=host,
                                is_dead=lambda owner: False)
         engine.work_inline()
         totals = sum_counters(engine.records())
@@ -387,16 +422,23 @@ class Fleet:
             n_new = len(layouts["new"].get(ident, []))
             if n_old > max(1, self.seeded_old.get(name, 1)) or n_new > 1:
                 out.append(f"duplicate: {name} has {n_old} old-layout and {n_new} new-layout physical items")
+        if phase == "aborted" and retired:
+            # A retired migration left no new-layout copy behind: a retry of the migration
+            # would find it at its new key (issue 12 case 6).
+            left = [i for i in self.w.db.items(self.table) if self.mapper.is_new_copy(i)]
+            if left:
+                out.append(f"leftover new-layout copies after retire: {left}")
         return out
 
     def check(self, w: World) -> None:
         problems = self.problems()
         phase, _ = self.phase()
         note = ""
-        if phase in VERIFY_PHASES:
+        if problems and phase in VERIFY_PHASES:
+            # Only a violated state needs verify's verdict: "verify never passes while an
+            # invariant is violated" says nothing about a correct state.
             passed, diffs = self.verify()
-            if problems:
-                note = "\n  and VERIFY PASSED over this state" if passed else f"\n  (verify failed: {diffs})"
+            note = "\n  and VERIFY PASSED over this state" if passed else f"\n  (verify failed: {diffs})"
         if problems:
             raise AssertionError("; ".join(problems) + f" [final phase {phase}; operator: {self.outcomes}]" + note)
 

@@ -164,9 +164,9 @@ def stalled_copier_then_cutover(w: World) -> Fleet:
     f.expect_initial("k", {"temp": 1})
     f.copier("C1")
     f.shim_actor("A", ("put", "k", {"temp": 99}))
-    # The other host finishes the backfill, then the operator cuts over (one actor: the gates
-    # are open here, so an operator racing the copy itself would only re-prove the gate).
-    f.copier("C2", then=lambda: f.transition("op", "advance"))
+    # The other host finishes the backfill, verify runs, and the operator cuts over through
+    # the real gates (one actor: the gates already order them).
+    f.copier("C2", then=lambda: f.transition("op", "verify+advance"))
     w.may_kill("C1")
     return f
 
@@ -243,3 +243,31 @@ def leftover_tombstone(w: World) -> Fleet:
 @pytest.mark.xfail(strict=True, reason="issue 12 case 5: a steady update does not remove a leftover tombstone")
 def test_leftover_tombstone_after_retire():
     run(leftover_tombstone, preemption_bound=1)
+
+
+def abort_racing_a_stalled_copier(w: World) -> Fleet:
+    """C1 frozen at its batch write past its lease; the operator aborts, runs the cleanup pass
+    (which waits only for live leases) and so retires the migration; C1 may then write."""
+    f = Fleet(w, phase="backfill")
+    f.key("k", **SENSOR_KEY)
+    f.seed("k", {"temp": 1})
+    f.expect_initial("k", {"temp": 1})
+    f.copier("C1")
+    f.operator("op", "abort", "cleanup")
+    return f
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 case 6: abort's cleanup waits only for live leases; a copier "
+                                       "stalled past its lease writes its page after the retire")
+def test_abort_racing_a_stalled_copier():
+    r = explore(scenario(abort_racing_a_stalled_copier), preemption_bound=1,
+                drive=freeze_at("C1", "batch_write_item", 11))
+    print(describe_bounds(r))
+    r.assert_ok()
+
+
+def test_abort_with_a_live_copier():
+    """Without the stall: the cleanup pass refuses while the copier's lease is live, and the
+    copier's phase guard stops it at its next page; nothing is left behind the retire."""
+    r = run(abort_racing_a_stalled_copier, preemption_bound=1)
+    assert r.schedules > 20
