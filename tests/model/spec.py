@@ -239,7 +239,7 @@ class Fleet:
         return t
 
     def shim_actor(self, name: str, *steps: tuple) -> ShardedTable:
-        """A shim instance running ``steps`` in order: ("refresh",), ("put", item, attrs),
+        """A shim instance running ``steps`` in order: ("refresh",), ("close",), ("put", item, attrs),
         ("add", item), ("delete", item), ("cas", item, expect, ver), ("get", item)."""
         t = self.shim(name)
         h = self.history
@@ -249,6 +249,9 @@ class Fleet:
                 kind = step[0]
                 if kind == "refresh":
                     t.refresh()
+                    continue
+                if kind == "close":  # the instance shuts down: its heartbeat leaves the census
+                    t.close()
                     continue
                 ident = step[1]
                 key = self.keys[ident]

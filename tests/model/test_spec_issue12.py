@@ -271,3 +271,53 @@ def test_abort_with_a_live_copier():
     copier's phase guard stops it at its next page; nothing is left behind the retire."""
     r = run(abort_racing_a_stalled_copier, preemption_bound=1)
     assert r.schedules > 20
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 case 3: a delete's tombstone on one copy is overwritten by the "
+                                       "copy of the live older duplicate")
+def test_random_suffix_duplicates_delete():
+    def build(w: World) -> Fleet:
+        f = Fleet(w, kind="invoices", phase="backfill", table="Invoices")
+        fields, unmoved, other = invoices_key()
+        f.key("k", **fields)
+        f.seed("k", {"amount": 5}, shards=(other,))
+        f.seed("k", {"amount": 7}, shards=(unmoved,), versions=("1600000000000.000000.old",))
+        f.seeded_old["k"] = 2
+        f.expect_initial("k", {"amount": 7})
+        f.shim_actor("A", ("delete", "k"), ("get", "k"))
+        f.copier("C")
+        return f
+    run(build, preemption_bound=1)
+
+
+def invoice_stored_once_in_cutover() -> dict:
+    """A brand-new invoice line whose new key equals the old shard derived for it."""
+    from reshard.aws.dynamo import to_wire
+    from reshard.core.layout import KeyMapper, hash_shard
+    from tests.shim_helpers import migration
+    mapper = KeyMapper(migration("invoices"))
+    for n in range(2000):
+        fields = {"invoice_number": str(200000 + n), "line": "1"}
+        wire = to_wire(fields)
+        new = mapper.to_physical(wire, mapper.new)
+        ident = "#".join(mapper.identity(mapper.logical_fields(wire)))
+        if mapper.old.key(mapper.logical_fields(wire), hash_shard(ident, mapper.old.shards)) == \
+                {a: new[a] for a in mapper.old.key_attrs}:
+            return fields
+    raise AssertionError("no such invoice line")
+
+
+def random_suffix_put_in_cutover_then_abort(w: World) -> Fleet:
+    """A shim in cutover puts a brand-new invoice line and shuts down; the operator rolls back,
+    aborts and runs the abort's cleanup pass (which removes the migration's new copies)."""
+    f = Fleet(w, kind="invoices", phase="cutover", table="Invoices")
+    f.key("k", **invoice_stored_once_in_cutover())
+    f.shim_actor("A", ("put", "k", {"amount": 3}), ("close",))
+    f.operator("op", "rollback", "abort", "cleanup")
+    return f
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 case 4: a put in cutover stored once, marked as a new copy; "
+                                       "rollback + abort + cleanup deletes it")
+def test_random_suffix_put_in_cutover_then_abort():
+    run(random_suffix_put_in_cutover_then_abort, preemption_bound=1)
