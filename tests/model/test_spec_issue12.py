@@ -109,6 +109,30 @@ def test_a_copier_racing_two_shims():
     run(copier_and_two_shims, preemption_bound=1, samples=40, seed=4)
 
 
+def silent_shim(w: World) -> Fleet:
+    """Every shim was silent for 46 s (past the 30 s liveness window + the 15 s skew allowance):
+    A refreshes and writes, B writes without refreshing, the operator cuts over (B no longer
+    counts in the census). B's request must fail closed (ShimUnavailable), not act on backfill."""
+    f = sensor_fleet(w, "backfill")
+    f.shim_actor("A", ("refresh",), ("add", "k"))
+    f.shim_actor("B", ("add", "k"))
+    f.operator("op", "advance")
+    return f
+
+
+def silence(seconds: float = 46.0):
+    def drive(w: World) -> None:
+        w.sched.tick(seconds)
+    return drive
+
+
+def test_a_silent_shim_fails_closed():
+    r = explore(scenario(silent_shim), preemption_bound=1, drive=silence())
+    print(describe_bounds(r))
+    r.assert_ok()
+    assert r.schedules > 20
+
+
 # ----------------------------------------------------------------------------- issue 12's bugs
 
 def authority_switch(ops_a, ops_b, start="backfill", action="advance"):

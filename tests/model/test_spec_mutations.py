@@ -86,6 +86,19 @@ def test_without_the_census(monkeypatch):
     must_find(scenario(spec_tests.census_holds_the_fleet), preemption_bound=1)
 
 
+def test_without_the_liveness_time_fence(monkeypatch):
+    """A shim that could not refresh for longer than its liveness window acts anyway."""
+    from reshard.shim.phase_cache import PhaseCache
+    real = PhaseCache.begin
+
+    def begin(self):
+        self._last_ok = self._clock()  # "just refreshed": the window check never trips
+        return real(self)
+    monkeypatch.setattr(PhaseCache, "begin", begin)
+    result = explore(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
+    assert result.violation is not None, "the checker found nothing without the liveness time fence"
+
+
 def disarm(monkeypatch, expression_starts: str) -> None:
     """``ControlStore.update`` with an always-true condition (``<condition> OR attribute_exists(pk)
     OR attribute_not_exists(pk)``: every placeholder still used) for the update expressions that
