@@ -54,7 +54,7 @@ from reshard.core.versions import VersionClock
 from reshard.jobs.backfill import Backfill
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import SegmentEngine
-from reshard.jobs.runner import JobOptions, phase_guard
+from reshard.jobs.runner import JobOptions, phase_guard, require_phase_and_ack
 from reshard.jobs.verify import Verifier
 from reshard.shim.table import ShardedTable
 from tests.backfill_support import create_table as create_data_table
@@ -301,7 +301,7 @@ class Fleet:
 
     def transition(self, who: str, a: str) -> None:
         """One operator action, from the calling actor's thread: advance / rollback / abort /
-        retire with open gates; ``verify+advance``: a real verify run (scheduled, like every
+        retire with open gates; ``repair``: ``verify --repair`` (backfill only); ``verify+advance``: a real verify run (scheduled, like every
         call of the actor), then advance through the *real* gates (backfill finished, a
         passing verify since); ``cleanup``: the real cleanup pass (its precondition, the
         Cleaner page function, and the retire of an aborted migration when it is done)."""
@@ -310,11 +310,16 @@ class Fleet:
             if a == "retire":
                 retire(self.store, self.m.id, who=who)
             elif a == "verify+advance":
+                require_phase_and_ack(self.store, self.m.id, VERIFY_JOB)
                 passed, diffs = self.verify(run=1, host=who)
                 out.append(("verify", "passed" if passed else f"failed: {diffs}"))
                 transition(self.store, self.m.id, Action.ADVANCE, who=who)  # the real gates
             elif a == "cleanup":
                 self.cleanup_pass(who)
+            elif a == "repair":  # `reshard verify --repair`, inside the schedule, with run_job's precondition
+                require_phase_and_ack(self.store, self.m.id, VERIFY_JOB, repair=True)
+                passed, diffs = self.verify(run=2, host=who, repair=True)
+                out.append(("repair", "clean" if passed else f"found {diffs}"))
             else:
                 transition(self.store, self.m.id, Action(a), who=who, gates=OPEN_GATES)
             out.append((a, "ok"))
@@ -323,7 +328,7 @@ class Fleet:
 
     def cleanup_pass(self, who: str) -> None:
         from reshard.jobs import cleanup
-        state = self.store.load_state(self.m.id)
+        state = require_phase_and_ack(self.store, self.m.id, "cleanup")  # run_job's precondition
         opts = JobOptions(segments=1, workers=1, page_size=50, delete=True)
         cleanup._check(self.store, state, opts)  # refuses while a backfill/verify lease is live
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
@@ -350,6 +355,10 @@ class Fleet:
                                lease_seconds=self.lease_seconds, clock=w.clock, sleep=w.sleep, host=host,
                                invocation=host, is_dead=lambda owner: False, guard=guard)
         def body():
+            try:
+                require_phase_and_ack(self.store, self.m.id, BACKFILL_JOB)  # run_job's precondition
+            except errors.RefusedTransition:
+                return
             engine.work_inline()
             if then is not None:
                 then()
@@ -368,12 +377,12 @@ class Fleet:
         t._pin_phase(phase)
         return t.get_item(Key=self.keys[name], ConsistentRead=True)
 
-    def verify(self, run: int | None = None, host: str = "verifier") -> tuple[bool, dict]:
+    def verify(self, run: int | None = None, host: str = "verifier", repair: bool = False) -> tuple[bool, dict]:
         """The real verify page function over the whole table, one segment, inline; (passed, counts)."""
         self.verify_runs += 1
         run = run or 100 + self.verify_runs
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=lambda s: None)
-        opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=0.0)
+        opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=0.0, repair=repair)
         v = Verifier(self.w.dynamo, self.store, self.m.id, run, self.mapper, self.table, budget, opts,
                      sleep=lambda s: None)
         engine = SegmentEngine(self.store, self.m.id, VERIFY_JOB, run, 1, v.page, workers=1, clock=self.w.clock,

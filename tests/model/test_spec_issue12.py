@@ -345,3 +345,28 @@ def random_suffix_put_in_cutover_then_abort(w: World) -> Fleet:
                                        "rollback + abort + cleanup deletes it")
 def test_random_suffix_put_in_cutover_then_abort():
     run(random_suffix_put_in_cutover_then_abort, preemption_bound=1)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 case 4: a put in cutover stored once, marked as a new copy; after "
+                                       "a rollback verify calls it extra and --repair deletes it")
+def test_random_suffix_put_in_cutover_then_repair():
+    def build(w: World) -> Fleet:
+        f = Fleet(w, kind="invoices", phase="cutover", table="Invoices")
+        f.key("k", **invoice_stored_once_in_cutover())
+        f.shim_actor("A", ("put", "k", {"amount": 3}), ("close",))
+        f.operator("op", "rollback", "repair")
+        return f
+    run(build, preemption_bound=1)
+
+
+def rollback_then_repair(w: World) -> Fleet:
+    """A shim in cutover puts and ADDs, then shuts down; the operator rolls back and runs
+    ``verify --repair`` (refused while the shim is live on cutover)."""
+    f = sensor_fleet(w, "cutover")
+    f.shim_actor("A", ("put", "k", {"temp": 3}), ("add", "k"), ("close",))
+    f.operator("op", "rollback", "repair")
+    return f
+
+
+def test_repair_after_a_rollback_keeps_acknowledged_writes():
+    run(rollback_then_repair, preemption_bound=1)
