@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from reshard import errors
+
 from reshard.control.store import ControlStore
 from reshard.core import versions
 from reshard.core.versions import Fence
@@ -97,6 +99,21 @@ def test_without_the_liveness_time_fence(monkeypatch):
     monkeypatch.setattr(PhaseCache, "begin", begin)
     result = explore(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
     assert result.violation is not None, "the checker found nothing without the liveness time fence"
+
+
+def test_without_the_jobs_fleet_acknowledgement(monkeypatch):
+    """A data job (here ``verify --repair``) that starts while a shim still acts on the
+    previous phase: repair deletes a cutover shim's new copy whose mirror is still in flight."""
+    import tests.model.spec as spec
+    from reshard.core.phases import job_rule
+
+    def phase_only(store, migration_id, job, repair=False):
+        state = store.load_state(migration_id)
+        if state.phase not in job_rule(job, repair).phases:
+            raise errors.RefusedTransition(f"{job} refused in {state.phase}")
+        return state  # ... and no census: the fleet's acknowledgement is not waited for
+    monkeypatch.setattr(spec, "require_phase_and_ack", phase_only)
+    must_find(scenario(spec_tests.rollback_then_repair), preemption_bound=1)
 
 
 def disarm(monkeypatch, expression_starts: str) -> None:
