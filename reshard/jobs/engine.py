@@ -358,6 +358,20 @@ class SegmentEngine:
         self.subs.on_run_done(result)
         return result
 
+    def work_inline(self, index: int = 0) -> list[int]:
+        """Join the run and work as one worker on the calling thread (no threads started)
+        until nothing is left for it; returns the segments it completed.
+
+        For callers that schedule every DynamoDB call themselves (the model checker in
+        ``tests/model`` runs each host as one scheduled actor): ``run_all`` would start
+        threads outside that schedule. Raises the worker's error, like ``run_all``.
+        """
+        self.start_run()
+        self._worker(index)
+        if self._errors:
+            raise self._errors[0]
+        return sorted(self._worked)
+
     def _worker(self, index: int) -> None:
         me = f"{self._owner_prefix()}:{index}"
         rng = random.Random(f"{me}")

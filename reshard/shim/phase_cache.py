@@ -76,7 +76,7 @@ class PhaseCache:
 
     def __init__(self, migration: Migration, dynamo: Dynamo, control_table: str | None, instance_id: str, *,
                  refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float],
-                 switch_hold_seconds: float | None = None):
+                 switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None):
         self.migration = migration
         self.instance_id = instance_id
         self.refresh_seconds = refresh_seconds
@@ -86,7 +86,10 @@ class PhaseCache:
         self.switch_hold_seconds = (refresh_seconds * 1.2 + SWITCH_HOLD_SLACK_SECONDS
                                     if switch_hold_seconds is None else switch_hold_seconds)
         self._clock = clock
-        self._control = ControlStore(dynamo, control_table) if control_table else None
+        # control_clock: the wall clock heartbeats are stamped with (default time.time);
+        # injectable so a test's logical clock drives both liveness and the census.
+        self._control = (ControlStore(dynamo, control_table, **({"clock": control_clock} if control_clock else {}))
+                         if control_table else None)
         self._lock = threading.Lock()
         self._state: PhaseState | None = None if self._control else PhaseState(STEADY_NAME, 0, STEADY)
         self._last_ok = clock()

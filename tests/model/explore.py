@@ -162,8 +162,10 @@ class Result:
 
 def run_one(factory: Callable[[World], Callable[[World], None]], prefix: list[str], *,
             max_steps: int | None, pick: Callable[[list[str]], str] = lambda moves: moves[0],
-            check_truncated: bool = False, preemption_bound: int | None = None) -> Run:
-    """Run one schedule: ``prefix`` first, then ``pick`` among the moves at every later point."""
+            check_truncated: bool = False, preemption_bound: int | None = None,
+            drive: Callable[[World], None] | None = None) -> Run:
+    """Run one schedule: ``drive`` (a fixed opening, not explored), ``prefix``, then ``pick``
+    among the moves at every later point."""
     world = World()
     world.preemption_bound = preemption_bound
     check = factory(world)
@@ -172,6 +174,8 @@ def run_one(factory: Callable[[World], Callable[[World], None]], prefix: list[st
     violation = None
     try:
         world.sched.start()
+        if drive is not None:
+            drive(world)  # a fixed opening (e.g. freeze a copier at its batch write): explored from here
         while True:
             moves = world.moves()
             if not moves:
@@ -205,7 +209,8 @@ def run_one(factory: Callable[[World], Callable[[World], None]], prefix: list[st
 def explore(factory: Callable[[World], Callable[[World], None]], *, max_steps: int | None = None,
             preemption_bound: int | None = None, samples: int = 0, seed: int = 0,
             sample_max_steps: int | None = None, check_truncated: bool = False, stop_at_first: bool = True,
-            keep_runs: bool = False, max_schedules: int = 200_000) -> Result:
+            keep_runs: bool = False, max_schedules: int = 200_000,
+            drive: Callable[[World], None] | None = None) -> Result:
     """Every schedule up to ``max_steps`` moves (depth first) with at most ``preemption_bound``
     preemptions, then ``samples`` random schedules (unbounded preemptions, ``sample_max_steps``)."""
     result = Result()
@@ -214,7 +219,7 @@ def explore(factory: Callable[[World], Callable[[World], None]], *, max_steps: i
     while stack:
         prefix = stack.pop()
         run = run_one(factory, prefix, max_steps=max_steps, check_truncated=check_truncated,
-                      preemption_bound=preemption_bound)
+                      preemption_bound=preemption_bound, drive=drive)
         result.schedules += 1
         result.longest = max(result.longest, len(run.schedule))
         if run.truncated:
@@ -237,7 +242,8 @@ def explore(factory: Callable[[World], Callable[[World], None]], *, max_steps: i
     if samples and (result.violation is None or not stop_at_first):
         rng = random.Random(seed)
         for _ in range(samples):
-            run = run_one(factory, [], max_steps=sample_max_steps, pick=rng.choice, check_truncated=check_truncated)
+            run = run_one(factory, [], max_steps=sample_max_steps, pick=rng.choice, check_truncated=check_truncated,
+                          drive=drive)
             result.sampled += 1
             result.longest = max(result.longest, len(run.schedule))
             if run.violation and result.violation is None:
@@ -249,9 +255,9 @@ def explore(factory: Callable[[World], Callable[[World], None]], *, max_steps: i
 
 
 def replay(factory: Callable[[World], Callable[[World], None]], schedule: list[str],
-           check_truncated: bool = True) -> Run:
+           check_truncated: bool = True, drive: Callable[[World], None] | None = None) -> Run:
     """Run exactly ``schedule`` (e.g. a reported violation's) and return the run with its trace."""
-    return run_one(factory, schedule, max_steps=len(schedule), check_truncated=check_truncated)
+    return run_one(factory, schedule, max_steps=len(schedule), check_truncated=check_truncated, drive=drive)
 
 
 def describe_bounds(result: Result) -> str:

@@ -91,13 +91,7 @@ def backfill_world(w: World, pages: int = PAGES):
         # does not know). Hosts differ, so a held lease is only taken over once it expired.
         engine = SegmentEngine(store, "mid", "backfill", 1, 1, page, workers=1, lease_seconds=10,
                                clock=w.clock, sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False)
-
-        def body(e=engine):
-            e.start_run()
-            e._worker(0)
-            if e._errors:
-                raise e._errors[0]
-        w.actor(host, body)
+        w.actor(host, engine.work_inline)
     return store
 
 
@@ -212,10 +206,7 @@ def test_a_zombie_copier_leaves_a_stale_new_copy_that_verify_catches():
         engine = SegmentEngine(store, m.id, JOB, run, 1, page, workers=1, lease_seconds=10, clock=w.clock,
                                sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False)
 
-        def body():
-            engine.start_run()
-            engine._worker(0)
-        return body
+        return engine.work_inline
 
     app = shim(m, w.dynamo, "backfill", writer_id="app", version_clock=VersionClock("app", now_ms=w.clock.now_ms))
     w.actor("A", copier("A"))
