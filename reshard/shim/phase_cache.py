@@ -76,7 +76,8 @@ class PhaseCache:
 
     def __init__(self, migration: Migration, dynamo: Dynamo, control_table: str | None, instance_id: str, *,
                  refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float],
-                 switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None):
+                 switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
         self.migration = migration
         self.instance_id = instance_id
         self.refresh_seconds = refresh_seconds
@@ -106,6 +107,7 @@ class PhaseCache:
         self._thread: threading.Thread | None = None
         # One refresh at a time, so an older read never replaces a newer state; held
         # requests wait on `_refreshed` for whoever is polling.
+        self._sleep = sleep  # the hold's pauses (a test's logical clock advances with it)
         self._refresh_lock = threading.Lock()
         self._refreshed = threading.Condition()
         self._last_poll = 0.0
@@ -309,9 +311,9 @@ class PhaseCache:
                     self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
                     return st
             if give_up_at is None:
-                give_up_at = time.monotonic() + self.switch_hold_seconds
+                give_up_at = now + self.switch_hold_seconds
                 self._wake.set()  # acknowledge the switch now if nothing else runs under the old version
-            left = give_up_at - time.monotonic()
+            left = give_up_at - now
             if left <= 0:
                 raise errors.SwitchInProgress(
                     f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}): the fleet "
@@ -324,17 +326,17 @@ class PhaseCache:
         poller at a time; the other held requests wait for its result)."""
         if self._refresh_lock.acquire(blocking=False):
             try:
-                pause = SWITCH_POLL_SECONDS - (time.monotonic() - self._last_poll)
+                pause = SWITCH_POLL_SECONDS - (self._clock() - self._last_poll)
                 if pause > 0:
-                    time.sleep(min(pause, timeout))
-                self._last_poll = time.monotonic()
+                    self._sleep(min(pause, timeout))
+                self._last_poll = self._clock()
                 ok = self._refresh_locked()
             finally:
                 self._refresh_lock.release()
             with self._refreshed:
                 self._refreshed.notify_all()
             if not ok:
-                time.sleep(min(timeout, SWITCH_POLL_SECONDS))
+                self._sleep(min(timeout, SWITCH_POLL_SECONDS))
         else:
             with self._refreshed:
                 self._refreshed.wait(timeout)

@@ -119,7 +119,8 @@ class ShardedTable:
                  refresh_seconds: float = 5.0, liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
                  clock: Callable[[], float] = time.monotonic, writer_id: str | None = None,
                  query_workers: int = 8, start: bool = True, version_clock: VersionClock | None = None,
-                 switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None):
+                 switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
         self.migration = migration
         self.mapper = KeyMapper(migration)
         self.table = migration.table
@@ -128,7 +129,8 @@ class ShardedTable:
         self.versions = version_clock or VersionClock(self.instance_id)
         self._phases = PhaseCache(migration, dynamo, control_table, self.instance_id,
                                   refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, clock=clock,
-                                  switch_hold_seconds=switch_hold_seconds, control_clock=control_clock)
+                                  switch_hold_seconds=switch_hold_seconds, control_clock=control_clock,
+                                  sleep=sleep)
         self._lock = threading.Lock()  # guards the lazily created query pool
         self._executor: ThreadPoolExecutor | None = None
         self._query_workers = max(1, query_workers)

@@ -231,6 +231,7 @@ class Fleet:
     # ------------------------------------------------------------ actors
     def shim(self, name: str) -> ShardedTable:
         t = ShardedTable(self.m, self.w.dynamo, control_table=CONTROL, clock=self.w.clock, control_clock=self.w.clock,
+                         sleep=self.w.sleep,
                          writer_id=name, start=False, query_workers=1,
                          version_clock=VersionClock(name, now_ms=self.w.clock.now_ms))
         t._phases._heartbeat("starting", 0)  # what start() does, minus the refresh thread
@@ -313,7 +314,8 @@ class Fleet:
                 require_phase_and_ack(self.store, self.m.id, VERIFY_JOB)
                 passed, diffs = self.verify(run=1, host=who)
                 out.append(("verify", "passed" if passed else f"failed: {diffs}"))
-                transition(self.store, self.m.id, Action.ADVANCE, who=who, allow_no_shims=True)  # the real gates
+                transition(self.store, self.m.id, Action.ADVANCE, who=who, allow_no_shims=True,
+                           sleep=self.w.sleep)  # the real gates
             elif a == "cleanup":
                 self.cleanup_pass(who)
             elif a == "repair":  # `reshard verify --repair`, inside the schedule, with run_job's precondition
@@ -321,7 +323,9 @@ class Fleet:
                 passed, diffs = self.verify(run=2, host=who, repair=True)
                 out.append(("repair", "clean" if passed else f"found {diffs}"))
             else:
-                transition(self.store, self.m.id, Action(a), who=who, gates=OPEN_GATES, allow_no_shims=True)
+                # sleep: a switch waits for the fleet on the logical clock, letting the shims run.
+                transition(self.store, self.m.id, Action(a), who=who, gates=OPEN_GATES, allow_no_shims=True,
+                           sleep=self.w.sleep)
             out.append((a, "ok"))
         except (errors.RefusedTransition, errors.ConcurrentChange) as e:
             out.append((a, f"refused: {e}"))

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.model.test_spec_issue12 import coarse_switch_polls  # noqa: F401  (fixture)
+
 from reshard import errors
 
 from reshard.control.store import ControlStore
@@ -49,6 +51,13 @@ def must_find(factory, **bounds) -> str:
     return result.violation.message
 
 
+def test_without_the_switch_hold(monkeypatch, coarse_switch_polls):
+    """Backfill -> cutover as a plain transition: a shim on each side, two ADDs, one is lost."""
+    import reshard.control.transition as transition_module
+    monkeypatch.setattr(transition_module, "changes_authority", lambda frm, to: False)
+    must_find(scenario(spec_tests.authority_switch([("add", "k")], [("add", "k")])), **spec_tests.SWITCH_BOUNDS)
+
+
 def test_without_the_authoritative_version_fence(monkeypatch):
     import reshard.shim.table as table
     disabled_in(table, "fence_for", "_authoritative", monkeypatch)
@@ -63,8 +72,10 @@ def test_without_the_mirror_version_fence(monkeypatch):
 
 def test_without_tombstones(monkeypatch):
     import reshard.shim.phase_cache as phase_cache
-    monkeypatch.setattr(phase_cache, "ROUTING", {p: dataclasses.replace(r, tombstones=False)
-                                                 for p, r in phase_cache.ROUTING.items()})
+    from reshard.core.phases import routing_of
+    monkeypatch.setattr(phase_cache, "routing_of",
+                        lambda phase, switching=False: dataclasses.replace(routing_of(phase, switching),
+                                                                           tombstones=False))
     must_find(scenario(spec_tests.adjacent_write_phases), preemption_bound=1)
 
 
@@ -99,21 +110,6 @@ def test_without_the_liveness_time_fence(monkeypatch):
     monkeypatch.setattr(PhaseCache, "begin", begin)
     result = explore(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
     assert result.violation is not None, "the checker found nothing without the liveness time fence"
-
-
-def test_without_the_jobs_fleet_acknowledgement(monkeypatch):
-    """A data job (here ``verify --repair``) that starts while a shim still acts on the
-    previous phase: repair deletes a cutover shim's new copy whose mirror is still in flight."""
-    import tests.model.spec as spec
-    from reshard.core.phases import job_rule
-
-    def phase_only(store, migration_id, job, repair=False):
-        state = store.load_state(migration_id)
-        if state.phase not in job_rule(job, repair).phases:
-            raise errors.RefusedTransition(f"{job} refused in {state.phase}")
-        return state  # ... and no census: the fleet's acknowledgement is not waited for
-    monkeypatch.setattr(spec, "require_phase_and_ack", phase_only)
-    must_find(scenario(spec_tests.rollback_then_repair), preemption_bound=1)
 
 
 def disarm(monkeypatch, expression_starts: str) -> None:
