@@ -8,6 +8,7 @@ of the same shape a caller passes in) say what the run records prove; the write 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from reshard import errors
@@ -15,7 +16,8 @@ from reshard.control import fleet
 from reshard.control.gates import gate_facts
 from reshard.control.records import MigrationState
 from reshard.control.store import ControlStore, operator_name
-from reshard.core.phases import Action, Facts, Phase, decide
+from reshard.control.runs import await_no_writers
+from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Action, Facts, Phase, decide
 
 #: ``gates(store, state) -> dict`` of :class:`Facts` fields (backfill/verify/cleanup_missing).
 Gates = Callable[[ControlStore, MigrationState], dict]
@@ -26,13 +28,19 @@ def facts(store: ControlStore, state: MigrationState, census: fleet.Census, gate
     return Facts(lagging=tuple(h.describe() for h in census.lagging), **gates(store, state))
 
 
+#: The jobs that write the data table: while one of their leases may still be used, no
+#: gate that relies on "no job is writing" opens (``verify`` counts: ``--repair`` writes).
+WRITING_JOBS = (BACKFILL_JOB, VERIFY_JOB)
+
+
 def transition(store: ControlStore, migration_id: str, action: Action, who: str | None = None,
                expected_version: int | None = None,
-               gates: Gates = gate_facts) -> tuple[MigrationState, MigrationState]:
+               gates: Gates = gate_facts, lease_wait: float = 0.0) -> tuple[MigrationState, MigrationState]:
     """Apply ``action`` if the rules allow it. Returns (before, after).
 
     ``expected_version``: act only on the version the operator saw (``--from``), so a
-    retried script cannot move the migration twice.
+    retried script cannot move the migration twice. ``lease_wait``: how long cutover may
+    watch held job leases go quiet (:func:`reshard.control.runs.await_no_writers`).
     """
     who = who or operator_name()
     state = store.load_state(migration_id)
@@ -44,7 +52,12 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
         # before META's copy of it is overwritten and the history would keep a gap.
         store.record_history(migration_id, state.last)
     census = fleet.census(store, migration_id, state.phase_version)
-    decision = decide(action, state.phase, facts(store, state, census, gates))
+    found = facts(store, state, census, gates)
+    if action is Action.ADVANCE and state.phase is Phase.BACKFILL:
+        # Cutover makes the new layout authoritative: no backfill or repair worker may
+        # still be able to write (a stalled one stops at its own deadline; we wait it out).
+        found = replace(found, writers=await_no_writers(store, migration_id, WRITING_JOBS, lease_wait))
+    decision = decide(action, state.phase, found)
     if not decision.allowed:
         raise errors.RefusedTransition(f"{action.value} refused for {migration_id!r} in {state.phase}: "
                                        + "; ".join(decision.refusals))
@@ -56,18 +69,24 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
     return state, after
 
 
-def retire(store: ControlStore, migration_id: str, who: str | None = None) -> MigrationState:
+def retire(store: ControlStore, migration_id: str, who: str | None = None,
+           lease_wait: float | None = 0.0) -> MigrationState:
     """Mark an aborted migration cleaned up (its cleanup pass finished).
 
     Shims pick the change up like a phase change (aborted + retired = steady state:
     plain deletes, no versions) and acknowledge it. Idempotent; releases the table for a
-    new migration.
+    new migration. Refused while a backfill or repair worker may still write a copy
+    (``lease_wait``: how long to watch its lease go quiet; None: as long as it needs):
+    a copy landing after the retire would outlive the migration.
     """
     state = store.load_state(migration_id)
     if state.phase is not Phase.ABORTED:
         raise errors.RefusedTransition(f"only an aborted migration can be retired ({migration_id!r} is in "
                                        f"{state.phase})")
     if not state.retired:
+        busy = await_no_writers(store, migration_id, WRITING_JOBS, lease_wait)
+        if busy:
+            raise errors.RefusedTransition(f"retire refused for {migration_id!r}: {busy}")
         store.mark_retired(state, who or operator_name())
     store.release_table(state.table, migration_id)
     return store.load_state(migration_id)
