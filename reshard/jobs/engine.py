@@ -181,9 +181,9 @@ class PageContext:
 
     def write_guard(self) -> None:
         """Immediately before each data write request (pass it as ``guard=`` to
-        :meth:`Dynamo.call`): renew if due, then the time fence."""
-        self.ensure_lease()
+        :meth:`Dynamo.call`): the time fence, then a renewal if due (never past the deadline)."""
         self.check_deadline()
+        self.ensure_lease()
 
 
 #: ``page(ctx, start_key) -> (counts, next_key)``: process one page durably.
@@ -326,10 +326,14 @@ class SegmentEngine:
         names = dict(names or {})
         names["#owner"] = "owner"
         sets = list(sets)
+        sent = self.monotonic()
         if renew:
+            if sent >= lease.deadline:
+                # Never renew past the deadline: an observer may already have judged the lease
+                # quiet (a gate opened, or a takeover is under way). The page is redone.
+                raise LeaseDeadline(f"segment {lease.segment}: the lease deadline passed before its renewal")
             sets.append("lease_counter = lease_counter + :bump")
             values[":bump"] = N(1)
-        sent = self.monotonic()
         try:
             # Fencing: owner AND token. A worker whose lease was taken over (even by
             # itself, after a restart with the same owner id) fails here and stops.
@@ -515,7 +519,11 @@ class SegmentEngine:
                     self.subs.on_segment_done(rec.segment, counters)
                     self._maybe_finish_run()
                     return
-                self.checkpoint(lease, next_key, counters)
+                try:
+                    self.checkpoint(lease, next_key, counters)
+                except LeaseDeadline:
+                    self.release(lease)  # the page is redone by whoever claims it next
+                    raise
                 self.subs.on_page(rec.segment, counts)
                 key = next_key
         except LeaseLost as e:
