@@ -353,14 +353,25 @@ class SegmentEngine:
                                                                                         lease.segment)))
         return rec.owner == lease.owner and rec.lease_counter == lease.token + 1 and not rec.done
 
-    def checkpoint(self, lease: Lease, next_key: dict, counters: dict) -> None:
-        """Save the position after a durable page and renew the lease."""
+    def checkpoint(self, lease: Lease, next_key: dict, counters: dict) -> bool:
+        """Save the position after a durable page and renew the lease; False if it was given up.
+
+        Past the local deadline the lease is not renewed (an observer may have judged it
+        quiet already): the position is saved and the lease released in one fenced write,
+        so the page is not redone, and the worker claims afresh (a new token, and a fresh
+        look at the phase) before it writes again.
+        """
         now = self.clock()
-        self._fenced_update(lease, ["checkpoint = :cp", "counters = :c", "lease_expires = :exp",
-                                    "last_throttle = :thr", "updated_at = :now"],
-                            {":cp": S(dump_key(next_key)), ":c": _counters_av(counters),
-                             ":exp": N(now + self.lease_seconds), ":thr": S(self.throttle_reason() or ""),
-                             ":now": N(now)}, renew=True)
+        sets = ["checkpoint = :cp", "counters = :c", "last_throttle = :thr", "updated_at = :now"]
+        values = {":cp": S(dump_key(next_key)), ":c": _counters_av(counters), ":thr": S(self.throttle_reason() or ""),
+                  ":now": N(now)}
+        if self.monotonic() >= lease.deadline:
+            self._fenced_update(lease, sets + ["#owner = :free", "lease_expires = :zero"],
+                                {**values, ":free": S(FREE), ":zero": N(0)})
+            return False
+        self._fenced_update(lease, sets + ["lease_expires = :exp"], {**values, ":exp": N(now + self.lease_seconds)},
+                            renew=True)
+        return True
 
     def _renew_if_due(self, lease: Lease) -> None:
         if self.monotonic() < lease.renew_due:
@@ -520,11 +531,13 @@ class SegmentEngine:
                     self._maybe_finish_run()
                     return
                 try:
-                    self.checkpoint(lease, next_key, counters)
-                except LeaseDeadline:
+                    held = self.checkpoint(lease, next_key, counters)
+                except LeaseDeadline:  # the deadline passed between the check and the renewal
                     self.release(lease)  # the page is redone by whoever claims it next
                     raise
                 self.subs.on_page(rec.segment, counts)
+                if not held:
+                    return  # saved and released past the deadline: claim afresh before writing again
                 key = next_key
         except LeaseLost as e:
             self.subs.on_lease_lost(rec.segment, str(e))
