@@ -378,3 +378,36 @@ def test_a_claimant_whose_wall_clock_runs_ahead_does_not_take_a_live_lease_early
     time.sleep(LEASE + 0.1)
     taken = skewed.claim(skewed.records()[0], "skewed-host:1:skewed:0")
     assert taken is not None and taken[2].takeover
+
+
+# --------------------------------------------------------------------------- leftovers of a retired migration
+
+def test_cleanup_removes_marked_copies_a_retired_migration_left_behind(dynalite, unique_name):
+    """A copy marked with a retired migration's id (left by anything that outlived its abort)
+    is removed by the next migration's cleanup pass -- unless a later writer stamped it with a
+    version newer than the retire, which is kept."""
+    from reshard.core.migration import parse
+    from reshard.core.versions import VersionClock
+    from tests.backfill_support import migration_text
+
+    control = unique_name + "-c"
+    m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=control, mid=unique_name + "-a")
+    transition(store, m.id, Action.ABORT)
+    assert run_job(CLEANUP, dynalite, store, m.id, JobOptions(segments=1, workers=1, lease_seconds=30)).done
+    assert store.load_state(m.id).retired
+    stale = mapper.remap(mapper.to_physical(logical("sensor", 1), mapper.old))[0]   # marked with m.id
+    later = mapper.remap(mapper.to_physical(logical("sensor", 2), mapper.old))[0]
+    later["_rs_v"] = {"S": VersionClock("later").next()}
+    for item in (stale, later):
+        dynalite.call("put_item", TableName=m.table, Item=item)
+
+    # A second migration of the same table (another id), aborted: its cleanup pass sweeps them.
+    second = parse(migration_text("sensor", m.table, unique_name + "-b"))
+    store.register(second)
+    transition(store, second.id, Action.ABORT)
+    result = run_job(CLEANUP, dynalite, store, second.id, JobOptions(segments=1, workers=1, lease_seconds=30))
+    left = scan_all(dynalite, m.table)
+    keys = {str(key_of(i, mapper.new.key_attrs)) for i in left.values()}
+    assert str(key_of(stale, mapper.new.key_attrs)) not in keys
+    assert str(key_of(later, mapper.new.key_attrs)) in keys
+    assert result.done and result.totals["retired_copies_removed"] == 1
