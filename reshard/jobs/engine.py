@@ -36,11 +36,13 @@ Lease protocol (KCL-style)
     over (ours expired): :class:`LeaseLost` stops the worker on that segment at once,
     before it touches another page.
     *Time fence*: immediately before each data write request (after any budget sleep,
-    and again before every retry of it), :meth:`PageContext.write_guard` renews the lease
-    if due and checks the local deadline -- the last successful claim or renewal (its
-    monotonic send time) + lease - the longest request in flight. Past it the worker
-    sends nothing more (:class:`LeaseDeadline`): whatever it sent before lands before
-    any observer can call the lease expired.
+    and again before every retry of it), :meth:`PageContext.write_guard` checks the local
+    deadline -- the last successful claim or renewal (its monotonic send time) + lease -
+    the longest request in flight -- and then renews the lease if due. Past the deadline
+    the worker sends nothing more, not even a renewal (:class:`LeaseDeadline`): whatever
+    it sent before lands before any observer can call the lease expired. ("Longest
+    request in flight" covers the data and the control-table client: one attempt's
+    connect + read timeout, since every attempt is guarded.)
     *Done*: the same condition, plus ``done = true``; a done segment is never claimed
     again. *Failure*: a page function that raises after the choke point's retries
     releases the lease with the error and an attempt count; after ``max_attempts`` in
@@ -334,11 +336,19 @@ class SegmentEngine:
                 raise LeaseDeadline(f"segment {lease.segment}: the lease deadline passed before its renewal")
             sets.append("lease_counter = lease_counter + :bump")
             values[":bump"] = N(1)
+        def before_each_attempt() -> None:
+            # A renewal (and each retry of it) is sent only before the deadline, so it lands
+            # within the longest request after it -- before any observer can judge the lease
+            # quiet. One landing later would re-arm a worker a gate already counted out.
+            if renew and self.monotonic() >= lease.deadline:
+                raise LeaseDeadline(f"segment {lease.segment}: the lease deadline passed during its renewal")
+
         try:
             # Fencing: owner AND token. A worker whose lease was taken over (even by
             # itself, after a restart with the same owner id) fails here and stops.
             self.store.update(self.pk, segment_sk(self.job, self.run, lease.segment), "SET " + ", ".join(sets),
-                              condition="#owner = :me AND lease_counter = :tok", names=names, values=values)
+                              condition="#owner = :me AND lease_counter = :tok", names=names, values=values,
+                              guard=before_each_attempt if renew else None)
         except errors.ConditionalCheckFailed:
             if not (renew and self._renewal_landed(lease)):
                 raise LeaseLost(f"segment {lease.segment}: lease taken over") from None

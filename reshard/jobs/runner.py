@@ -261,9 +261,11 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
             budget: CapacityBudget | None = None) -> JobResult:
     """Check every precondition, then run (or join, or resume) ``spec``'s run with this host's workers."""
     opts = options or JobOptions()
-    # A data write must not stay in flight for most of a lease (the time fence subtracts
-    # the longest request from it): bound one attempt to a third of the lease.
+    # A data write or a lease renewal must not stay in flight for most of a lease (the
+    # time fence subtracts the longest request from it): bound one attempt to a third of it.
     dynamo = dynamo.bounded(opts.lease_seconds / 3)
+    lease_store = store if store.dynamo.attempt_seconds <= opts.lease_seconds / 3 else \
+        ControlStore(store.dynamo.bounded(opts.lease_seconds / 3), store.table, store.clock)
     state = require_phase_and_ack(store, migration_id, spec.name, opts.repair)
     not_before = spec.check(store, state, opts)
     migration = state.migration()
@@ -275,10 +277,10 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
     ctx = JobContext(dynamo, store, state, migration, KeyMapper(migration), run, budget, opts, clock, sleep)
     spec.prepare(ctx)
-    engine = SegmentEngine(store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
+    engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
-                           max_request_seconds=dynamo.attempt_seconds,
+                           max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.latest_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
     on_main = threading.current_thread() is threading.main_thread()
