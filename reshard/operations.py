@@ -167,8 +167,9 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
         expected = before.phase_version
         remaining = max(0.0, wait - (store.clock() - start_at))
     started = time.monotonic()
+    # The same budget covers watching stalled job leases go quiet before a cutover.
     before, after = transitions.transition(store, migration_id, action, who=who, expected_version=expected,
-                                           allow_no_shims=allow_no_shims)
+                                           allow_no_shims=allow_no_shims, lease_wait=remaining if wait else 0.0)
     census = fleet.wait_for_ack(store, migration_id, after.phase_version, remaining, poll=poll) if wait else \
         fleet.census(store, migration_id, after.phase_version)
     return Transitioned(action, before, after, census, bool(wait), time.monotonic() - started)

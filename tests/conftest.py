@@ -41,7 +41,9 @@ def moto_dynamo():
     from reshard.aws.dynamo import Dynamo, RetryPolicy
 
     with mock_aws():
-        yield Dynamo(region="us-east-1", retry=RetryPolicy(max_attempts=3, base_seconds=0.001))
+        # Bounded timeouts (one attempt <= 5 s): the jobs' time fence subtracts them from a lease.
+        yield Dynamo(region="us-east-1", retry=RetryPolicy(max_attempts=3, base_seconds=0.001),
+                     connect_timeout=1, read_timeout=4)
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +64,7 @@ def dynalite(dynalite_server):
     from reshard.aws.dynamo import Dynamo, RetryPolicy
 
     return Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1",
-                  retry=RetryPolicy(max_attempts=5, base_seconds=0.01))
+                  retry=RetryPolicy(max_attempts=5, base_seconds=0.01), connect_timeout=1, read_timeout=4)
 
 
 @pytest.fixture

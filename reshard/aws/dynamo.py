@@ -69,6 +69,12 @@ class RetryPolicy:
     max_backoff_seconds: float = 5.0
 
 
+#: Every request's connect and read timeouts are bounded (botocore's own read timeout is
+#: 60 s): a request that was sent either answers, or is given up, within one attempt's
+#: bound -- the basis of the jobs' time fence (:attr:`Dynamo.attempt_seconds`).
+CONNECT_TIMEOUT_SECONDS = 5.0
+READ_TIMEOUT_SECONDS = 30.0
+
 SHIM_RETRIES = RetryPolicy(max_attempts=6, max_seconds=10.0, base_seconds=0.025, max_backoff_seconds=1.0)
 
 
@@ -131,19 +137,65 @@ class Dynamo:
 
     def __init__(self, client=None, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, retry: RetryPolicy | None = None, max_pool: int = 32,
-                 read_timeout: float = 30.0, sleep: Callable[[float], None] | None = None):
+                 read_timeout: float = READ_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+                 sleep: Callable[[float], None] | None = None):
         self.retry = retry or RetryPolicy()
         self.stats = CallStats()
         self._lock = threading.Lock()
         self._capacity_listeners: list[Callable[[str, float], None]] = []
         self._throttle_listeners: list[Callable[[str], None]] = []
         self._sleep = sleep
+        # How our own client was made, so :meth:`bounded` can make one with shorter timeouts.
+        self._client_args = None
         if client is None:
-            client = make_client(endpoint_url=endpoint_url, region=region, profile=profile,
-                                 max_pool=max_pool, read_timeout=read_timeout)
+            self._client_args = {"endpoint_url": endpoint_url, "region": region, "profile": profile,
+                                 "max_pool": max_pool}
+            client = make_client(read_timeout=read_timeout, connect_timeout=connect_timeout, **self._client_args)
         self.client = client
         self.endpoint_url = endpoint_url or client.meta.endpoint_url
         self.region = client.meta.region_name
+
+    # -- time bounds
+    @property
+    def attempt_seconds(self) -> float:
+        """The longest one attempt of a request can be in flight: connect + read timeout.
+
+        A write made with ``guard=`` (:meth:`call`) is checked before every attempt, so
+        this bounds how long after its last check such a write can still land (the
+        "maximum request duration" of the jobs' time fence and of the gates that wait for
+        job leases). A client built elsewhere is read for its own timeouts.
+        """
+        cfg = getattr(getattr(self.client, "meta", None), "config", None)
+        connect = getattr(cfg, "connect_timeout", None) or CONNECT_TIMEOUT_SECONDS
+        read = getattr(cfg, "read_timeout", None) or READ_TIMEOUT_SECONDS
+        return float(connect) + float(read)
+
+    def bounded(self, attempt_seconds: float) -> "Dynamo":
+        """This Dynamo if one attempt is bounded by ``attempt_seconds``; else the same endpoint,
+        retry policy, stats and listeners over a client with shorter timeouts (a job whose
+        lease is short needs requests that cannot stay in flight for most of it)."""
+        if self.attempt_seconds <= attempt_seconds:
+            return self
+        if self._client_args is None:
+            raise errors.BadInput(f"the lease is too short for this client's timeouts (one request may take "
+                                  f"{self.attempt_seconds:g}s; at most {attempt_seconds:g}s allowed): use a "
+                                  f"longer --lease-seconds")
+        connect = min(CONNECT_TIMEOUT_SECONDS, attempt_seconds / 3)
+        other = Dynamo(retry=self.retry, sleep=self._sleep, connect_timeout=connect,
+                       read_timeout=attempt_seconds - connect, **self._client_args)
+        other.stats = self.stats
+        other._lock = self._lock
+        other._capacity_listeners = self._capacity_listeners
+        other._throttle_listeners = self._throttle_listeners
+        return other
+
+    @property
+    def max_request_seconds(self) -> float:
+        """The longest an *unguarded* call can keep sending attempts: every attempt's bound
+        plus the backoffs between them, capped by the policy's total time plus one attempt."""
+        p = self.retry
+        every = p.max_attempts * self.attempt_seconds + (p.max_attempts - 1) * p.max_backoff_seconds
+        return min(every, p.max_seconds + self.attempt_seconds)
 
     # -- listeners
     def add_capacity_listener(self, fn: Callable[[str, float], None]) -> None:
@@ -162,9 +214,20 @@ class Dynamo:
         return other
 
     # -- the choke point
-    def call(self, operation: str, **kwargs) -> dict:
-        """Call a DynamoDB operation (botocore's snake_case name) under the retry policy."""
+    def call(self, operation: str, *, guard: Callable[[], None] | None = None, **kwargs) -> dict:
+        """Call a DynamoDB operation (botocore's snake_case name) under the retry policy.
+
+        ``guard`` runs before every attempt, after any backoff sleep, and may raise to
+        stop the call before that attempt is sent (a job's lease deadline: a worker whose
+        lease may have expired sends no further write, not even a retry).
+        """
         method = getattr(self.client, operation)
+        if guard is not None:
+            send = method
+
+            def method(**kw):
+                guard()
+                return send(**kw)
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception()
@@ -281,7 +344,8 @@ class Dynamo:
 
 
 def make_client(*, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
-                max_pool: int = 32, read_timeout: float = 30.0):
+                max_pool: int = 32, read_timeout: float = READ_TIMEOUT_SECONDS,
+                connect_timeout: float = CONNECT_TIMEOUT_SECONDS):
     """A botocore DynamoDB client with botocore's retries off (we retry in one place).
 
     ``--endpoint-url`` (or ``AWS_ENDPOINT_URL[_DYNAMODB]``, which botocore reads itself)
@@ -302,7 +366,7 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
         # validates them anyway.
         parameter_validation=False,
         max_pool_connections=max_pool,
-        connect_timeout=5,
+        connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         tcp_keepalive=True,
     )

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 from reshard.control.records import (RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
 from reshard.control.store import ControlStore
 from reshard.core.compare import differences
-from reshard.core.leases import FREE, SegmentRecord
+from reshard.core.leases import FREE, LeaseWatch, SegmentRecord, quiet_remaining
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Phase
 from reshard.core.wire import get_n, get_s, load_key
 
@@ -112,10 +112,67 @@ def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now
     return out
 
 
+def held_leases(store: ControlStore, migration_id: str,
+                jobs: Iterable[str]) -> list[tuple[str, int, SegmentRecord]]:
+    """Every segment lease of ``jobs`` (any run) that is not released: ``(job, run, record)``."""
+    out = []
+    for job in jobs:
+        for item in store.query(store.mpk(migration_id), f"J#{job}#"):
+            rec = SegmentRecord.from_item(int(get_n(item, "segment", -1)), item)
+            if rec.held:
+                out.append((job, int(get_n(item, "run", 0)), rec))
+    return out
+
+
+def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str], wait: float | None,
+                     *, monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                     poll: float = 0.5) -> str | None:
+    """Wait until no worker of ``jobs`` can still write; None then, else a sentence saying how long to wait.
+
+    A lease counts as gone once released, or once its (owner, counter) token has been
+    unchanged, *on this host's monotonic clock*, for the holder's lease + its longest
+    request in flight (:func:`reshard.core.leases.quiet_remaining`): the holder stops
+    sending at its own local deadline, and what it sent before lands within that. The
+    timer of a lease starts at the first look, so a single look never clears a held
+    lease: ``wait`` seconds are spent watching (None: as long as the held leases need,
+    restarting when a token changes, up to twice that).
+    """
+    jobs = tuple(jobs)
+    watch = LeaseWatch()
+    start = monotonic()
+    limit = wait
+    while True:
+        now = monotonic()
+        left = []
+        for job, run, rec in held_leases(store, migration_id, jobs):
+            unchanged = watch.observe((job, run, rec.segment), rec.token, now)
+            remaining = quiet_remaining(rec, unchanged)
+            if remaining > 0:
+                left.append((job, rec, remaining))
+        if not left:
+            return None
+        longest = max(r for _, _, r in left)
+        if limit is None:
+            limit = 2 * longest + poll
+        if now - start + min(poll, longest) > limit:
+            shown = ", ".join(f"{job} segment {rec.segment} ({rec.owner})" for job, rec, _ in left[:3])
+            return (f"{len(left)} {'/'.join(jobs)} segment lease(s) are still held ({shown}); a worker stalled past "
+                    f"its lease could still write until each lease has been unchanged for its lease + the longest "
+                    f"request in flight, watched on this host's clock: wait {longest:.0f}s more "
+                    f"(retry with --wait {int(longest) + 5}, or see `reshard status`)")
+        sleep(min(poll, longest))
+
+
 def unmappable_items(store: ControlStore, migration_id: str, job: str = BACKFILL_JOB) -> list[dict]:
-    """The unmappable-items report of a job (old key, reason, detail)."""
-    return [{"old_key": load_key(get_s(i, "old_key")), "reason": get_s(i, "reason"), "detail": get_s(i, "detail")}
-            for i in store.query(store.mpk(migration_id), unmappable_sk(job, ""))]
+    """The unmappable-items report of a job (old key, reason, detail); a ``collision`` (two
+    unversioned old copies of one logical item that differ) also names the other old key."""
+    out = []
+    for i in store.query(store.mpk(migration_id), unmappable_sk(job, "")):
+        row = {"old_key": load_key(get_s(i, "old_key")), "reason": get_s(i, "reason"), "detail": get_s(i, "detail")}
+        if "other_key" in i:
+            row["other_key"] = load_key(get_s(i, "other_key"))
+        out.append(row)
+    return out
 
 
 def examples(store: ControlStore, migration_id: str, job: str, run: int) -> list[dict]:

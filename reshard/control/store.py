@@ -139,10 +139,14 @@ class ControlStore:
         self.dynamo.call("put_item", TableName=self.table, Item=item, **expression_kwargs(condition, names, values))
 
     def update(self, pk: str, sk: str, expression: str, condition: str | None = None,
-               names: dict | None = None, values: dict | None = None, return_new: bool = False) -> dict | None:
+               names: dict | None = None, values: dict | None = None, return_new: bool = False,
+               guard: Callable[[], None] | None = None) -> dict | None:
+        """``guard``: run before every attempt (see :meth:`Dynamo.call`), e.g. a lease renewal's deadline."""
         kwargs = expression_kwargs(condition, names, values)
         if return_new:
             kwargs["ReturnValues"] = "ALL_NEW"
+        if guard is not None:
+            kwargs["guard"] = guard
         resp = self.dynamo.call("update_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
                                 UpdateExpression=expression, **kwargs)
         return resp.get("Attributes")

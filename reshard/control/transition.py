@@ -9,6 +9,7 @@ of the same shape a caller passes in) say what the run records prove; the write 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 from reshard import errors
@@ -16,7 +17,8 @@ from reshard.control import fleet
 from reshard.control.gates import gate_facts
 from reshard.control.records import MigrationState
 from reshard.control.store import ControlStore, operator_name
-from reshard.core.phases import Action, Facts, Phase, changes_authority, decide
+from reshard.control.runs import await_no_writers
+from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Action, Facts, Phase, changes_authority, decide
 
 #: How often the operator re-reads the census while the fleet switches authority.
 SWITCH_POLL_SECONDS = 0.1
@@ -37,15 +39,21 @@ def facts(store: ControlStore, state: MigrationState, census: fleet.Census, gate
                  **gates(store, state))
 
 
+#: The jobs that write the data table: while one of their leases may still be used, no
+#: gate that relies on "no job is writing" opens (``verify`` counts: ``--repair`` writes).
+WRITING_JOBS = (BACKFILL_JOB, VERIFY_JOB)
+
+
 def transition(store: ControlStore, migration_id: str, action: Action, who: str | None = None,
                expected_version: int | None = None, gates: Gates = gate_facts,
                switch_wait: float | None = None, sleep: Callable[[float], None] = time.sleep,
-               allow_no_shims: bool = False) -> tuple[MigrationState, MigrationState]:
+               allow_no_shims: bool = False, lease_wait: float = 0.0) -> tuple[MigrationState, MigrationState]:
     """Apply ``action`` if the rules allow it. Returns (before, after).
 
     ``expected_version``: act only on the version the operator saw (``--from``), so a
     retried script cannot move the migration twice. ``allow_no_shims``: move even when
-    no live shim reports for the table (refused otherwise: fail closed).
+    no live shim reports for the table (refused otherwise: fail closed). ``lease_wait``: how
+    long cutover may watch held job leases go quiet (:func:`reshard.control.runs.await_no_writers`).
 
     A move that changes authority (backfill <-> cutover) is a *switch* of two
     compare-and-sets: first "switching to the target" (shims that see it hold every
@@ -75,7 +83,12 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
             f"{action.value} refused for {migration_id!r}: the fleet is switching to {state.phase}; run "
             f"`reshard advance {migration_id}` to finish the switch or `reshard rollback {migration_id}` to undo it")
     census = fleet.census(store, migration_id, state.phase_version)
-    decision = decide(action, state.phase, facts(store, state, census, gates, allow_no_shims))
+    found = facts(store, state, census, gates, allow_no_shims)
+    if action is Action.ADVANCE and state.phase is Phase.BACKFILL:
+        # Cutover makes the new layout authoritative: no backfill or repair worker may
+        # still be able to write (a stalled one stops at its own deadline; we wait it out).
+        found = replace(found, writers=await_no_writers(store, migration_id, WRITING_JOBS, lease_wait))
+    decision = decide(action, state.phase, found)
     if not decision.allowed:
         raise errors.RefusedTransition(f"{action.value} refused for {migration_id!r} in {state.phase}: "
                                        + "; ".join(decision.refusals))
@@ -128,18 +141,24 @@ def abandon_switch(store: ControlStore, held: MigrationState, who: str, why: str
     return store.set_phase(held, back, "switch-abandoned", who, switching=False)
 
 
-def retire(store: ControlStore, migration_id: str, who: str | None = None) -> MigrationState:
+def retire(store: ControlStore, migration_id: str, who: str | None = None,
+           lease_wait: float | None = 0.0) -> MigrationState:
     """Mark an aborted migration cleaned up (its cleanup pass finished).
 
     Shims pick the change up like a phase change (aborted + retired = steady state:
     plain deletes, no versions) and acknowledge it. Idempotent; releases the table for a
-    new migration.
+    new migration. Refused while a backfill or repair worker may still write a copy
+    (``lease_wait``: how long to watch its lease go quiet; None: as long as it needs):
+    a copy landing after the retire would outlive the migration.
     """
     state = store.load_state(migration_id)
     if state.phase is not Phase.ABORTED:
         raise errors.RefusedTransition(f"only an aborted migration can be retired ({migration_id!r} is in "
                                        f"{state.phase})")
     if not state.retired:
+        busy = await_no_writers(store, migration_id, WRITING_JOBS, lease_wait)
+        if busy:
+            raise errors.RefusedTransition(f"retire refused for {migration_id!r}: {busy}")
         store.mark_retired(state, who or operator_name())
     store.release_table(state.table, migration_id)
     return store.load_state(migration_id)

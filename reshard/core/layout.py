@@ -38,6 +38,10 @@ TOMBSTONE_ATTR = RESERVED_PREFIX + "del"  # present (BOOL true) on a delete mark
 #: key alone cannot say which layout an item belongs to; the marker can. Items whose
 #: key does not move are one physical item serving both layouts and carry no marker.
 NEW_COPY_ATTR = RESERVED_PREFIX + "new"
+#: On the backfill's copy of an *unversioned* (pre-migration) old item: that item's old
+#: key (``dump_key``). It tells the backfill's idempotent redo of the same copy from a
+#: copy of another unversioned old item of the same logical item (a collision).
+SOURCE_ATTR = RESERVED_PREFIX + "src"
 
 #: DynamoDB's item size limit.
 MAX_ITEM_BYTES = 400 * 1024

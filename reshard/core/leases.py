@@ -3,6 +3,22 @@
 The segment engine (:mod:`reshard.jobs.engine`) reads a segment's record, asks
 :func:`lease_decision` whether this worker may claim it, and then makes the claim a
 compare-and-set on ``lease_counter`` in the control table; this module never writes.
+
+Expiry is judged on the judge's own clock, never by comparing clocks
+    The holder bumps ``lease_counter`` with every renewal (each checkpoint renews). A
+    claimant remembers, on its own monotonic clock, when it first saw each
+    (owner, counter) token of a segment (:class:`LeaseWatch`); the lease is expired for
+    it once the token has not changed for the holder's ``lease_seconds``. The holder's
+    wall-clock ``lease_expires`` is only shown by ``status``. The holder itself stops
+    writing at its *local deadline*: its last successful claim or renewal (on its
+    monotonic clock, taken before sending it) + ``lease_seconds`` - the longest a
+    request can be in flight (``max_request_seconds``). Since the claimant's timer starts
+    only after that renewal landed, every write the holder sent lands before anyone
+    may take the lease over, whatever the two wall clocks say.
+
+Gates that need "no job is writing" (cutover, the abort's cleanup and retire) wait until
+every lease is released, or its token has been unchanged for lease + max request
+seconds on the gate's own clock (:func:`quiet_remaining`).
 """
 
 from __future__ import annotations
@@ -14,6 +30,11 @@ from reshard.core.wire import get_n, get_s, load_key, number
 
 #: The owner of a free lease.
 FREE = "-"
+
+#: For records written before the holder recorded its own numbers: the engine's default
+#: lease and the choke point's default connect + read timeout.
+ASSUMED_LEASE_SECONDS = 60.0
+ASSUMED_MAX_REQUEST_SECONDS = 35.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +55,8 @@ class SegmentRecord:
     last_error: str = ""
     takeovers: int = 0
     last_throttle: str = ""
+    lease_seconds: float = 0.0        # the holder's lease length (0: not recorded)
+    max_request_seconds: float = 0.0  # the holder's longest request in flight (0: not recorded)
 
     @classmethod
     def from_item(cls, segment: int, item: dict | None) -> "SegmentRecord":
@@ -45,7 +68,24 @@ class SegmentRecord:
                    int(get_n(item, "lease_counter", 0)), load_key(cp) if cp else None, counters,
                    item.get("done", {}).get("BOOL", False), item.get("failed", {}).get("BOOL", False),
                    get_s(item, "failed_by", ""), int(get_n(item, "attempts", 0)), get_s(item, "last_error", ""),
-                   int(get_n(item, "takeovers", 0)), get_s(item, "last_throttle", ""))
+                   int(get_n(item, "takeovers", 0)), get_s(item, "last_throttle", ""),
+                   float(get_n(item, "lease_seconds", 0)), float(get_n(item, "max_request_seconds", 0)))
+
+    @property
+    def held(self) -> bool:
+        """Someone holds the lease (its worker may still write)."""
+        return self.exists and self.owner != FREE and not self.done
+
+    @property
+    def token(self) -> tuple[str, int]:
+        """What changes with every claim and renewal: an observer times how long it stays."""
+        return (self.owner, self.lease_counter)
+
+    def holder_lease_seconds(self, default: float = ASSUMED_LEASE_SECONDS) -> float:
+        return self.lease_seconds or default
+
+    def holder_max_request_seconds(self) -> float:
+        return self.max_request_seconds or ASSUMED_MAX_REQUEST_SECONDS
 
     def as_dict(self, now: float) -> dict:
         state = "done" if self.done else "failed" if self.failed else \
@@ -67,9 +107,43 @@ class LeaseDecision:
     takeover: bool = False  # the previous owner never released it: its page is redone
 
 
-def lease_decision(rec: SegmentRecord, *, me: str, invocation: str, now: float,
+class LeaseWatch:
+    """When this observer first saw each lease token, on its own monotonic clock.
+
+    ``observe(key, token, now)`` returns how long ``token`` has been unchanged as far as
+    this observer knows (0 the first time it sees it). Nothing is compared with another
+    host's clock; an observer that just started waits a whole lease before it calls a
+    lease expired (KCL does the same).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict = {}
+
+    def observe(self, key, token, now: float) -> float:
+        seen = self._seen.get(key)
+        if seen is None or seen[0] != token:
+            self._seen[key] = (token, now)
+            return 0.0
+        return max(0.0, now - seen[1])
+
+
+def quiet_remaining(rec: SegmentRecord, unchanged_for: float, default_lease: float = ASSUMED_LEASE_SECONDS) -> float:
+    """Seconds until a held lease's worker can no longer write anything that lands:
+    its token unchanged for the holder's lease + its longest request in flight. 0 if free."""
+    if not rec.held:
+        return 0.0
+    return max(0.0, rec.holder_lease_seconds(default_lease) + rec.holder_max_request_seconds() - unchanged_for)
+
+
+def lease_decision(rec: SegmentRecord, *, me: str, invocation: str, unchanged_for: float,
+                   lease_seconds: float = ASSUMED_LEASE_SECONDS,
                    is_dead: Callable[[str], bool] = lambda owner: False) -> LeaseDecision:
-    """Decide locally whether ``me`` may claim ``rec`` (the write is then a compare-and-set)."""
+    """Decide locally whether ``me`` may claim ``rec`` (the write is then a compare-and-set).
+
+    ``unchanged_for``: how long this claimant has seen the record's token unchanged, on
+    its own monotonic clock (:class:`LeaseWatch`); the lease expires after the holder's
+    recorded lease length (``lease_seconds`` for records that do not say).
+    """
     if rec.done:
         return LeaseDecision(False, "done")
     if rec.failed and rec.failed_by == invocation:
@@ -80,7 +154,7 @@ def lease_decision(rec: SegmentRecord, *, me: str, invocation: str, now: float,
         return LeaseDecision(True, "free")
     if rec.owner == me:
         return LeaseDecision(True, "already mine")
-    if rec.lease_expires <= now:
+    if unchanged_for >= rec.holder_lease_seconds(lease_seconds):
         return LeaseDecision(True, f"lease of {rec.owner} expired", takeover=True)
     if is_dead(rec.owner):
         return LeaseDecision(True, f"owner {rec.owner} is a dead process on this host", takeover=True)

@@ -135,6 +135,9 @@ class Facts:
     backfill_missing: str | None = "the backfill has not run: run `reshard backfill`"
     verify_missing: str | None = "no passing verify: run `reshard verify`"
     cleanup_missing: str | None = "the cleanup pass has not run: run `reshard cleanup`"
+    #: A job that may still write (a backfill or verify lease not yet released or quiet
+    #: long enough, see :func:`reshard.control.runs.await_no_writers`): cutover waits for it.
+    writers: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
         refusals.append(f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
                         f"(wait with `reshard {action.value} --wait SECONDS`, or see `reshard status`)")
     if action is Action.ADVANCE and target is Phase.CUTOVER:
-        for missing in (facts.backfill_missing, facts.verify_missing):
+        for missing in (facts.backfill_missing, facts.verify_missing, facts.writers):
             if missing:
                 refusals.append(missing)
     if action is Action.ADVANCE and target is Phase.COMPLETE and facts.cleanup_missing:

@@ -17,10 +17,14 @@ Version scheme
     to the highest version -- the last acknowledged write.
 
 The copy step
-    Copying an item from one layout to the other (backfill, repair, the model tests)
-    is the pure function :func:`copy_action`: given the item as it was scanned and as
-    a consistent read shows it now, it says whether the unconditional batch write
-    already left the right thing, or what fenced write fixes it.
+    The backfill copies each old item with one PutItem fenced by :func:`copy_fence`:
+    onto nothing or an older version only, so a newer write at the new key (a shim's
+    mirror write, a delete's tombstone, a newer old copy of the same logical item)
+    always stays. When that fence fails, :func:`copy_outcome` says what the target
+    holds: something newer (keep it), the same content (nothing to do), or another
+    *unversioned* old copy with different content -- a *collision* that is reported,
+    never silently resolved. :func:`copy_action` is the older read-back step (the
+    repair and the model tests still use it).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from reshard.core.layout import TOMBSTONE_ATTR, VERSION_ATTR
+from reshard.core.layout import SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR
 
 _MS_WIDTH = 13
 _COUNTER_WIDTH = 6
@@ -141,6 +145,48 @@ def unchanged(version: str, key_attr: str) -> Fence:
         return Fence("attribute_exists(#rs_k) AND attribute_not_exists(#rs_v)",
                      {"#rs_v": VERSION_ATTR, "#rs_k": key_attr}, {})
     return Fence("#rs_v = :rs_v", {"#rs_v": VERSION_ATTR}, {":rs_v": {"S": version}})
+
+
+def copy_fence(version: str, key_attr: str, source: str) -> Fence:
+    """The fence of the backfill's copy of an old item of ``version`` whose old key is ``source``.
+
+    A versioned item (a shim wrote it) goes onto nothing, an unversioned item, or an
+    older version (:func:`fence_for`): the newest version of a logical item wins
+    whichever of its old copies the backfill meets first. An *unversioned* item
+    (pre-migration) goes onto nothing, or onto our own earlier copy of the same source
+    (unversioned and stamped ``_rs_src = source``: a redone page). Anything else there
+    -- a versioned item, or another unversioned old copy of the same logical item --
+    stays, and :func:`copy_outcome` judges it. ``key_attr`` (the partition key
+    attribute) tells "nothing there" from "something unversioned there".
+    """
+    if version:
+        return fence_for(version)
+    return Fence("attribute_not_exists(#rs_k) OR (attribute_not_exists(#rs_v) AND #rs_src = :rs_src)",
+                 {"#rs_k": key_attr, "#rs_v": VERSION_ATTR, "#rs_src": SOURCE_ATTR}, {":rs_src": {"S": source}})
+
+
+def copy_outcome(version: str, target: Mapping[str, Any] | None, same_content: bool) -> str:
+    """Why a copy of an old item of ``version`` was fenced off ``target`` (what the new key holds now).
+
+    * ``"newer"`` -- the target has our version or a newer one (a shim write, a tombstone, a
+      newer old copy of the same logical item): it stays;
+    * ``"gone"`` -- the target vanished (or became older) since the fence failed: the
+      caller copies again;
+    * ``"same"`` -- an unversioned target with the same content (a duplicate
+      old copy, harmless): nothing to do;
+    * ``"collision"`` -- an unversioned target with different content and another
+      source: two pre-migration copies of one logical item disagree; report it.
+
+    ``same_content``: the target's logical content equals the source's.
+    """
+    if target is None:
+        return "gone"
+    held = version_of(target)
+    if held and held >= version:
+        return "newer"
+    if version:
+        return "gone"  # older than ours by now (it changed since the fence failed): copy again
+    return "same" if same_content else "collision"
 
 
 def tombstone(key: Mapping[str, Any], version: str) -> dict:

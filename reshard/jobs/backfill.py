@@ -6,33 +6,38 @@ The copy protocol, per page of one parallel-scan segment (:func:`Backfill.page`)
        mapped (missing fields, unparseable keys, over 400 KB after re-keying) are left
        untouched, counted and recorded as ``U#backfill#<digest>`` in the control table.
        Tombstones are copied like items: they carry the logical key fields.
-    3. One *unconditional* BatchWriteItem of the re-keyed items (``UnprocessedItems``
-       re-sent by :meth:`Dynamo.batch_write`): one plain write per moved item.
-    4. A *consistent* read-back of the *source* items (:meth:`Backfill._read_back`: a
-       strongly consistent Scan of the same page range, projected to key + version, with
-       a consistent BatchGetItem for the sources it does not meet; every shim write and
-       delete stamps a new version, so an unchanged version means an unchanged item and
-       the full item is read, consistently, only for those that changed), then
-       :func:`reshard.core.versions.copy_action` per item:
-         * ``done`` -- the source is what we scanned, so what we wrote is right;
-         * ``recopy`` -- the source changed since the scan (a shim write or delete):
-           PutItem of ``remap(current)`` fenced by ``current``'s version. A
-           ConditionalCheckFailed means the target already has that version or a
-           newer one (the shim's own mirror write): fine;
-         * ``undo`` -- the source is gone (deleted by a writer that bypasses the shim):
-           delete our copy only if it is still ours (same version, or unversioned).
+    3. One *version-conditioned* PutItem per moved item
+       (:func:`reshard.core.versions.copy_fence`): onto nothing or an older version only;
+       a copy of an unversioned (pre-migration) item also onto our own earlier copy of
+       the same source (stamped ``_rs_src``: a redone page). Just before each request
+       (after the budget's sleep, and before every retry) the worker checks its lease's
+       local deadline (:meth:`reshard.jobs.engine.PageContext.write_guard`): a worker
+       whose lease may have expired sends nothing.
+    4. A ConditionalCheckFailed means the new key already holds something newer -- a
+       shim's mirror write, a delete's tombstone, a newer old copy of the same logical
+       item: it stays (``fenced``). For an unversioned source the target is read
+       (consistently) to tell a duplicate old copy with the same content (``duplicates``,
+       nothing to do) from one with *different* content: a ``collision``, recorded like
+       an unmappable item (``U#backfill#…``, reason ``collision``, both old keys) and
+       never resolved silently.
     5. Only then does the segment engine checkpoint the page.
 
 Why this is safe
-    In the ``backfill`` phase every shim writes the old (authoritative) layout *first*
-    and then mirrors to the new layout with a version fence. Our unconditional batch
-    write can overwrite a newer mirror write only if that shim write reached the old
-    layout before our read-back (it reached the old layout before its mirror write,
-    which was before our batch write). So the consistent read-back sees the change and
-    step 4 re-copies it, fenced: the newest version always ends up in the new layout,
-    and a delete (a tombstone, versioned) is never replaced by an older copy. Shim
-    writes after the read-back are fenced against our copy by their newer versions.
-    A kill anywhere before the checkpoint redoes the whole page, which is idempotent.
+    Every write the copy makes is fenced at the server by version, so no interleaving
+    with a shim (whose writes and deletes stamp newer versions), another worker, or a
+    worker stalled past its lease can put an older state over a newer one. Several old
+    copies of one logical item (a random-suffix layout) are ordinary: the newest version
+    wins whichever is met first; two unversioned ones that disagree are a collision.
+    A kill anywhere before the checkpoint redoes the page, which is idempotent (same
+    versions, same ``_rs_src``).
+
+What the read-back of earlier versions did, and why it is gone
+    The copy used to be an unconditional BatchWriteItem followed by a consistent
+    read-back and fix-ups. With every write fenced, a shim write racing the copy
+    needs no repair (the fence keeps the newer one either way), so the read-back is
+    gone. One thing it did is not kept: the "undo" of a copy whose source a writer
+    *bypassing the shim* deleted meanwhile. That copy now stays and verify reports it as
+    ``extra`` (deletes through the shim leave tombstones, which the fence honours).
 """
 
 from __future__ import annotations
@@ -45,17 +50,20 @@ from reshard.aws.dynamo import Dynamo
 from reshard.control.records import unmappable_sk
 from reshard.control.runs import entered_at
 from reshard.control.store import ControlStore
-from reshard.core.capacity import items_read_units, items_write_units, page_scan_units
-from reshard.core.layout import VERSION_ATTR, KeyMapper, item_size
+from reshard.core.capacity import items_read_units, items_write_units
+from reshard.core.layout import SOURCE_ATTR, KeyMapper, item_size
 from reshard.core.phases import BACKFILL_JOB, Phase
-from reshard.core.versions import copy_action, fence_for, unchanged, version_of
-from reshard.core.wire import N, S, dump_key, key_id, key_of, projection
+from reshard.core.versions import copy_fence, copy_outcome, version_of
+from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_delete, conditional_put, scan_page
+from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, scan_page
 
-COUNTERS = ("scanned", "moved", "unmoved", "new_layout", "recopied", "recopy_fenced", "undone", "undo_skipped",
+COUNTERS = ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
             "unmappable", "rcu", "wcu")
+
+#: How often a copy is retried when its target vanished between the failed fence and the read.
+_COPY_TRIES = 3
 
 
 class Backfill:
@@ -73,7 +81,6 @@ class Backfill:
         self.old_attrs = mapper.old.key_attrs
         self.new_attrs = mapper.new.key_attrs
         self._avg_bytes = 1024.0
-        self._projection = projection([*self.old_attrs, VERSION_ATTR])
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
@@ -88,10 +95,6 @@ class Backfill:
             sample = items[:: max(1, len(items) // 8)]
             self._avg_bytes = 0.8 * self._avg_bytes + 0.2 * (sum(map(item_size, sample)) / len(sample))
 
-        # Re-key. `moved` keeps (scanned source, new item) pairs, one per new key.
-        moved: list[tuple[dict, dict]] = []
-        extra: list[tuple[dict, dict]] = []  # a second source for a new key already in this batch
-        seen_new: dict[tuple, int] = {}
         for item in items:
             # The table holds both layouts: a new-layout copy (a shim's mirror write, or a
             # copy made earlier) carries the _rs_new marker and is not an old item at all.
@@ -107,117 +110,87 @@ class Backfill:
             if not moves:
                 counts["unmoved"] += 1  # one physical item serves both layouts
                 continue
-            nk = key_id(new_item, self.new_attrs)
-            if nk in seen_new:
-                # Two old items for one logical item (a random layout can hold duplicates):
-                # BatchWriteItem refuses duplicate keys, and the newer version must win,
-                # so the later one goes through the fenced path below.
-                extra.append((item, new_item))
-                continue
-            seen_new[nk] = len(moved)
-            moved.append((item, new_item))
-
-        if moved:
-            ctx.ensure_lease()  # do not start unconditional writes on a lease that is about to expire
-            writes = [{"PutRequest": {"Item": new}} for _, new in moved]
-            with self.budget.spend("write", len(moved) * max(1.0, -(-self._avg_bytes // 1024))):
-                # Unconditional on purpose: one plain write per item; step 4 repairs races.
-                self.dynamo.batch_write(self.table, writes, capacity=True)
-            counts["moved"] = len(moved)
-            now = self._read_back(ctx, start_key, len(items), [src for src, _ in moved])
-            for src, new in moved:
-                self._settle(src, new, now.get(key_id(src, self.old_attrs)), counts)
-        for src, new in extra:
             counts["moved"] += 1
-            self._fenced_put(new, version_of(src), counts, recopy=False)
+            self._copy(ctx, item, new_item, counts)
 
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, next_key
 
-    def _read_back(self, ctx: PageContext, start_key: dict | None, evaluated: int, sources: list[dict]) -> dict:
-        """Step 4's consistent read of the sources, as ``{old key id: key + version}``.
-
-        A strongly consistent Scan of the same page range (same start key, same Limit),
-        projected to key and version, reads every source that still exists in one call
-        and at scan prices (4 KB units over the page, not per item). Sources it does not
-        meet -- deleted since, or pushed past the Limit by items inserted into the range
-        -- are read with a consistent BatchGetItem. Every shim write and delete stamps
-        a new version, so "same version" means "unchanged"; the full item is fetched
-        only for those that changed (:meth:`_settle`).
-        """
-        kw = {"TableName": self.table, "Segment": ctx.segment, "TotalSegments": ctx.total_segments,
-              # A little past the first scan's Limit: items copied into this range since
-              # (by other workers) would otherwise push sources out of the read.
-              "Limit": evaluated + evaluated // 4 + 8, "ConsistentRead": True, "ReturnConsumedCapacity": "TOTAL",
-              **self._projection}
-        if start_key:
-            kw["ExclusiveStartKey"] = start_key
-        with self.budget.spend("read", page_scan_units(evaluated, self._avg_bytes, consistent=True)):
-            resp = self.dynamo.call("scan", **kw)
-        attrs = self.old_attrs
-        found = {key_id(i, attrs): i for i in resp.get("Items", []) if all(a in i for a in attrs)}
-        missing = [self._old_key(s) for s in sources if key_id(s, attrs) not in found]
-        if missing:
-            with self.budget.spend("read", float(len(missing))):
-                for c in self.dynamo.batch_get(self.table, missing, consistent=True, capacity=True,
-                                               projection=self._projection):
-                    found[key_id(c, attrs)] = c
-        return found
-
-    def _old_key(self, item: dict) -> dict:
-        return key_of(item, self.old_attrs)
-
-    def _settle(self, scanned: dict, copied: dict, current_view: dict | None, counts: dict) -> None:
-        """Step 4: make the new layout right for one source item after the unconditional copy."""
-        current = current_view
-        if current_view is not None:
-            if version_of(current_view) == version_of(scanned):
-                return  # copy_action(view(scanned), view(current)) is "done": same key, same version
-            with self.budget.spend("read", items_read_units([scanned])):
-                current = self.dynamo.call("get_item", TableName=self.table, Key=self._old_key(scanned),
-                                           ConsistentRead=True, ReturnConsumedCapacity="TOTAL").get("Item")
-        action = copy_action(scanned, current)
-        if action.kind == "done":
-            return
-        if action.kind == "recopy":
-            try:
-                new_item, _ = self.mapper.remap(action.item)
-            except errors.UnmappableItem as e:
-                # The source became unmappable since the scan: record it, take our copy back.
-                counts["unmappable"] += 1
-                self.record_unmappable(action.item, e)
-                self._undo(scanned, copied, counts)
-                return
-            counts["recopied"] += 1
-            self._fenced_put(new_item, version_of(action.item), counts, recopy=True)
-            return
-        self._undo(scanned, copied, counts)
-
-    def _fenced_put(self, item: dict, version: str, counts: dict, recopy: bool) -> None:
-        # A failed fence: the target holds this version or a newer one (the shim's mirror
-        # write): keep it.
-        if not conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version), items_write_units([item])):
-            if recopy:
-                counts["recopy_fenced"] += 1
-
-    def _undo(self, scanned: dict, copied: dict, counts: dict) -> None:
-        """The source vanished: delete our copy, but only if it is still ours."""
-        key = {a: copied[a] for a in self.new_attrs}
-        if conditional_delete(self.dynamo, self.budget, self.table, key,
-                              unchanged(version_of(scanned), self.new_attrs[0])):
-            counts["undone"] += 1
+    def _copy(self, ctx: PageContext, src: dict, new: dict, counts: dict) -> None:
+        """One fenced PutItem of ``src`` re-keyed; a failed fence is judged, never overridden."""
+        version = version_of(src)
+        source = dump_key(key_of(src, self.old_attrs))
+        if version:
+            new.pop(SOURCE_ATTR, None)  # provenance only matters for unversioned copies
         else:
-            counts["undo_skipped"] += 1  # a shim write replaced our copy: it stays
+            new[SOURCE_ATTR] = S(source)
+        fence = copy_fence(version, self.new_attrs[0], source)
+        units = items_write_units([new])
+        for _ in range(_COPY_TRIES):
+            # Fenced at the server: onto nothing or an older version only (see the module
+            # docstring). ctx.write_guard: no request once our lease may have expired.
+            if conditional_put(self.dynamo, self.budget, self.table, new, fence, units, guard=ctx.write_guard):
+                counts["copied"] += 1
+                return
+            if version:
+                # The new key holds this version or a newer one (a shim write, a tombstone,
+                # a newer old copy): it stays.
+                counts["fenced"] += 1
+                return
+            target = self._read(key_of(new, self.new_attrs))
+            outcome = copy_outcome(version, target, target is not None and self._same_content(src, target))
+            if outcome == "gone":
+                continue  # removed since the fence failed: copy again, fenced again
+            if outcome == "collision":
+                counts["collisions"] += 1
+                self.record_collision(src, target)
+            else:
+                counts["fenced" if outcome == "newer" else "duplicates"] += 1
+            return
+        counts["fenced"] += 1  # kept changing under us: whatever is there now is a newer write's
 
-    # ---------------------------------------------------------------- unmappable report
+    def _read(self, key: dict) -> dict | None:
+        with self.budget.spend("read", items_read_units([{}])):
+            return self.dynamo.call("get_item", TableName=self.table, Key=key, ConsistentRead=True,
+                                    ReturnConsumedCapacity="TOTAL").get("Item")
+
+    def _same_content(self, src: dict, target: dict) -> bool:
+        """The logical items agree (keys and bookkeeping ignored, as verify compares)."""
+        try:
+            return self.mapper.to_logical(src, self.mapper.old) == self.mapper.to_logical(target, self.mapper.new)
+        except errors.UnmappableItem:
+            return False
+
+    # ---------------------------------------------------------------- reports
     def record_unmappable(self, item: dict, e: errors.UnmappableItem) -> None:
         """``U#backfill#<digest>``: the old key, the reason and the detail (idempotent put)."""
         key = dump_key({a: item[a] for a in self.old_attrs if a in item})
-        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-        self.store.put({"pk": S(self.store.mpk(self.migration_id)), "sk": S(unmappable_sk(BACKFILL_JOB, digest)),
-                        "job": S(BACKFILL_JOB), "old_key": S(key), "reason": S(e.reason), "detail": S(e.detail[:1000]),
-                        "size": N(item_size(item)), "at": N(time.time())})
+        self._report(key, e.reason, e.detail, item_size(item))
+
+    def record_collision(self, src: dict, target: dict) -> None:
+        """Two unversioned old copies of one logical item with different content: report both keys.
+
+        The other copy is the one at the new key: an old item that does not move
+        (``unmoved``), or our copy of another old item (its ``_rs_src``).
+        """
+        key = dump_key(key_of(src, self.old_attrs))
+        other = target[SOURCE_ATTR]["S"] if SOURCE_ATTR in target else dump_key(key_of(target, self.old_attrs))
+        detail = (f"two pre-migration copies of one logical item differ: old keys {key} and {other}; neither was "
+                  f"copied over the other. Decide which is right, delete the other old copy, write the right one "
+                  f"through the shim, then verify")
+        self._report(key, "collision", detail, item_size(src), other=other,
+                     digest_of="collision|" + "|".join(sorted((key, other))))
+
+    def _report(self, key: str, reason: str, detail: str, size: int, other: str | None = None,
+                digest_of: str | None = None) -> None:
+        digest = hashlib.sha256((digest_of or key).encode()).hexdigest()[:20]
+        row = {"pk": S(self.store.mpk(self.migration_id)), "sk": S(unmappable_sk(BACKFILL_JOB, digest)),
+               "job": S(BACKFILL_JOB), "old_key": S(key), "reason": S(reason), "detail": S(detail[:1000]),
+               "size": N(size), "at": N(time.time())}
+        if other is not None:
+            row["other_key"] = S(other)
+        self.store.put(row)
 
 
 def _since_dual_writes(store: ControlStore, state, options) -> float:

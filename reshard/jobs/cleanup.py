@@ -4,9 +4,11 @@ In the ``cleanup`` phase (every live shim acknowledged it, so nobody writes the 
 layout any more):
 
 * an **old-layout item whose key moved** gets the table's TTL attribute
-  (``[cleanup] ttl_attribute`` = now + ``retain_hours``), or is deleted with ``--delete``
-  (plain BatchWriteItem deletes: nobody writes those keys any more). An item whose own
-  TTL would expire sooner keeps it (the update is conditional).
+  (``[cleanup] ttl_attribute`` = now + ``retain_hours``), or is deleted with ``--delete``.
+  Both writes are conditioned on the version scanned (``unchanged``): a write that landed
+  meanwhile (a request of a lagging shim arriving late) is never removed or given a TTL
+  blindly; it is counted (``changed_meanwhile``) and a later pass sees it. An item whose
+  own TTL would expire sooner keeps it.
 * an **item whose key did not move** is one physical item serving both layouts: never
   touched (unless it is a tombstone, which is retired).
 * a **new-layout item** (``_rs_new`` marker) is never touched, unless it is a tombstone.
@@ -14,11 +16,18 @@ layout any more):
   its version, so a write that replaced one in the meantime survives.
 
 On an **aborted** migration (fleet acknowledged ``aborted``): the new-layout copies
-(marked with this migration's id; nobody writes them any more) are deleted in batches and
-the old layout's tombstones retired, each conditioned on its version; no live old item is
-ever touched. When the pass
-finishes, the migration is marked *retired*: shims then treat the table as steady state
-(plain deletes, no versions), and the table is free for a new migration.
+(marked with this migration's id) are deleted and the old layout's tombstones retired,
+each conditioned on its version; no live old item is ever touched. The pass starts only
+once no backfill or repair worker can still write a copy (every lease released, or
+unchanged for lease + the longest request on this host's clock: a worker stalled past
+its lease stops at its own deadline), so no copy lands behind the scan; the retire checks
+it again. When the pass finishes, the migration is marked *retired*: shims then treat the
+table as steady state (plain deletes, no versions), and the table is free for a new
+migration.
+
+Every pass also removes **marked copies of a retired migration of the same table**
+(``_rs_new`` = its id) left behind by anything, each conditioned on its version, and
+only when that version is not newer than the retire (a later writer's item is kept).
 
 Unmappable items are left alone (counted). The pass is resumable and budgeted like the
 backfill (segment engine, leases, checkpoints). ``cleanup → complete`` needs a
@@ -34,13 +43,13 @@ from typing import Callable
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.aws.inspect import ttl_status
-from reshard.control.runs import live_leases
+from reshard.control.runs import await_no_writers
 from reshard.control.store import ControlStore
-from reshard.control.transition import retire
-from reshard.core.layout import KeyMapper, is_tombstone, item_size
+from reshard.control.transition import WRITING_JOBS, retire
+from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone, item_size
 from reshard.core.migration import Migration
-from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, VERIFY_JOB, Phase
-from reshard.core.versions import unchanged, version_of
+from reshard.core.phases import CLEANUP_JOB, Phase
+from reshard.core.versions import parse_version, unchanged, version_of
 from reshard.core.wire import N, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
@@ -67,16 +76,22 @@ def check_ttl(dynamo: Dynamo, migration: Migration, enable: bool) -> None:
 
 
 class Cleaner:
-    """The page function of a cleanup pass."""
+    """The page function of a cleanup pass.
+
+    ``retired``: other migrations of this table that were aborted and retired, by id,
+    with the wall-clock time of their retire: their marked copies are garbage.
+    """
 
     def __init__(self, dynamo: Dynamo, mapper: KeyMapper, table: str, budget: CapacityBudget,
-                 opts: JobOptions, aborted: bool, clock: Callable[[], float] = time.time):
+                 opts: JobOptions, aborted: bool, clock: Callable[[], float] = time.time,
+                 retired: dict[str, float] | None = None):
         self.dynamo = dynamo
         self.mapper = mapper
         self.table = table
         self.budget = budget
         self.opts = opts
         self.aborted = aborted
+        self.retired = dict(retired or {})
         self.key_attrs = mapper.old.key_attrs
         self.ttl_attr = mapper.migration.cleanup.ttl_attribute
         self.expires = int(clock() + mapper.migration.cleanup.retain_hours * 3600)
@@ -86,44 +101,33 @@ class Cleaner:
 
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
-                  "new_copies_removed": 0, "untouched": 0, "unmoved": 0, "unmappable": 0, "changed_meanwhile": 0}
+                  "new_copies_removed": 0, "retired_copies_removed": 0, "untouched": 0, "unmoved": 0,
+                  "unmappable": 0, "changed_meanwhile": 0}
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
-        # Keys nobody writes any more (the fleet acknowledged this phase): old items of a
-        # moved key in cleanup, new copies of an aborted migration. They go in plain
-        # BatchWriteItem deletes, 25 per call. Tombstones are still written by shims
-        # (until a migration completes or is retired), so they are deleted one by one,
-        # only if unchanged.
-        batched: list[dict] = []
         for item in items:
-            ctx.ensure_lease()
             action = self.action(item)
             if action in ("untouched", "unmoved", "unmappable"):
                 counts[action] += 1
-            elif action == "retire":
-                ok = self._delete_if_unchanged(item)
-                counts["tombstones_retired" if ok else "changed_meanwhile"] += 1
-            elif action == "remove_copy":
-                batched.append(self._key(item))
-                counts["new_copies_removed"] += 1
-            elif action == "expire":
-                if self.opts.delete:
-                    batched.append(self._key(item))
-                    counts["deleted"] += 1
-                else:
-                    counts[self._set_ttl(item)] += 1
-        if batched:
-            ctx.ensure_lease()
-            with self.budget.spend("write", float(len(batched))):
-                self.dynamo.batch_write(self.table, [{"DeleteRequest": {"Key": k}} for k in batched],
-                                        capacity=True)
+                continue
+            if action == "expire" and not self.opts.delete:
+                counts[self._set_ttl(ctx, item)] += 1
+                continue
+            # Every delete is conditioned on the version scanned: a write that landed
+            # since (a late request of a lagging shim) is newer, and it stays.
+            done = {"retire": "tombstones_retired", "remove_copy": "new_copies_removed",
+                    "remove_retired_copy": "retired_copies_removed", "expire": "deleted"}[action]
+            counts[done if self._delete_if_unchanged(ctx, item) else "changed_meanwhile"] += 1
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, resp.get("LastEvaluatedKey")
 
     def action(self, item: dict) -> str:
         """What the pass does to one scanned item (pure decision, see the module docstring)."""
+        marker = item.get(NEW_COPY_ATTR, {}).get("S")
+        if marker is not None and marker in self.retired and marker != self.mapper.migration.id:
+            return "remove_retired_copy" if self._from_before_retire(item, self.retired[marker]) else "untouched"
         if self.mapper.is_new_copy(item):
             if self.aborted:
                 return "remove_copy"
@@ -142,39 +146,50 @@ class Cleaner:
             return "unmoved"
         return "expire"
 
-    def _delete_if_unchanged(self, item: dict) -> bool:
+    @staticmethod
+    def _from_before_retire(item: dict, retired_at: float) -> bool:
+        """Written by the retired migration's era: unversioned, or a version not after its retire.
+        (A later writer that kept the marker -- an update of the item -- stamped a newer one.)"""
+        version = version_of(item)
+        return not version or parse_version(version)[0] <= retired_at * 1000
+
+    def _delete_if_unchanged(self, ctx: PageContext, item: dict) -> bool:
         """Delete an item only if its version is still the one scanned (a newer write wins)."""
         return conditional_delete(self.dynamo, self.budget, self.table, self._key(item),
-                                  unchanged(version_of(item), self.key_attrs[0]))
+                                  unchanged(version_of(item), self.key_attrs[0]), guard=ctx.write_guard)
 
-    def _set_ttl(self, item: dict) -> str:
+    def _set_ttl(self, ctx: PageContext, item: dict) -> str:
         """Give an old item the TTL attribute, unless its own TTL expires sooner."""
+        own = item.get(self.ttl_attr, {}).get("N")
+        if own is not None and float(own) <= self.expires:
+            return "kept_own_ttl"  # no request: it goes sooner by itself
         units = max(1.0, math.ceil(item_size(item) / 1024))  # an update is billed on the item's size
+        fence = unchanged(version_of(item), self.key_attrs[0])
         try:
             with self.budget.spend("write", units):
                 self.dynamo.call(
-                    "update_item", TableName=self.table, Key=self._key(item),
+                    "update_item", guard=ctx.write_guard, TableName=self.table, Key=self._key(item),
                     UpdateExpression="SET #ttl = :exp",
-                    # attribute_exists: never create an item that vanished meanwhile.
-                    ConditionExpression="attribute_exists(#pk) AND (attribute_not_exists(#ttl) OR #ttl > :exp)",
-                    ExpressionAttributeNames={"#ttl": self.ttl_attr, "#pk": self.key_attrs[0]},
-                    ExpressionAttributeValues={":exp": N(self.expires)})
+                    # Only the item as scanned (same version; never one created since), and
+                    # only if its own TTL is not sooner.
+                    ConditionExpression=f"({fence.expression}) AND (attribute_not_exists(#ttl) OR #ttl > :exp)",
+                    ExpressionAttributeNames={**fence.names, "#ttl": self.ttl_attr},
+                    ExpressionAttributeValues={**fence.values, ":exp": N(self.expires)})
             return "expiring"
         except errors.ConditionalCheckFailed:
-            return "kept_own_ttl"
+            return "changed_meanwhile"
 
 
 def _check(store: ControlStore, state, options: JobOptions) -> float:
     if state.phase is Phase.ABORTED:
         # A backfill (or a repairing verify) started before the abort writes new copies
-        # until its workers notice the phase at their next page; removing copies while
-        # one still holds a lease could leave copies behind the cleanup's scan.
-        busy = live_leases(store, state.id, (BACKFILL_JOB, VERIFY_JOB), store.clock())
+        # until its workers notice the phase at their next page, and one stalled past its
+        # lease until its own deadline; removing copies while one may still write could
+        # leave copies behind the cleanup's scan. Wait until none can (a stalled lease:
+        # lease + longest request, watched on this host's clock).
+        busy = await_no_writers(store, state.id, WRITING_JOBS, options.lease_wait)
         if busy:
-            raise errors.RefusedTransition(
-                f"cleanup refused for {state.id!r}: {len(busy)} backfill/verify segment lease(s) are still "
-                f"held ({', '.join(busy[:3])}); their workers stop at their next page: retry when the leases "
-                "are released or expired (see `reshard status`)")
+            raise errors.RefusedTransition(f"cleanup refused for {state.id!r}: {busy}")
     # A pass counts only if it started in this phase (a pass from before a rollback does not).
     return state.last.at if state.last else 0.0
 
@@ -184,14 +199,22 @@ def _prepare(ctx: JobContext) -> None:
         check_ttl(ctx.dynamo, ctx.migration, ctx.options.enable_ttl)
 
 
+def retired_migrations(store: ControlStore, table: str, but: str) -> dict[str, float]:
+    """Other migrations of ``table`` that were aborted and retired: id -> when (wall seconds)."""
+    return {s.id: s.updated_at for s in store.list_states()
+            if s.table == table and s.id != but and s.phase is Phase.ABORTED and s.retired}
+
+
 def _make_page(ctx: JobContext):
     return Cleaner(ctx.dynamo, ctx.mapper, ctx.migration.table, ctx.budget, ctx.options,
-                   ctx.state.phase is Phase.ABORTED, ctx.clock).page
+                   ctx.state.phase is Phase.ABORTED, ctx.clock,
+                   retired_migrations(ctx.store, ctx.migration.table, ctx.state.id)).page
 
 
 def _finish(ctx: JobContext, result: RunResult) -> None:
     if ctx.state.phase is Phase.ABORTED:
-        retire(ctx.store, ctx.state.id)
+        # retire checks again that no backfill/repair worker can still write a copy.
+        retire(ctx.store, ctx.state.id, lease_wait=ctx.options.lease_wait)
 
 
 #: ``reshard cleanup``: a fresh pass per phase; retires an aborted migration when done.

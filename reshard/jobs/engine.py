@@ -11,8 +11,11 @@ Control-table records (partition ``M#<migration id>``, see :mod:`reshard.control
                                       totals (set once, by whoever finishes the last segment)
     J#<job>#<run:06d>#<segment:05d>   one segment's lease and checkpoint:
         owner            worker holding the lease ("-" when free)
-        lease_expires    wall-clock seconds; after it anybody may take the lease over
-        lease_counter    bumped by every claim: the fencing token (KCL's lease counter)
+        lease_expires    the holder's wall-clock guess of its expiry: shown by status only
+        lease_counter    bumped by every claim and every renewal: the fencing token
+                         (KCL's lease counter); observers time how long it stays unchanged
+        lease_seconds, max_request_seconds   the holder's lease length and longest request
+                         in flight, so observers judge its lease by its own numbers
         checkpoint       JSON of the scan's LastEvaluatedKey (wire format); absent at start
         counters         map of job counters, cumulative, as of the checkpoint
         done / failed    terminal flags; attempts, last_error, failed_by (invocation id)
@@ -23,11 +26,23 @@ Lease protocol (KCL-style)
     *Claim*: read the segment records (one Query), decide locally with the pure
     :func:`reshard.core.leases.lease_decision`, then compare-and-set on ``lease_counter`` (or
     ``attribute_not_exists`` for a segment nobody touched). Of two workers that saw the
-    same record, exactly one write matches; the loser just picks another segment.
+    same record, exactly one write matches; the loser just picks another segment. A
+    held lease is expired for a claimant once its (owner, lease_counter) token has not
+    changed for the holder's lease length *on the claimant's monotonic clock*
+    (:class:`reshard.core.leases.LeaseWatch`): no two hosts' clocks are compared.
     *Checkpoint*: a write conditioned on ``owner = me AND lease_counter = my token``;
-    it stores the page's LastEvaluatedKey and counters *and* renews the lease. If the
-    condition fails, someone took the lease over (ours expired): :class:`LeaseLost`
-    stops the worker on that segment at once, before it touches another page.
+    it stores the page's LastEvaluatedKey and counters *and* renews the lease (bumping
+    the counter, which observers see). If the condition fails, someone took the lease
+    over (ours expired): :class:`LeaseLost` stops the worker on that segment at once,
+    before it touches another page.
+    *Time fence*: immediately before each data write request (after any budget sleep,
+    and again before every retry of it), :meth:`PageContext.write_guard` checks the local
+    deadline -- the last successful claim or renewal (its monotonic send time) + lease -
+    the longest request in flight -- and then renews the lease if due. Past the deadline
+    the worker sends nothing more, not even a renewal (:class:`LeaseDeadline`): whatever
+    it sent before lands before any observer can call the lease expired. ("Longest
+    request in flight" covers the data and the control-table client: one attempt's
+    connect + read timeout, since every attempt is guarded.)
     *Done*: the same condition, plus ``done = true``; a done segment is never claimed
     again. *Failure*: a page function that raises after the choke point's retries
     releases the lease with the error and an attempt count; after ``max_attempts`` in
@@ -60,11 +75,13 @@ from reshard import errors
 from reshard.control.records import RunInfo, run_sk, segment_sk
 from reshard.control.runs import read_run, segment_records, sum_counters
 from reshard.control.store import ControlStore
-from reshard.core.leases import FREE, LeaseDecision, SegmentRecord, lease_decision
+from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS, FREE, LeaseDecision, LeaseWatch, SegmentRecord, lease_decision
 from reshard.core.wire import N, S, dump_key
 from reshard.jobs.subscribers import Fanout, Subscriber
 DEFAULT_LEASE_SECONDS = 60.0
 DEFAULT_MAX_ATTEMPTS = 3
+#: The choke point's default connect + read timeout (:attr:`Dynamo.attempt_seconds`).
+DEFAULT_MAX_REQUEST_SECONDS = ASSUMED_MAX_REQUEST_SECONDS
 
 
 def same_host_dead(owner: str, host: str | None = None) -> bool:
@@ -93,16 +110,31 @@ class LeaseLost(Exception):
     """Our lease on a segment was taken over (it expired); stop working on it now."""
 
 
+class LeaseDeadline(LeaseLost):
+    """Our lease may have expired by now (the local deadline passed): send no further write."""
+
+
 @dataclass
 class Lease:
-    """A held segment lease: the fencing token and the renewal bookkeeping."""
+    """A held segment lease: the fencing token and the renewal bookkeeping (monotonic clock)."""
 
     segment: int
     owner: str
     token: int
-    expires: float
-    renew_due: float
+    renewed_at: float            # monotonic time the last successful claim/renewal was sent
+    lease_seconds: float
+    max_request_seconds: float
     attempts: int = 0  # failed attempts so far in this invocation's count
+
+    @property
+    def deadline(self) -> float:
+        """After this (monotonic) time the worker sends no data write: one sent before it
+        lands within ``max_request_seconds``, i.e. before any observer calls the lease expired."""
+        return self.renewed_at + self.lease_seconds - self.max_request_seconds
+
+    @property
+    def renew_due(self) -> float:
+        return self.renewed_at + (self.lease_seconds - self.max_request_seconds) / 2
 
 
 @dataclass
@@ -142,6 +174,19 @@ class PageContext:
         """Renew the lease if it is past half its time; raises LeaseLost if it was taken."""
         self._engine._renew_if_due(self.lease)
 
+    def check_deadline(self) -> None:
+        """Raise :class:`LeaseDeadline` once the local deadline passed (our lease may have expired)."""
+        now = self._engine.monotonic()
+        if now >= self.lease.deadline:
+            raise LeaseDeadline(f"segment {self.segment}: the lease deadline passed {now - self.lease.deadline:.1f}s "
+                                "ago (the lease may have expired): no further write")
+
+    def write_guard(self) -> None:
+        """Immediately before each data write request (pass it as ``guard=`` to
+        :meth:`Dynamo.call`): the time fence, then a renewal if due (never past the deadline)."""
+        self.check_deadline()
+        self.ensure_lease()
+
 
 #: ``page(ctx, start_key) -> (counts, next_key)``: process one page durably.
 PageFn = Callable[[PageContext, dict | None], "tuple[dict, dict | None]"]
@@ -150,14 +195,19 @@ PageFn = Callable[[PageContext, dict | None], "tuple[dict, dict | None]"]
 class SegmentEngine:
     """Runs one job run's segments with ``workers`` threads on this host.
 
-    ``clock`` (wall seconds, shared with other hosts through lease expiries) and
-    ``sleep`` are injectable for tests. ``throttle_reason`` returns the budget's
+    ``clock`` (wall seconds, only for what status shows), ``monotonic`` (lease
+    observation and the local write deadline; defaults to ``time.monotonic``, or to an
+    injected ``clock``, which tests drive) and ``sleep`` are injectable for tests.
+    ``max_request_seconds``: the longest a data write request can be in flight after its
+    guard (:attr:`Dynamo.attempt_seconds`). ``throttle_reason`` returns the budget's
     latest decision so checkpoints carry it to ``status``.
     """
 
     def __init__(self, store: ControlStore, migration_id: str, job: str, run: int, total_segments: int,
                  page: PageFn, *, workers: int | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS,
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] | None = None,
+                 max_request_seconds: float = DEFAULT_MAX_REQUEST_SECONDS,
                  sleep: Callable[[float], None] = time.sleep, subscribers: Iterable[Subscriber] = (),
                  poll_seconds: float | None = None, throttle_reason: Callable[[], str] = lambda: "",
                  invocation: str | None = None, host: str | None = None,
@@ -174,9 +224,17 @@ class SegmentEngine:
         self.total = total_segments
         self.page = page
         self.workers = max(1, workers or min(total_segments, 4))
+        if lease_seconds <= max_request_seconds:
+            raise errors.BadInput(
+                f"--lease-seconds {lease_seconds:g} must exceed the longest a request can be in flight "
+                f"({max_request_seconds:g}s: connect + read timeout), or a worker could never write safely; "
+                f"use at least {2 * max_request_seconds:g}")
         self.lease_seconds = lease_seconds
+        self.max_request_seconds = max_request_seconds
         self.max_attempts = max_attempts
         self.clock = clock
+        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
+        self._watch = LeaseWatch()
         self.sleep = sleep
         self.subs = Fanout(subscribers)
         self.poll_seconds = poll_seconds if poll_seconds is not None else min(2.0, lease_seconds / 4)
@@ -221,22 +279,28 @@ class SegmentEngine:
     # ---------------------------------------------------------------- lease writes
     def claim(self, rec: SegmentRecord, me: str) -> tuple[Lease, SegmentRecord, LeaseDecision] | None:
         """Try to take ``rec``'s lease. None if another worker won the race or it is not claimable."""
-        now = self.clock()
-        d = lease_decision(rec, me=me, invocation=self.invocation, now=now, is_dead=self.is_dead)
+        # How long this host has seen the lease's token unchanged, on its own monotonic clock.
+        with self._lock:
+            unchanged = self._watch.observe(rec.segment, rec.token, self.monotonic())
+        d = lease_decision(rec, me=me, invocation=self.invocation, unchanged_for=unchanged,
+                           lease_seconds=self.lease_seconds, is_dead=self.is_dead)
         if not d.claim:
             return None
-        expires = now + self.lease_seconds
-        values = {":me": S(me), ":exp": N(expires), ":one": N(1), ":zero": N(0), ":f": {"BOOL": False},
-                  ":job": S(self.job), ":run": N(self.run), ":seg": N(rec.segment), ":tk": N(1 if d.takeover else 0)}
+        sent = self.monotonic()  # before sending: the deadline counts from here, never from a later moment
+        now = self.clock()
+        values = {":me": S(me), ":exp": N(now + self.lease_seconds), ":one": N(1), ":zero": N(0),
+                  ":f": {"BOOL": False}, ":job": S(self.job), ":run": N(self.run), ":seg": N(rec.segment),
+                  ":tk": N(1 if d.takeover else 0), ":ls": N(self.lease_seconds), ":mr": N(self.max_request_seconds)}
         sets = ["#owner = :me", "lease_expires = :exp", "lease_counter = if_not_exists(lease_counter, :zero) + :one",
                 "done = if_not_exists(done, :f)", "job = :job", "run = :run", "#seg = :seg",
-                "takeovers = if_not_exists(takeovers, :zero) + :tk"]
+                "takeovers = if_not_exists(takeovers, :zero) + :tk", "lease_seconds = :ls",
+                "max_request_seconds = :mr"]
         if rec.failed:
             # A segment failed by an earlier invocation gets a fresh set of attempts.
             sets += ["failed = :f", "attempts = :zero"]
         if rec.exists:
-            # Compare-and-set on the counter we read: whoever claimed or checkpointed
-            # since then bumped it (claims) or still owns it, and our decision is stale.
+            # Compare-and-set on the counter we read: whoever claimed or renewed since
+            # then bumped it, and our decision is stale.
             condition = "lease_counter = :seen AND done = :f"
             values[":seen"] = N(rec.lease_counter)
         else:
@@ -248,43 +312,82 @@ class SegmentEngine:
         except errors.ConditionalCheckFailed:
             return None
         fresh = SegmentRecord.from_item(rec.segment, new)
-        lease = Lease(rec.segment, me, fresh.lease_counter, expires, self._renew_due(expires), fresh.attempts)
+        lease = Lease(rec.segment, me, fresh.lease_counter, sent, self.lease_seconds, self.max_request_seconds,
+                      fresh.attempts)
         return lease, fresh, d
 
-    def _renew_due(self, expires: float) -> float:
-        return expires - self.lease_seconds / 2
+    def _fenced_update(self, lease: Lease, sets: list[str], values: dict, names: dict | None = None,
+                       renew: bool = False) -> None:
+        """An update of our segment that only the current lease holder can make.
 
-    def _fenced_update(self, lease: Lease, sets: list[str], values: dict, names: dict | None = None) -> None:
-        """An update of our segment that only the current lease holder can make."""
+        ``renew``: it also renews the lease -- bumps ``lease_counter`` (observers see the
+        holder is alive) and moves the local deadline to this request's send time.
+        """
         values = dict(values)
         values.update({":me": S(lease.owner), ":tok": N(lease.token)})
         names = dict(names or {})
         names["#owner"] = "owner"
+        sets = list(sets)
+        sent = self.monotonic()
+        if renew:
+            if sent >= lease.deadline:
+                # Never renew past the deadline: an observer may already have judged the lease
+                # quiet (a gate opened, or a takeover is under way). The page is redone.
+                raise LeaseDeadline(f"segment {lease.segment}: the lease deadline passed before its renewal")
+            sets.append("lease_counter = lease_counter + :bump")
+            values[":bump"] = N(1)
+        def before_each_attempt() -> None:
+            # A renewal (and each retry of it) is sent only before the deadline, so it lands
+            # within the longest request after it -- before any observer can judge the lease
+            # quiet. One landing later would re-arm a worker a gate already counted out.
+            if renew and self.monotonic() >= lease.deadline:
+                raise LeaseDeadline(f"segment {lease.segment}: the lease deadline passed during its renewal")
+
         try:
             # Fencing: owner AND token. A worker whose lease was taken over (even by
             # itself, after a restart with the same owner id) fails here and stops.
             self.store.update(self.pk, segment_sk(self.job, self.run, lease.segment), "SET " + ", ".join(sets),
-                              condition="#owner = :me AND lease_counter = :tok", names=names, values=values)
+                              condition="#owner = :me AND lease_counter = :tok", names=names, values=values,
+                              guard=before_each_attempt if renew else None)
         except errors.ConditionalCheckFailed:
-            raise LeaseLost(f"segment {lease.segment}: lease taken over") from None
+            if not (renew and self._renewal_landed(lease)):
+                raise LeaseLost(f"segment {lease.segment}: lease taken over") from None
+        if renew:
+            lease.token += 1
+            lease.renewed_at = sent
 
-    def checkpoint(self, lease: Lease, next_key: dict, counters: dict) -> None:
-        """Save the position after a durable page and renew the lease."""
+    def _renewal_landed(self, lease: Lease) -> bool:
+        """A renewal whose first attempt was applied but answered too late (the choke point
+        retried it, and the retry's condition saw our own bump): the lease is still ours."""
+        rec = SegmentRecord.from_item(lease.segment, self.store.get(self.pk, segment_sk(self.job, self.run,
+                                                                                        lease.segment)))
+        return rec.owner == lease.owner and rec.lease_counter == lease.token + 1 and not rec.done
+
+    def checkpoint(self, lease: Lease, next_key: dict, counters: dict) -> bool:
+        """Save the position after a durable page and renew the lease; False if it was given up.
+
+        Past the local deadline the lease is not renewed (an observer may have judged it
+        quiet already): the position is saved and the lease released in one fenced write,
+        so the page is not redone, and the worker claims afresh (a new token, and a fresh
+        look at the phase) before it writes again.
+        """
         now = self.clock()
-        expires = now + self.lease_seconds
-        self._fenced_update(lease, ["checkpoint = :cp", "counters = :c", "lease_expires = :exp",
-                                    "last_throttle = :thr", "updated_at = :now"],
-                            {":cp": S(dump_key(next_key)), ":c": _counters_av(counters),
-                             ":exp": N(expires), ":thr": S(self.throttle_reason() or ""), ":now": N(now)})
-        lease.expires, lease.renew_due = expires, self._renew_due(expires)
+        sets = ["checkpoint = :cp", "counters = :c", "last_throttle = :thr", "updated_at = :now"]
+        values = {":cp": S(dump_key(next_key)), ":c": _counters_av(counters), ":thr": S(self.throttle_reason() or ""),
+                  ":now": N(now)}
+        if self.monotonic() >= lease.deadline:
+            self._fenced_update(lease, sets + ["#owner = :free", "lease_expires = :zero"],
+                                {**values, ":free": S(FREE), ":zero": N(0)})
+            return False
+        self._fenced_update(lease, sets + ["lease_expires = :exp"], {**values, ":exp": N(now + self.lease_seconds)},
+                            renew=True)
+        return True
 
     def _renew_if_due(self, lease: Lease) -> None:
-        now = self.clock()
-        if now < lease.renew_due:
+        if self.monotonic() < lease.renew_due:
             return
-        expires = now + self.lease_seconds
-        self._fenced_update(lease, ["lease_expires = :exp"], {":exp": N(expires)})
-        lease.expires, lease.renew_due = expires, self._renew_due(expires)
+        self._fenced_update(lease, ["lease_expires = :exp"], {":exp": N(self.clock() + self.lease_seconds)},
+                            renew=True)
 
     def finish_segment(self, lease: Lease, counters: dict) -> None:
         now = self.clock()
@@ -407,12 +510,16 @@ class SegmentEngine:
         counters = dict(rec.counters)
         key = rec.checkpoint
         ctx = PageContext(self, lease, self.total)
+        first = True
         try:
             while True:
                 if self.stop_event.is_set():
                     self.release(lease)
                     return
-                why = self.guard() if self.guard else None
+                # The first page after a claim reads the phase afresh: a lease claimed after
+                # an abort's cleanup looked for held leases must see the abort before writing.
+                why = (getattr(self.guard, "fresh", self.guard)() if first else self.guard()) if self.guard else None
+                first = False
                 if why:
                     # The job may no longer write (an operator aborted or rolled back): stop
                     # every worker at a page boundary, leases released, checkpoints kept.
@@ -422,6 +529,11 @@ class SegmentEngine:
                     return
                 try:
                     counts, next_key = self.page(ctx, key)
+                except LeaseDeadline:
+                    # Nothing more is sent; give the lease back if it is still ours (fenced
+                    # on the token, so a lease taken over meanwhile is left alone).
+                    self.release(lease)
+                    raise
                 except LeaseLost:
                     raise
                 except Exception as e:  # noqa: BLE001 - any failure releases the segment with its error
@@ -442,8 +554,14 @@ class SegmentEngine:
                     self.subs.on_segment_done(rec.segment, counters)
                     self._maybe_finish_run()
                     return
-                self.checkpoint(lease, next_key, counters)
+                try:
+                    held = self.checkpoint(lease, next_key, counters)
+                except LeaseDeadline:  # the deadline passed between the check and the renewal
+                    self.release(lease)  # the page is redone by whoever claims it next
+                    raise
                 self.subs.on_page(rec.segment, counts)
+                if not held:
+                    return  # saved and released past the deadline: claim afresh before writing again
                 key = next_key
         except LeaseLost as e:
             self.subs.on_lease_lost(rec.segment, str(e))

@@ -57,6 +57,9 @@ class JobOptions:
     max_rcu: float | None = None
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: How long a job that needs "no other job writing" (cleanup of an aborted migration)
+    #: watches held backfill/verify leases go quiet; None: as long as they need.
+    lease_wait: float | None = None
     # verify
     repair: bool = False
     examples: int = 20
@@ -235,16 +238,18 @@ def phase_guard(store: ControlStore, migration_id: str, job: str, phases: Iterab
     last = {"at": -1e18, "why": None}
     lock = threading.Lock()
 
-    def guard() -> str | None:
+    def guard(fresh: bool = False) -> str | None:
         with lock:
             now = time.monotonic()
-            if now - last["at"] >= min_interval:
+            if fresh or now - last["at"] >= min_interval:
                 state = store.load_state(migration_id)
                 last["at"] = now
                 last["why"] = None if state.phase in phases else (
                     f"{job} stopped: the migration moved to {state.phase} (phase version {state.phase_version})")
             return last["why"]
 
+    # The engine reads the phase afresh on the first page after each claim.
+    guard.fresh = lambda: guard(fresh=True)  # type: ignore[attr-defined]
     return guard
 
 
@@ -260,6 +265,11 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
             budget: CapacityBudget | None = None) -> JobResult:
     """Check every precondition, then run (or join, or resume) ``spec``'s run with this host's workers."""
     opts = options or JobOptions()
+    # A data write or a lease renewal must not stay in flight for most of a lease (the
+    # time fence subtracts the longest request from it): bound one attempt to a third of it.
+    dynamo = dynamo.bounded(opts.lease_seconds / 3)
+    lease_store = store if store.dynamo.attempt_seconds <= opts.lease_seconds / 3 else \
+        ControlStore(store.dynamo.bounded(opts.lease_seconds / 3), store.table, store.clock)
     state = require_phase_and_ack(store, migration_id, spec.name, opts.repair)
     not_before = spec.check(store, state, opts)
     migration = state.migration()
@@ -271,9 +281,10 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
     ctx = JobContext(dynamo, store, state, migration, KeyMapper(migration), run, budget, opts, clock, sleep)
     spec.prepare(ctx)
-    engine = SegmentEngine(store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
+    engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
+                           max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.latest_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
     on_main = threading.current_thread() is threading.main_thread()
@@ -291,23 +302,36 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
 
 # --------------------------------------------------------------------------- data-table writes jobs share
 
+def _guarded(guard: Callable[[], None] | None) -> dict:
+    return {"guard": guard} if guard is not None else {}
+
+
 def conditional_put(dynamo: Dynamo, budget: CapacityBudget, table: str, item: dict, fence: Fence,
-                    units: float = 1.0) -> bool:
+                    units: float = 1.0, guard: Callable[[], None] | None = None) -> bool:
     """PutItem under a version condition, within the budget; False when the condition failed
-    (a newer write is there, and it stays)."""
+    (a newer write is there, and it stays).
+
+    ``guard`` (a job's :meth:`PageContext.write_guard`) runs after the budget's sleep,
+    immediately before each attempt is sent: a worker whose lease may have expired
+    sends nothing.
+    """
     try:
         with budget.spend("write", units):
-            dynamo.call("put_item", TableName=table, Item=item, ReturnConsumedCapacity="TOTAL", **fence.kwargs())
+            dynamo.call("put_item", **_guarded(guard), TableName=table, Item=item, ReturnConsumedCapacity="TOTAL",
+                        **fence.kwargs())
         return True
     except errors.ConditionalCheckFailed:
         return False
 
 
-def conditional_delete(dynamo: Dynamo, budget: CapacityBudget, table: str, key: dict, fence: Fence) -> bool:
-    """DeleteItem under a version condition, within the budget; False when the condition failed."""
+def conditional_delete(dynamo: Dynamo, budget: CapacityBudget, table: str, key: dict, fence: Fence,
+                       guard: Callable[[], None] | None = None) -> bool:
+    """DeleteItem under a version condition, within the budget; False when the condition failed.
+    ``guard``: as for :func:`conditional_put`."""
     try:
         with budget.spend("write", 1.0):
-            dynamo.call("delete_item", TableName=table, Key=key, ReturnConsumedCapacity="TOTAL", **fence.kwargs())
+            dynamo.call("delete_item", **_guarded(guard), TableName=table, Key=key, ReturnConsumedCapacity="TOTAL",
+                        **fence.kwargs())
         return True
     except errors.ConditionalCheckFailed:
         return False

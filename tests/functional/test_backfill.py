@@ -127,17 +127,26 @@ def test_resume_from_checkpoint_does_not_rescan_done_pages(moto_dynamo):
         return copier.page(ctx, key)
 
     clock = {"t": 1000.0}
+
+    def sleep(s):  # the test's time: the second process watches the dead worker's lease go quiet
+        clock["t"] += s
+
     first = SegmentEngine(store, m.id, JOB, RUN, 1, dies_after_three_pages, workers=1, lease_seconds=30,
-                          clock=lambda: clock["t"], invocation="first", is_dead=lambda o: False)
+                          clock=lambda: clock["t"], invocation="first", is_dead=lambda o: False,
+                          max_request_seconds=1)
     with pytest.raises(KeyboardInterrupt):
         first.run_all()
     rec = first.records()[0]
     assert rec.counters["pages"] == 3 and rec.checkpoint and rec.counters["scanned"] == 15
-    clock["t"] += 31  # the dead worker's lease expires
+    clock["t"] += 31  # wall-clock expiry alone does not count: the second process must see it stay
     log = EventLog()
     second = SegmentEngine(store, m.id, JOB, RUN, 1, copier.page, workers=1, lease_seconds=30,
-                           clock=lambda: clock["t"], invocation="second", subscribers=[log])
+                           clock=lambda: clock["t"], invocation="second", subscribers=[log], sleep=sleep,
+                           max_request_seconds=1)
+    start = clock["t"]
     result = second.run_all()
+    # Taken over only once the lease's token stayed unchanged for a whole lease on its clock.
+    assert clock["t"] - start >= 30
     assert result.done
     assert log.kinds("start") == [("start", 0, True, f"lease of {rec.owner} expired")]
     # Pages 1-3 were not redone: every moving old item was copied (and counted) once.
@@ -185,22 +194,27 @@ def test_expired_lease_is_taken_over_and_a_lost_lease_stops_the_worker(moto_dyna
     budget.attach(moto_dynamo, m.table)
     copier = Backfill(moto_dynamo, store, m.id, mapper, m.table, budget, page_size=4)
     clock = {"t": 5000.0}
+
+    def sleep(s):  # B's polls advance the test's time while A is stalled
+        clock["t"] += s
+
     log_a, log_b = EventLog(), EventLog()
     b = SegmentEngine(store, m.id, JOB, RUN, 1, copier.page, workers=1, lease_seconds=10,
-                      clock=lambda: clock["t"], invocation="b", subscribers=[log_b])
+                      clock=lambda: clock["t"], invocation="b", subscribers=[log_b], sleep=sleep,
+                      max_request_seconds=1)
     pages_a = {"n": 0}
 
     def a_page(ctx, key):
         pages_a["n"] += 1
         out = copier.page(ctx, key)
         if pages_a["n"] == 2:
-            # A stalls for longer than its lease; B takes the segment over and finishes it.
-            clock["t"] += 11
+            # A stalls for longer than its lease; B (watching A's lease stay unchanged on its
+            # own clock for a whole lease) takes the segment over and finishes it.
             assert b.run_all().done
         return out
 
     a = SegmentEngine(store, m.id, JOB, RUN, 1, a_page, workers=1, lease_seconds=10,
-                      clock=lambda: clock["t"], invocation="a", subscribers=[log_a])
+                      clock=lambda: clock["t"], invocation="a", subscribers=[log_a], max_request_seconds=1)
     result = a.run_all()
     assert [e[0] for e in log_a.events if e[0] in ("lease_lost", "page")] == ["page", "lease_lost"]
     assert pages_a["n"] == 2  # A did not touch another page after losing the lease

@@ -222,7 +222,9 @@ def test_throttling_5xx_and_split_batches_leave_the_same_result(dynalite, dynali
         m, mapper, store = setup_migration(dynalite, kind, table, control=f"{table}-ctl", mid=table)
         shim = Shim(dynalite, mapper, m.table)
         _seed(dynalite, shim, kind, 600)
-        client = make_client(endpoint_url=dynalite_server.endpoint, region="us-east-1")
+        # Bounded timeouts: the jobs' time fence subtracts one attempt's bound from the lease.
+        client = make_client(endpoint_url=dynalite_server.endpoint, region="us-east-1", connect_timeout=1,
+                             read_timeout=4)
         faults = Faults(dynalite_server.endpoint, rate)
         for op in ("Scan", "BatchWriteItem", "BatchGetItem", "PutItem"):
             client.meta.events.register(f"before-send.dynamodb.{op}", faults)
@@ -238,8 +240,8 @@ def test_throttling_5xx_and_split_batches_leave_the_same_result(dynalite, dynali
                                             if k != "_rs_v"}, sort_keys=True)
                                 for v in scan_all(dynalite, m.table).values())
         if rate:
-            assert faults.counts["throttle"] >= 5 and faults.counts["5xx"] >= 5 and faults.counts["split"] >= 2, \
-                faults.counts
+            # (BatchWriteItem splits no longer occur: the copy is one fenced PutItem per item.)
+            assert faults.counts["throttle"] >= 5 and faults.counts["5xx"] >= 5, faults.counts
             st = status(ControlStore(dynalite, f"{table}-ctl"), m.id)
             assert "throttled on" in result.last_throttle
             assert any((s["last_throttle"] or "").startswith(("throttled on", "no throttling"))

@@ -313,7 +313,9 @@ class MemoryDynamo:
     """The DynamoDB low-level client surface, in memory, one call at a time."""
 
     def __init__(self, region: str = "us-east-1", interceptor=None, clock: Callable[[], float] = time.time):
-        self.meta = SimpleNamespace(endpoint_url="memory://dynamodb", region_name=region)
+        # A call lands at once; a nominal bound for the jobs' time fence (Dynamo.attempt_seconds).
+        self.meta = SimpleNamespace(endpoint_url="memory://dynamodb", region_name=region,
+                                    config=SimpleNamespace(connect_timeout=0.5, read_timeout=0.5))
         self.tables: dict[str, Table] = {}
         self.lock = threading.RLock()
         self.interceptor = interceptor

@@ -3,8 +3,9 @@
 * Two operators race a transition through the real ControlStore.
 * Two real ShardedTable shims on adjacent phases (dual_write, dual_read) write, update and
   delete the same item: both layouts end up agreeing in every interleaving explored.
-* A zombie copier (frozen past its lease between its lease check and its batch write, then
-  killed) leaves a stale new-layout copy behind a finished backfill; verify catches it.
+* A zombie copier (frozen past its lease between its lease check and its copy, then
+  killed) cannot leave a stale new-layout copy behind a finished backfill: its copy is
+  version-fenced at the server (issue 12, case 2).
 * Two backfill hosts share a segment through the real SegmentEngine; one stalls past its
   lease (by hand, then in every interleaving with at most one preemption and one clock
   jump): the segment is finished exactly once, and pages are redone at most once per
@@ -90,7 +91,8 @@ def backfill_world(w: World, pages: int = PAGES):
         # One worker, run on the actor's own thread (run_all would start threads the scheduler
         # does not know). Hosts differ, so a held lease is only taken over once it expired.
         engine = SegmentEngine(store, "mid", "backfill", 1, 1, page, workers=1, lease_seconds=10,
-                               clock=w.clock, sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False)
+                               clock=w.clock, sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False,
+                               max_request_seconds=1)
         w.actor(host, engine.work_inline)
     return store
 
@@ -174,14 +176,13 @@ def test_two_shims_on_adjacent_phases_keep_both_layouts_in_agreement():
     assert result.schedules == 52 and result.sampled == 60
 
 
-def test_a_zombie_copier_leaves_a_stale_new_copy_that_verify_catches():
-    """A copier frozen between its lease check and its unconditional batch write, past its lease:
-    another host takes the segment over and finishes it, the application writes the item (both
-    layouts, versioned), then the zombie's batch write lands -- the pre-migration copy over the
-    newer new-layout item -- and it dies before its read-back could repair it. The backfill run
-    is finished and the layouts disagree; verify reports the copy stale, so the cutover gate
-    holds *if* verify runs after the zombie write. (The engine's lease fencing covers control
-    records only, and its guard and ``ensure_lease`` are checked per page, not per write.)"""
+def test_a_zombie_copier_cannot_put_a_stale_copy_over_a_newer_write():
+    """A copier frozen past its lease just before its copy request goes out (after every check
+    it makes): another host takes the segment over and finishes it, the application writes the
+    item (both layouts, versioned), then the zombie's copy is sent and it dies. On main this
+    was an unconditional batch write that left the stale pre-migration copy behind a finished
+    run (verify reported it stale). Now the copy is version-fenced at the server: it fails,
+    the application's write stays, and verify passes."""
     import time
 
     from reshard.aws.dynamo import from_wire
@@ -204,7 +205,8 @@ def test_a_zombie_copier_leaves_a_stale_new_copy_that_verify_catches():
         budget.attach(w.dynamo, m.table)
         page = Backfill(w.dynamo, store, m.id, mapper, m.table, budget, page_size=10).page
         engine = SegmentEngine(store, m.id, JOB, run, 1, page, workers=1, lease_seconds=10, clock=w.clock,
-                               sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False)
+                               sleep=w.sleep, host=host, invocation=host, is_dead=lambda o: False,
+                               max_request_seconds=1)
 
         return engine.work_inline
 
@@ -215,23 +217,23 @@ def test_a_zombie_copier_leaves_a_stale_new_copy_that_verify_catches():
     s = w.sched
     s.start()
     s.stall("app")
-    while s.actors["A"].pending[0] != "batch_write_item":
-        s.step("A")                          # A claims, scans the page, checks its lease ...
-    s.stall("A")                             # ... and freezes before its batch write
+    while s.actors["A"].pending[0] != "put_item":
+        s.step("A")                          # A claims, scans the page, passes its checks ...
+    s.stall("A")                             # ... and freezes just before its copy is sent
     s.tick(11)
     s.run_to_end()                           # B takes over, copies, settles, finishes the run
     s.resume("app")
     s.run_to_end()                           # the app's write: old and new layout, versioned
     s.resume("A")
-    s.step("A")                              # the zombie's batch write lands
-    s.kill("A")                              # and it dies before its read-back
+    s.step("A")                              # the zombie's copy lands: fenced, it fails
+    s.kill("A")                              # and it dies
     s.shutdown()
 
     layouts = by_layout(mapper, w.db.items(m.table))
     (ident,) = layouts["old"]
     (old,), (new,) = layouts["old"][ident], layouts["new"][ident]
     assert old["temp"] == {"N": "99"} and "_rs_v" in old
-    assert new["temp"] == item["temp"] and "_rs_v" not in new  # the stale pre-migration copy
+    assert new["temp"] == {"N": "99"} and new["_rs_v"] == old["_rs_v"]  # the application's write stayed
     result = run_job(VERIFY, w.dynamo, store, m.id, JobOptions(segments=1, workers=1, page_size=50, rechecks=2,
                                                              recheck_pause=0.0), sleep=lambda s: None)
-    assert not result.passed and result.counts["stale"] == 1
+    assert result.passed

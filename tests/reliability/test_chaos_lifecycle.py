@@ -78,7 +78,8 @@ def test_calculated_suffix_16_to_32_under_chaos(tmp_path):
         f = result["figures"]
         # The chaos really happened (else the zeros below prove nothing).
         assert lc.kills >= 3, f"only {lc.kills} SIGKILLs landed"
-        assert f["faults"]["throttle"] >= 20 and f["faults"]["5xx"] >= 10 and f["faults"]["split"] >= 5, f["faults"]
+        # (No "split" BatchWriteItem faults any more: the data jobs write one fenced item per request.)
+        assert f["faults"]["throttle"] >= 20 and f["faults"]["5xx"] >= 10, f["faults"]
         assert all(f["ops"].get(k, 0) >= 20 for k in ("put", "insert", "update", "delete", "ryw_read")), f["ops"]
         assert f["transitions"].count("dual_read->dual_write") == 1
         assert f["transitions"].count("cutover->backfill") == 1

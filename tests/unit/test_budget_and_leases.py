@@ -10,6 +10,7 @@ import pytest
 from reshard.core.capacity import Aimd, TokenBucket, items_read_units, items_write_units, page_scan_units
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import FREE, SegmentRecord, lease_decision
+from reshard.core.leases import ASSUMED_LEASE_SECONDS, ASSUMED_MAX_REQUEST_SECONDS, LeaseWatch, quiet_remaining
 
 
 class FakeClock:
@@ -128,25 +129,47 @@ def test_capacity_estimates_follow_dynamodb_units():
 REC = dict(segment=3, exists=True, owner="h:1:inv:0", lease_expires=200.0, lease_counter=4)
 
 
-@pytest.mark.parametrize("rec,now,claim,reason", [
-    (SegmentRecord(3), 100, True, "new"),
-    (SegmentRecord(**{**REC, "owner": FREE}), 100, True, "free"),
-    (SegmentRecord(**REC), 100, False, "leased by h:1:inv:0"),
-    (SegmentRecord(**REC), 200, True, "lease of h:1:inv:0 expired"),
-    (SegmentRecord(**{**REC, "owner": "me"}), 100, True, "already mine"),
+@pytest.mark.parametrize("rec,unchanged,claim,reason", [
+    (SegmentRecord(3), 0, True, "new"),
+    (SegmentRecord(**{**REC, "owner": FREE}), 0, True, "free"),
+    (SegmentRecord(**REC), 99.9, False, "leased by h:1:inv:0"),
+    (SegmentRecord(**REC), 100, True, "lease of h:1:inv:0 expired"),
+    (SegmentRecord(**{**REC, "owner": "me"}), 0, True, "already mine"),
     (SegmentRecord(**{**REC, "done": True, "owner": FREE}), 999, False, "done"),
     (SegmentRecord(**{**REC, "failed": True, "failed_by": "inv", "attempts": 3, "owner": FREE}), 999, False,
      "failed in this run after 3 attempts"),
-    (SegmentRecord(**{**REC, "failed": True, "failed_by": "earlier", "owner": FREE}), 100, True, "free"),
+    (SegmentRecord(**{**REC, "failed": True, "failed_by": "earlier", "owner": FREE}), 0, True, "free"),
+    # The holder's own recorded lease length decides, not the claimant's.
+    (SegmentRecord(**{**REC, "lease_seconds": 300.0}), 299, False, "leased by h:1:inv:0"),
 ])
-def test_lease_decision(rec, now, claim, reason):
-    d = lease_decision(rec, me="me", invocation="inv", now=now)
+def test_lease_decision(rec, unchanged, claim, reason):
+    # Expiry is how long *this claimant* has seen the token unchanged (its own monotonic
+    # clock); the holder's wall-clock lease_expires (200 here) plays no part.
+    d = lease_decision(rec, me="me", invocation="inv", unchanged_for=unchanged, lease_seconds=100)
     assert (d.claim, d.reason) == (claim, reason)
 
 
 def test_a_dead_owner_on_this_host_is_taken_over_before_expiry():
-    d = lease_decision(SegmentRecord(**REC), me="me", invocation="inv", now=100, is_dead=lambda o: True)
+    d = lease_decision(SegmentRecord(**REC), me="me", invocation="inv", unchanged_for=0, is_dead=lambda o: True)
     assert d.claim and d.takeover and "dead process" in d.reason
+
+
+def test_lease_watch_times_a_token_on_the_observers_clock_and_restarts_on_a_renewal():
+    w = LeaseWatch()
+    assert w.observe(3, ("a", 1), 1000.0) == 0.0          # first look: unknown age, counts from now
+    assert w.observe(3, ("a", 1), 1042.5) == 42.5
+    assert w.observe(3, ("a", 2), 1050.0) == 0.0          # a renewal bumped the counter: alive
+    assert w.observe(3, ("a", 2), 1051.0) == 1.0
+    assert w.observe(4, ("a", 2), 1051.0) == 0.0          # per segment
+
+
+def test_quiet_remaining_is_lease_plus_the_longest_request_for_a_held_lease_only():
+    held = SegmentRecord(**{**REC, "lease_seconds": 20.0, "max_request_seconds": 7.0})
+    assert quiet_remaining(held, 0) == 27.0 and quiet_remaining(held, 26) == 1.0 and quiet_remaining(held, 30) == 0
+    assert quiet_remaining(SegmentRecord(**{**REC, "owner": FREE}), 0) == 0      # released
+    assert quiet_remaining(SegmentRecord(**{**REC, "done": True}), 0) == 0       # finished
+    # A record from before the numbers were recorded: the assumed defaults.
+    assert quiet_remaining(SegmentRecord(**REC), 0) == ASSUMED_LEASE_SECONDS + ASSUMED_MAX_REQUEST_SECONDS
 
 
 def test_budget_module_is_pure():
