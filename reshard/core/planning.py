@@ -34,6 +34,8 @@ eventually consistent ones); one write request unit what one WCU does.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -42,6 +44,7 @@ from reshard.errors import UnmappableItem
 from reshard.core.layout import KeyMapper, is_tombstone, item_size, scalar
 from reshard.core.capacity import read_units, scan_units, write_units
 from reshard.core.migration import SHARD
+from reshard.core.versions import version_of
 
 #: USD per million on-demand write / read request units (us-east-1, Standard class).
 DEFAULT_WRITE_PRICE = 0.625
@@ -146,6 +149,7 @@ class SampleAnalysis:
 
     mapper: KeyMapper
     examples_limit: int = EXAMPLES
+    full_scan: bool = False  # every item seen (a sample finds a collision only if it holds both items)
     scanned: int = 0
     tombstones: int = 0
     in_new_layout: int = 0
@@ -159,6 +163,10 @@ class SampleAnalysis:
     retire_wcu: int = 0  # one UpdateItem/DeleteItem of each moved old item
     unmappable: dict = field(default_factory=dict)  # reason -> count
     examples: list = field(default_factory=list)
+    collisions: int = 0  # old items mapping to a new key another old item with other content holds
+    collision_examples: list = field(default_factory=list)
+    # new key (digest) -> (content digest, version, old key shown) of the first old item seen there
+    _at_new_key: dict = field(default_factory=dict, repr=False)
     old_shards: list = field(default_factory=list)
     new_shards: list = field(default_factory=list)
 
@@ -185,6 +193,7 @@ class SampleAnalysis:
                 self.examples.append({"key": key, "reason": e.reason, "detail": e.detail})
             return
         self.mappable += 1
+        self._check_collision(item, new_item)
         self.old_shards.append(old_shard)
         self.new_shards.append(new_shard)
         if moved:
@@ -195,6 +204,35 @@ class SampleAnalysis:
             self.readback_rcu += read_units(size, consistent=True)
             self.write_wcu += write_units(new_size)
             self.retire_wcu += write_units(size)
+
+    def _check_collision(self, item: Mapping[str, Any], new_item: Mapping[str, Any]) -> None:
+        """Two old items that land on one new key with different content and no newer
+        version between them: a *collision*. A random-suffix layout holds them when an
+        application re-put an item under a fresh suffix (or two events share a sensor and a
+        timestamp); only one can exist in the new layout, and which one is not ours to
+        guess. (A newer version wins, as in the shim: not a collision.)
+
+        Memory: one small entry per mappable item scanned (digests, not items).
+        """
+        new_key = {a: new_item[a] for a in self.mapper.new.key_attrs}
+        slot = _digest(new_key)
+        content = _digest(self.mapper.to_logical(item, self.mapper.old))
+        version = version_of(item)
+        shown = {a: _show(item[a]) for a in self.mapper.old.key_attrs if a in item}
+        first = self._at_new_key.get(slot)
+        if first is None:
+            self._at_new_key[slot] = (content, version, shown)
+            return
+        first_content, first_version, first_shown = first
+        if version > first_version:
+            self._at_new_key[slot] = (content, version, shown)  # the newest wins
+        if content == first_content or version != first_version:
+            return
+        self.collisions += 1
+        if len(self.collision_examples) < self.examples_limit:
+            self.collision_examples.append({
+                "new_key": {a: _show(v) for a, v in new_key.items()}, "keys": [first_shown, shown],
+                "version": version or None})
 
     def _fits_new(self, item: Mapping[str, Any]) -> bool:
         # Only items the new layout fully accounts for (key parses, shard agrees).
@@ -213,6 +251,11 @@ class SampleAnalysis:
 
     def new_distribution(self) -> Distribution:
         return distribution(self.new_shards, self.mapper.new.shards)
+
+
+def _digest(wire: Mapping[str, Any]) -> bytes:
+    text = json.dumps(wire, sort_keys=True, default=lambda b: b.hex() if isinstance(b, bytes) else str(b))
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def _show(av: Mapping[str, Any]) -> Any:
