@@ -82,6 +82,7 @@ class Check(NamedTuple):
     candidates: list
     new_key: dict
     scanned: dict
+    identity: tuple
 
 
 class Verifier:
@@ -147,7 +148,7 @@ class Verifier:
                     ident = self.mapper.identity(fields) if fields else ()
                     self._report(counts, "duplicate", ident, None, self._key(item), None, item, detail)
                     continue
-                checks.append(Check("new", candidates, self._key(item), item))
+                checks.append(Check("new", candidates, self._key(item), item, self.mapper.identity(fields)))
                 continue
             try:
                 fields = self.mapper.fields(item, self.mapper.old)
@@ -163,7 +164,7 @@ class Verifier:
                 if not self.mapper.old.random:
                     continue  # one physical item serving both layouts, and the only old copy
                 # A random layout may hold other, newer copies of it under other shards.
-            checks.append(Check("old", candidates, new_key, item))
+            checks.append(Check("old", candidates, new_key, item, self.mapper.identity(fields)))
 
         for check in self._first_look(counts, checks):
             self._settle(counts, check)
@@ -229,8 +230,33 @@ class Verifier:
         return _kid(self._key(next(o for o in olds if version_of(o) == top)))
 
     def _judge(self, c: Check, view: dict) -> Judgement:
+        foreign = self._foreign(c, view)
+        if foreign is not None:
+            # Another logical item sits at one of this item's keys (two events of one sensor
+            # in one millisecond, say, where the new key drops what told them apart): one
+            # copy would overwrite the other. Never "repaired" over another item's data.
+            return Judgement("collision", None, foreign, 0,
+                             f"another item ({', '.join(map(str, self._item_identity(foreign)))}) sits at "
+                             f"key {self._key(foreign)} of this item")
         return judge(self.mapper, self._olds(c, view), view.get(_kid(c.new_key)),
                      ttl_attribute=self.ttl_attribute, now=self.clock())
+
+    def _item_identity(self, item: dict) -> tuple | None:
+        layout = self.mapper.new if self.mapper.is_new_copy(item) else self.mapper.old
+        try:
+            return self.mapper.identity(self.mapper.fields(item, layout))
+        except errors.UnmappableItem:
+            return None
+
+    def _foreign(self, c: Check, view: dict) -> dict | None:
+        """An item of another identity at one of ``c``'s keys, if any."""
+        for k in (*c.candidates, c.new_key):
+            item = view.get(_kid(k))
+            if item is not None:
+                ident = self._item_identity(item)
+                if ident is not None and ident != c.identity:
+                    return item
+        return None
 
     def _settle(self, counts: dict, c: Check) -> None:
         """Re-read a suspect consistently until it agrees or stays the same twice."""
@@ -258,7 +284,7 @@ class Verifier:
                 break
             previous = versions
         old, new = j.reference, j.new
-        ident = self._identity(old, new)
+        ident = c.identity
         details = [j.detail] if j.detail else []
         if not steady:
             details.append(f"still changing after {self.opts.rechecks} consistent re-reads")
@@ -269,16 +295,6 @@ class Verifier:
             counts["unrepaired"] += 1
         self._report(counts, j.kind, ident, self._key(old) if old else c.candidates[0], c.new_key, old, new,
                      "; ".join(details))
-
-    def _identity(self, old: dict | None, new: dict | None) -> tuple:
-        try:
-            if old is not None:
-                return self.mapper.identity(self.mapper.fields(old, self.mapper.old))
-            if new is not None:
-                return self.mapper.identity(self.mapper.fields(new, self.mapper.new))
-        except errors.UnmappableItem:
-            pass
-        return ()
 
     def _report(self, counts: dict, kind: str, identity: tuple, old_key: dict | None, new_key: dict | None,
                 old: dict | None, new: dict | None = None, detail: str = "") -> None:

@@ -299,3 +299,41 @@ def test_plan_counts_and_lists_collisions_in_a_random_suffix_table(dynalite, dyn
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "collisions         1" in text and "InvoiceNumber#100125#2" in text
+
+
+# --------------------------------------------------------------------------- another item at the new key
+
+def test_another_items_old_copy_at_the_new_key_is_a_collision_never_overwritten(dynalite, unique_name):
+    """Two events of one sensor in one millisecond; with 24 new shards the first one's new key
+    is the second one's old key. verify used to compare the two different items (diverged)
+    and ``--repair`` overwrote the second event's only copy with the first one's."""
+    text = migration_text("sensor", unique_name).replace("shards = 32", "shards = 24")
+    m = parse(text, "<16-to-24>")
+    mapper = KeyMapper(m)
+    create_table(dynalite, unique_name, mapper)
+    store = ControlStore(dynalite, f"{unique_name}-ctl")
+    store.register(m)
+    for _ in range(3):
+        transition(store, m.id, Action.ADVANCE)
+    shim = Shim(dynalite, mapper, unique_name)
+    for i in range(20):
+        shim.seed(logical("sensor", i))
+    assert run_job(BACKFILL, dynalite, store, m.id, JobOptions(**FAST)).done
+
+    ids = [f"ev-{i}" for i in range(400)]
+    e1 = next(e for e in ids if hash_shard(e, 24) < 16 and hash_shard(e, 24) != hash_shard(e, 16))
+    # (and not the other way round too: then each would land on the other, two collisions)
+    e2 = next(e for e in ids if e != e1 and hash_shard(e, 16) == hash_shard(e1, 24)
+              and hash_shard(e, 24) != hash_shard(e1, 16))
+    same = {"sensor_id": {"S": "s-9"}, "ts": {"S": "2024-10-27T15:00:00.123Z"}}
+    one = mapper.to_physical(dict(same, event_id={"S": e1}, temp={"N": "1"}), mapper.old)
+    two = mapper.to_physical(dict(same, event_id={"S": e2}, temp={"N": "2"}), mapper.old)
+    assert mapper.new.key(mapper.fields(one, mapper.old)) == {"PK": two["PK"], "SK": two["SK"]}
+    put(dynalite, unique_name, one)
+    put(dynalite, unique_name, two)
+    put(dynalite, unique_name, mapper.remap(two)[0])  # event 2's own new copy is fine
+
+    result = verify(dynalite, store, m, repair=True)
+    assert get(dynalite, unique_name, {"PK": two["PK"], "SK": two["SK"]}) == two, "the repair overwrote event 2"
+    assert failing(result) == {"collision": 1}, (failing(result), result.examples)
+    assert "another item" in result.examples[0]["detail"]

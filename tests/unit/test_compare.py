@@ -138,3 +138,38 @@ def test_plan_counts_collisions_and_lets_the_newest_win(invoices):
     assert [k["PK"] for k in ex["keys"]] == ["InvoiceNumber#121212#2", "InvoiceNumber#121212#7"]
     a.observe(old_copy(invoices, 9, 3, V1))    # newer: wins, not a collision
     assert a.collisions == 1
+
+
+def sensor_16_to_24():
+    """The sensor migration with 24 new shards: a moved item's new shard can be an old one."""
+    from reshard.core.migration import parse
+    text = (ROOT / "migrations" / "0001_sensor_events.toml").read_text()
+    return KeyMapper(parse(text.replace("shards = 32", "shards = 24"), "<16-to-24>"))
+
+
+def overlapping_events(sensor):
+    """Two events of one sensor in one millisecond where the first one's new key is the
+    second one's old key (the new layout hashes event_id over 24 shards, the old over 16)."""
+    from reshard.core.layout import hash_shard
+    ids = [f"e-{i}" for i in range(400)]
+    for e1 in ids:
+        b = hash_shard(e1, sensor.new.shards)
+        if b < 16 and b != hash_shard(e1, 16):
+            e2 = next(e for e in ids if e != e1 and hash_shard(e, 16) == b)
+            return e1, e2
+    raise AssertionError("no pair")
+
+
+def test_plan_finds_an_item_whose_new_key_is_another_items_old_key():
+    sensor = sensor_16_to_24()
+    e1, e2 = overlapping_events(sensor)
+    item = lambda e, t: sensor.to_physical(  # noqa: E731
+        {"sensor_id": {"S": "s-1"}, "event_id": {"S": e}, "ts": {"S": "2024-10-27T15:00:00.123Z"},
+         "temp": {"N": t}}, sensor.old)
+    for order in ((e1, e2), (e2, e1)):  # whichever the scan meets first
+        a = SampleAnalysis(sensor)
+        for e in order:
+            a.observe(item(e, "1"))
+        assert a.collisions == 1, order
+        assert sensor.new.key(sensor.fields(item(e1, "1"), sensor.old)) == \
+            {k: item(e2, "1")[k] for k in ("PK", "SK")}
