@@ -83,8 +83,8 @@ def status_data(s: Status) -> dict:
 
 #: The counters worth a column per job in the text output (all of them are in the JSON).
 _SHOWN = {"backfill": ("scanned", "moved", "unmoved", "recopied", "unmappable"),
-          "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "resurrected",
-                     "duplicate", "repaired"),
+          "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "new_only",
+                     "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired"),
           "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed")}
 
 

@@ -185,7 +185,7 @@ class Verifier:
         found = self._read(list(asked.values()), consistent=False)
         more = {}
         for c in checks:
-            if c.side == "old" and not self._marked(found.get(_kid(c.new_key))):
+            if c.side == "old" and not self._marked_mine(c, found.get(_kid(c.new_key))):
                 more.update({_kid(k): k for k in c.candidates if _kid(k) not in asked})
         found.update(self._read(list(more.values()), consistent=False))
         suspects = []
@@ -201,8 +201,10 @@ class Verifier:
                 counts["old_copies"] += 1
         return suspects
 
-    def _marked(self, item: dict | None) -> bool:
-        return item is not None and self.mapper.is_new_copy(item)
+    def _marked_mine(self, c: Check, item: dict | None) -> bool:
+        """Whether ``item`` is a marked new copy of ``c``'s own logical item (a copy of another
+        item at the same new key reports only its own item: this one is judged here)."""
+        return item is not None and self.mapper.is_new_copy(item) and self._item_identity(item) == c.identity
 
     def _olds(self, c: Check, view: dict) -> list[dict]:
         """The old copies present among the candidates (tombstones included), in candidate order.
@@ -221,7 +223,7 @@ class Verifier:
         physical items (its old copies, its new copy) is counted once: the marked copy at
         the new key if there is one, else the newest old copy (the first in candidate
         order among equals). Every one of them is scanned, so exactly one reports."""
-        if self._marked(view.get(_kid(c.new_key))):
+        if self._marked_mine(c, view.get(_kid(c.new_key))):
             return _kid(c.new_key)
         olds = self._olds(c, view)
         if not olds:
