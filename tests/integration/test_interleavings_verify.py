@@ -333,7 +333,20 @@ def test_another_items_old_copy_at_the_new_key_is_a_collision_never_overwritten(
     put(dynalite, unique_name, two)
     put(dynalite, unique_name, mapper.remap(two)[0])  # event 2's own new copy is fine
 
+    # Two events of another sensor whose new keys are equal: only event 4's copy is there.
+    # Event 3's old side used to defer to the marked copy at its new key (event 4's), which
+    # judges only event 4: event 3 was never compared, and verify passed.
+    e3 = next(e for e in ids if hash_shard(e, 24) >= 16)
+    e4 = next(e for e in ids
+              if hash_shard(e, 24) == hash_shard(e3, 24) and hash_shard(e, 16) != hash_shard(e3, 16))
+    other = {"sensor_id": {"S": "s-8"}, "ts": {"S": "2024-10-27T16:00:00.456Z"}}
+    three = mapper.to_physical(dict(other, event_id={"S": e3}, temp={"N": "3"}), mapper.old)
+    four = mapper.to_physical(dict(other, event_id={"S": e4}, temp={"N": "4"}), mapper.old)
+    for item in (three, four, mapper.remap(four)[0]):
+        put(dynalite, unique_name, item)
+
     result = verify(dynalite, store, m, repair=True)
     assert get(dynalite, unique_name, {"PK": two["PK"], "SK": two["SK"]}) == two, "the repair overwrote event 2"
-    assert failing(result) == {"collision": 1}, (failing(result), result.examples)
-    assert "another item" in result.examples[0]["detail"]
+    assert failing(result) == {"collision": 2}, (failing(result), result.examples)
+    assert all("another item" in e["detail"] for e in result.examples)
+    assert {e["identity"][2] for e in result.examples} == {e1, e3}
