@@ -48,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import ChainMap
 from typing import Callable, NamedTuple
 
 from reshard import errors
@@ -190,8 +191,7 @@ class Verifier:
         found.update(self._read(list(more.values()), consistent=False))
         suspects = []
         for c in checks:
-            view = dict(found)
-            view[_kid(self._key(c.scanned))] = c.scanned
+            view = ChainMap({_kid(self._key(c.scanned)): c.scanned}, found)  # the scanned item is its own read
             if self._reporter(c, view) != _kid(self._key(c.scanned)):
                 continue  # another physical item of this logical item reports it
             j = self._judge(c, view)
