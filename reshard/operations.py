@@ -211,8 +211,8 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
     table = inspect.check_plannable(dynamo, m)
     ttl = inspect.ttl_report(dynamo, m.table)
 
-    analysis = planning.SampleAnalysis(mapper)
     full = sample == 0
+    analysis = planning.SampleAnalysis(mapper, full_scan=full)
     if full:
         say(f"scanning all of {m.table} ({segments} segments) ...")
 
@@ -254,6 +254,14 @@ def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,
     if a.unmappable_count:
         warnings.append(f"{a.unmappable_count} sampled item(s) cannot be mapped: the backfill will count, "
                         "list and skip them (see the examples)")
+    if a.collisions:
+        warnings.append(f"{a.collisions} sampled old item(s) map to the same new key as another old item with "
+                        "different content and no newer version (collisions, see the examples): only one can "
+                        "exist in the new layout; the backfill lists them and verify fails until each is "
+                        "resolved (keep one copy, or write the item again through the shim)")
+    if m.source.random and a.scanned and not a.full_scan:
+        warnings.append("[from] is a random-suffix layout: a sample finds a collision only when it holds both "
+                        "copies; plan --sample 0 (a full scan) counts them all")
     if a.in_new_layout or a.tombstones:
         warnings.append(f"{a.in_new_layout} sampled item(s) are already in the new layout and {a.tombstones} are "
                         "tombstones: a migration has written this table (plan is meant for before `start`)")

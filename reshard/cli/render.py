@@ -83,8 +83,8 @@ def status_data(s: Status) -> dict:
 
 #: The counters worth a column per job in the text output (all of them are in the JSON).
 _SHOWN = {"backfill": ("scanned", "moved", "unmoved", "recopied", "unmappable"),
-          "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "resurrected",
-                     "duplicate", "repaired"),
+          "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "new_only",
+                     "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired"),
           "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed")}
 
 
@@ -253,7 +253,8 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
         "items": {"table": p.table_items, "sampled": a.scanned, "mappable": a.mappable,
                   "in_new_layout": a.in_new_layout, "tombstones": a.tombstones,
                   "unmappable": a.unmappable_count, "unmappable_by_reason": dict(sorted(a.unmappable.items())),
-                  "unmappable_examples": a.examples, "moves": a.moves, "stays": a.mappable - a.moves,
+                  "unmappable_examples": a.examples, "collisions": a.collisions,
+                  "collision_examples": a.collision_examples, "moves": a.moves, "stays": a.mappable - a.moves,
                   "moves_pct": round(100.0 * a.moves / a.mappable, 2) if a.mappable else 0.0,
                   "estimated_moves": round(a.moves * est.scale),
                   "estimated_unmappable": round(a.unmappable_count * est.scale)},
@@ -296,6 +297,12 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
     add(f"  unmappable  {it['unmappable']:>8}" + (
         "  (" + ", ".join(f"{k}: {v}" for k, v in it["unmappable_by_reason"].items()) + ")"
         if it["unmappable"] else ""))
+    add(f"  collisions  {it['collisions']:>8}" + ("  (old items with other content on the same new key)"
+                                                  if it["collisions"] else ""))
+    for ex in it["collision_examples"]:
+        keys = " and ".join(", ".join(f"{k}={v!r}" for k, v in key.items()) for key in ex["keys"])
+        new_key = ", ".join(f"{k}={v!r}" for k, v in ex["new_key"].items())
+        add(f"    e.g. {keys} -> {new_key}")
     add(f"  move        {it['moves']:>8}  ({it['moves_pct']:.1f}% of mappable; ~{it['estimated_moves']} in the table)")
     add(f"  stay        {it['stays']:>8}")
     if it["in_new_layout"] or it["tombstones"]:

@@ -7,7 +7,7 @@ import click
 from reshard import errors, operations
 from reshard.cli.options import (Env, command, job_progress, lease_seconds_option, max_rcu_option, max_wcu_option,
                                  migration_argument, page_size_option, segments_option, workers_option)
-from reshard.core.compare import KINDS
+from reshard.core.compare import GUIDANCE, KINDS
 from reshard.jobs.runner import JobOptions
 
 
@@ -58,6 +58,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
         for kind, n in result.differences.items():
             if n:
                 lines.append(f"  {kind:<12} {n:>8}  ({KINDS[kind]})")
+                if kind in GUIDANCE:
+                    lines.append(f"  {'':<12} {'':>8}  -> {GUIDANCE[kind]}")
         if result.repaired:
             lines.append(f"  repaired {result.repaired}: run `reshard verify {mid}` again to confirm")
         for e in result.examples:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from reshard.control.records import MigrationState
 from reshard.control.runs import backfill_run, describe, entered_at, latest_run, read_run, verify_verdict
 from reshard.control.store import ControlStore
+from reshard.core.compare import GUIDANCE
 from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, VERIFY_JOB, Phase
 
 
@@ -48,9 +49,14 @@ def verify_missing(store: ControlStore, state: MigrationState) -> str | None:
     if not verdict["finished"]:
         return f"verify run {latest.run} is not finished: run {cmd} to finish it"
     if not verdict["passed"]:
-        found = ", ".join(f"{n} {k}" for k, n in verdict["counts"].items() if n)
-        return (f"the last verify (run {latest.run}) found differences ({found}): fix them "
-                f"(`reshard verify {state.id} --repair`), then run {cmd} again")
+        failing = verdict["failing"]
+        found = ", ".join(f"{n} {k}" for k, n in failing.items())
+        repairable = [k for k in failing if k not in GUIDANCE or k == "new_only"]
+        todo = [f"{k}: {GUIDANCE[k]}" for k in failing if k in GUIDANCE and k != "new_only"]
+        if repairable:
+            todo.insert(0, f"fix the differences (`reshard verify {state.id} --repair`)")
+        return (f"the last verify (run {latest.run}) found differences ({found}): " + "; ".join(todo)
+                + f"; then run {cmd} again (`reshard status {state.id}` lists examples)")
     if verdict["repaired"]:
         return f"the last verify repaired {verdict['repaired']} item(s): run {cmd} again"
     return None

@@ -12,9 +12,9 @@ import json
 import time
 from typing import Callable, Iterable
 
-from reshard.control.records import (RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
+from reshard.control.records import (META, RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
 from reshard.control.store import ControlStore
-from reshard.core.compare import differences
+from reshard.core.compare import differences, failing, passes
 from reshard.core.leases import FREE, LeaseWatch, SegmentRecord, quiet_remaining
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Phase
 from reshard.core.wire import get_n, get_s, load_key
@@ -188,17 +188,33 @@ def backfill_progress(store: ControlStore, migration_id: str) -> dict | None:
     return d
 
 
-def verify_verdict(store: ControlStore, migration_id: str, run: int, shown: int = 20) -> dict:
+def allowed_unmappable(store: ControlStore, migration_id: str) -> int:
+    """How many unmappable items the operator allowed a passing verify to have.
+
+    The hook for an explicit ``--allow-unmappable N`` (a later issue): the number lives in
+    the migration's META row (``allow_unmappable``); nothing writes it yet, so it is 0 and
+    a verify that could not map an item does not pass.
+    """
+    item = store.get(store.mpk(migration_id), META)
+    return int(get_n(item, "allow_unmappable", 0)) if item else 0
+
+
+def verify_verdict(store: ControlStore, migration_id: str, run: int, shown: int = 20,
+                   allow_unmappable: int | None = None) -> dict:
     """A verify run's verdict as recorded: finished, passed, differences per kind, examples.
 
-    Passing means finished with no difference; a run that repaired anything also says so
-    (the gate then wants another run, since the repairs changed what it read).
+    Passing is :func:`reshard.core.compare.passes` (finished, no difference, no unmappable
+    item beyond the allowance); a run that repaired anything also says so (the gate then
+    wants another run, since the repairs changed what it read).
     """
     info = read_run(store, migration_id, VERIFY_JOB, run)
     totals = info.totals if info else {}
     counts = differences(totals)
     finished = bool(info and info.finished)
-    return {"run": run, "finished": finished, "passed": finished and not any(counts.values()), "counts": counts,
+    allowed = allowed_unmappable(store, migration_id) if allow_unmappable is None else allow_unmappable
+    return {"run": run, "finished": finished, "passed": passes(totals, finished, allowed), "counts": counts,
+            "failing": failing(totals, allowed), "allowed_unmappable": allowed,
+            "old_copies": int(totals.get("old_copies", 0)),
             "checked": int(totals.get("checked", 0)), "repaired": int(totals.get("repaired", 0)),
             "examples": examples(store, migration_id, VERIFY_JOB, run)[:shown] if shown else [],
             "started_at": info.started_at if info else 0.0, "finished_at": info.finished_at if info else None}

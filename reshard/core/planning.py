@@ -34,6 +34,8 @@ eventually consistent ones); one write request unit what one WCU does.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -42,6 +44,7 @@ from reshard.errors import UnmappableItem
 from reshard.core.layout import KeyMapper, is_tombstone, item_size, scalar
 from reshard.core.capacity import read_units, scan_units, write_units
 from reshard.core.migration import SHARD
+from reshard.core.versions import version_of
 
 #: USD per million on-demand write / read request units (us-east-1, Standard class).
 DEFAULT_WRITE_PRICE = 0.625
@@ -146,6 +149,7 @@ class SampleAnalysis:
 
     mapper: KeyMapper
     examples_limit: int = EXAMPLES
+    full_scan: bool = False  # every item seen (a sample finds a collision only if it holds both items)
     scanned: int = 0
     tombstones: int = 0
     in_new_layout: int = 0
@@ -159,6 +163,12 @@ class SampleAnalysis:
     retire_wcu: int = 0  # one UpdateItem/DeleteItem of each moved old item
     unmappable: dict = field(default_factory=dict)  # reason -> count
     examples: list = field(default_factory=list)
+    collisions: int = 0  # old items mapping to a new key another old item with other content holds
+    collision_examples: list = field(default_factory=list)
+    # new key (digest) -> (identity, content digest, version, old key shown) of the newest item seen there
+    _at_new_key: dict = field(default_factory=dict, repr=False)
+    # old key (digest) -> (identity, old key shown)
+    _old_keys: dict = field(default_factory=dict, repr=False)
     old_shards: list = field(default_factory=list)
     new_shards: list = field(default_factory=list)
 
@@ -185,6 +195,7 @@ class SampleAnalysis:
                 self.examples.append({"key": key, "reason": e.reason, "detail": e.detail})
             return
         self.mappable += 1
+        self._check_collision(item, new_item, values)
         self.old_shards.append(old_shard)
         self.new_shards.append(new_shard)
         if moved:
@@ -195,6 +206,50 @@ class SampleAnalysis:
             self.readback_rcu += read_units(size, consistent=True)
             self.write_wcu += write_units(new_size)
             self.retire_wcu += write_units(size)
+
+    def _check_collision(self, item: Mapping[str, Any], new_item: Mapping[str, Any], values: Mapping) -> None:
+        """Old items that the new layout would put on one key: a *collision*.
+
+        * two copies of one item (a random-suffix layout, where an application re-put it
+          under a fresh suffix) with different content and no newer version between them
+          (a newer version wins, as in the shim: not a collision);
+        * two different items on one new key (two events of one sensor in one millisecond,
+          where the new key drops what told them apart), whatever their versions;
+        * an item whose new key is another item's old key: its copy would land on it.
+
+        Only one of them can exist in the new layout, and which one is not ours to guess.
+        Memory: a few digests per mappable item scanned (not the items).
+        """
+        old_key = {a: item[a] for a in self.mapper.old.key_attrs if a in item}
+        new_key = {a: new_item[a] for a in self.mapper.new.key_attrs}
+        ident = _digest({"identity": [str(v) for v in self.mapper.identity(values)]})
+        slot, old_slot = _digest(new_key), _digest(old_key)
+        content = _digest(self.mapper.to_logical(item, self.mapper.old))
+        version = version_of(item)
+        shown = {a: _show(v) for a, v in old_key.items()}
+        # An item whose new key is another item's old key (either one seen first).
+        other = self._old_keys.get(slot)
+        if slot != old_slot and other is not None and other[0] != ident:
+            self._collide(new_key, other[1], shown, version)
+        self._old_keys[old_slot] = (ident, shown)
+        first = self._at_new_key.get(slot)
+        if first is None:
+            self._at_new_key[slot] = (ident, content, version, shown)
+        else:
+            first_ident, first_content, first_version, first_shown = first
+            if version > first_version:
+                self._at_new_key[slot] = (ident, content, version, shown)  # the newest wins
+            if first_ident != ident or (content != first_content and version == first_version):
+                self._collide(new_key, first_shown, shown, version)
+        onto = self._at_new_key.get(old_slot)
+        if onto is not None and onto[0] != ident and old_slot != slot:
+            self._collide(old_key, onto[3], shown, version)
+
+    def _collide(self, new_key: Mapping[str, Any], first: dict, second: dict, version: str) -> None:
+        self.collisions += 1
+        if len(self.collision_examples) < self.examples_limit:
+            self.collision_examples.append({"new_key": {a: _show(v) for a, v in new_key.items()},
+                                            "keys": [first, second], "version": version or None})
 
     def _fits_new(self, item: Mapping[str, Any]) -> bool:
         # Only items the new layout fully accounts for (key parses, shard agrees).
@@ -213,6 +268,11 @@ class SampleAnalysis:
 
     def new_distribution(self) -> Distribution:
         return distribution(self.new_shards, self.mapper.new.shards)
+
+
+def _digest(wire: Mapping[str, Any]) -> bytes:
+    text = json.dumps(wire, sort_keys=True, default=lambda b: b.hex() if isinstance(b, bytes) else str(b))
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def _show(av: Mapping[str, Any]) -> Any:

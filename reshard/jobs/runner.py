@@ -28,13 +28,13 @@ from reshard.aws.dynamo import Dynamo
 from reshard.control import fleet
 from reshard.control.records import MigrationState, RunInfo
 from reshard.control.runs import examples as recorded_examples
-from reshard.control.runs import run_to_join
+from reshard.control.runs import allowed_unmappable, run_to_join
 from reshard.control.store import ControlStore
 from reshard.core.capacity import page_scan_units
-from reshard.core.compare import differences
+from reshard.core.compare import KINDS, differences, passes
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
-from reshard.core.phases import Phase, job_rule
+from reshard.core.phases import VERIFY_JOB, Phase, job_rule
 from reshard.core.versions import Fence
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, PageContext, PageFn, RunResult, SegmentEngine
@@ -169,15 +169,21 @@ class JobResult:
         """:attr:`totals` as whole numbers where they are whole."""
         return {k: int(v) if float(v).is_integer() else v for k, v in self.totals.items()}
 
+    #: The unmappable items the operator allowed (the hook of ``runs.allowed_unmappable``).
+    allowed_unmappable: int = 0
+
     @property
     def differences(self) -> dict:
-        """Verify's difference kinds and how many of each were found (all zero for other jobs)."""
-        return differences(self.totals)
+        """Verify's difference kinds and how many of each were found (all zero for other jobs,
+        whose ``unmappable`` counter is information, not a verdict)."""
+        return differences(self.totals) if self.job == VERIFY_JOB else dict.fromkeys(KINDS, 0)
 
     @property
     def passed(self) -> bool:
-        """Finished, and found no difference (a verify's verdict; for other jobs: finished)."""
-        return self.finished and not any(self.differences.values())
+        """A verify's verdict (``compare.passes``, as the gate reads it); for other jobs: finished."""
+        if self.job != VERIFY_JOB:
+            return self.finished
+        return passes(self.totals, self.finished, self.allowed_unmappable)
 
     @property
     def checked(self) -> int:
@@ -297,7 +303,8 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     if segments.done:
         spec.finish(ctx, segments)
     shown = recorded_examples(store, migration_id, spec.name, run)[:opts.examples] if opts.examples else []
-    return JobResult(spec.name, migration_id, run, segments, budget.consumed(), budget.latest_reason(), shown)
+    return JobResult(spec.name, migration_id, run, segments, budget.consumed(), budget.latest_reason(), shown,
+                     allowed_unmappable(store, migration_id))
 
 
 # --------------------------------------------------------------------------- data-table writes jobs share

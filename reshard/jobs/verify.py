@@ -1,20 +1,29 @@
 """`reshard verify`: prove the copy, item by item, both ways, before cutover.
 
 Each segment of a parallel Scan is checked with the segment engine (leases,
-checkpoints, resumable like the backfill). For every scanned item:
+checkpoints, resumable like the backfill). Every scanned item belongs to a *logical
+item*, judged once (:func:`reshard.core.compare.judge`) over **every** physical item it
+has: all its old copies (a random-suffix old layout may hold it under any of its N
+candidate keys) and the item at its new key. The newest old copy is the reference; old
+copies that tie for newest with different content are a ``collision``. On a table whose
+TTL is on, a copy whose TTL epoch has passed counts as absent (DynamoDB deletes expired
+items lazily, so the two copies of an item go at different times).
 
-* an **old-layout item** that moves: its new-layout counterpart must hold the same
-  logical content (``compare.classify``: missing, stale, diverged, resurrected ...);
-* an **old-layout item** that does not move is one physical item serving both layouts:
-  nothing to compare;
-* a **new-layout copy** (``_rs_new`` marker): it must sit at the key its fields map to
-  (else ``duplicate``), and its old-layout counterpart must exist and be live (else
-  ``extra`` / ``resurrected``); with a random old layout every candidate shard is read
-  and two live old items are a ``duplicate``.
+Who reports: the marked copy at the new key if there is one (it reads every old
+candidate), else the newest old copy. An old item whose new key holds a marked copy
+stops after that one read; otherwise it reads every candidate itself. Every physical
+item is scanned once, so each logical item is judged once.
+
+* an old item whose key does not move (non-random layout) serves both layouts: nothing
+  to compare;
+* a marked copy at a key its own fields do not map to is a ``duplicate``;
+* an old item the layout cannot map is ``unmappable``, and fails the run (unless the
+  operator allowed that many: ``compare.passes``);
+* a copy that would exceed 400 KB in the new layout is ``too_large`` (with guidance).
 
 Telling live traffic from real differences
     The first look uses the scanned item and an eventually consistent read. Every
-    candidate difference is then re-read with consistent reads of *both* sides, up to
+    candidate difference is then re-read with consistent reads of every copy, up to
     ``rechecks`` times, a short pause apart. A shim write in flight (authoritative copy
     written, mirror not yet) settles within one write's latency, so the re-read agrees
     and nothing is reported. A difference is reported only when two consecutive
@@ -22,11 +31,16 @@ Telling live traffic from real differences
     keeps changing through every re-read, which is reported too, marked as such).
 
 ``--repair`` (backfill phase only, where the old layout is authoritative) fixes what it
-finds from the old layout with fenced writes that never overwrite a newer version.
+can with version-fenced writes that never overwrite a newer version and never delete a
+shim's write: a marked copy newer than every old copy (``new_only``) is copied back to the
+old layout, never deleted; only an unversioned copy with no old item (``extra``) is
+deleted, and only if still unchanged. Collisions, too-large and unmappable items are
+reported with guidance, not guessed at.
 
 The run's verdict is kept in the control table (``R#verify#<run>``: started, finished,
 totals per kind) and examples under ``D#verify#<run>#<digest>``; the cutover gate
-(:func:`verify_facts`) needs a passing run that started after the backfill finished.
+(:func:`reshard.control.gates.verify_missing`) needs a passing run that started after the
+backfill finished.
 """
 
 from __future__ import annotations
@@ -34,18 +48,21 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Callable
+from collections import ChainMap
+from typing import Callable, NamedTuple
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control.records import example_prefix
 from reshard.control.runs import backfill_run, read_run
 from reshard.control.store import ControlStore
-from reshard.core.compare import KINDS, Difference, classify, live
-from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper
+from reshard.aws.inspect import ttl_status
+from reshard.core.compare import INFO, KINDS, Difference, Judgement, judge
+from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
+from reshard.core.migration import SHARD
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB
 from reshard.core.versions import fence_for, unchanged, version_of
-from reshard.core.wire import S, key_of, projection
+from reshard.core.wire import S, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
 from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, scan_page
@@ -58,12 +75,24 @@ def _kid(key: dict) -> tuple:
     return tuple((a, *next(iter(key[a].items()))) for a in sorted(key))
 
 
+class Check(NamedTuple):
+    """One scanned physical item to judge: which layout it was scanned as, every old
+    candidate key of its logical item, and its new-layout key."""
+
+    side: str  # "old": an unmarked old-layout item; "new": a marked new-layout copy
+    candidates: list
+    new_key: dict
+    scanned: dict
+    identity: tuple
+
+
 class Verifier:
     """The page function of a verify run."""
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, mapper: KeyMapper,
                  table: str, budget: CapacityBudget, opts: JobOptions,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, *, ttl_attribute: str | None = None,
+                 clock: Callable[[], float] = time.time):
         self.dynamo = dynamo
         self.store = store
         self.migration_id = migration_id
@@ -73,33 +102,31 @@ class Verifier:
         self.budget = budget
         self.opts = opts
         self.sleep = sleep
+        self.ttl_attribute = ttl_attribute
+        self.clock = clock
         self.key_attrs = mapper.old.key_attrs
-        self._liveness_projection = projection([*self.key_attrs, VERSION_ATTR, TOMBSTONE_ATTR, NEW_COPY_ATTR])
 
     def _key(self, item: dict) -> dict:
         return key_of(item, self.key_attrs)
 
-    def _read(self, keys: list[dict], consistent: bool, projection: dict | None = None) -> dict[str, dict]:
+    def _read(self, keys: list[dict], consistent: bool) -> dict[tuple, dict]:
         unique = list({_kid(k): k for k in keys}.values())
         if not unique:
             return {}
         with self.budget.spend("read", len(unique) * (1.0 if consistent else 0.5)):
-            found = self.dynamo.batch_get(self.table, unique, consistent=consistent, capacity=True,
-                                          projection=projection)
+            found = self.dynamo.batch_get(self.table, unique, consistent=consistent, capacity=True)
         return {_kid(self._key(i)): i for i in found}
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
-        counts: dict[str, float] = {"checked": 0, "unmoved": 0, "unmappable": 0, "new_copies": 0, "settled": 0,
+        counts: dict[str, float] = {"checked": 0, "unmoved": 0, "new_copies": 0, "settled": 0,
                                     "repaired": 0, "unrepaired": 0}
-        for k in DIFFERENCE_KINDS:
+        for k in (*DIFFERENCE_KINDS, *INFO):
             counts[k] = 0
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
 
-        # (side, old candidate keys, new key) per logical item. Each kind of difference is
-        # judged from one side only, so a pair seen from both sides is counted once.
-        checks: list[tuple[str, list[dict], dict]] = []
+        checks: list[Check] = []
         for item in items:
             counts["checked"] += 1
             if self.mapper.is_new_copy(item):
@@ -108,6 +135,7 @@ class Verifier:
                     fields = self.mapper.fields(item, self.mapper.new)
                     misplaced = self.mapper.new.key(fields) != self._key(item)
                     detail = "a new-layout copy at a key its fields do not map to"
+                    candidates = self.mapper.old.candidate_keys(fields) if not misplaced else []
                 except errors.UnmappableItem as e:
                     fields, misplaced = None, True
                     detail = f"a new-layout copy whose key does not map: {e}"
@@ -121,105 +149,154 @@ class Verifier:
                     ident = self.mapper.identity(fields) if fields else ()
                     self._report(counts, "duplicate", ident, None, self._key(item), None, item, detail)
                     continue
-                checks.append(("new", self.mapper.old.candidate_keys(fields), self._key(item), item))
+                checks.append(Check("new", candidates, self._key(item), item, self.mapper.identity(fields)))
                 continue
             try:
                 fields = self.mapper.fields(item, self.mapper.old)
-            except errors.UnmappableItem:
-                counts["unmappable"] += 1  # the backfill lists these; they are not copied on purpose
+                new_key = self.mapper.new.key(fields)
+                candidates = self.mapper.old.candidate_keys(fields)
+            except errors.UnmappableItem as e:
+                # Never a pass: an item verify cannot map is an item it cannot prove copied
+                # (a template that matches nothing would otherwise pass with every item skipped).
+                self._report(counts, "unmappable", (), self._key(item), None, item, None, f"{e.reason}: {e.detail}")
                 continue
-            new_key = self.mapper.new.key(fields)
             if new_key == self._key(item):
                 counts["unmoved"] += 1
-                continue
-            # From the old side one old key is enough: duplicates among a random layout's
-            # shards are judged from the new side, which reads every candidate.
-            checks.append(("old", [self._key(item)], new_key, item))
+                if not self.mapper.old.random:
+                    continue  # one physical item serving both layouts, and the only old copy
+                # A random layout may hold other, newer copies of it under other shards.
+            checks.append(Check("old", candidates, new_key, item, self.mapper.identity(fields)))
 
-        suspects = self._first_look(checks)
-        for side, old_keys, new_key in suspects:
-            self._settle(counts, side, old_keys, new_key)
+        for check in self._first_look(counts, checks):
+            self._settle(counts, check)
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, resp.get("LastEvaluatedKey")
 
-    def _first_look(self, checks: list[tuple]) -> list[tuple[str, list[dict], dict]]:
-        """Eventually consistent reads of every pair's counterpart (the scanned item is its own
-        side); returns the pairs that look different.
+    def _first_look(self, counts: dict, checks: list[Check]) -> list[Check]:
+        """Eventually consistent reads of what each check needs; returns the checks this
+        scan reports on (see :meth:`_reporter`) that look different.
 
-        From the new side only the old item's liveness matters (extra, resurrected,
-        duplicate), so those reads are projected to the key and bookkeeping attributes.
+        An old item whose new key holds a marked copy needs only that read: the copy
+        reports the item (it reads every candidate itself). Otherwise the old side reads
+        every candidate, since a random layout may hold a newer copy elsewhere.
         """
-        found: dict[str, dict] = {}
-        found.update(self._read([new_key for side, _, new_key, _ in checks if side == "old"], consistent=False))
-        found.update(self._read([k for side, old_keys, _, _ in checks if side == "new" for k in old_keys],
-                                consistent=False, projection=self._liveness_projection))
+        asked = {_kid(c.new_key): c.new_key for c in checks if c.side == "old"}
+        asked.update({_kid(k): k for c in checks if c.side == "new" for k in c.candidates})
+        found = self._read(list(asked.values()), consistent=False)
+        more = {}
+        for c in checks:
+            if c.side == "old" and not self._marked_mine(c, found.get(_kid(c.new_key))):
+                more.update({_kid(k): k for k in c.candidates if _kid(k) not in asked})
+        found.update(self._read(list(more.values()), consistent=False))
         suspects = []
-        for side, old_keys, new_key, scanned in checks:
-            view = dict(found)
-            view[_kid(self._key(scanned))] = scanned
-            if self._judge(side, old_keys, new_key, view)[0] is not None:
-                suspects.append((side, old_keys, new_key))
+        for c in checks:
+            view = ChainMap({_kid(self._key(c.scanned)): c.scanned}, found)  # the scanned item is its own read
+            if self._reporter(c, view) != _kid(self._key(c.scanned)):
+                continue  # another physical item of this logical item reports it
+            j = self._judge(c, view)
+            if j.kind is not None:
+                suspects.append(c)
+            elif j.old_copies > 1:
+                counts["old_copies"] += 1
         return suspects
 
-    #: Which side of a pair judges which kinds (see ``page``).
-    SIDE_KINDS = {"old": frozenset({"missing", "stale", "diverged"}),
-                  "new": frozenset({"extra", "resurrected", "duplicate"})}
+    def _marked_mine(self, c: Check, item: dict | None) -> bool:
+        """Whether ``item`` is a marked new copy of ``c``'s own logical item (a copy of another
+        item at the same new key reports only its own item: this one is judged here)."""
+        return item is not None and self.mapper.is_new_copy(item) and self._item_identity(item) == c.identity
 
-    def _judge(self, side: str, old_keys: list[dict], new_key: dict, found: dict[str, dict]):
-        """(kind or None, old item, new item, versions) for one logical item, judged from ``side``."""
-        kind, old, new, versions = self._compare(side, old_keys, new_key, found)
-        if kind not in self.SIDE_KINDS[side]:
-            kind = None
-        return kind, old, new, versions
+    def _olds(self, c: Check, view: dict) -> list[dict]:
+        """The old copies present among the candidates (tombstones included), in candidate order.
 
-    def _compare(self, side: str, old_keys: list[dict], new_key: dict, found: dict[str, dict]):
-        new = found.get(_kid(new_key))
-        olds = [found[_kid(k)] for k in old_keys if _kid(k) in found and not self.mapper.is_new_copy(found[_kid(k)])]
-        live_olds = [o for o in olds if live(o)]
-        if len(live_olds) > 1:
-            return "duplicate", live_olds[0], new, tuple(version_of(o) for o in olds) + (version_of(new),)
-        old = live_olds[0] if live_olds else (olds[0] if olds else None)
-        versions = (version_of(old), version_of(new), old is None, new is None)
-        if side == "new" and old is not None and live(old):
-            return None, old, new, versions  # content is judged from the old side
-        return classify(self.mapper, old, new), old, new, versions
+        An unmarked item at the new key counts when its key is a candidate (it did not move).
+        """
+        out = []
+        for k in c.candidates:
+            item = view.get(_kid(k))
+            if item is not None and not self.mapper.is_new_copy(item):
+                out.append(item)
+        return out
 
-    def _settle(self, counts: dict, side: str, old_keys: list[dict], new_key: dict) -> None:
+    def _reporter(self, c: Check, view: dict) -> tuple | None:
+        """Which physical item of a logical item reports it, so an item seen from several
+        physical items (its old copies, its new copy) is counted once: the marked copy at
+        the new key if there is one, else the newest old copy (the first in candidate
+        order among equals). Every one of them is scanned, so exactly one reports."""
+        if self._marked_mine(c, view.get(_kid(c.new_key))):
+            return _kid(c.new_key)
+        olds = self._olds(c, view)
+        if not olds:
+            return None
+        top = max(version_of(o) for o in olds)
+        return _kid(self._key(next(o for o in olds if version_of(o) == top)))
+
+    def _judge(self, c: Check, view: dict) -> Judgement:
+        foreign = self._foreign(c, view)
+        if foreign is not None:
+            # Another logical item sits at one of this item's keys (two events of one sensor
+            # in one millisecond, say, where the new key drops what told them apart): one
+            # copy would overwrite the other. Never "repaired" over another item's data.
+            return Judgement("collision", None, foreign, 0,
+                             f"another item ({', '.join(map(str, self._item_identity(foreign)))}) sits at "
+                             f"key {self._key(foreign)} of this item")
+        return judge(self.mapper, self._olds(c, view), view.get(_kid(c.new_key)),
+                     ttl_attribute=self.ttl_attribute, now=self.clock())
+
+    def _item_identity(self, item: dict) -> tuple | None:
+        layout = self.mapper.new if self.mapper.is_new_copy(item) else self.mapper.old
+        try:
+            return self.mapper.identity(self.mapper.fields(item, layout))
+        except errors.UnmappableItem:
+            return None
+
+    def _foreign(self, c: Check, view: dict) -> dict | None:
+        """An item of another identity at one of ``c``'s keys, if any."""
+        for k in (*c.candidates, c.new_key):
+            item = view.get(_kid(k))
+            if item is not None:
+                ident = self._item_identity(item)
+                if ident is not None and ident != c.identity:
+                    return item
+        return None
+
+    def _settle(self, counts: dict, c: Check) -> None:
         """Re-read a suspect consistently until it agrees or stays the same twice."""
+        me = _kid(self._key(c.scanned))
+        keys = [*c.candidates, c.new_key]
         previous = None
-        kind = old = new = None
+        j = None
         steady = False
         for attempt in range(max(1, self.opts.rechecks)):
             if attempt:
                 self.sleep(self.opts.recheck_pause * attempt)
-            found = self._read([*old_keys, new_key], consistent=True)
-            kind, old, new, versions = self._judge(side, old_keys, new_key, found)
-            if kind is None:
-                counts["settled"] += 1  # an in-flight write, now landed
+            found = self._read(keys, consistent=True)
+            if self._reporter(c, found) != me:
+                counts["settled"] += 1  # the item changed: another physical item reports it now
                 return
+            j = self._judge(c, found)
+            if j.kind is None:
+                counts["settled"] += 1  # an in-flight write, now landed
+                if j.old_copies > 1:
+                    counts["old_copies"] += 1
+                return
+            versions = tuple(version_of(found.get(_kid(k))) if _kid(k) in found else None for k in keys)
             if versions == previous:
                 steady = True
                 break
             previous = versions
-        ident = self._identity(old, new)
-        detail = "" if steady else f"still changing after {self.opts.rechecks} consistent re-reads"
-        if self.opts.repair and self._repair(kind, old, new, new_key):
+        old, new = j.reference, j.new
+        ident = c.identity
+        details = [j.detail] if j.detail else []
+        if not steady:
+            details.append(f"still changing after {self.opts.rechecks} consistent re-reads")
+        if self.opts.repair and self._repair(j, c):
             counts["repaired"] += 1
-            detail = (detail + "; " if detail else "") + "repaired"
+            details.append("repaired")
         elif self.opts.repair:
             counts["unrepaired"] += 1
-        self._report(counts, kind, ident, self._key(old) if old else old_keys[0], new_key, old, new, detail)
-
-    def _identity(self, old: dict | None, new: dict | None) -> tuple:
-        try:
-            if old is not None:
-                return self.mapper.identity(self.mapper.fields(old, self.mapper.old))
-            if new is not None:
-                return self.mapper.identity(self.mapper.fields(new, self.mapper.new))
-        except errors.UnmappableItem:
-            pass
-        return ()
+        self._report(counts, j.kind, ident, self._key(old) if old else c.candidates[0], c.new_key, old, new,
+                     "; ".join(details))
 
     def _report(self, counts: dict, kind: str, identity: tuple, old_key: dict | None, new_key: dict | None,
                 old: dict | None, new: dict | None = None, detail: str = "") -> None:
@@ -235,8 +312,10 @@ class Verifier:
                         "body": S(text)})
 
     # ---------------------------------------------------------------- repair
-    def _repair(self, kind: str, old: dict | None, new: dict | None, new_key: dict) -> bool:
-        """Fix one difference from the old (authoritative) layout; never overwrite a newer version."""
+    def _repair(self, j: Judgement, c: Check) -> bool:
+        """Fix one difference with a version-fenced write; never overwrite a newer version,
+        never delete anything a shim wrote."""
+        kind, old, new = j.kind, j.reference, j.new
         try:
             if kind in ("missing", "stale", "diverged", "resurrected") and old is not None:
                 if version_of(new) > version_of(old):
@@ -246,19 +325,66 @@ class Verifier:
                 fence = unchanged(version_of(old), self.key_attrs[0]) \
                     if new is not None and version_of(new) == version_of(old) else fence_for(version_of(old))
                 return conditional_put(self.dynamo, self.budget, self.table, target, fence)
-            if kind == "extra" and new is not None and self.mapper.is_new_copy(new):
-                # A copy with no old item behind it. (Duplicates among old shards are
-                # reported, not repaired: which one the application meant is not ours to
-                # guess; the shim reads the newest.)
-                return self._delete_copy(new, new_key)
+            if kind == "extra" and new is not None and self.mapper.is_new_copy(new) and not version_of(new):
+                # An unversioned copy with no old item behind it (its source was deleted
+                # behind the shim's back). A versioned one is a shim write: ``new_only``.
+                return self._delete_copy(new, c.new_key)
+            if kind == "new_only" and new is not None:
+                return self._mirror_to_old(new, c, old)
+            # collision, too_large: which copy the application meant, or how to shrink an
+            # item, is not ours to guess; they are reported with guidance.
         except errors.UnmappableItem:
             return False
         return False
+
+    def _mirror_to_old(self, new: dict, c: Check, old: dict | None) -> bool:
+        """Give a shim write found only in the new layout its old copy back (the mirror
+        write that never landed), fenced so it only replaces an older version or nothing."""
+        version = version_of(new)
+        if _kid(c.new_key) in {_kid(k) for k in c.candidates}:
+            # Its key is also an old candidate (a random layout whose derived shard is the
+            # new key): one physical item can serve both layouts, unmarked, as an unmoved
+            # item does. Only if it still is exactly this write.
+            item = {k: v for k, v in new.items() if k != NEW_COPY_ATTR}
+            return conditional_put(self.dynamo, self.budget, self.table, item,
+                                   unchanged(version, self.key_attrs[0]))
+        fields = self.mapper.fields(new, self.mapper.new)
+        if not self.mapper.old.random:
+            shard = None
+        elif old is not None:
+            shard = self.mapper.old.parse(old)[SHARD]  # where the shim finds the item: its newest copy
+        else:
+            shard = hash_shard(_identity_text(self.mapper.identity(fields)), self.mapper.old.shards)
+        logical = self.mapper.to_logical(new, self.mapper.new)
+        item = self.mapper.to_physical(logical, self.mapper.old, shard)
+        item[VERSION_ATTR] = new[VERSION_ATTR]
+        return conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version))
 
     def _delete_copy(self, item: dict, key: dict) -> bool:
         """Delete a new-layout copy if it is still the one we saw (same version)."""
         return conditional_delete(self.dynamo, self.budget, self.table, key,
                                   unchanged(version_of(item), self.key_attrs[0]))
+
+
+def _identity_text(identity: tuple) -> str:
+    """The text a brand-new item's random-layout shard is hashed from (the same rule as
+    ``ShardedTable._identity_text``, so a repair puts the item where the shim looks first)."""
+    return "#".join(p.hex() if isinstance(p, bytes) else p for p in identity)
+
+
+def table_ttl_attribute(dynamo: Dynamo, table: str) -> str | None:
+    """The attribute DynamoDB's TTL deletes by, when TTL is on for ``table``; else None.
+
+    An endpoint that cannot tell (no DescribeTimeToLive) gets None: expired items are then
+    compared like any other, which can show a false difference but never a false pass.
+    """
+    try:
+        status, attribute = ttl_status(dynamo, table)
+    except errors.AccessDenied:
+        raise
+    except errors.AWSError:
+        return None
+    return attribute if status in ("ENABLED", "ENABLING") else None
 
 
 def _after_backfill(store: ControlStore, state, options: JobOptions) -> float:
@@ -274,7 +400,8 @@ def _after_backfill(store: ControlStore, state, options: JobOptions) -> float:
 
 def _make_page(ctx: JobContext):
     return Verifier(ctx.dynamo, ctx.store, ctx.state.id, ctx.run, ctx.mapper, ctx.migration.table, ctx.budget,
-                    ctx.options, ctx.sleep).page
+                    ctx.options, ctx.sleep, ttl_attribute=table_ttl_attribute(ctx.dynamo, ctx.migration.table),
+                    clock=ctx.clock).page
 
 
 #: ``reshard verify``: a fresh run each time (a finished run is a verdict), joined by
