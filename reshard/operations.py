@@ -147,14 +147,14 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
         # The compare-and-set below then acts on exactly the version we checked.
         expected = current.phase_version
     if wait:
-        start_at = store.clock()
+        start_at = store.monotonic()
         before = store.load_state(migration_id)
         census = fleet.census(store, migration_id, before.phase_version)
         if not census.acknowledged:
             say(f"waiting up to {wait:g}s for {len(census.lagging)} live shim(s) to acknowledge "
                 f"{before.phase} v{before.phase_version}")
             census = fleet.wait_for_ack(store, migration_id, before.phase_version,
-                                        max(0.0, wait - (store.clock() - start_at)), poll=poll)
+                                        max(0.0, wait - (store.monotonic() - start_at)), poll=poll)
         if not census.acknowledged:
             say(f"gave up after {wait:g}s waiting for the fleet to acknowledge {before.phase} "
                 f"v{before.phase_version}; lagging: {', '.join(census.describe_lagging())}")
@@ -165,7 +165,7 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
         if expected is not None and before.phase_version != expected:
             raise store.lost_race(migration_id, expected)
         expected = before.phase_version
-        remaining = max(0.0, wait - (store.clock() - start_at))
+        remaining = max(0.0, wait - (store.monotonic() - start_at))
     started = time.monotonic()
     # The same budget covers watching stalled job leases go quiet before a cutover.
     before, after = transitions.transition(store, migration_id, action, who=who, expected_version=expected,

@@ -267,7 +267,8 @@ class Dynamo:
         return resp
 
     # -- loops DynamoDB leaves to clients
-    def batch_write(self, table: str, requests: list[dict], *, capacity: bool = False) -> int:
+    def batch_write(self, table: str, requests: list[dict], *, capacity: bool = False,
+                    guard: Callable[[], None] | None = None) -> int:
         """BatchWriteItem in chunks of 25, re-sending UnprocessedItems until done.
 
         Returns the number of calls made. Unprocessed items are a form of throttling:
@@ -281,7 +282,7 @@ class Dynamo:
                 kwargs = {"RequestItems": pending}
                 if capacity:
                     kwargs["ReturnConsumedCapacity"] = "TOTAL"
-                resp = self.call("batch_write_item", **kwargs)
+                resp = self.call("batch_write_item", guard=guard, **kwargs)
                 calls += 1
                 pending = resp.get("UnprocessedItems") or {}
                 if pending:

@@ -65,8 +65,8 @@ def status_data(s: Status) -> dict:
     """Everything ``status`` shows, as plain data (the JSON output)."""
     state, census, decision = s.state, s.census, s.advance
     lagging = {h.instance for h in census.lagging}
-    shims = [dict(h.as_dict(s.now), acknowledged=h.instance not in lagging) for h in census.live]
-    shims += [dict(h.as_dict(s.now), acknowledged=False) for h in census.expired]
+    shims = [dict(h.as_dict(s.now, True), acknowledged=h.instance not in lagging) for h in census.live]
+    shims += [dict(h.as_dict(s.now, False), acknowledged=False) for h in census.expired]
     return {
         "migration": state.id, "table": state.table, "control_table": s.control_table,
         "phase": state.phase.value, "phase_version": state.phase_version, "switching": state.switching,

@@ -1,9 +1,18 @@
 """The shim fleet: heartbeats, the census of live shims, and waiting for acknowledgement.
 
 Each shim instance owns one row ``S#<instance>`` in its migration's partition and
-rewrites it every refresh with the phase version it acts on. A transition (and a data
-job) needs every *live* shim to have acknowledged the current version, so at most two
-adjacent phases serve traffic at once.
+rewrites it every refresh with the phase version it acts on and a counter it bumps
+(``beat``). A transition (and a data job) needs every *live* shim to have acknowledged
+the current version, so at most two adjacent phases serve traffic at once.
+
+Liveness is judged KCL-style, never by comparing two hosts' clocks: a shim counts as
+live until *this* process has watched its ``beat`` stay unchanged, on its own clock,
+for the shim's liveness window + the longest one of its requests can be in flight
+(:attr:`Heartbeat.silence_seconds`). The shim stops sending at the end of its liveness
+window measured on its own clock, so nothing it sent lands after the census drops it.
+A single look therefore never drops a shim: a crashed instance's row holds a transition
+back until an operator waits (``--wait``) long enough to watch it go silent, and the
+wait then removes the row (:func:`reap`).
 """
 
 from __future__ import annotations
@@ -12,8 +21,9 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
+from reshard import errors
 from reshard.control.records import DEFAULT_LIVENESS_SECONDS, Heartbeat, shim_sk
 from reshard.control.store import ControlStore
 from reshard.core.wire import N, S
@@ -48,13 +58,18 @@ class Census:
 
 def heartbeat(store: ControlStore, migration_id: str, instance: str, phase: str, phase_version: int,
               liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, host: str | None = None,
-              pid: int | None = None, table: str = "", refresh_seconds: float = 0.0) -> None:
-    """Record that a shim acts on ``phase_version`` (unconditional: a shim owns its row)."""
+              pid: int | None = None, table: str = "", refresh_seconds: float = 0.0, beat: int = 0,
+              request_seconds: float = 0.0) -> None:
+    """Record that a shim acts on ``phase_version`` (unconditional: a shim owns its row).
+
+    ``beat`` must change with every call (the census watches it); ``request_seconds``:
+    the longest one attempt of the shim's requests can be in flight.
+    """
     store.put({"pk": S(store.mpk(migration_id)), "sk": S(shim_sk(instance)), "instance": S(instance),
                "host": S(host or socket.gethostname()), "pid": N(pid if pid is not None else os.getpid()),
                "phase": S(phase), "phase_version": N(phase_version), "at": N(store.clock()),
                "liveness_seconds": N(float(liveness_seconds)), "refresh_seconds": N(float(refresh_seconds)),
-               "data_table": S(table or "-")})
+               "beat": N(beat), "request_seconds": N(float(request_seconds)), "data_table": S(table or "-")})
 
 
 def forget(store: ControlStore, migration_id: str, instance: str) -> None:
@@ -67,6 +82,15 @@ def heartbeats(store: ControlStore, migration_id: str) -> list[Heartbeat]:
     return [Heartbeat.from_item(i) for i in store.query(store.mpk(migration_id), "S#")]
 
 
+def silent_for(store: ControlStore, h: Heartbeat, now: float) -> float:
+    """How long this process has seen ``h``'s token unchanged (0 at the first look)."""
+    return store.heartbeat_watch.observe((h.migration_id, h.instance), h.token, now)
+
+
+def is_live(store: ControlStore, h: Heartbeat, now: float) -> bool:
+    return silent_for(store, h, now) <= h.silence_seconds
+
+
 def census(store: ControlStore, migration_id: str, version: int) -> Census:
     """Which shims of the migration's table are live now, and which lag behind ``version``.
 
@@ -74,13 +98,33 @@ def census(store: ControlStore, migration_id: str, version: int) -> Census:
     still running another migration's file writes that file's layouts, unfenced or
     fenced differently, so it must hold this migration back as a lagging shim does.
     """
-    now = store.clock()
     beats = heartbeats(store, migration_id)
     table = store.load_state(migration_id).table
-    foreign = [h for other in store.list_states() if other.table == table and other.id != migration_id
-               for h in heartbeats(store, other.id) if h.live(now)]
-    return Census(tuple(h for h in beats if h.live(now)), tuple(h for h in beats if not h.live(now)), version,
-                  tuple(foreign))
+    others = [h for other in store.list_states() if other.table == table and other.id != migration_id
+              for h in heartbeats(store, other.id)]
+    # Read first, then take the time: a beat we saw was sent before this instant, so
+    # timing its silence from here never starts the timer before the shim's own.
+    now = store.monotonic()
+    live = tuple(h for h in beats if is_live(store, h, now))
+    foreign = tuple(h for h in others if is_live(store, h, now))
+    return Census(live, tuple(h for h in beats if h not in live), version, foreign)
+
+
+def reap(store: ControlStore, migration_id: str, gone: Iterable[Heartbeat]) -> int:
+    """Remove heartbeats the census watched go silent, so later commands (each a new
+    process that would have to watch them again) do not wait for them. Conditional on
+    the row being unchanged: a shim that beat meanwhile keeps its row."""
+    removed = 0
+    for h in gone:
+        try:
+            store.delete(store.mpk(migration_id), shim_sk(h.instance), condition="(#b = :b OR attribute_not_exists(#b)) AND #at = :at",
+                         names={"#b": "beat", "#at": "at"}, values={":b": N(h.beat), ":at": N(h.at)})
+            removed += 1
+        except errors.ConditionalCheckFailed:
+            pass  # it beat again (or was removed already): not ours to remove
+        except errors.ReshardError:
+            break  # no permission (a read-only role) or an outage: harmless, it stays silent
+    return removed
 
 
 def wait_for_ack(store: ControlStore, migration_id: str, version: int, seconds: float,
@@ -91,10 +135,12 @@ def wait_for_ack(store: ControlStore, migration_id: str, version: int, seconds: 
     liveness, so a test that injects a clock and a ``sleep`` advancing it sees
     heartbeats expire while it waits (and never spins on the real clock).
     """
-    deadline = store.clock() + max(0.0, seconds)
+    deadline = store.monotonic() + max(0.0, seconds)
     while True:
         c = census(store, migration_id, version)
-        left = deadline - store.clock()
+        if c.expired:
+            reap(store, migration_id, c.expired)
+        left = deadline - store.monotonic()
         if c.acknowledged or left <= 0:
             return c
         sleep(min(poll, left))

@@ -29,9 +29,9 @@ from reshard.core.wire import get_n, get_s
 META = "META"
 #: A shim refuses to act once it could not refresh for this long (seconds).
 DEFAULT_LIVENESS_SECONDS = 30.0
-#: The census keeps a heartbeat this much longer than the shim's own liveness window,
-#: to absorb clock skew between the shim's host and the operator's.
-CLOCK_SKEW_ALLOWANCE_SECONDS = 15.0
+#: For heartbeats written before shims reported it: the choke point's default connect +
+#: read timeout, the longest one attempt of a shim's request can be in flight.
+ASSUMED_SHIM_REQUEST_SECONDS = 35.0
 
 
 # --------------------------------------------------------------------------- keys
@@ -151,7 +151,12 @@ class MigrationState:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """One shim instance's last report."""
+    """One shim instance's last report.
+
+    Liveness is not judged from ``at`` (the shim's wall clock; shown, never compared):
+    the census watches ``beat``, a counter the shim bumps with every heartbeat, on the
+    judging host's own clock (:func:`reshard.control.fleet.census`).
+    """
 
     instance: str
     host: str
@@ -162,9 +167,25 @@ class Heartbeat:
     liveness_seconds: float
     refresh_seconds: float = 0.0  # how often it re-reads the phase (0: not reported)
     migration_id: str = ""  # the migration whose file the shim runs
+    beat: int = 0  # bumped by every heartbeat of this instance
+    request_seconds: float = 0.0  # the longest one attempt of its requests can be in flight (0: not reported)
 
-    def live(self, now: float) -> bool:
-        return now - self.at <= self.liveness_seconds + CLOCK_SKEW_ALLOWANCE_SECONDS
+    @property
+    def token(self) -> tuple:
+        """What changes with every heartbeat (``at`` too, for rows written before ``beat``)."""
+        return (self.beat, self.at)
+
+    @property
+    def silence_seconds(self) -> float:
+        """How long the census must see :attr:`token` unchanged before it calls the shim gone.
+
+        The shim stops sending (every attempt checks) once its last successful refresh
+        is ``liveness_seconds`` old on its own clock; an attempt sent just before lands
+        within ``request_seconds``. The census's timer starts only after it read the
+        heartbeat, which is after the shim started that refresh, so once the token has
+        been unchanged this long nothing the shim sent can still land.
+        """
+        return self.liveness_seconds + (self.request_seconds or ASSUMED_SHIM_REQUEST_SECONDS)
 
     def describe(self) -> str:
         return f"{self.instance} ({self.host} pid {self.pid}, on {self.phase} v{self.phase_version})"
@@ -173,17 +194,18 @@ class Heartbeat:
         return (f"{self.instance} ({self.host} pid {self.pid}, runs migration {self.migration_id!r}, on {self.phase} "
                 f"v{self.phase_version})")
 
-    def as_dict(self, now: float) -> dict:
+    def as_dict(self, now: float, live: bool) -> dict:
+        """For status; ``seconds_ago`` is by the shim's clock against ours (skew included)."""
         return {"instance": self.instance, "host": self.host, "pid": self.pid, "phase": self.phase,
-                "phase_version": self.phase_version, "seconds_ago": round(now - self.at, 1),
-                "live": self.live(now)}
+                "phase_version": self.phase_version, "seconds_ago": round(now - self.at, 1), "live": live}
 
     @classmethod
     def from_item(cls, i: dict) -> "Heartbeat":
         return cls(get_s(i, "instance"), get_s(i, "host", "?"), int(get_n(i, "pid", 0)), get_s(i, "phase", "?"),
                    int(get_n(i, "phase_version", 0)), float(get_n(i, "at", 0)),
                    float(get_n(i, "liveness_seconds", DEFAULT_LIVENESS_SECONDS)),
-                   float(get_n(i, "refresh_seconds", 0.0)), get_s(i, "pk", "M#")[2:])
+                   float(get_n(i, "refresh_seconds", 0.0)), get_s(i, "pk", "M#")[2:],
+                   int(get_n(i, "beat", 0)), float(get_n(i, "request_seconds", 0.0)))
 
 
 @dataclass(frozen=True)

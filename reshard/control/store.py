@@ -23,6 +23,7 @@ from typing import Any, Callable
 from reshard import errors
 from reshard.aws.dynamo import Dynamo, expression_kwargs
 from reshard.control.records import META, TABLE_LOCK_SK, MigrationState, Transition, history_sk, migration_pk, table_lock_pk
+from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration, load
 from reshard.core.phases import Phase
 from reshard.core.wire import N, S, get_s
@@ -49,10 +50,17 @@ class ControlStore:
     """Reads and conditional writes of the control table."""
 
     def __init__(self, dynamo: Dynamo, table: str = DEFAULT_CONTROL_TABLE,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] | None = None):
         self.dynamo = dynamo
         self.table = table
+        #: The wall clock rows are stamped with (shown, never compared across hosts).
         self.clock = clock
+        #: This host's clock for durations it measures itself (how long a heartbeat went
+        #: unchanged); a test that injects ``clock`` drives both.
+        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
+        #: What this process has seen of each heartbeat, and since when (the census's memory:
+        #: a shim is only called gone once *we* watched it stay silent long enough).
+        self.heartbeat_watch = LeaseWatch()
 
     # ------------------------------------------------------------------ table
     def exists(self) -> bool:

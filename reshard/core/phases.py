@@ -206,7 +206,9 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
     if facts.lagging:
         shown = ", ".join(facts.lagging[:5]) + (f" and {len(facts.lagging) - 5} more" if len(facts.lagging) > 5 else "")
         refusals.append(f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
-                        f"(wait with `reshard {action.value} --wait SECONDS`, or see `reshard status`)")
+                        f"(wait with `reshard {action.value} --wait SECONDS`, or see `reshard status`; a shim that is gone "
+                        "counts until a --wait has watched its heartbeat stay unchanged for its liveness window + "
+                        "its longest request, about 65 s by default, and then removes it)")
     if action is Action.ADVANCE and target is Phase.CUTOVER:
         for missing in (facts.backfill_missing, facts.verify_missing, facts.writers):
             if missing:

@@ -102,6 +102,8 @@ class PhaseCache:
         self._states: dict[int, PhaseState] = {}
         self._acked: int | None = None
         self._announced = False  # a heartbeat of ours is in the control table
+        self._beats = 0  # heartbeats written (the census's liveness token)
+        self._dynamo = dynamo  # its attempt bound is what we report as request_seconds
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -264,9 +266,11 @@ class PhaseCache:
 
     def _heartbeat(self, phase: str, version: int) -> None:
         # Unconditional put: each instance owns its heartbeat row.
+        self._beats += 1  # the census watches this change, on its own clock
         fleet.heartbeat(self._control, self.migration.id, self.instance_id, phase, version,
                         liveness_seconds=self.liveness_seconds, table=self.migration.table,
-                        refresh_seconds=self.refresh_seconds)
+                        refresh_seconds=self.refresh_seconds, beat=self._beats,
+                        request_seconds=self._dynamo.attempt_seconds)
         self._announced = True
 
     def pin(self, phase: Phase | str | None, version: int = 1) -> None:
@@ -301,12 +305,7 @@ class PhaseCache:
                         f"usable phase: {self._last_error or 'not loaded yet'}")
                 # Past the liveness window the census no longer counts us, so the fleet may
                 # already be two phases ahead: fail closed rather than act on a stale phase.
-                if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
-                    raise errors.ShimUnavailable(
-                        f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) could not "
-                        f"refresh its phase for {now - self._last_ok:.0f}s (liveness window "
-                        f"{self.liveness_seconds:g}s); refusing to act on a possibly stale phase. "
-                        f"Last error: {self._last_error or 'none'}")
+                self._check_live_locked(now)
                 if not st.routing.hold:
                     self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
                     return st
@@ -340,6 +339,25 @@ class PhaseCache:
         else:
             with self._refreshed:
                 self._refreshed.wait(timeout)
+
+    def check_live(self) -> None:
+        """Raise :class:`~reshard.errors.ShimUnavailable` once our liveness window ran out.
+
+        Runs before every attempt of every data write (``Dynamo.call(guard=)``), not only
+        when a request begins: a request whose retries outlast the window would otherwise
+        land after the census stopped counting us. The census waits our liveness window +
+        one attempt's bound (``request_seconds`` in our heartbeat) before it drops us.
+        """
+        with self._lock:
+            self._check_live_locked(self._clock())
+
+    def _check_live_locked(self, now: float) -> None:
+        if self._control is not None and not self._pinned and now - self._last_ok > self.liveness_seconds:
+            raise errors.ShimUnavailable(
+                f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) could not "
+                f"refresh its phase for {now - self._last_ok:.0f}s (liveness window "
+                f"{self.liveness_seconds:g}s); refusing to act on a possibly stale phase. "
+                f"Last error: {self._last_error or 'none'}")
 
     def end(self, st: PhaseState) -> None:
         """The request that :meth:`begin` returned ``st`` to has finished."""

@@ -328,7 +328,7 @@ class ShardedTable:
         kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
-        return self.dynamo.call("put_item", TableName=self.table, Item=item, **kwargs)
+        return self.dynamo.call("put_item", guard=self._phases.check_live, TableName=self.table, Item=item, **kwargs)
 
     def _put_through(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
                      app_condition: str | None, app_names: dict, app_values: dict, *, return_old: bool,
@@ -524,7 +524,7 @@ class ShardedTable:
                             kwargs["ExpressionAttributeValues"] = app_values
                     if want_old and i == 0:
                         kwargs["ReturnValues"] = "ALL_OLD"
-                    resp = self.dynamo.call("delete_item", **kwargs)
+                    resp = self.dynamo.call("delete_item", guard=self._phases.check_live, **kwargs)
                     if i == 0:
                         old = resp.get("Attributes")
                 return self._response(old, self.mapper.layout(st.routing.writes[0]))
@@ -602,7 +602,7 @@ class ShardedTable:
                     kwargs["ConditionExpression"] = condition
                 if internal_rv != "NONE":
                     kwargs["ReturnValues"] = internal_rv
-                return self.dynamo.call("update_item", **kwargs)
+                return self.dynamo.call("update_item", guard=self._phases.check_live, **kwargs)
 
             _, resp = self._authoritative(st, keys[0], condition, attempt)
             attrs = resp.get("Attributes")
@@ -747,7 +747,7 @@ class BatchWriter:
                         _, fields = t._key(body)
                         key = layout.key(fields)
                         requests[repr(sorted(key.items()))] = {"DeleteRequest": {"Key": key}}
-                t.dynamo.batch_write(t.table, list(requests.values()))
+                t.dynamo.batch_write(t.table, list(requests.values()), guard=t._phases.check_live)
                 return
         finally:
             t._end(st)

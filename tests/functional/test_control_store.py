@@ -136,11 +136,12 @@ def test_a_history_row_lost_to_a_crash_is_recorded_by_the_next_transition(store)
 
 def test_census_and_expiry_follow_the_injected_clock(store, clock):
     store.register(migration())
-    fleet.heartbeat(store, MID, "i-1", "planned", 1, liveness_seconds=30, host="h1", pid=11)
+    fleet.heartbeat(store, MID, "i-1", "planned", 1, liveness_seconds=30, host="h1", pid=11, beat=1)
+    assert [h.instance for h in fleet.census(store, MID, 1).live] == ["i-1"]  # the first look: live
     clock.t += 10
-    fleet.heartbeat(store, MID, "i-2", "planned", 1, liveness_seconds=30, host="h2", pid=12)
-    window = 30 + records.CLOCK_SKEW_ALLOWANCE_SECONDS
-    clock.t += window - 10  # i-1 exactly at the edge of its window: still live
+    fleet.heartbeat(store, MID, "i-2", "planned", 1, liveness_seconds=30, host="h2", pid=12, beat=1)
+    window = 30 + records.ASSUMED_SHIM_REQUEST_SECONDS  # liveness + the longest request in flight
+    clock.t += window - 10  # i-1 watched silent for exactly its window: still live
     c = fleet.census(store, MID, 1)
     assert [h.instance for h in c.live] == ["i-1", "i-2"] and c.expired == () and c.acknowledged
     clock.t += 1
@@ -149,6 +150,24 @@ def test_census_and_expiry_follow_the_injected_clock(store, clock):
     assert fleet.census(store, MID, 2).lagging[0].describe() == "i-2 (h2 pid 12, on planned v1)"
     fleet.forget(store, MID, "i-2")
     assert fleet.census(store, MID, 2).live == ()
+
+
+def test_liveness_never_compares_the_shims_clock_with_ours(store, clock, moto_dynamo):
+    """Issue 12 point 12: the census watches the beat counter on its own clock. A shim whose
+    wall clock is an hour behind ours is live while it beats; one whose clock is an hour
+    ahead is dropped once it stopped beating for its window, whatever its stamp says."""
+    store.register(migration())
+    behind = ControlStore(moto_dynamo, store.table, clock=lambda: clock.t - 3600)
+    ahead = ControlStore(moto_dynamo, store.table, clock=lambda: clock.t + 3600)
+    fleet.heartbeat(behind, MID, "slow-clock", "planned", 1, liveness_seconds=5, request_seconds=1, beat=1)
+    fleet.heartbeat(ahead, MID, "fast-clock", "planned", 1, liveness_seconds=5, request_seconds=1, beat=1)
+    assert {h.instance for h in fleet.census(store, MID, 1).live} == {"slow-clock", "fast-clock"}
+    for beat in range(2, 6):  # only the slow-clock shim keeps beating, every 3 s
+        clock.t += 3
+        fleet.heartbeat(behind, MID, "slow-clock", "planned", 1, liveness_seconds=5, request_seconds=1, beat=beat)
+        c = fleet.census(store, MID, 1)
+        assert "slow-clock" in {h.instance for h in c.live}
+    assert [h.instance for h in c.expired] == ["fast-clock"]  # silent 12 s > 5 + 1
 
 
 def test_advance_is_refused_while_a_shim_lags_and_allowed_once_it_acknowledges(store, clock):
@@ -179,7 +198,7 @@ def test_an_expired_heartbeat_drops_out_and_stops_blocking(store, clock):
     fleet.heartbeat(store, MID, "i-gone", "planned", 0, liveness_seconds=5)
     with pytest.raises(errors.RefusedTransition, match="i-gone"):
         transition(store, MID, Action.ADVANCE, allow_no_shims=True)
-    clock.t += 5 + records.CLOCK_SKEW_ALLOWANCE_SECONDS + 0.1
+    clock.t += 5 + records.ASSUMED_SHIM_REQUEST_SECONDS + 0.1  # watched silent long enough
     _, after = transition(store, MID, Action.ADVANCE, allow_no_shims=True)
     assert after.phase is Phase.DUAL_WRITE
 
@@ -216,7 +235,18 @@ def test_wait_for_ack_sees_a_laggard_expire(store, clock):
     fleet.heartbeat(store, MID, "i-1", "planned", 0, liveness_seconds=5)
     c = fleet.wait_for_ack(store, MID, 1, seconds=60, sleep=clock.sleep, poll=2.0)
     assert c.acknowledged and [h.instance for h in c.expired] == ["i-1"]
-    assert sum(clock.sleeps) <= 5 + records.CLOCK_SKEW_ALLOWANCE_SECONDS + 2
+    assert 5 + records.ASSUMED_SHIM_REQUEST_SECONDS <= sum(clock.sleeps) <= 5 + records.ASSUMED_SHIM_REQUEST_SECONDS + 2
+    assert fleet.heartbeats(store, MID) == []  # the wait removed the row it watched go silent
+
+
+def test_reaping_keeps_a_row_that_beat_again(store, clock):
+    store.register(migration())
+    fleet.heartbeat(store, MID, "i-1", "planned", 0, beat=1)
+    gone, = fleet.heartbeats(store, MID)
+    clock.t += 1
+    fleet.heartbeat(store, MID, "i-1", "planned", 0, beat=2)  # it beat after we judged it
+    assert fleet.reap(store, MID, [gone]) == 0
+    assert [h.beat for h in fleet.heartbeats(store, MID)] == [2]
 
 
 def _walk_to(store, phase):

@@ -327,3 +327,31 @@ def test_case8_heartbeat_stops_when_meta_row_is_missing(dynalite, unique_name):
     finally:
         t.close()
 
+
+
+# ----------------------------------------------------------------------------- point 12
+def test_point12_a_retry_after_the_liveness_window_is_never_sent(dynalite, unique_name):
+    """A write passes the liveness check when it begins; its first attempt fails (a dropped
+    connection) and the backoff carries the retry past the shim's liveness window, when the
+    census may already have dropped this shim. The guard before every attempt refuses the
+    retry: nothing lands (before the fix the retry was sent and the write was stored)."""
+    m, mapper, store, t, clock = _fail_closed_setup(dynalite, unique_name, advance_to=3)  # -> complete
+    attempts = []
+
+    def first_attempt_stalls_then_drops(request, **kwargs):
+        attempts.append(request)
+        if len(attempts) == 1:
+            clock.t += 31  # the process froze past its 30 s liveness window
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url=request.url)
+
+    events = dynalite.client.meta.events
+    events.register_first("before-send.dynamodb.PutItem", first_attempt_stalls_then_drops)
+    try:
+        with pytest.raises(errors.ShimUnavailable, match="liveness window"):
+            t.put_item(Item=ev(9, val=1))
+    finally:
+        events.unregister("before-send.dynamodb.PutItem", first_attempt_stalls_then_drops)
+        t.close()
+    assert len(attempts) == 1  # the retry was never sent
+    new_key = mapper.new.key(t._fields(to_wire(ev(9))))
+    assert dynalite.call("get_item", TableName=m.table, Key=new_key, ConsistentRead=True).get("Item") is None

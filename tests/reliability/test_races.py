@@ -14,7 +14,6 @@ import pytest
 
 from reshard import errors
 from reshard.control.store import ControlStore
-from reshard.control.records import CLOCK_SKEW_ALLOWANCE_SECONDS
 from reshard.aws.dynamo import Dynamo, RetryPolicy
 from reshard.shim.table import ShardedTable
 from reshard.control import fleet
@@ -57,12 +56,15 @@ def test_a_shim_cut_off_from_the_control_table_stops_writing_and_leaves_the_cens
             assert "liveness window 1.5s" in refused[1] and "stale phase" in refused[1]
             with pytest.raises(errors.ShimUnavailable):
                 cut.get_item(Key=w.key(1))
-            # Its heartbeat is no longer renewed, so it expires once the liveness window and the
-            # census's clock-skew allowance have passed since its last beat (a census taken
-            # at that time, without waiting ~17 s of wall clock here).
+            # Its heartbeat is no longer renewed: a census that watched it (on its own clock,
+            # here an injected one, not to wait ~37 s) drops it once it stayed unchanged for
+            # the liveness window + the shim's longest request (its reported attempt bound).
             beat, = fleet.heartbeats(store, m.id)
-            assert beat.instance == "cut" and beat.at <= time.time() - 1.0
-            later = ControlStore(dynalite, ctl, clock=lambda: beat.at + 1.5 + CLOCK_SKEW_ALLOWANCE_SECONDS + 0.1)
+            assert beat.instance == "cut" and beat.request_seconds == cut.dynamo.attempt_seconds
+            t = [0.0]
+            later = ControlStore(dynalite, ctl, monotonic=lambda: t[0])
+            assert [h.instance for h in fleet.census(later, m.id, 4).live] == ["cut"]  # first look: live
+            t[0] += beat.silence_seconds + 0.1
             census = fleet.census(later, m.id, 4)
             assert census.live == () and [h.instance for h in census.expired] == ["cut"]
             print(f"\n[cut-off shim] refused after {refused[0]:.2f}s: {refused[1]}; "
