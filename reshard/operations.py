@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -29,7 +30,7 @@ from reshard.control.store import ControlStore
 from reshard.core import capacity, iam, planning
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
-from reshard.core.phases import Action, Decision, decide
+from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.cleanup import CLEANUP
 from reshard.jobs.runner import JobOptions, JobResult, run_job
@@ -301,8 +302,22 @@ DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP)}
 
 def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions, *,
                  subscribers: Iterable[Subscriber] = ()) -> JobResult:
-    """``reshard backfill|verify|cleanup``: run (or join, or resume) the job with this host's workers."""
-    return run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+    """``reshard backfill|verify|cleanup``: run (or join, or resume) the job with this host's workers.
+
+    The cleanup of an aborted migration ends with the retire; shims move to the steady
+    state at their next refresh, and one still on the pre-retire version deletes with a
+    tombstone (``aborted`` routing) that the pass already went by. So once the fleet
+    acknowledged the retire (the second pass's precondition waits for it, up to
+    ``options.lease_wait``), nothing writes tombstones any more and a second pass sweeps
+    what was left (:attr:`JobResult.sweep`).
+    """
+    before = store.load_state(migration_id)
+    result = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+    if (job == CLEANUP_JOB and before.phase is Phase.ABORTED and not before.retired and result.finished
+            and store.load_state(migration_id).retired):
+        sweep = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+        result = dataclasses.replace(result, sweep=sweep)
+    return result
 
 
 def table_item_count(dynamo: Dynamo, store: ControlStore, migration_id: str) -> int | None:

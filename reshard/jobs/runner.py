@@ -57,8 +57,9 @@ class JobOptions:
     max_rcu: float | None = None
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    #: How long a job that needs "no other job writing" (cleanup of an aborted migration)
-    #: watches held backfill/verify leases go quiet; None: as long as they need.
+    #: How long a job watches what it must wait for: held backfill/verify leases going
+    #: quiet (cleanup of an aborted migration), a lagging shim acknowledging the phase or
+    #: being watched silent long enough to be gone. None: as long as they need.
     lease_wait: float | None = None
     # verify
     repair: bool = False
@@ -171,6 +172,8 @@ class JobResult:
 
     #: The unmappable items the operator allowed (the hook of ``runs.allowed_unmappable``).
     allowed_unmappable: int = 0
+    #: An aborted migration's cleanup: the pass after the fleet acknowledged the retire.
+    sweep: "JobResult | None" = None
 
     @property
     def differences(self) -> dict:
@@ -210,8 +213,14 @@ class JobResult:
 
 # --------------------------------------------------------------------------- preconditions
 
-def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repair: bool = False) -> MigrationState:
-    """The migration is in a phase where ``job`` runs and every live shim acknowledged it."""
+def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repair: bool = False,
+                          wait: float | None = 0.0, sleep: Callable[[float], None] = time.sleep) -> MigrationState:
+    """The migration is in a phase where ``job`` runs and every live shim acknowledged it.
+
+    ``wait``: how long to watch a lagging fleet catch up (None: until each lagging shim
+    either acknowledged or was watched silent long enough to be gone -- its liveness
+    window + request bound; one look cannot tell a crashed shim from a slow one).
+    """
     rule = job_rule(job, repair)
     state = store.load_state(migration_id)
     if state.phase not in rule.phases:
@@ -223,6 +232,9 @@ def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repa
             f"{job} refused for {migration_id!r}: the fleet is switching authority to {state.phase}; run "
             f"`reshard advance {migration_id}` to finish the switch (or `reshard rollback` to undo it) first")
     census = fleet.census(store, migration_id, state.phase_version)
+    if not census.acknowledged and wait != 0:
+        bound = max(h.silence_seconds for h in census.lagging) + 1.0 if wait is None else wait
+        census = fleet.wait_for_ack(store, migration_id, state.phase_version, bound, sleep=sleep)
     if not census.acknowledged:
         shown = ", ".join(census.describe_lagging()[:5])
         raise errors.RefusedTransition(
@@ -276,7 +288,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     dynamo = dynamo.bounded(opts.lease_seconds / 3)
     lease_store = store if store.dynamo.attempt_seconds <= opts.lease_seconds / 3 else \
         ControlStore(store.dynamo.bounded(opts.lease_seconds / 3), store.table, store.clock)
-    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair)
+    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair, wait=opts.lease_wait, sleep=sleep)
     not_before = spec.check(store, state, opts)
     migration = state.migration()
     dynamo.describe_table(migration.table)  # a clear error if the table is missing

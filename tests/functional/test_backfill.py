@@ -177,12 +177,22 @@ def test_refused_outside_backfill_phase_and_gate_says_what_is_missing(moto_dynam
         transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
     fleet.heartbeat(store, m.id, "app-1", "dual_read", store.load_state(m.id).phase_version - 1)
     with pytest.raises(errors.RefusedTransition, match="1 live shim"):
-        run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
+        run_job(BACKFILL, moto_dynamo, store, m.id, _opts(lease_wait=0))  # the operator does not wait
     fleet.forget(store, m.id, "app-1")
     assert "has not run" in backfill_missing(store, store.load_state(m.id))
     # The gate is wired into transitions: advance to cutover is refused with the backfill reason.
     with pytest.raises(errors.RefusedTransition, match="backfill has not run"):
         transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
+
+    # By default the job watches a lagging shim catch up (here at its next refresh) and runs.
+    fleet.heartbeat(store, m.id, "app-1", "dual_read", store.load_state(m.id).phase_version - 1, beat=1)
+    naps = []
+
+    def sleep(seconds):
+        naps.append(seconds)
+        fleet.heartbeat(store, m.id, "app-1", "backfill", store.load_state(m.id).phase_version, beat=2)
+
+    assert run_job(BACKFILL, moto_dynamo, store, m.id, _opts(), sleep=sleep).done and naps
 
 
 def test_expired_lease_is_taken_over_and_a_lost_lease_stops_the_worker(moto_dynamo):

@@ -355,3 +355,43 @@ def test_point12_a_retry_after_the_liveness_window_is_never_sent(dynalite, uniqu
     assert len(attempts) == 1  # the retry was never sent
     new_key = mapper.new.key(t._fields(to_wire(ev(9))))
     assert dynalite.call("get_item", TableName=m.table, Key=new_key, ConsistentRead=True).get("Item") is None
+
+
+# ----------------------------------------------------------------------------- case 5, retire
+def test_case5_a_tombstone_written_after_the_abort_pass_is_swept_once_the_fleet_acknowledged(dynalite, unique_name):
+    """The abort's cleanup pass retires the migration; a shim that has not refreshed yet is
+    still on `aborted` and deletes an item with a tombstone the pass already went by. The
+    cleanup then waits for the fleet to acknowledge the retire and sweeps again: no
+    tombstone is left (before the fix it stayed, visible to every non-shim reader)."""
+    import threading
+
+    from reshard import operations
+    ctl = f"{unique_name}-ctl"
+    m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=ctl)  # in backfill
+    t = ShardedTable(m, dynalite, control_table=ctl, refresh_seconds=3600, liveness_seconds=120)
+    try:
+        t.put_item(Item=ev(5, val=1))
+        transition(store, m.id, Action.ABORT)  # the shim is live and acknowledged backfill
+        assert t.refresh() and t.phase == "aborted"
+        old_key = mapper.old.key(t._fields(to_wire(ev(5))))
+        late = {}
+
+        def late_shim():
+            deadline = time.monotonic() + 60
+            while not store.load_state(m.id).retired and time.monotonic() < deadline:
+                time.sleep(0.02)
+            t.delete_item(Key=key(5))  # still on `aborted`: a tombstone
+            late["tombstone"] = dynalite.call("get_item", TableName=m.table, Key=old_key,
+                                              ConsistentRead=True).get("Item")
+            t.refresh()  # now it acknowledges the retire (steady: plain deletes)
+
+        th = threading.Thread(target=late_shim)
+        th.start()
+        result = operations.run_data_job("cleanup", dynalite, store, m.id, JobOptions(**FAST, lease_wait=30))
+        th.join(60)
+        assert late["tombstone"] is not None and TOMBSTONE_ATTR in late["tombstone"]  # the interleaving happened
+        assert dynalite.call("get_item", TableName=m.table, Key=old_key, ConsistentRead=True).get("Item") is None
+        assert result.finished and result.sweep is not None and result.sweep.finished
+        assert t.get_item(Key=key(5)) is None
+    finally:
+        t.close()
