@@ -22,12 +22,21 @@ def test_backfill_command_summary_and_exit_codes(moto_dynamo, capsys, tmp_path):
     assert summary["finished"] and summary["done"] == 2 and summary["failed"] == []
     assert summary["moved"] == sum(mapper.moves(o) for o in shim.model.values())
     assert summary["unmappable"] == 1 and summary["unmoved"] >= 1
-    assert set(summary) >= {"scanned", "recopied", "undone", "consumed_here", "elapsed_seconds"}
+    # The copy's own counters (reshard.jobs.backfill.COUNTERS), not the read-back's recopied/undone.
+    assert set(summary) >= {"scanned", "copied", "fenced", "duplicates", "collisions", "new_layout",
+                            "consumed_here", "elapsed_seconds"}
+    assert not {"recopied", "undone"} & set(summary)
+    assert summary["copied"] + summary["fenced"] + summary["duplicates"] + summary["collisions"] == summary["moved"]
 
     # Re-running a finished backfill redoes nothing and still succeeds.
     assert main(["--output", "json", "backfill", m.id, "--segments", "2"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["worked_here"] == [] and again["moved"] == summary["moved"]
+    assert main(["backfill", m.id, "--segments", "2"]) == 0
+    text = capsys.readouterr().out
+    assert f"of the moved: copied {summary['copied']}, fenced 0 " in text and "collisions 0 (not copied)" in text
+    assert "unmappable items are listed by `reshard status" in text and "COLLISIONS" not in text
+    assert "recopied" not in text and "undone" not in text
 
     # A different segment count than the started run: refused, exit 2, one line.
     assert main(["backfill", m.id, "--segments", "4"]) == 2
