@@ -44,7 +44,8 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
 @max_wcu_option
 @max_rcu_option
 @page_size_option("Items per Scan page (the unit of work redone after a kill).")
-@lease_seconds_option("How long a segment lease lasts without a checkpoint before others may take it over.")
+@lease_seconds_option("How long a segment lease lasts without a renewal before another worker may take the "
+                      "segment over.")
 def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
@@ -53,6 +54,13 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
     once to share the segments. Exit 0 when every segment is done, 1 when segments
     failed (listed; re-run to retry them), 2 when refused (wrong phase, lagging shims,
     --segments different from the started run).
+
+    \b
+    Each item is copied with one PutItem conditional on its version: a newer write
+    already at the new key stays (counted as fenced). Two pre-migration copies of one
+    item that differ are a collision: neither is copied, both keys are listed by
+    `reshard status`. No write is sent once the worker's lease may have expired
+    (see --lease-seconds).
 
     \b
     Example:

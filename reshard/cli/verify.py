@@ -22,8 +22,10 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
 @migration_argument
 @segments_option
 @workers_option
-@click.option("--repair", is_flag=True, help="Fix differences from the old (authoritative) layout with fenced "
-                                              "writes (backfill phase only); then verify again.")
+@click.option("--repair", is_flag=True, help="Fix differences from the old (authoritative) layout with writes "
+                                              "conditional on the version verify read (a newer shim write stays) "
+                                              "and sent only while the lease holds, as the backfill's copies "
+                                              "(backfill phase only); then verify again.")
 @click.option("--examples", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="How many differences to list.")
 @max_rcu_option

@@ -80,3 +80,30 @@ def test_failed_segments_are_listed_and_exit_1(moto_dynamo, capsys, monkeypatch)
     monkeypatch.setattr(Dynamo, "call", real)
     assert main(["--output", "json", "backfill", m.id, "--segments", "2"]) == 0   # the next run retries it
     assert json.loads(capsys.readouterr().out)["worked_here"] == [1]
+
+
+def _help(*args: str) -> str:
+    from click.testing import CliRunner
+    from reshard.cli.main import cli
+    result = CliRunner().invoke(cli, [*args, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())  # one line: click wraps at its own width
+
+
+def test_help_explains_the_time_fences():
+    """--lease-seconds says the lease must exceed the longest request and what a worker stalled
+    past its lease does; advance --wait says it also waits for job leases to go quiet; the
+    backfill's help names its counters (no read-back, no re-copy)."""
+    for cmd in ("backfill", "verify", "cleanup"):
+        text = _help(cmd)
+        assert "It must exceed the longest request: each attempt of a request is bounded by its connect + read " \
+               "timeout (5 s + 30 s, shortened to a third of the lease when that is less)" in text, cmd
+        assert "a worker stalled past it" in text and "sends nothing more" in text, cmd
+    backfill = _help("backfill")
+    assert "counted as fenced" in backfill and "collision" in backfill
+    assert "recop" not in backfill and "read-back" not in backfill
+    assert "sent only while the lease holds" in _help("verify")
+    advance = _help("advance")
+    assert "Into cutover, the same SECONDS also cover waiting for backfill and verify segment leases to go " \
+           "quiet" in advance
+    assert "a stalled worker stops at its own lease deadline" in advance
