@@ -113,7 +113,8 @@ def _render_job(j: dict) -> list[str]:
             lines.append(f"      {_key_text(e['old_key'])}: {e['reason']}: {e['detail']}")
     if j.get("collisions", {}).get("count"):
         c = j["collisions"]
-        lines.append(f"    COLLISIONS (neither old copy was copied; decide which is right, see "
+        lines.append(f"    COLLISIONS (two pre-migration copies of one item differ; whichever the backfill met "
+                     f"first was copied, the other never over it; verify fails until you decide which is right: "
                      f"runbooks/incident-unmappable.md): {c['count']}" + _more(c))
         for e in c["examples"]:
             lines.append(f"      {_key_text(e['old_key'])} and {_key_text(e.get('other_key'))} differ")

@@ -36,9 +36,11 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
     """Compare the old and the new layout item by item, both ways.
 
     \b
-    Differences: missing, stale, diverged, extra, resurrected, duplicate. Each is
-    re-read consistently before it is reported, so in-flight shim writes are not false
-    alarms. Resumable, and several hosts may share one run. The verdict is recorded in
+    Each logical item is judged over every old copy (a random-suffix layout may hold
+    several; the newest wins) against its new copy. Differences: missing, stale,
+    diverged, extra, new_only, resurrected, duplicate, collision, too_large,
+    unmappable. Each is re-read consistently before it is reported, so in-flight shim
+    writes are not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
     the control table: `reshard advance` to cutover needs a passing verify that started
     after the backfill finished.
     Exit 0 identical, 1 differences (listed), 2 bad input or refused.
