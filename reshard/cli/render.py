@@ -342,7 +342,7 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         add("")
     bf, cl, od = cap["backfill"], cap["cleanup"], cap["on_demand"]
     add("Capacity (whole table)")
-    add(f"  backfill  {bf['rcu']:>12,.1f} RCU (scan {bf['scan_rcu']:,.1f} + read-back {bf['readback_rcu']:,.1f})"
+    add(f"  backfill  {bf['rcu']:>12,.1f} RCU (scan {bf['scan_rcu']:,.1f} + fence reads {bf['fence_read_rcu']:,.1f})"
         f"  {bf['wcu']:>12,.1f} WCU")
     add(f"  cleanup   {cl['rcu']:>12,.1f} RCU (scan)  {cl['wcu']:>12,.1f} WCU")
     if cap["max_wcu"]:
