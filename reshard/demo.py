@@ -385,12 +385,14 @@ class Demo:
                          JobOptions(segments=o.segments, page_size=250), subscribers=subs)
         t = result.totals
         out = {"done": result.done, "scanned": t.get("scanned", 0), "moved": t.get("moved", 0),
-               "unmoved": t.get("unmoved", 0), "new_layout": t.get("new_layout", 0),
-               "recopied": t.get("recopied", 0), "undone": t.get("undone", 0), "unmappable": t.get("unmappable", 0),
+               "copied": t.get("copied", 0), "fenced": t.get("fenced", 0), "duplicates": t.get("duplicates", 0),
+               "collisions": t.get("collisions", 0), "unmoved": t.get("unmoved", 0),
+               "new_layout": t.get("new_layout", 0), "unmappable": t.get("unmappable", 0),
                "seconds": round(result.outcome.elapsed, 2)}
-        self.say(f"    backfill: scanned {out['scanned']}, copied {out['moved']} to the new layout, "
+        self.say(f"    backfill: scanned {out['scanned']}, copied {out['copied']} of {out['moved']} moving items to "
+                 f"the new layout ({out['fenced']} found a newer shim write there, which stays), "
                  f"{out['unmoved']} keep their key, {out['new_layout']} already there (shim writes), "
-                 f"re-copied {out['recopied']} that changed meanwhile ({out['seconds']} s)")
+                 f"{out['collisions']} collisions ({out['seconds']} s)")
         if not result.done:
             self.fail("the backfill did not finish every segment")
         return out
@@ -577,8 +579,9 @@ def render_report(r: dict) -> str:
     lines.append("")
     lines.append("phases:        " + " -> ".join(["planned"] + [p["phase"] for p in r["phases"]]))
     lines.append(f"items moved:   {fc['moved_items']} of {fc['live']} live items changed key "
-                 f"(the backfill copied {bf.get('moved', 0)} old items, tombstones included, and re-copied "
-                 f"{bf.get('recopied', 0)} that changed meanwhile; the shims' dual writes moved what they wrote)")
+                 f"(the backfill copied {bf.get('copied', 0)} old items, tombstones included, and left "
+                 f"{bf.get('fenced', 0)} where a newer shim write was already there; the shims' dual writes "
+                 f"moved what they wrote)")
     lines.append(f"app traffic:   {app['total']} ops ("
                  + ", ".join(f"{k} {v}" for k, v in app["ops"].items()) + f"), errors {app['errors']}, "
                  f"read-your-writes violations {app['violations']}")

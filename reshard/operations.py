@@ -103,8 +103,13 @@ def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
             if job == "backfill":
                 d["current"] = info.run == backfill_run(store, migration_id)
                 if d["latest"]:
+                    # One report (U#backfill#...), two lists: items the layout cannot map, and
+                    # collisions (two pre-migration copies of one item that differ; neither copied).
                     items = unmappable_items(store, migration_id)
-                    d["unmappable"] = {"count": len(items), "examples": items[:5]}
+                    unmappable = [i for i in items if i["reason"] != "collision"]
+                    collisions = [i for i in items if i["reason"] == "collision"]
+                    d["unmappable"] = {"count": len(unmappable), "examples": unmappable[:5]}
+                    d["collisions"] = {"count": len(collisions), "examples": collisions[:5]}
             if job == "verify":
                 d["result"] = verify_verdict(store, migration_id, info.run, shown=5)
             out.append(d)

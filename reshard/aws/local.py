@@ -130,9 +130,14 @@ class DynaliteServer:
         self.stop()
 
 
-def create_table(dynamo, table: str, keys: Keys) -> None:
+def create_table(dynamo, table: str, keys: Keys, timeout: float = 30.0, poll: float = 0.05) -> None:
     """An on-demand table with the key attributes a migration file's ``[keys]`` names
-    (string keys, as the layouts write them), for tries, tests and benchmarks."""
+    (string keys, as the layouts write them), for tries, tests and benchmarks.
+
+    Returns once the table is ACTIVE (a bounded poll of DescribeTable through the choke
+    point): dynalite, like DynamoDB, answers CreateTable while the table is still CREATING,
+    and under load the first requests that follow failed with ResourceNotFound.
+    """
     schema = [{"AttributeName": keys.partition, "KeyType": "HASH"}]
     attrs = [{"AttributeName": keys.partition, "AttributeType": "S"}]
     if keys.sort:
@@ -140,3 +145,20 @@ def create_table(dynamo, table: str, keys: Keys) -> None:
         attrs.append({"AttributeName": keys.sort, "AttributeType": "S"})
     dynamo.call("create_table", TableName=table, KeySchema=schema, AttributeDefinitions=attrs,
                 BillingMode="PAY_PER_REQUEST")
+    wait_active(dynamo, table, timeout, poll)
+
+
+def wait_active(dynamo, table: str, timeout: float = 30.0, poll: float = 0.05) -> None:
+    """Poll DescribeTable until ``table`` is ACTIVE; AWSError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    status = "missing"
+    while True:
+        try:
+            status = dynamo.call("describe_table", TableName=table)["Table"].get("TableStatus", "?")
+        except errors.ResourceNotFound:
+            status = "missing"  # not visible yet right after CreateTable on a busy server
+        if status == "ACTIVE":
+            return
+        if time.monotonic() >= deadline:
+            raise errors.AWSError("create_table", "Timeout", f"table {table} is {status}, not ACTIVE, after {timeout}s")
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))

@@ -8,7 +8,33 @@ from reshard import errors, operations
 from reshard.cli.options import (command, job_progress, lease_seconds_option, max_rcu_option, max_wcu_option,
                                  migration_argument, page_size_option, segments_option, workers_option)
 from reshard.control.runs import backfill_progress
+from reshard.jobs.backfill import COUNTERS
 from reshard.jobs.runner import JobOptions
+
+#: What the backfill counts (its totals, less the capacity units), in the order shown.
+COPY_COUNTERS = tuple(k for k in COUNTERS if k not in ("rcu", "wcu"))
+
+
+def copy_summary_lines(t: dict) -> list[str]:
+    """The backfill's counters in words: what was scanned, and what became of each moved item."""
+    return [f"  scanned {t['scanned']}: moved {t['moved']}, unmoved {t['unmoved']} (key does not change), "
+            f"new layout {t['new_layout']} (copies already there), unmappable {t['unmappable']}",
+            f"  of the moved: copied {t['copied']}, fenced {t['fenced']} (a newer write was already at the new "
+            f"key and stays), duplicates {t['duplicates']} (same content already there), "
+            f"collisions {t['collisions']} (not copied)"]
+
+
+def report_pointer_lines(mid: str, t: dict) -> list[str]:
+    """Where the items the backfill left alone are listed (both are ``U#backfill#...`` rows)."""
+    lines = []
+    if t.get("collisions"):
+        lines.append(f"  COLLISIONS: {t['collisions']} pre-migration item(s) have another old copy with different "
+                     f"content; neither was copied over the other. `reshard status {mid}` lists them (both old "
+                     f"keys); decide which is right: runbooks/incident-unmappable.md")
+    if t.get("unmappable"):
+        lines.append(f"  unmappable items are listed by `reshard status {mid}` (control table U#backfill#...): "
+                     f"runbooks/incident-unmappable.md")
+    return lines
 
 
 @command("backfill")
@@ -18,7 +44,8 @@ from reshard.jobs.runner import JobOptions
 @max_wcu_option
 @max_rcu_option
 @page_size_option("Items per Scan page (the unit of work redone after a kill).")
-@lease_seconds_option("How long a segment lease lasts without a checkpoint before others may take it over.")
+@lease_seconds_option("How long a segment lease lasts without a renewal before another worker may take the "
+                      "segment over.")
 def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
@@ -27,6 +54,13 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
     once to share the segments. Exit 0 when every segment is done, 1 when segments
     failed (listed; re-run to retry them), 2 when refused (wrong phase, lagging shims,
     --segments different from the started run).
+
+    \b
+    Each item is copied with one PutItem conditional on its version: a newer write
+    already at the new key stays (counted as fenced). Two pre-migration copies of one
+    item that differ are a collision: neither is copied, both keys are listed by
+    `reshard status`. No write is sent once the worker's lease may have expired
+    (see --lease-seconds).
 
     \b
     Example:
@@ -46,8 +80,8 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
         "migration": mid, "segments": segments, "done": sum(r.done for r in result.segments),
         "worked_here": result.worked, "failed": [{"segment": r.segment, "attempts": r.attempts,
                                                   "error": r.last_error} for r in result.failed],
-        "scanned": t.get("scanned", 0), "moved": t.get("moved", 0), "unmoved": t.get("unmoved", 0),
-        "recopied": t.get("recopied", 0), "undone": t.get("undone", 0), "unmappable": t.get("unmappable", 0),
+        # The counters of reshard.jobs.backfill.COUNTERS (the run's totals over every host).
+        **{k: int(t.get(k, 0)) for k in COPY_COUNTERS},
         "pages_redone": sum(r.takeovers for r in result.segments),
         "consumed_here": result.consumed, "consumed_total": {"rcu": round(t.get("rcu", 0), 1),
                                                                "wcu": round(t.get("wcu", 0), 1)},
@@ -58,12 +92,10 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
     def text() -> str:
         lines = [f"backfill {mid}: {summary['done']}/{segments} segments done "
                  f"({len(result.worked)} by this process) in {summary['elapsed_seconds']} s",
-                 f"  scanned {summary['scanned']}, moved {summary['moved']}, unmoved {summary['unmoved']}, "
-                 f"recopied {summary['recopied']}, undone {summary['undone']}, unmappable {summary['unmappable']}",
+                 *copy_summary_lines(summary),
                  f"  consumed here {result.consumed['rcu']} RCU / {result.consumed['wcu']} WCU; "
                  f"pages redone after takeovers: {summary['pages_redone']}"]
-        if summary["unmappable"]:
-            lines.append(f"  unmappable items are listed by `reshard status {mid}` (control table U#backfill#...)")
+        lines += report_pointer_lines(mid, summary)
         if summary["last_throttle"]:
             lines.append(f"  last budget decision: {summary['last_throttle']}")
         for f in summary["failed"]:

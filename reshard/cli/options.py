@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import click
 
-from reshard.aws.dynamo import Dynamo
+from reshard.aws.dynamo import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, Dynamo
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
 from reshard.core.phases import Phase
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
@@ -164,10 +164,24 @@ def page_size_option(help: str = "Items per Scan page.") -> Callable:
     return click.option("--page-size", type=click.IntRange(1, 100_000), default=500, show_default=True, help=help)
 
 
-def lease_seconds_option(help: str = "How long a segment lease lasts without a checkpoint.") -> Callable:
-    """``--lease-seconds`` of the data jobs (the help differs a little per command)."""
+#: The time fence of the data jobs' writes, as ``--lease-seconds`` explains it (see
+#: reshard.jobs.engine: the local deadline; reshard.jobs.runner.run_job: one attempt bounded
+#: to a third of the lease).
+LEASE_FENCE_HELP = (
+    "It must exceed the longest request: each attempt of a request is bounded by its connect + read "
+    f"timeout ({CONNECT_TIMEOUT_SECONDS:g} s + {READ_TIMEOUT_SECONDS:g} s, shortened to a third of the lease "
+    "when that is less). Before every write attempt a worker checks its lease's local deadline (its last "
+    "renewal + the lease - the longest attempt, on its monotonic clock); a worker stalled past it (a pause, "
+    "a frozen VM, a lost network) sends nothing more and gives the segment up, and whoever claims it next "
+    "redoes the page from the last checkpoint.")
+
+
+def lease_seconds_option(help: str = "How long a segment lease lasts without a renewal before another worker "
+                                     "may take the segment over.") -> Callable:
+    """``--lease-seconds`` of the data jobs (the help differs a little per command; the
+    time fence that goes with it is the same for all)."""
     return click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
-                        show_default=True, help=help)
+                        show_default=True, help=f"{help} {LEASE_FENCE_HELP}")
 
 
 from_option = click.option(
@@ -181,7 +195,10 @@ allow_no_shims_option = click.option(
 wait_option = click.option(
     "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
     help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "
-         "then, after the transition, for it to acknowledge the new one.")
+         "then, after the transition, for it to acknowledge the new one. Into cutover, the same SECONDS also "
+         "cover waiting for backfill and verify segment leases to go quiet (each unchanged for its lease + the "
+         "longest request, watched on this host's clock): a worker stalled past its lease could still write "
+         "until then. Without --wait a held lease refuses the cutover.")
 
 
 def is_tty() -> bool:

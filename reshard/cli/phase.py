@@ -69,8 +69,10 @@ def advance(env: Env, migration: str | None, wait: float | None, from_phase: str
     \b
     Refused (exit 2) while a live shim has not acknowledged the current phase
     (unless --wait lets it catch up), and into cutover without a finished backfill
-    and a passing verify started after it. Of two operators advancing at once,
-    exactly one wins.
+    and a passing verify started after it, or while a backfill or verify worker may
+    still write: its segment lease must have stayed unchanged for the lease + the
+    longest request (--wait SECONDS waits for that too; a stalled worker stops at its
+    own lease deadline). Of two operators advancing at once, exactly one wins.
 
     \b
     Example:

@@ -82,7 +82,8 @@ def status_data(s: Status) -> dict:
 
 
 #: The counters worth a column per job in the text output (all of them are in the JSON).
-_SHOWN = {"backfill": ("scanned", "moved", "unmoved", "recopied", "unmappable"),
+_SHOWN = {"backfill": ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
+                       "unmappable"),
           "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "new_only",
                      "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired"),
           "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed")}
@@ -107,9 +108,16 @@ def _render_job(j: dict) -> list[str]:
                 lines.append(f"      {e['kind']}: old {e['old_key']} new {e['new_key']} {e['detail']}".rstrip())
     if j.get("unmappable", {}).get("count"):
         u = j["unmappable"]
-        lines.append(f"    unmappable items (left in place): {u['count']}")
+        lines.append(f"    unmappable items (left in place): {u['count']}" + _more(u))
         for e in u["examples"]:
-            lines.append(f"      {e['old_key']}: {e['reason']}: {e['detail']}")
+            lines.append(f"      {_key_text(e['old_key'])}: {e['reason']}: {e['detail']}")
+    if j.get("collisions", {}).get("count"):
+        c = j["collisions"]
+        lines.append(f"    COLLISIONS (two pre-migration copies of one item differ; whichever the backfill met "
+                     f"first was copied, the other never over it; verify fails until you decide which is right: "
+                     f"runbooks/incident-unmappable.md): {c['count']}" + _more(c))
+        for e in c["examples"]:
+            lines.append(f"      {_key_text(e['old_key'])} and {_key_text(e.get('other_key'))} differ")
     if j.get("last_throttle"):
         lines.append(f"    last budget decision: {j['last_throttle']}")
     if not j["latest"] or j["finished_at"]:
@@ -121,6 +129,21 @@ def _render_job(j: dict) -> list[str]:
         err = f" error: {seg['last_error']}" if seg["last_error"] else ""
         lines.append(f"    segment {seg['segment']:>4} {seg['state']:<8}{owner} {progress}{err}".rstrip())
     return lines
+
+
+def _key_text(key: dict | None) -> str:
+    """``PK='a#1', SK='0'`` for a key in the attribute-value format (as ``plan`` shows keys)."""
+    if not key:
+        return "?"
+    return ", ".join(f"{a}={(next(iter(v.values())) if isinstance(v, dict) and len(v) == 1 else v)!r}"
+                     for a, v in key.items())
+
+
+def _more(report: dict) -> str:
+    """How to list the rest of a U#backfill report when status shows only the first few."""
+    left = report["count"] - len(report["examples"])
+    return (f" (the first {len(report['examples'])} below; every one is a U#backfill# row of the control table, "
+            f"the query is in runbooks/incident-unmappable.md)" if left > 0 else "")
 
 
 def _when(at: float) -> str:
@@ -319,7 +342,7 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         add("")
     bf, cl, od = cap["backfill"], cap["cleanup"], cap["on_demand"]
     add("Capacity (whole table)")
-    add(f"  backfill  {bf['rcu']:>12,.1f} RCU (scan {bf['scan_rcu']:,.1f} + read-back {bf['readback_rcu']:,.1f})"
+    add(f"  backfill  {bf['rcu']:>12,.1f} RCU (scan {bf['scan_rcu']:,.1f} + fence reads {bf['fence_read_rcu']:,.1f})"
         f"  {bf['wcu']:>12,.1f} WCU")
     add(f"  cleanup   {cl['rcu']:>12,.1f} RCU (scan)  {cl['wcu']:>12,.1f} WCU")
     if cap["max_wcu"]:

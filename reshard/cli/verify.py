@@ -22,8 +22,10 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
 @migration_argument
 @segments_option
 @workers_option
-@click.option("--repair", is_flag=True, help="Fix differences from the old (authoritative) layout with fenced "
-                                              "writes (backfill phase only); then verify again.")
+@click.option("--repair", is_flag=True, help="Fix differences from the old (authoritative) layout with writes "
+                                              "conditional on the version verify read (a newer shim write stays) "
+                                              "and sent only while the lease holds, as the backfill's copies "
+                                              "(backfill phase only); then verify again.")
 @click.option("--examples", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="How many differences to list.")
 @max_rcu_option
@@ -34,9 +36,11 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
     """Compare the old and the new layout item by item, both ways.
 
     \b
-    Differences: missing, stale, diverged, extra, resurrected, duplicate. Each is
-    re-read consistently before it is reported, so in-flight shim writes are not false
-    alarms. Resumable, and several hosts may share one run. The verdict is recorded in
+    Each logical item is judged over every old copy (a random-suffix layout may hold
+    several; the newest wins) against its new copy. Differences: missing, stale,
+    diverged, extra, new_only, resurrected, duplicate, collision, too_large,
+    unmappable. Each is re-read consistently before it is reported, so in-flight shim
+    writes are not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
     the control table: `reshard advance` to cutover needs a passing verify that started
     after the backfill finished.
     Exit 0 identical, 1 differences (listed), 2 bad input or refused.

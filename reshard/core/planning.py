@@ -9,9 +9,12 @@ Capacity model (DynamoDB's documented unit rules, applied per item):
 
 * **Backfill** scans the whole table once, eventually consistent: 0.5 RCU per 4 KB
   read (a Scan rounds the *page* to 4 KB, not each item, so the model uses the
-  total bytes). For every item that moves it then writes the new item
-  (``ceil(new size / 1 KB)`` WCU) and reads the source back with a consistent
-  BatchGetItem (``ceil(size / 4 KB)`` RCU; BatchGetItem rounds per item).
+  total bytes). For every item that moves it then writes the new item with one
+  version-conditioned PutItem (``ceil(new size / 1 KB)`` WCU). There is no read-back;
+  only when an unversioned item's fence fails because another old item is already at
+  its new key (a duplicate or a collision) does the copy read that key, consistently
+  (``ceil(new size / 4 KB)`` RCU). A shim write already there fails the fence too; the
+  plan cannot foresee those (live traffic), so they are not counted.
 * **Cleanup** scans the table again -- by then it holds the old items *and* the new
   copies of the moved ones -- and retires each moved item with one UpdateItem that
   sets the TTL attribute (or one DeleteItem when there is no TTL attribute):
@@ -158,7 +161,9 @@ class SampleAnalysis:
     bytes_all: int = 0  # every scanned item, old size
     bytes_moved_old: int = 0
     bytes_moved_new: int = 0
-    readback_rcu: float = 0.0  # consistent BatchGetItem of each moved source item
+    # The copy reads the new key (one consistent GetItem) only when an unversioned item's
+    # version fence fails: another old copy of it (or another item's old key) is already there.
+    fence_read_rcu: float = 0.0
     write_wcu: int = 0  # one write of each moved item in the new layout
     retire_wcu: int = 0  # one UpdateItem/DeleteItem of each moved old item
     unmappable: dict = field(default_factory=dict)  # reason -> count
@@ -195,7 +200,7 @@ class SampleAnalysis:
                 self.examples.append({"key": key, "reason": e.reason, "detail": e.detail})
             return
         self.mappable += 1
-        self._check_collision(item, new_item, values)
+        taken = self._check_collision(item, new_item, values)
         self.old_shards.append(old_shard)
         self.new_shards.append(new_shard)
         if moved:
@@ -203,11 +208,12 @@ class SampleAnalysis:
             new_size = item_size(new_item)
             self.bytes_moved_old += size
             self.bytes_moved_new += new_size
-            self.readback_rcu += read_units(size, consistent=True)
+            if taken and not version_of(item):
+                self.fence_read_rcu += read_units(item_size(new_item), consistent=True)
             self.write_wcu += write_units(new_size)
             self.retire_wcu += write_units(size)
 
-    def _check_collision(self, item: Mapping[str, Any], new_item: Mapping[str, Any], values: Mapping) -> None:
+    def _check_collision(self, item: Mapping[str, Any], new_item: Mapping[str, Any], values: Mapping) -> bool:
         """Old items that the new layout would put on one key: a *collision*.
 
         * two copies of one item (a random-suffix layout, where an application re-put it
@@ -218,7 +224,9 @@ class SampleAnalysis:
         * an item whose new key is another item's old key: its copy would land on it.
 
         Only one of them can exist in the new layout, and which one is not ours to guess.
-        Memory: a few digests per mappable item scanned (not the items).
+        Memory: a few digests per mappable item scanned (not the items). Returns whether an
+        old item seen before already holds or maps to this item's new key (its copy's
+        version fence would then fail).
         """
         old_key = {a: item[a] for a in self.mapper.old.key_attrs if a in item}
         new_key = {a: new_item[a] for a in self.mapper.new.key_attrs}
@@ -244,6 +252,7 @@ class SampleAnalysis:
         onto = self._at_new_key.get(old_slot)
         if onto is not None and onto[0] != ident and old_slot != slot:
             self._collide(old_key, onto[3], shown, version)
+        return first is not None or (slot != old_slot and other is not None)
 
     def _collide(self, new_key: Mapping[str, Any], first: dict, second: dict, version: str) -> None:
         self.collisions += 1
@@ -289,15 +298,15 @@ class Capacity:
     """Capacity units a job consumes in total (not per second)."""
 
     scan_rcu: float
-    readback_rcu: float
+    fence_read_rcu: float  # consistent reads of a new key after a failed copy fence (duplicates, collisions)
     wcu: float
 
     @property
     def rcu(self) -> float:
-        return self.scan_rcu + self.readback_rcu
+        return self.scan_rcu + self.fence_read_rcu
 
     def as_dict(self) -> dict:
-        return {"scan_rcu": round(self.scan_rcu, 1), "readback_rcu": round(self.readback_rcu, 1),
+        return {"scan_rcu": round(self.scan_rcu, 1), "fence_read_rcu": round(self.fence_read_rcu, 1),
                 "rcu": round(self.rcu, 1), "wcu": round(self.wcu, 1)}
 
 
@@ -356,11 +365,11 @@ def estimate(sample: SampleAnalysis, table_items: int, *, max_wcu: float | None 
     total = max(table_items, sample.scanned)
     scale = total / sample.scanned if sample.scanned else 0.0
     backfill = Capacity(scan_rcu=scan_units(round(sample.bytes_all * scale)),
-                        readback_rcu=sample.readback_rcu * scale,
+                        fence_read_rcu=sample.fence_read_rcu * scale,
                         wcu=sample.write_wcu * scale)
     # The cleanup scan sees the old items plus the new copies of the moved ones.
     cleanup = Capacity(scan_rcu=scan_units(round((sample.bytes_all + sample.bytes_moved_new) * scale)),
-                       readback_rcu=0.0,
+                       fence_read_rcu=0.0,
                        wcu=sample.retire_wcu * scale)
     return Estimate(scale, backfill, cleanup, max_wcu, write_price, read_price)
 

@@ -23,8 +23,9 @@ The copy step
     always stays. When that fence fails, :func:`copy_outcome` says what the target
     holds: something newer (keep it), the same content (nothing to do), or another
     *unversioned* old copy with different content -- a *collision* that is reported,
-    never silently resolved. :func:`copy_action` is the older read-back step (the
-    repair and the model tests still use it).
+    never silently resolved. :func:`copy_action` is the read-back step of the copy
+    before it was fenced; no reshard code calls it any more (the shim model test's
+    ``tests/copy_model.py`` still replays that older copy).
 """
 
 from __future__ import annotations

@@ -35,7 +35,10 @@ can with version-fenced writes that never overwrite a newer version and never de
 shim's write: a marked copy newer than every old copy (``new_only``) is copied back to the
 old layout, never deleted; only an unversioned copy with no old item (``extra``) is
 deleted, and only if still unchanged. Collisions, too-large and unmappable items are
-reported with guidance, not guessed at.
+reported with guidance, not guessed at. Every repair request is also guarded, before each
+attempt, by the lease's local deadline (``PageContext.write_guard``, as the backfill's
+copies are): a repair worker stalled past its lease sends nothing, so the gates that wait
+for job leases to go quiet (cutover, retire) can rely on it.
 
 The run's verdict is kept in the control table (``R#verify#<run>``: started, finished,
 totals per kind) and examples under ``D#verify#<run>#<digest>``; the cutover gate
@@ -143,7 +146,7 @@ class Verifier:
                     # Nothing reads a copy at a key its own fields do not map to: garbage
                     # (from a bug or a hand edit). Repair deletes it if it is still the same.
                     if self.opts.repair:
-                        fixed = self._delete_copy(item, self._key(item))
+                        fixed = self._delete_copy(ctx, item, self._key(item))
                         counts["repaired" if fixed else "unrepaired"] += 1
                         detail += "; repaired" if fixed else ""
                     ident = self.mapper.identity(fields) if fields else ()
@@ -168,7 +171,7 @@ class Verifier:
             checks.append(Check("old", candidates, new_key, item, self.mapper.identity(fields)))
 
         for check in self._first_look(counts, checks):
-            self._settle(counts, check)
+            self._settle(ctx, counts, check)
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, resp.get("LastEvaluatedKey")
@@ -260,7 +263,7 @@ class Verifier:
                     return item
         return None
 
-    def _settle(self, counts: dict, c: Check) -> None:
+    def _settle(self, ctx: PageContext, counts: dict, c: Check) -> None:
         """Re-read a suspect consistently until it agrees or stays the same twice."""
         me = _kid(self._key(c.scanned))
         keys = [*c.candidates, c.new_key]
@@ -290,7 +293,7 @@ class Verifier:
         details = [j.detail] if j.detail else []
         if not steady:
             details.append(f"still changing after {self.opts.rechecks} consistent re-reads")
-        if self.opts.repair and self._repair(j, c):
+        if self.opts.repair and self._repair(ctx, j, c):
             counts["repaired"] += 1
             details.append("repaired")
         elif self.opts.repair:
@@ -312,9 +315,16 @@ class Verifier:
                         "body": S(text)})
 
     # ---------------------------------------------------------------- repair
-    def _repair(self, j: Judgement, c: Check) -> bool:
+    def _repair(self, ctx: PageContext, j: Judgement, c: Check) -> bool:
         """Fix one difference with a version-fenced write; never overwrite a newer version,
-        never delete anything a shim wrote."""
+        never delete anything a shim wrote.
+
+        Fenced twice, like the backfill's copy: at the server by version (a shim write that
+        landed since our consistent re-read is newer, so the condition fails and it stays),
+        and in time by ``ctx.write_guard`` before every attempt (a worker stalled past its
+        lease sends nothing: after a lease expiry the gates -- cutover, retire -- may already
+        have relied on "no job writes", and a version condition cannot see that).
+        """
         kind, old, new = j.kind, j.reference, j.new
         try:
             if kind in ("missing", "stale", "diverged", "resurrected") and old is not None:
@@ -324,20 +334,20 @@ class Verifier:
                 # Same version but other content: only this exact stale copy may be replaced.
                 fence = unchanged(version_of(old), self.key_attrs[0]) \
                     if new is not None and version_of(new) == version_of(old) else fence_for(version_of(old))
-                return conditional_put(self.dynamo, self.budget, self.table, target, fence)
+                return conditional_put(self.dynamo, self.budget, self.table, target, fence, guard=ctx.write_guard)
             if kind == "extra" and new is not None and self.mapper.is_new_copy(new) and not version_of(new):
                 # An unversioned copy with no old item behind it (its source was deleted
                 # behind the shim's back). A versioned one is a shim write: ``new_only``.
-                return self._delete_copy(new, c.new_key)
+                return self._delete_copy(ctx, new, c.new_key)
             if kind == "new_only" and new is not None:
-                return self._mirror_to_old(new, c, old)
+                return self._mirror_to_old(ctx, new, c, old)
             # collision, too_large: which copy the application meant, or how to shrink an
             # item, is not ours to guess; they are reported with guidance.
         except errors.UnmappableItem:
             return False
         return False
 
-    def _mirror_to_old(self, new: dict, c: Check, old: dict | None) -> bool:
+    def _mirror_to_old(self, ctx: PageContext, new: dict, c: Check, old: dict | None) -> bool:
         """Give a shim write found only in the new layout its old copy back (the mirror
         write that never landed), fenced so it only replaces an older version or nothing."""
         version = version_of(new)
@@ -347,7 +357,7 @@ class Verifier:
             # item does. Only if it still is exactly this write.
             item = {k: v for k, v in new.items() if k != NEW_COPY_ATTR}
             return conditional_put(self.dynamo, self.budget, self.table, item,
-                                   unchanged(version, self.key_attrs[0]))
+                                   unchanged(version, self.key_attrs[0]), guard=ctx.write_guard)
         fields = self.mapper.fields(new, self.mapper.new)
         if not self.mapper.old.random:
             shard = None
@@ -358,12 +368,14 @@ class Verifier:
         logical = self.mapper.to_logical(new, self.mapper.new)
         item = self.mapper.to_physical(logical, self.mapper.old, shard)
         item[VERSION_ATTR] = new[VERSION_ATTR]
-        return conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version))
+        return conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version),
+                               guard=ctx.write_guard)
 
-    def _delete_copy(self, item: dict, key: dict) -> bool:
-        """Delete a new-layout copy if it is still the one we saw (same version)."""
+    def _delete_copy(self, ctx: PageContext, item: dict, key: dict) -> bool:
+        """Delete a new-layout copy if it is still the one we saw (same version), and only
+        while our lease holds (``ctx.write_guard`` before every attempt)."""
         return conditional_delete(self.dynamo, self.budget, self.table, key,
-                                  unchanged(version_of(item), self.key_attrs[0]))
+                                  unchanged(version_of(item), self.key_attrs[0]), guard=ctx.write_guard)
 
 
 def _identity_text(identity: tuple) -> str:

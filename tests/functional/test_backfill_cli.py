@@ -22,12 +22,21 @@ def test_backfill_command_summary_and_exit_codes(moto_dynamo, capsys, tmp_path):
     assert summary["finished"] and summary["done"] == 2 and summary["failed"] == []
     assert summary["moved"] == sum(mapper.moves(o) for o in shim.model.values())
     assert summary["unmappable"] == 1 and summary["unmoved"] >= 1
-    assert set(summary) >= {"scanned", "recopied", "undone", "consumed_here", "elapsed_seconds"}
+    # The copy's own counters (reshard.jobs.backfill.COUNTERS), not the read-back's recopied/undone.
+    assert set(summary) >= {"scanned", "copied", "fenced", "duplicates", "collisions", "new_layout",
+                            "consumed_here", "elapsed_seconds"}
+    assert not {"recopied", "undone"} & set(summary)
+    assert summary["copied"] + summary["fenced"] + summary["duplicates"] + summary["collisions"] == summary["moved"]
 
     # Re-running a finished backfill redoes nothing and still succeeds.
     assert main(["--output", "json", "backfill", m.id, "--segments", "2"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["worked_here"] == [] and again["moved"] == summary["moved"]
+    assert main(["backfill", m.id, "--segments", "2"]) == 0
+    text = capsys.readouterr().out
+    assert f"of the moved: copied {summary['copied']}, fenced 0 " in text and "collisions 0 (not copied)" in text
+    assert "unmappable items are listed by `reshard status" in text and "COLLISIONS" not in text
+    assert "recopied" not in text and "undone" not in text
 
     # A different segment count than the started run: refused, exit 2, one line.
     assert main(["backfill", m.id, "--segments", "4"]) == 2
@@ -71,3 +80,30 @@ def test_failed_segments_are_listed_and_exit_1(moto_dynamo, capsys, monkeypatch)
     monkeypatch.setattr(Dynamo, "call", real)
     assert main(["--output", "json", "backfill", m.id, "--segments", "2"]) == 0   # the next run retries it
     assert json.loads(capsys.readouterr().out)["worked_here"] == [1]
+
+
+def _help(*args: str) -> str:
+    from click.testing import CliRunner
+    from reshard.cli.main import cli
+    result = CliRunner().invoke(cli, [*args, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())  # one line: click wraps at its own width
+
+
+def test_help_explains_the_time_fences():
+    """--lease-seconds says the lease must exceed the longest request and what a worker stalled
+    past its lease does; advance --wait says it also waits for job leases to go quiet; the
+    backfill's help names its counters (no read-back, no re-copy)."""
+    for cmd in ("backfill", "verify", "cleanup"):
+        text = _help(cmd)
+        assert "It must exceed the longest request: each attempt of a request is bounded by its connect + read " \
+               "timeout (5 s + 30 s, shortened to a third of the lease when that is less)" in text, cmd
+        assert "a worker stalled past it" in text and "sends nothing more" in text, cmd
+    backfill = _help("backfill")
+    assert "counted as fenced" in backfill and "collision" in backfill
+    assert "recop" not in backfill and "read-back" not in backfill
+    assert "sent only while the lease holds" in _help("verify")
+    advance = _help("advance")
+    assert "Into cutover, the same SECONDS also cover waiting for backfill and verify segment leases to go " \
+           "quiet" in advance
+    assert "a stalled worker stops at its own lease deadline" in advance

@@ -58,7 +58,9 @@ def test_demo_exits_zero_with_a_green_report(demo_run):
     # traffic ran in every phase, not only before or after the migration
     assert {"dual_write", "dual_read", "backfill", "cutover", "cleanup"} <= set(app["by_phase"])
     assert report["steps"]["verify"]["passed"] is True
-    assert report["steps"]["backfill"]["done"] is True
+    bf = report["steps"]["backfill"]
+    assert bf["done"] is True and not {"recopied", "undone"} & set(bf)
+    assert bf["copied"] + bf["fenced"] + bf["duplicates"] + bf["collisions"] == bf["moved"] > 0
     assert report["steps"]["cleanup"]["done"] is True
     fc = report["final_check"]
     assert fc["mismatches"] == 0 and fc["resurrected"] == 0

@@ -104,11 +104,11 @@ def test_plan_sensor_events_full_scan(moto_dynamo, capsys):
     new = counts([sha(e) % 32 for e in events], 32)
     assert r["distribution"]["new"]["skew"] == round(max(new) / (200 / 32), 3)
     assert r["distribution"]["new"]["hottest_pct"] == round(100 * max(new) / 200, 2)
-    # Items are under 1 KB: one WCU per write, one RCU per consistent read-back.
+    # Items are under 1 KB: one WCU per write; no read-back (no two old items share a new key).
     cap = r["capacity"]
     assert cap["scale"] == 1
     assert cap["backfill"]["wcu"] == len(moved)
-    assert cap["backfill"]["readback_rcu"] == len(moved)
+    assert cap["backfill"]["fence_read_rcu"] == 0 and "readback_rcu" not in cap["backfill"]
     assert cap["cleanup"]["wcu"] == len(moved)
     assert cap["backfill_seconds"] == round(len(moved) / 50, 1)
     assert r["table"]["billing_mode"] == "PAY_PER_REQUEST"

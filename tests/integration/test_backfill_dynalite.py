@@ -254,3 +254,57 @@ def test_throttling_5xx_and_split_batches_leave_the_same_result(dynalite, dynali
             assert any((s["last_throttle"] or "").startswith(("throttled on", "no throttling"))
                        for s in st["segments"])
     assert results["clean"] == results["faulty"]
+
+
+def test_cli_counts_collisions_and_fenced_copies_and_status_lists_them(dynalite, dynalite_server, unique_name,
+                                                                       capsys):
+    """What ``reshard backfill`` and ``reshard status`` print is what the copy counts: copied,
+    fenced (a newer write was already at the new key), duplicates and collisions -- and the
+    collision's two old keys are listed with a pointer to the runbook (no recopied/undone:
+    the read-back that counted them is gone)."""
+    from reshard.cli.main import main
+
+    m, mapper, store = setup_migration(dynalite, "invoices", unique_name, control=unique_name + "-c",
+                                       mid=unique_name)
+    put = lambda it, shard, **kw: dynalite.call(  # noqa: E731
+        "put_item", TableName=m.table, Item=mapper.to_physical(dict(it, **kw), mapper.old, shard))
+    moving = [it for it in (logical("invoices", i) for i in range(400))
+              if int(mapper.new.key(mapper.logical_fields(it))["PK"]["S"].rsplit("#", 1)[1]) >= mapper.old.shards]
+    clash, twin, newer = moving[:3]
+    put(clash, 1, amount={"N": "1"})       # two pre-migration copies that differ: a collision
+    put(clash, 2, amount={"N": "2"})
+    put(twin, 3)                           # two that agree: a duplicate
+    put(twin, 4)
+    put(newer, 5)                          # a shim write already at the new key: the copy is fenced
+    shim = Shim(dynalite, mapper, m.table)
+    shim.shards[shim.ident(newer)] = 5
+    shim.put(dict(newer, amount={"N": "9"}))
+    for it in moving[3:8]:
+        put(it, 6)
+
+    base = ["--endpoint-url", dynalite_server.endpoint, "--control-table", store.table]
+    assert main([*base, "--output", "json", "backfill", m.id, "--segments", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {k: summary[k] for k in ("moved", "copied", "fenced", "duplicates", "collisions")} == \
+        {"moved": 10, "copied": 7, "fenced": 1, "duplicates": 1, "collisions": 1}, summary
+    assert not {"recopied", "undone"} & set(summary)
+
+    assert main([*base, "backfill", m.id, "--segments", "1"]) == 0   # done already: the same totals, as text
+    text = capsys.readouterr().out
+    assert "of the moved: copied 7, fenced 1 (a newer write was already at the new key and stays), " \
+           "duplicates 1 (same content already there), collisions 1 (not copied)" in text, text
+    assert "COLLISIONS: 1 pre-migration item(s)" in text and f"`reshard status {m.id}` lists them" in text
+    assert "recopied" not in text and "undone" not in text
+
+    assert main([*base, "status", m.id]) == 0
+    status = capsys.readouterr().out
+    assert "totals: scanned 11, moved 10, copied 7, fenced 1, duplicates 1, collisions 1" in status, status
+    line = next(ln for ln in status.splitlines() if "COLLISIONS" in ln)
+    assert line.endswith(": 1") and "incident-unmappable.md" in line
+    listed = status.splitlines()[status.splitlines().index(line) + 1]
+    assert sorted(listed.strip()[:-len(" differ")].split(" and ")) == \
+        ["PK='InvoiceNumber#100000#1', SK='0'", "PK='InvoiceNumber#100000#2', SK='0'"], listed
+    assert "unmappable items" not in status       # a collision is not counted as unmappable
+    assert main([*base, "--output", "json", "status", m.id]) == 0
+    job = next(j for j in json.loads(capsys.readouterr().out)["jobs"] if j["job"] == "backfill")
+    assert job["collisions"]["count"] == 1 and job["unmappable"]["count"] == 0

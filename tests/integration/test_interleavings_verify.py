@@ -4,12 +4,19 @@ Each test builds the table a migration really reaches -- seeded old items, a rea
 run, then the few physical items an interleaving leaves behind (a stale blind copy over a
 tombstone's mirror, a delete that tombstoned one of two old copies, a cutover put stored once,
 a copy TTL already deleted) -- and runs the real verify job (and the gate) on dynalite.
+
+The last two freeze a ``verify --repair`` worker at its repair write (the ``Freezer`` of
+``test_interleavings_backfill``): stalled past its lease through an abort and retire, it sends
+nothing (the per-attempt lease-deadline guard; without it the repair restored a new-layout
+copy after the retire); frozen on the wire while a shim writes the same item, its write fails
+its version condition and the shim's write stays (the server fence).
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import time
 
 import pytest
 
@@ -26,7 +33,7 @@ from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.runner import JobOptions, run_job
 from reshard.jobs.verify import VERIFY
 
-from tests.backfill_support import Shim, create_table, logical, migration_text, setup_migration
+from tests.backfill_support import Shim, create_table, logical, migration_text, scan_all, setup_migration
 from tests.shim_helpers import shim as pinned_shim
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -350,3 +357,105 @@ def test_another_items_old_copy_at_the_new_key_is_a_collision_never_overwritten(
     assert failing(result) == {"collision": 2}, (failing(result), result.examples)
     assert all("another item" in e["detail"] for e in result.examples)
     assert {e["identity"][2] for e in result.examples} == {e1, e3}
+
+
+# --------------------------------------------------------------------------- repair writes: fenced like the copy
+
+def _repair_worker(dynalite_server, store, m, mapper, freezer_point: str, lease: float, **engine_kw):
+    """A ``verify --repair`` worker with its own clients, frozen at its first repair write
+    (``freezer_point``: see :class:`Freezer`); returns (freezer, thread, out, data client)."""
+    from reshard.jobs.budget import CapacityBudget
+    from reshard.jobs.engine import SegmentEngine
+    from reshard.jobs.verify import Verifier
+    from tests.integration.test_interleavings_backfill import Freezer, _start, fast_dynamo
+
+    a_data = fast_dynamo(dynalite_server.endpoint)
+    a_store = ControlStore(fast_dynamo(dynalite_server.endpoint), store.table)
+    freezer = Freezer(a_data, freezer_point)
+    a_budget = freezer.budget(CapacityBudget().attach(a_data, m.table))
+    opts = JobOptions(segments=1, workers=1, page_size=100, rechecks=2, recheck_pause=0.0, repair=True)
+    page = Verifier(a_data, a_store, m.id, 1, mapper, m.table, a_budget, opts, sleep=lambda s: None).page
+    engine = SegmentEngine(a_store, m.id, "verify", 1, 1, page, workers=1, lease_seconds=lease,
+                           max_request_seconds=a_data.attempt_seconds, invocation="A", **engine_kw)
+    thread, out = _start(engine)
+    return freezer, thread, out, a_data
+
+
+def _with_a_missing_copy(dynalite, unique_name):
+    """A backfilled sensor table (backfill phase) whose one moved item ``x`` (logical) lost its new copy."""
+    m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=unique_name + "-c", mid=unique_name)
+    shim = Shim(dynalite, mapper, m.table, writer="app")
+    items = [logical("sensor", i) for i in range(8)]
+    for i in items:
+        shim.seed(i)
+    before = scan_all(dynalite, m.table)
+    assert run_job(BACKFILL, dynalite, store, m.id, JobOptions(segments=1, workers=1)).done
+    x = next(i for i in items if mapper.moves(mapper.to_physical(i, mapper.old)))
+    new_key = mapper.new.key(mapper.logical_fields(x))
+    dynalite.call("delete_item", TableName=m.table, Key=new_key)
+    return m, mapper, store, shim, x, new_key, before
+
+
+def test_a_repair_worker_frozen_past_its_lease_writes_nothing_after_the_abort_retire(dynalite, dynalite_server,
+                                                                                    unique_name):
+    """``verify --repair`` stalled (where the budget paces, just before its repair PutItem) past
+    its lease while the operator aborts and cleanup retires the migration. Its write would
+    restore a new-layout copy -- onto an empty key, so no version condition stops it -- in a
+    table the retire declared clean. The per-attempt lease-deadline guard stops it; before the
+    guard the copy appeared after the retire."""
+    from reshard.jobs.cleanup import CLEANUP
+    from reshard.jobs.runner import phase_guard
+    from tests.integration.test_interleavings_backfill import LEASE, WAIT
+
+    m, mapper, store, shim, x, new_key, before = _with_a_missing_copy(dynalite, unique_name)
+    freezer, thread_a, out_a, a_data = _repair_worker(
+        dynalite_server, store, m, mapper, "budget", LEASE,
+        guard=phase_guard(ControlStore(dynalite, store.table), m.id, "verify", (Phase.BACKFILL,), min_interval=0))
+    assert freezer.frozen.wait(WAIT), "the repair worker never reached its write"
+
+    transition(store, m.id, Action.ABORT, allow_no_shims=True)
+    started = time.monotonic()
+    while True:  # as an operator would: retry a refused cleanup until it runs (bounded)
+        try:
+            result = run_job(CLEANUP, dynalite, store, m.id, JobOptions(segments=1, workers=1, lease_seconds=30))
+            break
+        except errors.RefusedTransition:
+            assert time.monotonic() - started < WAIT
+            time.sleep(0.5)
+    assert result.done and store.load_state(m.id).retired
+    # The retire waited for the verify lease to stay unchanged for lease + its longest request.
+    assert time.monotonic() - started >= LEASE + a_data.attempt_seconds - 0.5
+
+    freezer.release.set()  # the repair worker wakes up past its deadline
+    thread_a.join(WAIT)
+    assert not thread_a.is_alive() and "error" not in out_a, out_a
+    assert get(dynalite, m.table, new_key) is None, "a repair write landed after the retire"
+    assert scan_all(dynalite, m.table) == before
+    assert freezer.sent_after_release == 0
+
+
+def test_a_shim_write_between_verifys_read_and_its_repair_write_survives(dynalite, dynalite_server, unique_name):
+    """verify read X (old copy, no new copy: ``missing``) and is about to send its repair PutItem
+    (frozen on the wire, in botocore's before-send, well within its lease); the application
+    writes X through the shim (old first, then the fenced mirror). The repair lands last and
+    must fail its version condition: the shim's write stays at the new key."""
+    from tests.integration.test_interleavings_backfill import WAIT
+
+    m, mapper, store, shim, x, new_key, _ = _with_a_missing_copy(dynalite, unique_name)
+    freezer, thread_a, out_a, _ = _repair_worker(dynalite_server, store, m, mapper, "before_send", 60.0)
+    assert freezer.frozen.wait(WAIT), "the repair worker never reached its write"
+
+    shim.put(dict(x, temp={"N": "777"}))
+    written = get(dynalite, m.table, new_key)
+    assert written is not None and written["temp"] == {"N": "777"}
+
+    freezer.release.set()
+    thread_a.join(WAIT)
+    assert not thread_a.is_alive() and "error" not in out_a, out_a
+    got = get(dynalite, m.table, new_key)
+    assert got == written, "the repair wrote over the shim's newer write"
+    run = out_a["result"]
+    assert run.done
+    totals = run.totals
+    assert totals["missing"] == 1 and totals["unrepaired"] == 1 and totals["repaired"] == 0, totals
+    assert verify(dynalite, store, m).passed

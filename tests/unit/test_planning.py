@@ -129,12 +129,12 @@ def test_sample_analysis_counts_and_units():
     assert a.new_distribution().counts == tuple(sum(1 for e in ids if h(e) % 4 == s) for s in range(4))
     assert a.write_wcu == 2 * len(moved)
     assert a.retire_wcu == 2 * len(moved)
-    assert a.readback_rcu == 1 * len(moved)
+    assert a.fence_read_rcu == 0  # no read-back; no two old items share a new key here
 
     est = planning.estimate(a, table_items=420, max_wcu=10, write_price=1.0, read_price=0.5)
     assert est.scale == 10
     assert est.backfill.wcu == 20 * len(moved)
-    assert est.backfill.readback_rcu == 10 * len(moved)
+    assert est.backfill.fence_read_rcu == 0 and est.backfill.rcu == est.backfill.scan_rcu
     assert est.backfill.scan_rcu == capacity.scan_units(a.bytes_all * 10)
     assert est.cleanup.wcu == 20 * len(moved)
     assert est.cleanup.scan_rcu == capacity.scan_units((a.bytes_all + a.bytes_moved_new) * 10)
@@ -146,11 +146,11 @@ def test_estimate_literals():
     """A hand-made sample: 1000 items of 3 KB, 100 of which move, scaled to 1,000,000 items."""
     a = planning.SampleAnalysis(mapper=None)
     a.scanned, a.bytes_all = 1000, 1000 * 3 * 1024
-    a.bytes_moved_new, a.readback_rcu, a.write_wcu, a.retire_wcu = 100 * 3 * 1024, 100.0, 300, 300
+    a.bytes_moved_new, a.fence_read_rcu, a.write_wcu, a.retire_wcu = 100 * 3 * 1024, 100.0, 300, 300
     est = planning.estimate(a, 1_000_000, max_wcu=1000)
     assert est.scale == 1000
     assert est.backfill.scan_rcu == 375_000  # 3 GB / 4 KB / 2
-    assert est.backfill.readback_rcu == 100_000
+    assert est.backfill.fence_read_rcu == 100_000
     assert est.backfill.wcu == 300_000
     assert est.cleanup.scan_rcu == 412_500  # 3.3 GB scanned
     assert est.cleanup.wcu == 300_000
@@ -178,3 +178,31 @@ def test_new_layout_copies_and_tombstones_are_not_unmappable():
     for item in (copy, tomb, sensor_item("e2")):
         a.observe(item)
     assert (a.scanned, a.in_new_layout, a.tombstones, a.mappable, a.unmappable_count) == (3, 1, 1, 1, 0)
+
+
+def test_fence_reads_are_estimated_only_where_two_old_items_meet_at_one_new_key():
+    """The copy has no read-back: it reads a new key only when an unversioned item's fence fails
+    because another old item got there first (a duplicate or a collision)."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    mapper = KeyMapper(migration.parse((root / "migrations" / "0002_invoices.toml").read_text()))
+    a = planning.SampleAnalysis(mapper=mapper)
+
+    def old(n: int, line: str, shard: int, **extra) -> dict:
+        fields = {"invoice_number": {"S": str(n)}, "line": {"S": line}, "amount": {"N": "1"}, **extra}
+        return mapper.to_physical(fields, mapper.old, shard)
+
+    def new_shard(n: int, line: str) -> int:
+        return mapper.new.shard_for({"invoice_number": str(n), "line": line})
+
+    n = next(n for n in range(100, 500) if new_shard(n, "0") >= 10)  # every old copy moves
+    m = next(m for m in range(n + 1, 900) if new_shard(m, "0") >= 10)
+    a.observe(old(n, "0", 1))
+    a.observe(old(n, "0", 2))                                        # a duplicate: 1 read
+    a.observe(old(m, "0", 3, amount={"N": "1"}))
+    a.observe(old(m, "0", 4, amount={"N": "2"}))                     # a collision: 1 read
+    a.observe(old(m, "0", 5, _rs_v={"S": "1700000000000.000000.w"}))  # versioned: fenced, no read
+    assert a.moves == 5 and a.collisions == 1
+    assert a.fence_read_rcu == 2 * capacity.read_units(200, consistent=True)
+    est = planning.estimate(a, table_items=5)
+    assert est.backfill.rcu == est.backfill.scan_rcu + a.fence_read_rcu
