@@ -103,7 +103,10 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
     delete markers (tombstones) are retired.
     On an aborted migration: removes the new-layout copies and the old layout's
     tombstones, never an old item, then marks the migration retired (the shims go back
-    to plain steady state and the table is free for a new migration).
+    to plain steady state and the table is free for a new migration); once every live
+    shim acknowledged the retire, a second pass sweeps the tombstones that shims which
+    had not seen it yet left behind. Waits first for stalled backfill/verify workers
+    (lease + longest request, watched on this host's clock).
     Resumable and budgeted like the backfill.
 
     \b
@@ -115,6 +118,8 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
                           enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
                           lease_seconds=lease_seconds)
     result, data = _run_job(env, "cleanup", mid, opts)
+    if result.sweep is not None:
+        data["sweep"] = result.sweep.as_dict()
 
     def text() -> str:
         c = result.counts
@@ -128,6 +133,11 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
                          ("changed_meanwhile", "changed while we looked (left; re-run to retry)")):
             if c.get(k):
                 lines.append(f"  {c[k]:>8}  {label}")
+        if result.sweep is not None:
+            swept = result.sweep.counts
+            lines.append(f"retired; after the fleet acknowledged, run {result.sweep.run} swept again: "
+                         f"{swept.get('tombstones_retired', 0)} late delete markers retired, "
+                         f"{swept.get('new_copies_removed', 0)} copies removed")
         return "\n".join(lines)
 
     env.emit(data, text)

@@ -319,3 +319,21 @@ def test_an_abort_stops_a_running_backfill_and_cleanup_waits_for_its_leases(moto
     result = run_job(CLEANUP, moto_dynamo, store, m.id, JobOptions(**FAST))
     assert result.done
     assert scan_all(moto_dynamo, m.table) == snapshot
+
+
+def test_cleanup_command_on_an_aborted_migration_retires_and_sweeps_again(moto_dynamo, capsys):
+    import json
+
+    from reshard.cli.main import main
+
+    m, mapper, store, shim = backfilled(moto_dynamo)
+    transition(store, m.id, Action.ABORT, allow_no_shims=True)
+    args = [m.id, "--segments", "2", "--control-table", store.table]
+    assert main(["cleanup", *args]) == 0
+    out = capsys.readouterr().out
+    assert "retired; after the fleet acknowledged, run 2 swept again: 0 late delete markers retired" in out
+    assert store.load_state(m.id).retired
+    assert not [i for i in scan_all(moto_dynamo, m.table) if NEW_COPY_ATTR in i or is_tombstone(i)]
+    assert main(["cleanup", *args, "--output", "json"]) == 0  # idempotent: no second retire, no sweep
+    data = json.loads(capsys.readouterr().out)
+    assert "sweep" not in data and data["finished"]
