@@ -323,12 +323,20 @@ class ShardedTable:
 
     # ------------------------------------------------------------------ low-level writes
     def _put(self, item: dict, condition: str | None, names: dict | None, values: dict | None,
-             return_old: bool = False) -> dict:
-        """One PutItem; the caller's condition is the whole contract (see the write paths)."""
+             return_old: bool = False, mirror: bool = False) -> dict:
+        """One PutItem; the caller's condition is the whole contract (see the write paths).
+
+        An authoritative write checks our liveness window before every attempt (a retry
+        after it could act on an authority the fleet has left); a mirror write does not:
+        it carries the whole authoritative item under its version fence, so a late one
+        only ever installs that item where nothing newer is, while a mirror never sent
+        would leave the write in one layout only.
+        """
         kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
-        return self.dynamo.call("put_item", guard=self._phases.check_live, TableName=self.table, Item=item, **kwargs)
+        return self.dynamo.call("put_item", guard=None if mirror else self._phases.check_live,
+                                TableName=self.table, Item=item, **kwargs)
 
     def _put_through(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
                      app_condition: str | None, app_names: dict, app_values: dict, *, return_old: bool,
@@ -404,7 +412,7 @@ class ShardedTable:
         """
         fence = fence_for(version_of(item))
         try:
-            self._put(item, fence.expression, fence.names, fence.values)
+            self._put(item, fence.expression, fence.names, fence.values, mirror=True)
         except errors.ConditionalCheckFailed:
             pass  # a newer write (or tombstone) is already there: it wins, as it should
 
@@ -524,7 +532,8 @@ class ShardedTable:
                             kwargs["ExpressionAttributeValues"] = app_values
                     if want_old and i == 0:
                         kwargs["ReturnValues"] = "ALL_OLD"
-                    resp = self.dynamo.call("delete_item", guard=self._phases.check_live, **kwargs)
+                    resp = self.dynamo.call("delete_item", guard=self._phases.check_live if i == 0 else None,
+                                            **kwargs)
                     if i == 0:
                         old = resp.get("Attributes")
                 return self._response(old, self.mapper.layout(st.routing.writes[0]))
