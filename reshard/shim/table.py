@@ -65,6 +65,7 @@ Sizes
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -85,6 +86,8 @@ from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholder
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
 from reshard.shim.query import QuerySource, run_query
+
+log = logging.getLogger("reshard.shim")
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
@@ -415,6 +418,13 @@ class ShardedTable:
             self._put(item, fence.expression, fence.names, fence.values, mirror=True)
         except errors.ConditionalCheckFailed:
             pass  # a newer write (or tombstone) is already there: it wins, as it should
+        except errors.ReshardError as e:
+            # The authoritative write landed; this layout misses it until the next write,
+            # a backfill re-run or verify --repair (README, Limits). Say so loudly.
+            log.warning("reshard shim %s: mirror write of %s to table %r failed after the authoritative write "
+                        "landed (re-run `reshard verify` before the next transition): %s",
+                        self.instance_id, {k: item[k] for k in self.mapper.old.key_attrs if k in item}, self.table, e)
+            raise
 
     def _authoritative(self, st: PhaseState, key: dict, app_condition: str | None,
                        attempt: Callable[[str | None, str | None, dict, dict], dict]) -> tuple[str | None, dict]:

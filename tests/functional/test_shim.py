@@ -439,3 +439,31 @@ def test_new_copy_marker_per_phase(moto_dynamo, sensor, phase):
         assert any("_rs_new" in i for i in items)  # the moved item's new copy
     else:
         assert not any("_rs_new" in i for i in items)
+
+
+def test_a_failed_mirror_write_is_logged_and_raised(moto_dynamo, sensor, caplog):
+    """The authoritative write landed, the mirror failed after every retry: the application
+    gets the error (not an acknowledgement) and the shim logs the key, so an operator knows
+    to verify again before the next transition (README, Limits)."""
+    import botocore.exceptions
+
+    t = shim(sensor, moto_dynamo, "backfill")
+    moved, _ = moved_and_unmoved(sensor)
+    item = event(moved, temp=Decimal(7))
+    puts = []
+
+    def mirror_fails(params, **kwargs):
+        puts.append(params)
+        if len(puts) > 1:  # the first PutItem is the authoritative (old) copy
+            raise botocore.exceptions.ClientError({"Error": {"Code": "ValidationException", "Message": "boom"}},
+                                                  "PutItem")
+    events = moto_dynamo.client.meta.events
+    events.register("before-call.dynamodb.PutItem", mirror_fails)
+    try:
+        with caplog.at_level("WARNING", logger="reshard.shim"), pytest.raises(errors.AWSError, match="boom"):
+            t.put_item(Item=item)
+    finally:
+        events.unregister("before-call.dynamodb.PutItem", mirror_fails)
+    assert "mirror write of" in caplog.text and "failed after the authoritative write landed" in caplog.text
+    found = where(moto_dynamo, sensor, item)
+    assert found["old"] and not found["new"]
