@@ -22,3 +22,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
+
+
+
+@pytest.fixture(autouse=True)
+def gates_on_the_logical_clock(monkeypatch):
+    """Cutover's, retire's and the abort's cleanup's wait for job leases run on the current
+    World's logical clock when an actor calls them (see ``explore.logical_gates``)."""
+    from tests.model.explore import logical_gates
+    logical_gates(monkeypatch)

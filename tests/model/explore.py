@@ -41,16 +41,55 @@ from tests.model.scheduler import LogicalClock, Scheduler, Step
 TICK = "tick"
 
 
+class ModelDynamo(Dynamo):
+    """The real choke point, plus the model's view of a guarded request (``call(guard=...)``,
+    a job's lease-deadline check before every attempt of a data write or a renewal), when the
+    world asks for it (:attr:`World.max_request_seconds`):
+
+    * a yield point just *before* the guard (``guard`` in the trace): an actor frozen there
+      has not checked its deadline yet, so the check sees the freeze;
+    * once the guard passed, the request is *in flight* and lands within
+      ``max_request_seconds`` of logical time (the explorer lets no move advance the clock
+      past that before it lands): the bound the product's time fence relies on (every
+      attempt's connect + read timeout). A freeze after the check is that request in
+      flight, never longer.
+    """
+
+    world: "World"
+
+    def call(self, operation: str, *, guard=None, **kwargs) -> dict:
+        w = self.world
+        if guard is None or w.max_request_seconds is None or not w.sched.is_actor():
+            return super().call(operation, guard=guard, **kwargs)
+        inner = guard
+
+        def checked() -> None:
+            w.sched.before_guard(operation, kwargs)
+            inner()
+            w.sched.sent(w.clock() + w.max_request_seconds)
+        return super().call(operation, guard=checked, **kwargs)
+
+
 class World:
     """One run's universe: the memory DynamoDB, the choke point over it, a clock, the scheduler."""
+
+    #: The world most recently made (runs are sequential): for product functions that take
+    #: their clock and sleep only as defaults (see ``tests/model/conftest.py``).
+    current: "World | None" = None
 
     def __init__(self, clock_start: float = 1_700_000_000.0):
         self.clock = LogicalClock(clock_start)
         self.db = MemoryDynamo(clock=self.clock)
         self.sched = Scheduler(self.db, self.clock)
         #: The real reshard choke point; never sleeps for real (retries back off on the logical clock).
-        self.dynamo = Dynamo(self.db, retry=RetryPolicy(max_attempts=3, base_seconds=0.0, max_backoff_seconds=0.0),
-                             sleep=self.sched.sleep)
+        self.dynamo = ModelDynamo(self.db, retry=RetryPolicy(max_attempts=3, base_seconds=0.0,
+                                                             max_backoff_seconds=0.0), sleep=self.sched.sleep)
+        self.dynamo.world = self
+        #: None: guarded requests are plain calls. A number: the longest a guarded request is
+        #: in flight after its guard passed (see :class:`ModelDynamo`); set it to the jobs'
+        #: ``max_request_seconds``.
+        self.max_request_seconds: float | None = None
+        World.current = self
         self.tick_seconds = 0.0
         self.ticks_left = 0
         self.kills_left: dict[str, int] = {}
@@ -86,18 +125,33 @@ class World:
     def errors(self) -> dict[str, BaseException]:
         return {n: a.error for n, a in self.sched.actors.items() if a.error is not None and not a.killed}
 
-    def moves(self) -> list[str]:
+    def steppable(self) -> list[str]:
+        """Actors that may be stepped now: enabled, and not moving the clock past a request in
+        flight (it lands within the longest request time: another actor's sleep waits for it)."""
         steps = self.sched.enabled()
+        if self.sched.in_flight:
+            land_by = min(self.sched.in_flight.values())
+            steps = [n for n in steps if n in self.sched.in_flight or self.clock() + self._sleeps(n) <= land_by]
+        return steps
+
+    def moves(self) -> list[str]:
+        steps = self.steppable()
         if not steps:
             return []
         if self.preemption_bound is not None and self.preemptions >= self.preemption_bound \
                 and self.last_actor in steps:
             steps = [self.last_actor]  # no switch left: the running actor goes on
         out = list(steps)
-        if self.ticks_left > 0:
+        if self.ticks_left > 0 and (not self.sched.in_flight or
+                                    self.clock() + self.tick_seconds <= min(self.sched.in_flight.values())):
             out.append(TICK)
         out += [f"kill:{n}" for n in steps if self.kills_left.get(n, 0) > 0]
         return out
+
+    def _sleeps(self, name: str) -> float:
+        """How far stepping ``name`` moves the clock (its pending call is a sleep)."""
+        op, kwargs = self.sched.actors[name].pending
+        return float(kwargs["seconds"]) if op == "sleep" else 0.0
 
     def apply(self, move: str) -> None:
         if move == TICK:
@@ -108,10 +162,38 @@ class World:
             self.kills_left[name] -= 1
             self.sched.kill(name)
         else:
-            if self.last_actor not in (None, move) and self.last_actor in self.sched.enabled():
+            if self.last_actor not in (None, move) and self.last_actor in self.steppable():
                 self.preemptions += 1
             self.last_actor = move
             self.sched.step(move)
+
+
+#: How often a gate re-reads the job leases while it waits for them to go quiet, on the
+#: logical clock (the product polls every 0.5 s; a coarser poll only makes the gate wait a
+#: little longer -- a token is timed from its first look -- with far fewer identical reads).
+GATE_POLL_SECONDS = 4.0
+
+
+def logical_gates(monkeypatch) -> None:
+    """``await_no_writers`` (cutover's, retire's and the abort's cleanup's wait for job leases)
+    takes its monotonic clock and its sleep only as defaults (real time). Called from an actor of
+    the current World, it runs on the world's logical clock and sleeps through the scheduler
+    (a yield point), like every other wait in a scenario. ``tests/model/conftest.py`` applies it
+    to every test here."""
+    import reshard.control.transition as transition_module
+    import reshard.jobs.cleanup as cleanup_module
+    from reshard.control.runs import await_no_writers as real
+
+    def await_no_writers(store, migration_id, jobs, wait, **kwargs):
+        w = World.current
+        if w is not None and w.sched.is_actor():
+            kwargs.setdefault("monotonic", w.clock)
+            kwargs.setdefault("sleep", w.sleep)
+            kwargs.setdefault("poll", GATE_POLL_SECONDS)
+        return real(store, migration_id, jobs, wait, **kwargs)
+
+    monkeypatch.setattr(transition_module, "await_no_writers", await_no_writers)
+    monkeypatch.setattr(cleanup_module, "await_no_writers", await_no_writers)
 
 
 @dataclass
@@ -175,7 +257,8 @@ def run_one(factory: Callable[[World], Callable[[World], None]], prefix: list[st
     try:
         world.sched.start()
         if drive is not None:
-            drive(world)  # a fixed opening (e.g. freeze a copier at its batch write): explored from here
+            drive(world)  # a fixed opening (e.g. freeze a copier before its lease check): explored from here
+            world.preemptions, world.last_actor = 0, None  # the opening's switches are not the schedule's
         while True:
             moves = world.moves()
             if not moves:

@@ -120,6 +120,9 @@ class Scheduler:
         self._by_thread: dict[int, Actor] = {}
         self._owner = threading.get_ident()
         self.running = False
+        #: Actors with a guarded request in flight (its lease check passed, not landed yet):
+        #: name -> the logical time by which it must land (see :meth:`sent`).
+        self.in_flight: dict[str, float] = {}
         db.interceptor = self
 
     # ---------------------------------------------------------------- set-up
@@ -153,6 +156,7 @@ class Scheduler:
             final = "killed" if a.killed else "failed"
         finally:
             self._by_thread.pop(threading.get_ident(), None)
+            self.in_flight.pop(a.name, None)
             with self._cv:
                 a.state = final
                 a.pending = None
@@ -225,6 +229,7 @@ class Scheduler:
         if a.state != "parked":
             raise RuntimeError(f"actor {name} is {a.state}: only a parked actor can be killed")
         a.killed = True
+        self.in_flight.pop(name, None)  # a request that never lands: it was lost with the process
         self._note(name, "kill", f"(before its call {describe(self.db, *a.pending)})")
         with self._cv:
             a.state = "running"
@@ -269,9 +274,30 @@ class Scheduler:
 
     def after(self, op: str, kwargs: dict, resp: dict | None, err: BaseException | None) -> None:
         a = self._by_thread.get(threading.get_ident())
-        if a is None or a.current is None:
+        if a is None:
             return
-        a.current.result = outcome(op, resp, err)
+        self.in_flight.pop(a.name, None)  # the request landed
+        if a.current is not None:
+            a.current.result = outcome(op, resp, err)
+
+    # ---------------------------------------------------------------- guarded requests
+    def is_actor(self) -> bool:
+        """The calling thread is one of this scheduler's actors."""
+        return threading.get_ident() in self._by_thread
+
+    def before_guard(self, operation: str, kwargs: dict) -> None:
+        """A yield point just before a request's guard (a job's lease-deadline check) runs: an
+        actor frozen here has *not* checked its deadline yet, so its check sees the freeze."""
+        if self._by_thread.get(threading.get_ident()) is not None:
+            self.before("guard", {"operation": operation, "request": kwargs})
+
+    def sent(self, land_by: float) -> None:
+        """The calling actor's guard passed: its request is in flight and lands by ``land_by``
+        (logical time). Until it lands, no move may advance the clock past that (the explorer's
+        :meth:`World.moves`): a request in flight lasts at most the longest request time."""
+        a = self._by_thread.get(threading.get_ident())
+        if a is not None:
+            self.in_flight[a.name] = land_by
 
     # ---------------------------------------------------------------- injectable sleep
     def sleep(self, seconds: float) -> None:
@@ -344,6 +370,8 @@ def describe(db: MemoryDynamo, op: str, kw: dict) -> str:
     """What a call is about to do, in one line: table, key, condition."""
     if op == "sleep":
         return f"{kw['seconds']:g}s"
+    if op == "guard":  # the lease-deadline check before a request
+        return f"lease check, then {kw['operation']} " + describe(db, kw["operation"], kw["request"])
     table = kw.get("TableName", "")
     names, values = kw.get("ExpressionAttributeNames"), kw.get("ExpressionAttributeValues")
     keys = _keys_of(db, table)

@@ -173,13 +173,23 @@ class Fleet:
     """One scenario's migration, shims, operator and copiers on a World."""
 
     def __init__(self, w: World, kind: str = "sensor", phase: str = "backfill", table: str = "data",
-                 lease_seconds: float = 10.0):
+                 lease_seconds: float = 10.0, max_request_seconds: float = 1.0, lease_wait: float | None = 0.0):
         self.w = w
         self.m = parse(migration_text(kind, table), f"<{kind}>")
         self.kind = kind
         self.mapper = KeyMapper(self.m)
         self.table = table
         self.lease_seconds = lease_seconds
+        self.max_request_seconds = max_request_seconds
+        # A guarded request (a job's data write or renewal) has a yield point before its
+        # lease-deadline check and is in flight at most this long after it (explore.ModelDynamo).
+        w.max_request_seconds = max_request_seconds
+        #: How long the operator's cutover waits for job leases to go quiet (``advance --wait``;
+        #: 0: one look, refused while one is held; None: as long as they need).
+        self.lease_wait = lease_wait
+        #: How often a copier waiting for a held lease looks again (the engine's default is 2 s
+        #: for 10 s leases; a coarser poll is the same interleavings with fewer identical reads).
+        self.poll_seconds = 5.0
         self.store = ControlStore(w.dynamo, CONTROL, clock=w.clock)
         cached = _SET_UP.get((kind, phase, table, w.clock()))
         if cached is not None:
@@ -315,7 +325,7 @@ class Fleet:
                 passed, diffs = self.verify(run=1, host=who)
                 out.append(("verify", "passed" if passed else f"failed: {diffs}"))
                 transition(self.store, self.m.id, Action.ADVANCE, who=who, allow_no_shims=True,
-                           sleep=self.w.sleep)  # the real gates
+                           sleep=self.w.sleep, lease_wait=self.lease_wait)  # the real gates
             elif a == "cleanup":
                 self.cleanup_pass(who)
             elif a == "repair":  # `reshard verify --repair`, inside the schedule, with run_job's precondition
@@ -325,7 +335,7 @@ class Fleet:
             else:
                 # sleep: a switch waits for the fleet on the logical clock, letting the shims run.
                 transition(self.store, self.m.id, Action(a), who=who, gates=OPEN_GATES, allow_no_shims=True,
-                           sleep=self.w.sleep)
+                           sleep=self.w.sleep, lease_wait=self.lease_wait)
             out.append((a, "ok"))
         except (errors.RefusedTransition, errors.ConcurrentChange) as e:
             out.append((a, f"refused: {e}"))
@@ -339,10 +349,12 @@ class Fleet:
         page = cleanup.Cleaner(self.w.dynamo, self.mapper, self.table, budget, opts,
                                state.phase is Phase.ABORTED, self.w.clock).page
         engine = SegmentEngine(self.store, self.m.id, "cleanup", 1, 1, page, workers=1, clock=self.w.clock,
+                               lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False)
         engine.work_inline()
         if state.phase is Phase.ABORTED:
-            retire(self.store, self.m.id, who=who)
+            # cleanup's finish: retire looks at the job leases again, with the pass's wait.
+            retire(self.store, self.m.id, who=who, lease_wait=opts.lease_wait)
 
     def copier(self, host: str, segments: int = 1, page_size: int = 10, run: int = 1,
                then: Callable[[], None] | None = None) -> SegmentEngine:
@@ -356,7 +368,8 @@ class Fleet:
         # the real monotonic clock, which would make runs depend on real time).
         guard = phase_guard(self.store, self.m.id, BACKFILL_JOB, job_rule(BACKFILL_JOB).phases, min_interval=0.0)
         engine = SegmentEngine(self.store, self.m.id, BACKFILL_JOB, run, segments, page, workers=1,
-                               lease_seconds=self.lease_seconds, clock=w.clock, sleep=w.sleep, host=host,
+                               lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
+                               poll_seconds=self.poll_seconds, clock=w.clock, sleep=w.sleep, host=host,
                                invocation=host, is_dead=lambda owner: False, guard=guard)
         def body():
             try:
@@ -389,9 +402,12 @@ class Fleet:
         opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=0.0, repair=repair)
         v = Verifier(self.w.dynamo, self.store, self.m.id, run, self.mapper, self.table, budget, opts,
                      sleep=lambda s: None)
+        # run_job's phase guard, read before every page (afresh after every claim).
+        guard = phase_guard(self.store, self.m.id, VERIFY_JOB, job_rule(VERIFY_JOB, repair).phases, min_interval=0.0)
         engine = SegmentEngine(self.store, self.m.id, VERIFY_JOB, run, 1, v.page, workers=1, clock=self.w.clock,
+                               lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=lambda s: None, host=host, invocation=host,
-                               is_dead=lambda owner: False)
+                               is_dead=lambda owner: False, guard=guard)
         engine.work_inline()
         totals = sum_counters(engine.records())
         diffs = {k: int(n) for k, n in differences(totals).items() if n}

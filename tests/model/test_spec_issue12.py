@@ -76,7 +76,8 @@ def test_census_keeps_the_fleet_on_adjacent_phases():
 
 def copier_and_shim(w: World) -> Fleet:
     """A copier (the real Backfill.page) and a shim writing the items it copies, in backfill:
-    the read-back and the fenced re-copy keep the new layout right."""
+    each copy is one version-conditioned PutItem (onto nothing or our own earlier copy), so a
+    shim write or a delete's tombstone at the new key always stays."""
     f = Fleet(w, phase="backfill")
     for i, extra in ((1, {}), (2, {})):
         f.key(f"k{i}", sensor_id="s-1", event_id=f"e-{i}", ts=f"2024-10-27T15:00:0{i}Z")
@@ -93,8 +94,9 @@ def test_a_copier_racing_shim_writes():
 
 
 def copier_and_two_shims(w: World) -> Fleet:
-    """A copier and two shims writing one item it copies: a write between the copier's read-back
-    and its re-copy is kept by the re-copy's version fence."""
+    """A copier and two shims writing one item it copies: a write landing between the copier's
+    scan and its copy is kept by the copy's version fence (the copy fails; the target is read
+    and judged newer)."""
     f = Fleet(w, phase="backfill")
     f.key("k", **SENSOR_KEY)
     f.seed("k", {"temp": 1})
@@ -189,39 +191,69 @@ def test_authority_switch_back_two_increments(coarse_switch_polls):
 
 
 def stalled_copier_then_cutover(w: World) -> Fleet:
-    """Two backfill hosts share the segment; the application puts the item; the operator cuts
-    over. C1 is frozen past its 10 s lease (see ``freeze_at``) and may die between any two of
-    its later calls."""
+    """Two backfill hosts share the segment; the application puts the item (and shuts down);
+    the other host finishes the backfill and the operator cuts over (open gates but the real
+    wait for job leases). C1 is frozen before its lease check past its 10 s lease (see
+    ``freeze_at``)."""
     f = Fleet(w, phase="backfill")
     f.key("k", **SENSOR_KEY)
     f.seed("k", {"temp": 1})
     f.expect_initial("k", {"temp": 1})
     f.copier("C1")
-    f.shim_actor("A", ("put", "k", {"temp": 99}))
+    f.shim_actor("A", ("put", "k", {"temp": 99}), ("close",))  # then shuts down: the switch need not wait for it
     # The other host finishes the backfill, verify runs, and the operator cuts over through
     # the real gates (one actor: the gates already order them).
-    f.copier("C2", then=lambda: f.transition("op", "verify+advance"))
-    w.may_kill("C1")
+    f.copier("C2", then=lambda: f.transition("op", STALLED_COPIER_CUTOVER))
+    if STALLED_COPIER_KILL:
+        w.may_kill("C1")
     return f
 
 
-def freeze_at(actor: str, op: str, seconds: float):
-    """A fixed opening: ``actor`` runs to its first ``op`` call and freezes there while the clock
-    moves ``seconds`` (a GC pause, a VM pause, or the budget's own sleep after the lease check)."""
+STALLED_COPIER_CUTOVER = "advance"
+STALLED_COPIER_KILL = False
+
+
+def freeze_at(actor: str, op: str | tuple[str, ...], seconds: float, watchers: tuple[str, ...] = (),
+              table: str | None = None):
+    """A fixed opening: ``actor`` runs to its first ``op`` call (one of them, if a tuple; on
+    ``table`` if given) and freezes there while the clock moves ``seconds`` (a GC pause, a VM
+    pause). ``op="guard"``: just before the lease-deadline check of a guarded write (the page is
+    scanned; the check is still to come, so it sees the freeze: a freeze *after* the check is a
+    request in flight, at most max_request_seconds). ``watchers``: other hosts that first run to
+    their first sleep (they looked at the held lease, so they may take it over once the freeze
+    has outlasted it)."""
+    ops = (op,) if isinstance(op, str) else op
+
+    def at(pending) -> bool:
+        if not pending or pending[0] not in ops:
+            return False
+        kwargs = pending[1]["request"] if pending[0] == "guard" else pending[1]
+        return table is None or kwargs.get("TableName") == table
+
     def drive(w: World) -> None:
-        while w.sched.actors[actor].pending and w.sched.actors[actor].pending[0] != op:
+        a = w.sched.actors[actor]
+        while a.pending and not at(a.pending):
             w.apply(actor)
+        assert at(a.pending), f"{actor} never reached a {op} call"
+        for name in watchers:
+            b = w.sched.actors[name]
+            while b.pending and b.pending[0] != "sleep":
+                w.apply(name)
+            assert b.pending, f"{name} finished before it waited for the lease"
         w.sched.tick(seconds)
     return drive
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 case 2: a copier stalled past its lease blind-writes a stale page "
-                                       "onto the authoritative new layout after cutover")
 def test_a_copier_stalled_past_its_lease_before_its_write():
+    """Case 2 (the fenced copy): C1 scanned the page and froze before its lease check, past its
+    lease; C2 takes the segment over, finishes it, verifies and cuts over through the real gates.
+    C1's check stops it (its deadline passed): no stale copy ever lands, and had one been in
+    flight, its version condition keeps the newer write."""
     r = explore(scenario(stalled_copier_then_cutover), preemption_bound=1,
-                drive=freeze_at("C1", "batch_write_item", 11))
+                drive=freeze_at("C1", "guard", 11, watchers=("C2",)))
     print(describe_bounds(r))
     r.assert_ok()
+    assert r.schedules > 20
 
 
 def invoices_key(w: World | None = None) -> tuple[dict, int, int]:
@@ -256,9 +288,9 @@ def random_suffix_duplicates(w: World) -> Fleet:
     return f
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 case 3: the copy of an older duplicate overwrites the newer "
-                                       "copy already at the new key")
 def test_random_suffix_duplicates():
+    """Case 3 (fenced copy): the older duplicate's copy goes onto nothing or its own earlier copy
+    only; the newer copy already at the new key (the unmoved shard) stays."""
     run(random_suffix_duplicates, preemption_bound=1)
 
 
@@ -279,8 +311,9 @@ def test_leftover_tombstone_after_retire():
 
 
 def abort_racing_a_stalled_copier(w: World) -> Fleet:
-    """C1 frozen at its batch write past its lease; the operator aborts, runs the cleanup pass
-    (which waits only for live leases) and so retires the migration; C1 may then write."""
+    """C1 frozen before its lease check past its lease (see ``freeze_at``); the operator aborts
+    and runs the cleanup pass (which waits for the job leases to go quiet) and so retires the
+    migration; C1 may wake at any point."""
     f = Fleet(w, phase="backfill")
     f.key("k", **SENSOR_KEY)
     f.seed("k", {"temp": 1})
@@ -290,13 +323,15 @@ def abort_racing_a_stalled_copier(w: World) -> Fleet:
     return f
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 case 6: abort's cleanup waits only for live leases; a copier "
-                                       "stalled past its lease writes its page after the retire")
 def test_abort_racing_a_stalled_copier():
+    """Case 6: C1 froze before its lease check past its lease; the cleanup pass waits until its
+    lease stayed unchanged for lease + longest request (on its own clock), and C1's check stops
+    it when it wakes: no copy after the retire."""
     r = explore(scenario(abort_racing_a_stalled_copier), preemption_bound=1,
-                drive=freeze_at("C1", "batch_write_item", 11))
+                drive=freeze_at("C1", "guard", 11))
     print(describe_bounds(r))
     r.assert_ok()
+    assert r.schedules > 20
 
 
 def test_abort_with_a_live_copier():
@@ -306,9 +341,9 @@ def test_abort_with_a_live_copier():
     assert r.schedules > 20
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 case 3: a delete's tombstone on one copy is overwritten by the "
-                                       "copy of the live older duplicate")
 def test_random_suffix_duplicates_delete():
+    """Case 3 (fenced copy): a delete's tombstone at the new key is newer than the live older
+    duplicate: its copy is fenced off."""
     def build(w: World) -> Fleet:
         f = Fleet(w, kind="invoices", phase="backfill", table="Invoices")
         fields, unmoved, other = invoices_key()
@@ -375,3 +410,85 @@ def rollback_then_repair(w: World) -> Fleet:
 
 def test_repair_after_a_rollback_keeps_acknowledged_writes():
     run(rollback_then_repair, preemption_bound=1)
+
+
+# ----------------------------------------------------------------------------- the job-lease gates
+
+def copier_across_cutover_and_cleanup(w: World, lease_wait: float | None = 0.0) -> Fleet:
+    """A copier in the middle of its page while the application deletes the item and shuts down
+    (the opening, :func:`mid_page_delete`), then the operator cuts over, enters cleanup and runs
+    the cleanup pass (which retires the delete's tombstones). Cutover waits for the copier's job
+    lease (one look here: refused while it is held), so its copy never lands behind the cleanup
+    pass onto a key whose tombstone is gone. ``lease_wait``: the operator's wait for the lease
+    (``advance --wait``; 0: one look, refused while it is held)."""
+    f = Fleet(w, phase="backfill", lease_wait=lease_wait)
+    f.key("k", **SENSOR_KEY)
+    f.seed("k", {"temp": 1})
+    f.expect_initial("k", {"temp": 1})
+    f.copier("C")
+    f.shim_actor("A", ("delete", "k"), ("close",))
+    f.operator("op", "advance", "advance", "cleanup")
+    return f
+
+
+def mid_page_delete():
+    """The opening: C claims and scans the page (the live item) and stops before its copy's lease
+    check; A deletes the item (tombstones in both layouts) and shuts down. Then C and the
+    operator are explored."""
+    def drive(w: World) -> None:
+        c, a = w.sched.actors["C"], w.sched.actors["A"]
+        while c.pending and c.pending[0] != "guard":
+            w.apply("C")
+        assert c.pending, "C never reached its copy"
+        while a.pending:
+            w.apply("A")
+    return drive
+
+
+@pytest.mark.parametrize("lease_wait", [0.0, None], ids=["one_look", "waits"])
+def test_a_copier_across_cutover_and_cleanup(lease_wait):
+    build = lambda w: copier_across_cutover_and_cleanup(w, lease_wait)  # noqa: E731
+    r = explore(scenario(build), preemption_bound=1, drive=mid_page_delete())
+    print(describe_bounds(r))
+    r.assert_ok()
+    assert r.schedules > 20
+
+
+def abort_cleanup_racing_a_put(w: World) -> Fleet:
+    """An aborted migration's cleanup pass retires a delete's tombstone while the application
+    (on aborted) writes the item again: the tombstone's delete is conditioned on the version the
+    pass scanned, so the new write stays."""
+    f = sensor_fleet(w, "aborted")
+    f.seed("k", {"temp": 1})
+    f.expect_initial("k", {"temp": 1})
+    f.shim_actor("A", ("delete", "k"), ("put", "k", {"temp": 2}), ("close",))
+    f.operator("op", "cleanup")
+    return f
+
+
+def test_abort_cleanup_racing_a_put():
+    # Two preemptions: the delete, then the pass's scan, then the put, then the pass's delete.
+    r = run(abort_cleanup_racing_a_put, preemption_bound=2)
+    assert r.schedules > 20
+
+
+def abort_racing_a_stalled_repair(w: World) -> Fleet:
+    """``verify --repair`` (R) finds the item missing from the new layout and is about to write
+    it when it freezes past its lease (see ``freeze_at``); the operator aborts and runs the
+    abort's cleanup pass, which waits for the repair's job lease to go quiet, removes the
+    migration's new copies and retires it. The repair's write must not land after that."""
+    f = sensor_fleet(w, "backfill")
+    f.seed("k", {"temp": 1})
+    f.expect_initial("k", {"temp": 1})
+    f.operator("R", "repair")
+    f.operator("op", "abort", "cleanup")
+    return f
+
+
+def test_abort_racing_a_stalled_repair():
+    """The repair's data writes are guarded by its lease deadline like the backfill's copies."""
+    r = explore(scenario(abort_racing_a_stalled_repair), preemption_bound=1,
+                drive=freeze_at("R", ("guard", "put_item"), 11, table="data"))
+    print(describe_bounds(r))
+    r.assert_ok()
+    assert r.schedules > 10
