@@ -243,3 +243,34 @@ def test_preemption_bounding():
     # The lost update needs a preemption: bound 0 misses it, bound 1 finds it.
     assert explore(scenario(plain_increment), preemption_bound=0).violation is None
     assert explore(scenario(plain_increment), preemption_bound=1).violation.schedule == ["A", "B", "B", "A"]
+
+
+def test_a_guarded_request_in_flight_lands_before_the_clock_passes_the_longest_request():
+    """With ``World.max_request_seconds``, a request whose guard passed is in flight: no other
+    actor's sleep (nor a tick) may move the clock past its landing bound before it lands; a
+    freeze *before* the guard is not bounded (the guard then sees it)."""
+    from reshard.aws.dynamo import to_wire
+
+    seen: list[tuple[float, float]] = []  # (guard time, landing time)
+
+    def factory(w: World):
+        w.max_request_seconds = 1.0
+        w.dynamo.call("create_table", TableName="tbl", BillingMode="PAY_PER_REQUEST",
+                      KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+                      AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}])
+        checked = {}
+
+        def writer():
+            w.dynamo.call("put_item", guard=lambda: checked.setdefault("at", w.clock()),
+                          TableName="tbl", Item=to_wire({"k": "a"}))
+            seen.append((checked["at"], w.clock()))
+
+        w.actor("W", writer)
+        w.actor("S", lambda: [w.sleep(0.6) for _ in range(4)])
+        w.may_tick(5)
+        return None
+
+    result = explore(factory)
+    assert result.schedules > 10 and len(seen) == result.schedules
+    assert all(landed - checked <= 1.0 for checked, landed in seen), seen
+    assert any(checked >= 5 for checked, _ in seen)  # a freeze before the guard is unbounded

@@ -179,7 +179,9 @@ def test_two_shims_on_adjacent_phases_keep_both_layouts_in_agreement():
 def test_a_zombie_copier_cannot_put_a_stale_copy_over_a_newer_write():
     """A copier frozen past its lease just before its copy request goes out (after every check
     it makes): another host takes the segment over and finishes it, the application writes the
-    item (both layouts, versioned), then the zombie's copy is sent and it dies. On main this
+    item (both layouts, versioned), then the zombie's copy is sent and it dies. (Frozen *after*
+    its guard for longer than a request can be in flight: this checks the version fence alone,
+    as if the time fence had failed; the Fleet scenarios bound requests in flight.) On main this
     was an unconditional batch write that left the stale pre-migration copy behind a finished
     run (verify reported it stale). Now the copy is version-fenced at the server: it fails,
     the application's write stays, and verify passes."""

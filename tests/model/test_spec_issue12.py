@@ -1,9 +1,9 @@
 """The model checker as the specification of issue 12 (see ``spec.py`` for the invariants).
 
-Scenarios that pass on today's code must keep passing. Scenarios that find one of issue
-12's bugs are ``xfail(strict=True)`` with the case number: they turn into failures (XPASS)
-the moment the fix lands, and the marker goes. Bounds are chosen so the folder stays fast:
-exhaustive search under a preemption bound, then a few seeded random schedules.
+Every scenario passes on today's code (issue 12's cases 1-6 included; a scenario that finds a
+bug would be ``xfail(strict=True)`` with the case number until its fix lands). Bounds are
+chosen so the folder stays fast: exhaustive search under a preemption bound, from a fixed
+opening where a stall matters (``freeze_at``), then a few seeded random schedules.
 """
 
 from __future__ import annotations
@@ -201,16 +201,13 @@ def stalled_copier_then_cutover(w: World) -> Fleet:
     f.expect_initial("k", {"temp": 1})
     f.copier("C1")
     f.shim_actor("A", ("put", "k", {"temp": 99}), ("close",))  # then shuts down: the switch need not wait for it
-    # The other host finishes the backfill, verify runs, and the operator cuts over through
-    # the real gates (one actor: the gates already order them).
-    f.copier("C2", then=lambda: f.transition("op", STALLED_COPIER_CUTOVER))
-    if STALLED_COPIER_KILL:
-        w.may_kill("C1")
+    # The other host finishes the backfill and the operator cuts over (one actor: the gates
+    # would order them anyway); cutover's wait for job leases is the real one.
+    # (A real verify inside the schedule, "verify+advance", is 499 schedules / 20 s, and C1 may
+    # die at any call another ~2x: too slow for the suite; verify runs over every violated
+    # final state anyway, see Fleet.check.)
+    f.copier("C2", then=lambda: f.transition("op", "advance"))
     return f
-
-
-STALLED_COPIER_CUTOVER = "advance"
-STALLED_COPIER_KILL = False
 
 
 def freeze_at(actor: str, op: str | tuple[str, ...], seconds: float, watchers: tuple[str, ...] = (),

@@ -180,8 +180,7 @@ def test_without_the_liveness_time_fence(monkeypatch):
         self._last_ok = self._clock()  # "just refreshed": the window check never trips
         return real(self)
     monkeypatch.setattr(PhaseCache, "begin", begin)
-    result = explore(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
-    assert result.violation is not None, "the checker found nothing without the liveness time fence"
+    must_find(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
 
 
 def disarm(monkeypatch, expression_starts: str) -> None:
