@@ -175,6 +175,7 @@ class Fleet:
     def __init__(self, w: World, kind: str = "sensor", phase: str = "backfill", table: str = "data",
                  lease_seconds: float = 10.0, max_request_seconds: float = 1.0, lease_wait: float | None = 0.0):
         self.w = w
+        w.fleet = self  # for openings (``drive``) that act on the fleet's control store
         self.m = parse(migration_text(kind, table), f"<{kind}>")
         self.kind = kind
         self.mapper = KeyMapper(self.m)

@@ -112,7 +112,9 @@ def test_a_copier_racing_two_shims():
 
 
 def silent_shim(w: World) -> Fleet:
-    """Every shim was silent for 46 s (past the 30 s liveness window + the 15 s skew allowance):
+    """Every shim was silent for 46 s (past the 30 s liveness window, and past liveness + the
+    longest request, 31 s here, that the census watches a heartbeat stay unchanged before it
+    drops the shim; the operator's census looked once before the silence, see ``silence``):
     A refreshes and writes, B writes without refreshing, the operator cuts over (B no longer
     counts in the census). B's request must fail closed (ShimUnavailable), not act on backfill."""
     f = sensor_fleet(w, "backfill")
@@ -123,7 +125,12 @@ def silent_shim(w: World) -> Fleet:
 
 
 def silence(seconds: float = 46.0):
+    """The opening: the operator's census looks at the fleet once (its clock starts watching
+    every heartbeat: a single look never drops a shim), then nobody refreshes for ``seconds``."""
     def drive(w: World) -> None:
+        from reshard.control import fleet as fleet_module
+        f = w.fleet
+        fleet_module.census(f.store, f.m.id, f.store.load_state(f.m.id).phase_version)
         w.sched.tick(seconds)
     return drive
 
@@ -483,7 +490,8 @@ def abort_racing_a_stalled_repair(w: World) -> Fleet:
 
 
 def test_abort_racing_a_stalled_repair():
-    """The repair's data writes are guarded by its lease deadline like the backfill's copies."""
+    """The repair's data writes are guarded by its lease deadline like the backfill's copies
+    (without that guard, as at 40c8ae3 before aa5a378, a copy lands after the retire)."""
     r = explore(scenario(abort_racing_a_stalled_repair), preemption_bound=1,
                 drive=freeze_at("R", ("guard", "put_item"), 11, table="data"))
     print(describe_bounds(r))

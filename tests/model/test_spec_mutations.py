@@ -152,8 +152,8 @@ def test_without_the_cleanup_delete_version_fence(monkeypatch):
 
 
 def test_without_the_repair_lease_deadline_guard(monkeypatch):
-    """verify --repair's writes without their lease-deadline guard (as before the fix): a repair
-    frozen past its lease writes a new copy after the abort's cleanup and retire."""
+    """verify --repair's writes without their lease-deadline guard: a repair frozen past its
+    lease writes a new copy after the abort's cleanup and retire."""
     import reshard.jobs.verify as verify
     real = verify.conditional_put
 
@@ -172,14 +172,10 @@ def test_without_the_repair_lease_deadline_guard(monkeypatch):
 
 
 def test_without_the_liveness_time_fence(monkeypatch):
-    """A shim that could not refresh for longer than its liveness window acts anyway."""
+    """A shim that could not refresh for longer than its liveness window acts anyway (the check
+    at the start of a request and before every attempt of an authoritative write both go)."""
     from reshard.shim.phase_cache import PhaseCache
-    real = PhaseCache.begin
-
-    def begin(self):
-        self._last_ok = self._clock()  # "just refreshed": the window check never trips
-        return real(self)
-    monkeypatch.setattr(PhaseCache, "begin", begin)
+    monkeypatch.setattr(PhaseCache, "_check_live_locked", lambda self, now: None)
     must_find(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
 
 
@@ -234,6 +230,7 @@ def test_fence_builders_are_the_ones_patched():
     from reshard.control import runs
     from reshard.jobs.engine import PageContext
     from reshard.jobs.runner import conditional_put
+    from reshard.shim.phase_cache import PhaseCache
     assert table.fence_for is versions.fence_for
     assert backfill.copy_fence is versions.copy_fence and cleanup.unchanged is versions.unchanged
     assert verify.conditional_put is conditional_put
@@ -241,7 +238,8 @@ def test_fence_builders_are_the_ones_patched():
     for fn, name in ((backfill.Backfill._copy, "copy_fence("), (cleanup.Cleaner._delete_if_unchanged, "unchanged("),
                      (transition_module.transition, "await_no_writers("), (transition_module.retire, "await_no_writers("),
                      (cleanup._check, "await_no_writers("), (PageContext.write_guard, "self.check_deadline()"),
-                     (verify.Verifier._repair, "guard=guard"), (verify.Verifier._mirror_to_old, "guard=guard")):
+                     (verify.Verifier._repair, "guard=ctx.write_guard"), (verify.Verifier._mirror_to_old, "guard=ctx.write_guard"),
+                     (PhaseCache.begin, "self._check_live_locked("), (PhaseCache.check_live, "self._check_live_locked(")):
         assert name in inspect.getsource(fn), (fn.__qualname__, name)
     # The model's gates on the logical clock wrap the real wait (conftest).
     assert transition_module.await_no_writers.__name__ == runs.await_no_writers.__name__
