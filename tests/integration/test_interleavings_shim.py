@@ -241,6 +241,24 @@ def test_case7_a_shim_refuses_a_table_locked_by_another_active_migration(dynalit
         t.close()
 
 
+def test_case7_the_census_of_a_second_migration_counts_the_first_ones_shims(dynalite, unique_name):
+    """Migration B starts on a table whose fleet still runs A's file: B's census counts those
+    shims as lagging (they write A's layouts), so B cannot move until they are redeployed
+    (before the fix B counted only its own heartbeats: zero lagging, transition allowed)."""
+    m, mapper, store, t, clock = _fail_closed_setup(dynalite, unique_name, advance_to=3)  # A -> complete
+    try:
+        store.release_table(m.table, m.id)
+        other = dataclasses.replace(m, id=f"{m.id}-second", path="migrations/0004_second.toml")
+        store.register(other)
+        with pytest.raises(errors.RefusedTransition, match=rf"runs migration '{m.id}'"):
+            transition(store, other.id, Action.ADVANCE)
+        t.close()  # A's instance shuts down cleanly: its heartbeat leaves the census
+        with pytest.raises(errors.RefusedTransition, match="no live shim reports for this table"):
+            transition(store, other.id, Action.ADVANCE)
+    finally:
+        t.close()
+
+
 # ----------------------------------------------------------------------------- case 9
 def test_case9_query_page_skips_a_copy_that_landed_behind_a_lagging_partition(dynalite, unique_name):
     """dual_read query. Page 1 ends on item A, read through the old layout. A's new-layout
