@@ -34,8 +34,9 @@ import threading
 import time
 from decimal import Decimal
 
-from reshard import errors
+from reshard import errors, operations
 from reshard.aws.dynamo import Dynamo, to_wire
+from reshard.control.store import ControlStore
 from reshard.core.layout import is_tombstone
 from reshard.core.phases import Action
 from reshard.core.versions import VersionClock, version_of
@@ -96,7 +97,7 @@ class CounterThread(threading.Thread):
                     continue
                 self.spans.append((t0, time.monotonic()))
                 self.acked[h].append(int(resp["Attributes"]["counter"]))
-                self.stop.wait(0.01)
+                self.stop.wait(0.03)
         except BaseException as e:  # surfaced by the test
             self.crash = repr(e)
 
@@ -105,10 +106,10 @@ class CounterLifecycle(Lifecycle):
     """The invoices migration with seeded duplicates and counter traffic (see the module docstring)."""
 
     def __init__(self, tmp_path, seed: int):
-        super().__init__(tmp_path, "invoices", seed, n_items=200, n_inserts=50, threads=3)
+        super().__init__(tmp_path, "invoices", seed, n_items=150, n_inserts=40, threads=3)
         # Faults stay on (every shim and CLI call goes through the proxy) but rarer than in the
         # 150 s lifecycles: this one must finish in well under a minute on two cores.
-        self.proxy.rates.update(throttle=0.03, split=0.0)
+        self.proxy.rates.update(throttle=0.01, split=0.0)
         self.proxy.rates["5xx"] = 0.01
         self.seed_counters: dict[int, int] = {}
         self.duplicates = {"versioned_pairs": 0, "stale_at_new_key": 0, "identical_unversioned_pairs": 0}
@@ -159,7 +160,7 @@ class CounterLifecycle(Lifecycle):
             if self.mapper.old.key(fields, other) == self.mapper.new.key(fields):
                 self.duplicates["stale_at_new_key"] += 1
 
-        dup_cold = set(self.rng.sample(range(self.n_items), 18))
+        dup_cold = set(self.rng.sample(range(self.n_items), 14))
         for i in range(self.n_items):
             item = self.workload.item(i, f"seed-{i}", self.rng)
             if i in dup_cold:
@@ -183,8 +184,7 @@ class CounterLifecycle(Lifecycle):
 
     # ------------------------------------------------------------------ traffic
     def start_traffic(self, seconds: float) -> None:
-        r = self.cli("start", str(self.path))
-        assert r.returncode == 0, r.stderr
+        operations.start(self.raw, ControlStore(self.raw, self.control), self.m)  # `reshard start`, in-process
         self.proxy.enabled = True
         deadline = time.monotonic() + seconds
         keys = list(range(self.n_items + self.n_inserts))
@@ -195,7 +195,7 @@ class CounterLifecycle(Lifecycle):
                              liveness_seconds=30.0, writer_id=f"app{t}")
             self.shims.append(s)
             self.apps.append(AppThread(f"app{t}", s, self.workload, self.oracle, keys, hot,
-                                       seed=self.seed * 100 + t, max_ops=100000, deadline=deadline, pause=0.02))
+                                       seed=self.seed * 100 + t, max_ops=100000, deadline=deadline, pause=0.04))
             for c in range(2):
                 self.counters.append(CounterThread(f"add{t}.{c}", s, self.seed * 1000 + 10 * t + c, deadline))
         for th in [*self.apps, *self.counters]:
@@ -230,11 +230,43 @@ class CounterLifecycle(Lifecycle):
     def segment_rows(self) -> list[dict]:
         return self.store.query(self.store.mpk(self.m.id), "J#backfill#")
 
+    def watch_stalled(self) -> None:
+        """Log every request the stalled backfill sends (it tags its User-Agent ``app/stalled``)
+        and what the server answered: (monotonic time, operation, table, key, outcome)."""
+        self.stalled_calls: list[tuple[float, str, str, str, str]] = []
+        handle = self.proxy.handle
+
+        def logged(headers, body):
+            if "app/stalled" not in (headers.get("User-Agent") or ""):
+                return handle(headers, body)
+            at = time.monotonic()
+            op = (headers.get("X-Amz-Target") or "").split(".")[-1]
+            try:
+                req = json.loads(body or b"{}")
+            except ValueError:
+                req = {}
+            table = req.get("TableName") or ",".join(req.get("RequestItems", {}))
+            key = json.dumps({a: req.get("Item", req.get("Key", {})).get(a) for a in ("PK", "SK")})
+            status, hdrs, out = handle(headers, body)
+            try:
+                outcome = "ok" if status == 200 else json.loads(out).get("__type", "").split("#")[-1]
+            except ValueError:
+                outcome = str(status)
+            self.stalled_calls.append((at, op, table, key, outcome))
+            return status, hdrs, out
+        self.proxy.handle = logged
+
+    def stalled_writes_since(self, t: float) -> list[tuple[float, str, str, str, str]]:
+        return [c for c in self.stalled_calls if c[0] >= t and c[2] == self.table
+                and c[1] in ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")]
+
     def start_stalled_backfill(self) -> subprocess.Popen:
         """A backfill throttled to a crawl, frozen with SIGSTOP once it holds a lease mid-copy."""
+        self.watch_stalled()
         proc = subprocess.Popen(_cli(self.proxy.endpoint, self.control, "--output", "json", "backfill", self.m.id,
                                      *BACKFILL, "--workers", "2", "--page-size", "10", "--max-wcu", "10"),
-                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=dict(_env(), AWS_SDK_UA_APP_ID="stalled"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
         mine = f":{proc.pid}:"
         give_up = time.monotonic() + 20
         while time.monotonic() < give_up:
@@ -341,11 +373,23 @@ def test_random_suffix_counters_across_switches_with_stalled_backfill(tmp_path):
         assert takeovers >= 1, "the second backfill never took a lease of the stalled one over"
         lc.verify()
         lc.switch(Action.ADVANCE, dwell=0.5)        # cutover (switch 1: backfill -> cutover)
+        copied_before_stop = len(lc.stalled_writes_since(0.0))
+        resumed_at = time.monotonic()
         stalled.send_signal(signal.SIGCONT)         # its deadline passed long ago: it must send nothing
         out, err = stalled.communicate(timeout=40)
-        lc.log(f"stalled backfill resumed and exited {stalled.returncode}: {out[-300:]!r} {err[-600:]!r}")
         stalled_exit = stalled.returncode
+        late = lc.stalled_writes_since(resumed_at)
+        after = [c[1] for c in lc.stalled_calls if c[0] >= resumed_at]
+        lc.log(f"stalled backfill resumed and exited {stalled_exit} ({copied_before_stop} data writes before its "
+               f"stop, {len(late)} after; calls after: {after}): {out[-200:]!r} {err[-300:]!r}")
         assert "Traceback" not in err, err[-3000:]
+        assert copied_before_stop >= 1, "the stalled backfill had not copied anything: it stalled before copying"
+        # The time fence: past its lease deadline a worker starts no data write. A worker frozen
+        # between its deadline check and the socket send still sends that one request when it
+        # resumes (no client-side check can stop it: issue 12 case 2) -- at most one per worker
+        # thread; whether it was refused by the version fence or was harmless is what the audit
+        # below judges (every such write is listed in the figures).
+        assert len(late) <= 2, f"the stalled backfill wrote more than one request per worker after its deadline: {late}"
         lc.switch(Action.ROLLBACK, dwell=0.8)       # backfill (switch 2: cutover -> backfill)
         lc.switch(Action.ADVANCE, dwell=0.8)        # cutover again (the verify before the first still counts)
         lc.verify()                                 # the last verify: in cutover, under the counters
@@ -357,7 +401,8 @@ def test_random_suffix_counters_across_switches_with_stalled_backfill(tmp_path):
         lc.stop_traffic()
         result = lc.audit_counters()
         f = result["figures"]
-        f.update(stalled_exit=stalled_exit, takeovers=takeovers, wall_seconds=round(time.monotonic() - lc.t0, 1))
+        f.update(stalled_exit=stalled_exit, stalled_writes_before_stop=copied_before_stop,
+                 stalled_writes_after_resume=[(op, key, outcome) for _, op, _, key, outcome in late], takeovers=takeovers, wall_seconds=round(time.monotonic() - lc.t0, 1))
         print(f"\n[invoices counters] seed {SEED}: " + json.dumps(f, sort_keys=True))
         crashed = [c.crash for c in lc.counters if c.crash] + [e for a in lc.apps for e in a.errors if "crashed" in e]
         assert crashed == [], crashed
