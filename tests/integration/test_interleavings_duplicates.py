@@ -14,6 +14,7 @@ version fence orders the two increments.
 from __future__ import annotations
 
 import threading
+import time
 
 from reshard.aws.dynamo import Dynamo, RetryPolicy, to_wire
 from reshard.core.layout import KeyMapper
@@ -34,6 +35,10 @@ def test_two_shims_pick_the_same_unversioned_duplicate_whatever_order_batchget_a
     mapper = KeyMapper(m)
     a_dyn, b_dyn = _client(dynalite_server), _client(dynalite_server)
     create_table(a_dyn, m)
+    deadline = time.monotonic() + 5  # dynalite may answer ResourceNotFound right after CreateTable
+    while a_dyn.call("describe_table", TableName=m.table)["Table"]["TableStatus"] != "ACTIVE":
+        assert time.monotonic() < deadline, "table not ACTIVE after 5 s"
+        time.sleep(0.01)
     fields = mapper.logical_fields(to_wire(KEY))
     new_key = mapper.new.key(fields)
     shards = [s for s in range(mapper.old.shards) if mapper.old.key(fields, s) != new_key][:2]

@@ -39,7 +39,7 @@ from reshard.aws.dynamo import Dynamo, to_wire
 from reshard.control.store import ControlStore
 from reshard.core.layout import is_tombstone
 from reshard.core.phases import Action
-from reshard.core.versions import VersionClock, version_of
+from reshard.core.versions import VersionClock
 from reshard.shim.table import ShardedTable
 
 from tests.integration.test_backfill_dynalite import _cli, _env
@@ -137,6 +137,10 @@ class CounterLifecycle(Lifecycle):
         """Cold items at random shards, some duplicated; hot counters, some duplicated."""
         from tests.backfill_support import create_table
         create_table(self.raw, self.table, self.mapper)
+        deadline = time.monotonic() + 5  # dynalite may answer ResourceNotFound right after CreateTable
+        while self.raw.call("describe_table", TableName=self.table)["Table"]["TableStatus"] != "ACTIVE":
+            assert time.monotonic() < deadline, "table not ACTIVE after 5 s"
+            time.sleep(0.01)
         clock = VersionClock("seed")
         reqs = []
 
