@@ -400,7 +400,7 @@ def test_random_suffix_counters_across_switches_with_stalled_backfill(tmp_path):
         lc.switch(Action.ADVANCE, dwell=0.5)        # cutover (switch 1: backfill -> cutover)
         copied_before_stop = len(lc.stalled_writes_since(0.0))
         resumed_at = time.monotonic()
-        stalled.send_signal(signal.SIGCONT)         # its deadline passed long ago: it must send nothing
+        stalled.send_signal(signal.SIGCONT)         # its deadline passed long ago: it starts no write
         out, err = stalled.communicate(timeout=40)
         stalled_exit = stalled.returncode
         late = lc.stalled_writes_since(resumed_at)
@@ -427,7 +427,8 @@ def test_random_suffix_counters_across_switches_with_stalled_backfill(tmp_path):
         result = lc.audit_counters()
         f = result["figures"]
         f.update(stalled_exit=stalled_exit, stalled_writes_before_stop=copied_before_stop,
-                 stalled_writes_after_resume=[(op, key, outcome) for _, op, _, key, outcome in late], takeovers=takeovers, wall_seconds=round(time.monotonic() - lc.t0, 1))
+                 stalled_writes_after_resume=[(op, key, outcome) for _, op, _, key, outcome in late],
+                 takeovers=takeovers, wall_seconds=round(time.monotonic() - lc.t0, 1))
         print(f"\n[invoices counters] seed {SEED}: " + json.dumps(f, sort_keys=True))
         crashed = [c.crash for c in lc.counters if c.crash] + [e for a in lc.apps for e in a.errors if "crashed" in e]
         assert crashed == [], crashed
