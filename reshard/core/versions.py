@@ -30,6 +30,7 @@ The copy step
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -94,15 +95,27 @@ def version_of(item: Mapping[str, Any] | None) -> str:
 
 
 def newest(items):
-    """The item with the highest version among ``items`` (Nones ignored); None if none."""
+    """The item with the highest version among ``items`` (Nones ignored); None if none.
+
+    A tie (two unversioned old copies of one item in a random-suffix layout) goes to the
+    smallest item in a canonical order, never to whichever came first: DynamoDB answers
+    a BatchGetItem in no particular order, and two shims that picked different copies
+    would each write their own copy, both passing their fences (two acknowledged
+    ``ADD 1`` returning the same value, one lost). The same pick everywhere lets the
+    version fence order them.
+    """
     best, best_v = None, None
     for it in items:
         if it is None:
             continue
         v = version_of(it)
-        if best is None or v > best_v:
+        if best is None or v > best_v or (v == best_v and _canonical(it) < _canonical(best)):
             best, best_v = it, v
     return best
+
+
+def _canonical(item: Mapping[str, Any]) -> str:
+    return json.dumps(item, sort_keys=True, default=repr)
 
 
 @dataclass(frozen=True)

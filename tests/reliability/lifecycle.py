@@ -58,6 +58,20 @@ def hourly_workload() -> Workload:
     return Workload(key, item, ident=lambda i: i)
 
 
+def invoices_workload() -> Workload:
+    """Invoice lines of the random-suffix layout (migrations/0002_invoices.toml): four lines per invoice."""
+    def key(i):
+        return {"invoice_number": str(100000 + i // 4), "line": str(i % 4)}
+
+    def item(i, token, rng):
+        return dict(key(i), amount=Decimal(rng.randrange(1, 100000)) / 100, op=token, memo="m" * rng.randrange(0, 30))
+
+    return Workload(key, item, ident=lambda i: i)
+
+
+WORKLOADS = {"sensor": sensor_workload, "hourly": hourly_workload, "invoices": invoices_workload}
+
+
 class Lifecycle:
     """One migration under chaos (see the module docstring)."""
 
@@ -78,7 +92,7 @@ class Lifecycle:
         self.m = load(self.path)
         self.mapper = KeyMapper(self.m)
         self.store = ControlStore(self.faulty, self.control)
-        self.workload = sensor_workload() if kind == "sensor" else hourly_workload()
+        self.workload = WORKLOADS[kind]()
         self.oracle = Oracle()
         self.n_items, self.n_inserts, self.n_threads = n_items, n_inserts, threads
         self.kills = 0
