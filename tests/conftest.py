@@ -26,11 +26,18 @@ os.environ["AWS_ACCESS_KEY_ID"] = "testing"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
 
 
+#: Tests of ~30 s and more: started first, so the parallel workers do not end on one of them
+#: while the others are idle (the whole suite must stay near 5 minutes).
+SLOW_FIRST = ("tests/reliability/", "tests/integration/test_backfill_dynalite.py::test_sigkill",
+              "tests/functional/test_demo.py", "tests/integration/test_lifecycle.py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = pathlib.Path(str(item.fspath)).relative_to(ROOT).parts
         if len(parts) > 1 and parts[1] in ("unit", "functional", "integration", "reliability"):
             item.add_marker(getattr(pytest.mark, parts[1]))
+    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: the rest keep their order
 
 
 @pytest.fixture
