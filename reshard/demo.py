@@ -384,11 +384,9 @@ class Demo:
         result = operations.run_data_job("backfill", self.dynamo, self.store, self.migration_id,
                          JobOptions(segments=o.segments, page_size=250), subscribers=subs)
         t = result.totals
-        out = {"done": result.done, "scanned": t.get("scanned", 0), "moved": t.get("moved", 0),
-               "copied": t.get("copied", 0), "fenced": t.get("fenced", 0), "duplicates": t.get("duplicates", 0),
-               "collisions": t.get("collisions", 0), "unmoved": t.get("unmoved", 0),
-               "new_layout": t.get("new_layout", 0), "unmappable": t.get("unmappable", 0),
-               "seconds": round(result.outcome.elapsed, 2)}
+        counts = {k: int(t.get(k, 0)) for k in ("scanned", "moved", "copied", "fenced", "duplicates", "collisions",
+                                                 "unmoved", "new_layout", "unmappable")}  # stored as N: whole counts
+        out = {"done": result.done, **counts, "seconds": round(result.outcome.elapsed, 2)}
         self.say(f"    backfill: scanned {out['scanned']}, copied {out['copied']} of {out['moved']} moving items to "
                  f"the new layout ({out['fenced']} found a newer shim write there, which stays), "
                  f"{out['unmoved']} keep their key, {out['new_layout']} already there (shim writes), "
