@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS
 from reshard.core.migration import Migration, parse
 from reshard.core.phases import Phase, TERMINAL
 from reshard.core.wire import get_n, get_s
@@ -29,9 +30,9 @@ from reshard.core.wire import get_n, get_s
 META = "META"
 #: A shim refuses to act once it could not refresh for this long (seconds).
 DEFAULT_LIVENESS_SECONDS = 30.0
-#: For heartbeats written before shims reported it: the choke point's default connect +
-#: read timeout, the longest one attempt of a shim's request can be in flight.
-ASSUMED_SHIM_REQUEST_SECONDS = 35.0
+#: For heartbeats written before shims reported it: the same assumption as for job leases
+#: (the choke point's default connect + read timeout, one attempt's longest flight).
+ASSUMED_SHIM_REQUEST_SECONDS = ASSUMED_MAX_REQUEST_SECONDS
 
 
 # --------------------------------------------------------------------------- keys
