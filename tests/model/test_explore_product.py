@@ -133,7 +133,7 @@ def test_every_interleaving_of_two_hosts_on_one_segment():
             assert rec["done"] == {"BOOL": True}
             # Each takeover redoes at most the page in flight.
             assert sum(got.values()) - PAGES <= int(rec["takeovers"]["N"]), (got, rec["takeovers"])
-            assert store.get("M#mid", "R#backfill#000001").get("finished_at") is not None
+            assert store.get("J#mid#backfill", "R#backfill#000001").get("finished_at") is not None
         return check
 
     result = explore(factory, preemption_bound=1, max_steps=60)
