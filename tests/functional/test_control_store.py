@@ -396,3 +396,21 @@ def test_a_meta_row_of_an_unknown_schema_is_refused_with_one_line(moto_dynamo, c
     assert main(["status", MID, "--control-table", "ctl"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "schema '3'" in err and "refusing to act on it" in err
+
+
+def test_a_heartbeat_where_an_older_release_wrote_it_is_counted_and_reaped_there(moto_dynamo, clock):
+    """Heartbeats moved from M#<id> to S#<id>: a shim not yet upgraded must still hold the fleet."""
+    store = ControlStore(moto_dynamo, "ctl", clock=clock)
+    store.register(parse(SENSOR, "<sensor>"))
+    store.put({"pk": {"S": store.mpk(MID)}, "sk": {"S": "S#old"}, "instance": {"S": "old"},
+               "phase": {"S": "planned"}, "phase_version": {"N": "0"}, "at": {"N": str(clock())},
+               "liveness_seconds": {"N": "5"}, "beat": {"N": "1"}})
+    fleet.heartbeat(store, MID, "new", "planned", 1, liveness_seconds=5)
+    c = fleet.census(store, MID, 1)
+    assert sorted(h.instance for h in c.live) == ["new", "old"] and [h.instance for h in c.lagging] == ["old"]
+    with pytest.raises(errors.RefusedTransition):
+        transition(store, MID, Action.ADVANCE)
+    clock.t += 100
+    c = fleet.wait_for_ack(store, MID, 1, 60, sleep=clock.sleep)
+    assert c.live == () and {h.instance for h in c.expired} == {"old", "new"}
+    assert store.get(store.mpk(MID), "S#old") is None and store.get(store.hpk(MID), "S#new") is None  # reaped where each was
