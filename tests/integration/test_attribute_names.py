@@ -61,11 +61,11 @@ shards = 8
 names = st.lists(NAME_CHARS, min_size=1, max_size=4).map("".join).map(str.strip).filter(bool)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(names, names, names, st.text(min_size=1, max_size=6), st.text(min_size=1, max_size=6))
 def test_any_field_name_routes_to_both_layouts_and_back(f_user, f_ts, f_event, user, ts):
-    if len({f_user, f_ts, f_event, "shard"}) < 4:
-        return
+    if len({f_user, f_ts, f_event, "shard", KEY_PK, KEY_SK}) < 6:
+        return  # fields must differ from each other, from {shard} and from the key attributes
     m = parse(migration_toml("m", "Tbl", f_user, f_ts, f_event), "<generated>")
     mapper = KeyMapper(m)
     logical = {KEY_PK + "x": {"S": "other"}, f_user: {"S": user}, f_ts: {"S": ts}, f_event: {"S": "e"}}
