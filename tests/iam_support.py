@@ -16,6 +16,25 @@ from dataclasses import dataclass, field
 
 REGION, ACCOUNT = "us-east-1", "123456789012"
 
+#: Known fake credentials, and what must never appear in any output (tests/functional/test_no_secrets.py).
+KEY_ID = "AKIARESHARDFAKE7KEY0"
+SECRET = "reShArd/FakeSecret+Value/0123456789abcdefXYZ"
+TOKEN = "IQoJb3JpZ2luX2VjReshardFakeSessionToken//0123456789+abc="
+FORBIDDEN = (KEY_ID, SECRET, TOKEN, SECRET[:12], TOKEN[:16], "Authorization", "X-Amz-Security-Token",
+             "Signature=", "Credential=", "aws_secret_access_key", "aws_session_token")
+
+
+def fake_credentials(monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+def leaks(text: str) -> list[tuple[str, str]]:
+    """Each forbidden word found, with what surrounds it."""
+    return [(w, text[max(0, text.find(w) - 200):text.find(w) + 50]) for w in FORBIDDEN if w in text]
+
 
 @dataclass(frozen=True)
 class Request:

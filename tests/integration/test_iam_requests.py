@@ -14,6 +14,9 @@ role whose client sent it (tests/iam_support.py). Then:
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 from decimal import Decimal
 
 import pytest
@@ -24,7 +27,7 @@ from reshard.core.migration import parse
 from reshard.shim.table import ShardedTable
 
 from tests.backfill_support import migration_text
-from tests.iam_support import ACCOUNT, REGION, Recorder, Request, allowed
+from tests.iam_support import ACCOUNT, REGION, Recorder, Request, allowed, fake_credentials, leaks
 from tests.shim_helpers import read_item
 
 ROLES = ("app", "observer", "worker", "operator")
@@ -36,9 +39,8 @@ def policies(m, control: str) -> dict[str, dict]:
     return {r: iam.policy(r, m.table, control, REGION, ACCOUNT, migration_id=m.id) for r in ROLES}
 
 
-@pytest.fixture(scope="module")
-def recorded(dynalite_server, tmp_path_factory, request):
-    """Run the commands of every role once (module scope: one lifecycle, several checks)."""
+def record_every_role(dynalite_server, tmp_path_factory):
+    """Run the commands of every role once: (migration, control table, requests, all output)."""
     import uuid
 
     from reshard.aws import local
@@ -60,11 +62,23 @@ def recorded(dynalite_server, tmp_path_factory, request):
 
     rec = Recorder()
     rec.install(mp)
-    g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", control, "--region", "us-east-1"]
+    # Known fake credentials and --verbose: the output is searched for them too (one
+    # lifecycle for two tests; tests/functional/test_no_secrets.py covers the error paths).
+    fake_credentials(mp)
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logging.getLogger("reshard").addHandler(handler)
+    logging.getLogger("reshard").setLevel(logging.DEBUG)
+    g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", control, "--region", "us-east-1",
+         "--verbose"]
 
     def run(role: str, *args: str, status: int = 0) -> None:
         rec.role = role
-        assert main([*args, *g]) == status, (role, args)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main([*args, *g])
+        log.write(out.getvalue())
+        assert code == status, (role, args, out.getvalue())
 
     n = [0]
 
@@ -107,12 +121,22 @@ def recorded(dynalite_server, tmp_path_factory, request):
         with_shim()
     finally:
         mp.undo()
+        logging.getLogger("reshard").removeHandler(handler)
+        logging.getLogger("reshard").setLevel(logging.NOTSET)
     hash_keys = {table: m.keys.partition, control: "pk"}
-    yield m, control, rec.requests(hash_keys)
+    return m, control, rec.requests(hash_keys), log.getvalue()
 
 
-def test_every_request_of_a_role_is_allowed_by_its_policy(recorded):
-    m, control, requests = recorded
+def test_every_request_is_judged_by_its_roles_policy(dynalite_server, tmp_path_factory):
+    """One lifecycle (it takes a while), three checks."""
+    recorded = record_every_role(dynalite_server, tmp_path_factory)
+    every_request_of_a_role_is_allowed_by_its_policy(recorded)
+    what_other_roles_must_never_send_is_denied(recorded)
+    no_credential_in_the_output_of_any_command(recorded)
+
+
+def every_request_of_a_role_is_allowed_by_its_policy(recorded):
+    m, control, requests, _ = recorded
     pols = policies(m, control)
     by_role = {r: [q for q in requests if q.role == r] for r in ROLES}
     assert all(by_role.values()), {r: len(v) for r, v in by_role.items()}  # every role sent requests
@@ -124,8 +148,8 @@ def test_every_request_of_a_role_is_allowed_by_its_policy(recorded):
     assert {"PutItem", "UpdateItem", "DeleteItem", "GetItem", "Query", "BatchWriteItem"} <= ops
 
 
-def test_what_other_roles_must_never_send_is_denied(recorded):
-    m, control, requests = recorded
+def what_other_roles_must_never_send_is_denied(recorded):
+    m, control, requests, _ = recorded
     pols = policies(m, control)
     # The operator's transitions: writes to the phase row, history and table lock.
     transitions = [q for q in requests if q.role == "operator" and q.table == control
@@ -171,3 +195,10 @@ def test_forbidden_requests_are_denied(role, request_):
                 frozenset(k.format(**fill) for k in request_.leading_keys))
     assert not allowed(iam.policy(role, m.table, "ctl", REGION, ACCOUNT, migration_id=m.id), q)
     assert allowed(iam.policy("operator", m.table, "ctl", REGION, ACCOUNT, migration_id=m.id), q)
+
+
+def no_credential_in_the_output_of_any_command(recorded):
+    """Every command above ran with known fake credentials and --verbose (success paths)."""
+    m, _, _, output = recorded
+    assert f"{m.id}" in output and "backfill" in output  # the commands' output really was captured
+    assert leaks(output) == []
