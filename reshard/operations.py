@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 from reshard import errors
 from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
+from reshard.control import doctor as doctors
 from reshard.control import fleet
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
@@ -297,6 +298,70 @@ def iam_policy(m: Migration, role: str, control_table: str, region: str | None =
     """The least-privilege policy for ``role`` on ``m``'s table and the control table."""
     return IamPolicy(role, iam.policy(role, m.table, control_table, region or "*", account))
 
+
+
+# ---------------------------------------------------------------------- doctor
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """What ``reshard doctor`` found and, with ``--repair``, what it did about each finding."""
+
+    control_table: str
+    diagnosis: doctors.Diagnosis
+    repairs: list[doctors.Repaired] | None  # None: read-only
+
+    @property
+    def remaining(self) -> list:
+        """Findings still there: all of them read-only, else those not repaired."""
+        if self.repairs is None:
+            return list(self.diagnosis.findings)
+        return [r.finding for r in self.repairs if r.outcome != "repaired"]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.remaining
+
+    def summary(self) -> str:
+        n = len(self.remaining)
+        if self.repairs is None:
+            return f"{n} finding(s); the command after each fixes it (`--repair` fixes the repairable ones)"
+        return f"{n} finding(s) left after --repair; see the lines above"
+
+    def as_dict(self) -> dict:
+        d = {"control_table": self.control_table, **self.diagnosis.as_dict(), "healthy": self.healthy}
+        if self.repairs is not None:
+            d["repairs"] = [r.as_dict() for r in self.repairs]
+        return d
+
+    def text(self) -> str:
+        d = self.diagnosis
+        scanned = ", ".join(f"{t} ({'skipped' if n is None else f'{n} items scanned'})" for t, n in d.tables.items())
+        lines = [f"doctor: control table {self.control_table}: {d.migrations} migration(s), {d.locks} table "
+                 f"lock(s); data: {scanned or 'none'}"]
+        if self.repairs is None:
+            lines += [f"FOUND {f.line()}" for f in d.findings]
+        else:
+            lines += [r.line() for r in self.repairs]
+        lines.append("healthy" if self.healthy else f"{len(self.remaining)} finding(s) remain")
+        return "\n".join(lines)
+
+
+def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None, *, repair: bool = False,
+           wait: float | None = None, data: bool = True, poll: float = 0.5, say: Say = _quiet,
+           before_write: Callable | None = None) -> DoctorReport:
+    """Diagnose (read-only); with ``repair``, fix the repairable findings with conditional writes."""
+    diagnosis = doctors.diagnose(store, dynamo, migration_id, data=data)
+    repairs = None
+    if repair and diagnosis.findings:
+        watched = [f for f in diagnosis.findings if f.repairable and f.ref.get("quiet")]
+        if watched:
+            longest = max(f.ref["quiet"] for f in watched)
+            say(f"watching {len(watched)} lease(s)/heartbeat(s) go quiet (up to "
+                f"{longest if wait is None else min(wait, longest):.0f} s) before releasing them")
+        repairs = doctors.repair(store, dynamo, diagnosis.findings, wait=wait, poll=poll, before_write=before_write)
+    elif repair:
+        repairs = []
+    return DoctorReport(store.table, diagnosis, repairs)
 
 
 # ---------------------------------------------------------------------- backfill, verify, cleanup

@@ -150,3 +150,21 @@ def scan_segments(dynamo: Dynamo, table: str, segments: int, sample: int | None,
     with ThreadPoolExecutor(max_workers=min(segments, 8)) as pool:
         for f in [pool.submit(one, s) for s in range(segments)]:
             f.result()  # re-raise a segment's error
+
+
+def scan_matching(dynamo: Dynamo, table: str, filter_expression: str, names: dict,
+                  page_size: int = 1000) -> tuple[list[dict], int, float]:
+    """Every item of ``table`` matching a filter (one consistent Scan, page by page):
+    (items, items scanned, read units consumed). Reads the whole table once."""
+    out, scanned, units = [], 0, 0.0
+    kwargs: dict[str, Any] = {"TableName": table, "FilterExpression": filter_expression,
+                              "ExpressionAttributeNames": names, "ConsistentRead": True, "Limit": page_size,
+                              "ReturnConsumedCapacity": "TOTAL"}
+    while True:
+        resp = dynamo.call("scan", **kwargs)
+        out.extend(resp.get("Items", []))
+        scanned += int(resp.get("ScannedCount", 0))
+        units += float(resp.get("ConsumedCapacity", {}).get("CapacityUnits", 0) or 0)
+        if not resp.get("LastEvaluatedKey"):
+            return out, scanned, units
+        kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
