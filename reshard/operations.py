@@ -35,6 +35,7 @@ from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.cleanup import CLEANUP
 from reshard.jobs.runner import JobOptions, JobResult, run_job
+from reshard.jobs.strip import STRIP
 from reshard.jobs.subscribers import Subscriber
 from reshard.jobs.verify import VERIFY
 
@@ -91,7 +92,7 @@ def status(store: ControlStore, migration_id: str) -> Status:
 
 
 def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
-    """Every backfill/verify/cleanup run: per-segment progress, owners, errors, totals, verdicts."""
+    """Every backfill/verify/cleanup/strip-bookkeeping run: per-segment progress, owners, errors, totals, verdicts."""
     out = []
     for job in DATA_JOBS:
         all_runs = runs(store, migration_id, job)
@@ -367,7 +368,7 @@ def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None,
 # ---------------------------------------------------------------------- backfill, verify, cleanup
 
 #: The data jobs by name (their JobSpecs; one runner runs them all).
-DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP)}
+DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP, STRIP)}
 
 
 def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions, *,
@@ -388,6 +389,12 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
         sweep = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
         result = dataclasses.replace(result, sweep=sweep)
     return result
+
+
+def live_shims(store: ControlStore, migration_id: str) -> int:
+    """How many live shims run this migration's file now (one look of the census)."""
+    state = store.load_state(migration_id)
+    return len(fleet.census(store, migration_id, state.phase_version).live)
 
 
 def table_item_count(dynamo: Dynamo, store: ControlStore, migration_id: str) -> int | None:
