@@ -336,7 +336,7 @@ class DoctorReport:
 
     def text(self) -> str:
         d = self.diagnosis
-        scanned = ", ".join(f"{t} ({'skipped' if n is None else f'{n} items scanned'})" for t, n in d.tables.items())
+        scanned = ", ".join(f"{t} ({'not scanned' if n is None else f'{n} item(s) scanned'})" for t, n in d.tables.items())
         lines = [f"doctor: control table {self.control_table}: {d.migrations} migration(s), {d.locks} table "
                  f"lock(s); data: {scanned or 'none'}"]
         if self.repairs is None:

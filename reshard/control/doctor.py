@@ -71,8 +71,9 @@ class Repaired:
     note: str = ""
 
     def line(self) -> str:
-        return f"{self.outcome}: {self.finding.line() if self.outcome == 'manual' else self.finding.subject}" + \
-            (f" ({self.note})" if self.note else "")
+        f = self.finding
+        what = f.line() if self.outcome == "manual" else f"{f.kind}: {f.migration + ': ' if f.migration else ''}{f.subject}"
+        return f"{self.outcome}: {what}" + (f" ({self.note})" if self.note else "")
 
     def as_dict(self) -> dict:
         return {**self.finding.as_dict(), "outcome": self.outcome, "note": self.note or None}
