@@ -78,6 +78,9 @@ def test_strips_every_item_and_deletes_leftover_tombstones(done, dynalite, dynal
     assert len(items) == 6 and all("temp" in i for i in items)
     # The shim still reads them (no version, no marker: plain items of the one layout).
     assert read_item(t, Key=ev(2))["temp"] == 2
+    # `status` lists the pass with its counters.
+    assert main(["--endpoint-url", dynalite_server.endpoint, "--control-table", store.table, "status", "m1"]) == 0
+    assert "strip-bookkeeping run 1: 2/2 segments done" in capsys.readouterr().out
     # A later shim write (still on the migration's file) stamps them again, as the docs say.
     t.put_item(Item=ev(2, temp=20))
     assert len(bookkept(dynalite, m.table)) == 1
