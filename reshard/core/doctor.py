@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from reshard.core.layout import NEW_COPY_ATTR, is_tombstone
 from reshard.core.leases import SegmentRecord
-from reshard.core.phases import JOB_RULES, Phase
+from reshard.core.phases import JOB_RULES, STRIP_JOB, Phase
 from reshard.core.versions import parse_version, version_of
 
 #: Every kind of finding, and what it means (``doctor --help`` and the runbook list them).
@@ -90,10 +90,18 @@ def repair_command(migration: str) -> str:
     return f"reshard doctor {migration} --repair" if migration else "reshard doctor --repair"
 
 
+def job_command(job: str, migration: str, segments: int) -> str:
+    """The command that resumes a run of ``job``."""
+    if job == STRIP_JOB:
+        return f"reshard cleanup {migration} --strip-bookkeeping --segments {segments}"
+    return f"reshard {job} {migration} --segments {segments}"
+
+
 def job_can_run(job: str, m: MigrationFacts) -> bool:
-    """Whether ``job`` (with or without --repair) may run in the migration's phase now."""
+    """Whether ``job`` (with or without --repair) may run in the migration's phase now
+    (``strip-bookkeeping`` runs in ``complete``, cleanup on a retired abort too)."""
     rules = [r for name, r in JOB_RULES.items() if name == job or name.startswith(job + " ")]
-    return m.active and any(m.phase in r.phases for r in rules)
+    return any(m.phase in r.phases for r in rules)
 
 
 def lease_finding(m: MigrationFacts, job: str, run: int, rec: SegmentRecord, *, run_finished: bool,
@@ -104,10 +112,8 @@ def lease_finding(m: MigrationFacts, job: str, run: int, rec: SegmentRecord, *, 
         return None
     subject = f"{job} run {run} segment {rec.segment} leased by {rec.owner}"
     why = None
-    if not m.active:
-        why = f"the migration is {m.phase}{' (retired)' if m.retired else ''}"
-    elif not job_can_run(job, m):
-        why = f"{job} cannot run in {m.phase}"
+    if not job_can_run(job, m):
+        why = f"{job} cannot run in {m.phase}{' (retired)' if m.retired else ''}"
     elif run_finished:
         why = "its run is finished"
     elif run < latest_run:
@@ -130,13 +136,12 @@ def run_finding(m: MigrationFacts, job: str, run: int, *, finished: bool, abando
     if finished or abandoned:
         return None
     subject = f"{job} run {run}"
-    if m.active and job_can_run(job, m) and run == latest_run:
+    if job_can_run(job, m) and run == latest_run:
         if held_leases:
             return None  # being worked on (a dead holder shows up as an expired lease)
         return Finding("unfinished_run", m.id, subject, "stopped before every segment was done, no worker holds it",
-                       f"reshard {job} {m.id} --segments {segments}")
-    why = (f"the migration is {m.phase}" if not m.active else f"{job} cannot run in {m.phase}"
-           if not job_can_run(job, m) else f"run {latest_run} superseded it")
+                       job_command(job, m.id, segments))
+    why = f"{job} cannot run in {m.phase}" if not job_can_run(job, m) else f"run {latest_run} superseded it"
     return Finding("abandoned_run", m.id, subject, f"never finished and cannot be resumed ({why})",
                    f"{repair_command(m.id)} (marks it abandoned; nothing reads it any more)", True,
                    {"job": job, "run": run})

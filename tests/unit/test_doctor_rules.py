@@ -18,7 +18,7 @@ def test_a_live_lease_of_the_running_run_is_no_finding():
 
 
 def test_a_lease_is_orphaned_when_nobody_will_resume_its_run():
-    cases = [(COMPLETE, "backfill", False, 1, "the migration is complete"),
+    cases = [(COMPLETE, "backfill", False, 1, "backfill cannot run in complete"),
              (MigrationFacts("m1", "T", Phase.CLEANUP, 6, True), "backfill", False, 1, "backfill cannot run in cleanup"),
              (BACKFILL, "backfill", True, 1, "its run is finished"),
              (BACKFILL, "backfill", False, 2, "run 2 superseded it")]
@@ -43,6 +43,9 @@ def test_runs_resumable_or_abandoned():
     f = rules.run_finding(BACKFILL, "backfill", 1, held_leases=0, **kw)
     assert (f.kind, f.repairable) == ("abandoned_run", True) and "run 2 superseded it" in f.detail
     assert rules.run_finding(COMPLETE, "verify", 2, held_leases=0, **kw).kind == "abandoned_run"
+    # strip-bookkeeping runs in complete: its unfinished latest run is resumable, not abandoned.
+    f = rules.run_finding(COMPLETE, "strip-bookkeeping", 2, held_leases=0, **kw)
+    assert (f.kind, f.fix) == ("unfinished_run", "reshard cleanup m1 --strip-bookkeeping --segments 8")
     assert rules.run_finding(BACKFILL, "backfill", 1, held_leases=0, **{**kw, "abandoned": True}) is None
 
 
