@@ -123,6 +123,8 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
                 found.append(Finding(f.kind, f.migration, f.subject, f.detail, f.fix, f.repairable,
                                      {**f.ref, "token": h.token}))
         holder = get_s(locks[s.table], "migration_id") if s.table in locks else None
+        if holder is not None and holder != s.id and not (holder in by_id and by_id[holder].active):
+            holder = None  # a stale lock (its own finding): deleting it comes first, then ours is taken
         f = rules.missing_lock_finding(m, holder)
         found += [f] if f else []
     tables = {s.table for s in chosen}
@@ -186,7 +188,9 @@ def repair(store: ControlStore, dynamo: Dynamo, findings: list[Finding], *, wait
                                                                     "stale_shim", "foreign_shim")]
     ready, results = _watch(store, watched, wait, poll, sleep)
     out += results
-    for f in ready + [f for f in findings if f.repairable and f not in watched]:
+    # A stale lock goes before an active migration takes its table's lock back.
+    rest = sorted((f for f in findings if f.repairable and f not in watched), key=lambda f: f.kind != "stale_lock")
+    for f in ready + rest:
         if before_write is not None:
             before_write(f)
         out.append(_repair_one(store, dynamo, f))

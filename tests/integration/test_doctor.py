@@ -183,6 +183,18 @@ def test_missing_lock_of_an_active_migration_is_taken_back(env):
     assert env.doctor()[0] == 0
 
 
+def test_lock_of_a_finished_migration_is_replaced_by_the_active_ones(env):
+    env.register("old")
+    force_meta(env.store, "old", "complete", 8)
+    env.register("new", create=False)  # takes the stale lock over
+    env.store.put({"pk": S(table_lock_pk(env.table)), "sk": S(TABLE_LOCK_SK), "migration_id": S("old"),
+                   "at": N(time.time())})  # as if the finished migration still held it
+    code, report = env.doctor("--no-data")
+    assert code == 1 and kinds(report) == ["missing_lock", "stale_lock"]
+    assert env.doctor("--repair", "--no-data")[0] == 0
+    assert env.store.table_locks()[env.table]["migration_id"]["S"] == "new"
+
+
 def test_retired_copies_and_old_tombstones_are_deleted_only_if_unchanged(env):
     m = env.register("gone")
     retired_at = time.time()
