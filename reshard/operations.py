@@ -392,7 +392,8 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
 
 
 def live_shims(store: ControlStore, migration_id: str) -> int:
-    """How many live shims run this migration's file now (one look of the census)."""
+    """How many shims report for this migration's file (one look of the census: a crashed
+    shim's row counts until a --wait watched it silent)."""
     state = store.load_state(migration_id)
     return len(fleet.census(store, migration_id, state.phase_version).live)
 

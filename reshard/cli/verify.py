@@ -177,7 +177,7 @@ def _strip(env: Env, migration: str | None, opts: JobOptions) -> None:
             f"after complete ({job_rule(STRIP_JOB).why})")
     result, data = _run_job(env, STRIP_JOB, mid, opts)
     live = operations.live_shims(env.store(), mid)
-    data["live_shims"] = live
+    data["shims_reporting"] = live
 
     def text() -> str:
         c = result.counts
@@ -190,8 +190,8 @@ def _strip(env: Env, migration: str | None, opts: JobOptions) -> None:
         if c.get("changed_meanwhile"):
             lines.append(f"  {c['changed_meanwhile']:>8}  written by a shim while we looked (kept as written)")
         if live:
-            lines.append(f"  {live} live shim(s) still run {mid!r}'s file: the items they write get _rs_v (and "
-                         "_rs_new) again; run this again once the application runs without the migration")
+            lines.append(f"  {live} shim(s) still report for {mid!r} (its file): the items they write get _rs_v "
+                         "(and _rs_new) again; run this again once the application runs without the migration")
         return "\n".join(lines)
 
     env.emit(data, text)
