@@ -33,6 +33,7 @@ from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
 from reshard.jobs.runner import JobOptions, JobResult, run_job
 from reshard.jobs.strip import STRIP
@@ -349,9 +350,12 @@ class DoctorReport:
 
 def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None, *, repair: bool = False,
            wait: float | None = None, data: bool = True, poll: float = 0.5, say: Say = _quiet,
+           max_rcu: float | None = None, max_wcu: float | None = None,
            before_write: Callable | None = None) -> DoctorReport:
-    """Diagnose (read-only); with ``repair``, fix the repairable findings with conditional writes."""
-    diagnosis = doctors.diagnose(store, dynamo, migration_id, data=data)
+    """Diagnose (read-only); with ``repair``, fix the repairable findings with conditional writes.
+    ``max_rcu`` / ``max_wcu`` pace the data table's Scan and deletes like a job's budget."""
+    budget = CapacityBudget(max_wcu, max_rcu).attach(dynamo, "")
+    diagnosis = doctors.diagnose(store, dynamo, migration_id, data=data, spend=budget.spend)
     repairs = None
     if repair and diagnosis.findings:
         watched = [f for f in diagnosis.findings if f.repairable and f.ref.get("quiet")]
@@ -359,7 +363,8 @@ def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None,
             longest = max(f.ref["quiet"] for f in watched)
             say(f"watching {len(watched)} lease(s)/heartbeat(s) go quiet (up to "
                 f"{longest if wait is None else min(wait, longest):.0f} s) before releasing them")
-        repairs = doctors.repair(store, dynamo, diagnosis.findings, wait=wait, poll=poll, before_write=before_write)
+        repairs = doctors.repair(store, dynamo, diagnosis.findings, wait=wait, poll=poll, before_write=before_write,
+                                 spend=budget.spend)
     elif repair:
         repairs = []
     return DoctorReport(store.table, diagnosis, repairs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from reshard import errors, operations
-from reshard.cli.options import Env, command, migration_argument
+from reshard.cli.options import Env, command, max_rcu_option, max_wcu_option, migration_argument
 from reshard.core.doctor import KINDS
 
 
@@ -35,7 +35,8 @@ Runs that can still be resumed, lagging live shims and two migrations on one tab
 are left to the command shown.
 
 \b
-The data check reads the whole table once (a consistent Scan; --no-data skips it).
+The data check reads the whole table once (a consistent Scan, paced by --max-rcu;
+--no-data skips it); the repair's deletes are paced by --max-wcu.
 
 \b
 Examples:
@@ -49,10 +50,12 @@ Examples:
                    "(default: as long as the longest needs, e.g. 60 s lease + 35 s request).")
 @click.option("--data/--no-data", default=True, show_default=True,
               help="Scan the data table(s) for retired copies and leftover tombstones.")
-def doctor(env: Env, migration, repair, wait, data):
+@max_rcu_option
+@max_wcu_option
+def doctor(env: Env, migration, repair, wait, data, max_rcu, max_wcu):
     mid = env.migration_id(migration) if migration else None
     report = operations.doctor(env.store(), env.dynamo(), mid, repair=repair, wait=wait, data=data,
-                               say=env.info)
+                               max_rcu=max_rcu, max_wcu=max_wcu, say=env.info)
     env.emit(report.as_dict(), report.text)
     if not report.healthy:
         raise errors.ReshardError(report.summary())

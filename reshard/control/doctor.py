@@ -23,9 +23,10 @@ re-checks exactly the state the diagnosis saw, so a live actor is never clobbere
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ContextManager
 
 from reshard import errors
 from reshard.aws import inspect
@@ -40,6 +41,14 @@ from reshard.core.leases import FREE, LeaseWatch, SegmentRecord
 from reshard.core.phases import JOB_RULES
 from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, get_s
+
+#: A capacity budget's pacing: ``with spend("read" | "write", units): <the request>``.
+Spend = Callable[[str, float], ContextManager]
+
+
+def _unpaced(kind: str, units: float) -> ContextManager:
+    return contextlib.nullcontext()
+
 
 #: The jobs whose runs and leases the doctor inspects (every job with a rule).
 JOBS = tuple(dict.fromkeys(name.split(" ")[0] for name in JOB_RULES))
@@ -84,8 +93,9 @@ def facts(s: MigrationState) -> MigrationFacts:
 
 
 def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None, *, data: bool = True,
-             now: float | None = None) -> Diagnosis:
-    """Every finding of one migration (``migration_id``) or of the whole control table. Reads only."""
+             now: float | None = None, spend: Spend | None = None) -> Diagnosis:
+    """Every finding of one migration (``migration_id``) or of the whole control table. Reads only.
+    ``spend``: a capacity budget's pacing for the data Scan (``CapacityBudget.spend``)."""
     store.require_table()
     states = store.list_states()
     if migration_id is not None:
@@ -142,7 +152,7 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
             continue
         try:
             more, scanned[table] = _data_findings(dynamo, table, [s for s in states if s.table == table],
-                                                  active_on.get(table))
+                                                  active_on.get(table), spend)
             found += more
         except errors.ResourceNotFound:
             scanned[table] = None  # the data table is gone: nothing left in it
@@ -150,7 +160,7 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
 
 
 def _data_findings(dynamo: Dynamo, table: str, states: list[MigrationState],
-                   active: MigrationState | None) -> tuple[list[Finding], int]:
+                   active: MigrationState | None, spend: Spend | None) -> tuple[list[Finding], int]:
     """Marked copies of retired migrations and leftover tombstones in one data table
     (and how many items the Scan read)."""
     retired = {s.id: s.updated_at for s in states if s.retired}
@@ -158,7 +168,7 @@ def _data_findings(dynamo: Dynamo, table: str, states: list[MigrationState],
     key_attrs = [k["AttributeName"] for k in dynamo.describe_table(table)["KeySchema"]]
     # Only items carrying a marker can be leftovers; the filter saves the transfer, not the reads.
     items, scanned, _ = inspect.scan_matching(dynamo, table, "attribute_exists(#d) OR attribute_exists(#n)",
-                                              {"#d": TOMBSTONE_ATTR, "#n": NEW_COPY_ATTR})
+                                              {"#d": TOMBSTONE_ATTR, "#n": NEW_COPY_ATTR}, spend=spend)
     copies: dict[str, list] = {}
     tombstones = []
     for item in items:
@@ -176,7 +186,7 @@ def _data_findings(dynamo: Dynamo, table: str, states: list[MigrationState],
 
 def repair(store: ControlStore, dynamo: Dynamo, findings: list[Finding], *, wait: float | None = None,
            poll: float = 0.5, sleep: Callable[[float], None] = time.sleep,
-           before_write: Callable[[Finding], None] | None = None) -> list[Repaired]:
+           before_write: Callable[[Finding], None] | None = None, spend: Spend | None = None) -> list[Repaired]:
     """Fix every repairable finding with a conditional write; the others come back ``manual``.
 
     Leases and heartbeats are first watched on this host's clock until each has been
@@ -193,7 +203,7 @@ def repair(store: ControlStore, dynamo: Dynamo, findings: list[Finding], *, wait
     for f in ready + rest:
         if before_write is not None:
             before_write(f)
-        out.append(_repair_one(store, dynamo, f))
+        out.append(_repair_one(store, dynamo, f, spend or _unpaced))
     return out
 
 
@@ -252,9 +262,9 @@ def _watch(store: ControlStore, watched: list[Finding], wait: float | None, poll
     return ready, done
 
 
-def _repair_one(store: ControlStore, dynamo: Dynamo, f: Finding) -> Repaired:
+def _repair_one(store: ControlStore, dynamo: Dynamo, f: Finding, spend: Spend) -> Repaired:
     try:
-        note = REPAIRS[f.kind](store, dynamo, f)
+        note = _delete_items(dynamo, f, spend) if f.kind in DATA_KINDS else REPAIRS[f.kind](store, dynamo, f)
     except errors.ConditionalCheckFailed:
         return Repaired(f, "changed", "the state changed since the diagnosis; left alone")
     return Repaired(f, "repaired", note or "")
@@ -320,14 +330,16 @@ def _take_lock(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
     return "lock taken"
 
 
-def _delete_items(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
+def _delete_items(dynamo: Dynamo, f: Finding, spend: Spend) -> str:
     table = f.ref["table"]
     key_attr = [k["AttributeName"] for k in dynamo.describe_table(table)["KeySchema"] if k["KeyType"] == "HASH"][0]
     deleted = changed = 0
     for key, version in f.ref["items"]:
         try:
             # The version scanned, still there: a write since (newer version) stays.
-            dynamo.call("delete_item", TableName=table, Key=key, **unchanged(version, key_attr).kwargs())
+            with spend("write", 1.0):
+                dynamo.call("delete_item", TableName=table, Key=key, ReturnConsumedCapacity="TOTAL",
+                            **unchanged(version, key_attr).kwargs())
             deleted += 1
         except errors.ConditionalCheckFailed:
             changed += 1
@@ -340,6 +352,7 @@ REPAIRS: dict[str, Callable[[ControlStore, Dynamo, Finding], str]] = {
     "orphaned_lease": _release_lease, "expired_lease": _release_lease,
     "stale_shim": _reap_shim, "foreign_shim": _reap_shim,
     "abandoned_run": _abandon_run, "stale_lock": _delete_lock, "missing_lock": _take_lock,
-    "retired_copies": _delete_items, "old_tombstones": _delete_items,
 }
+#: Findings repaired in the data table (paced by the write budget).
+DATA_KINDS = ("retired_copies", "old_tombstones")
 

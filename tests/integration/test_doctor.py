@@ -311,3 +311,25 @@ def test_doctor_text_output_and_unknown_migration(env, dynalite_server, capsys):
     assert err.startswith("reshard: error: 1 finding(s)")
     code = main(["--endpoint-url", dynalite_server.endpoint, "--control-table", env.control, "doctor", "nosuch"])
     assert code == 2 and "no migration 'nosuch'" in capsys.readouterr().err
+
+
+def test_data_scan_and_deletes_are_paced_by_the_budget(env):
+    """--max-rcu / --max-wcu: every Scan page and every delete goes through the budget's spend."""
+    import contextlib
+    env.register("m1")
+    force_meta(env.store, "m1", "complete", 8)
+    env.store.release_table(env.table, "m1")
+    for i in range(3):
+        env.dynamo.call("put_item", TableName=env.table, Item={"PK": S(f"t{i}"), "SK": S("x"), "_rs_del": {"BOOL": True},
+                                                              "_rs_v": S("0001600000000.000000.w")})
+    spent = []
+
+    @contextlib.contextmanager
+    def spend(kind, units):
+        spent.append(kind)
+        yield
+
+    diagnosis = operations.doctors.diagnose(env.store, env.dynamo, spend=spend)
+    assert spent == ["read"] and kinds({"findings": [f.as_dict() for f in diagnosis.findings]}) == ["old_tombstones"]
+    repairs = operations.doctors.repair(env.store, env.dynamo, diagnosis.findings, spend=spend)
+    assert [r.outcome for r in repairs] == ["repaired"] and spent == ["read", "write", "write", "write"]
