@@ -74,7 +74,7 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
     "advance / rollback / abort": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
     "cleanup (retire of an aborted migration)": (Need(CONTROL, READ_CONTROL + WRITE_ROWS),),
     "cleanup --enable-ttl": (Need(DATA, ("DescribeTimeToLive", "UpdateTimeToLive")),),
-    "doctor --repair": (Need(CONTROL, READ_CONTROL + WRITE_ROWS),),
+    "doctor --repair": (Need(DATA, ("DescribeTable", "Scan", "DeleteItem")), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
 }
 
 _OBSERVER = ("plan", "status", "list", "doctor", "verify")
