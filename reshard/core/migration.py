@@ -233,7 +233,7 @@ class _Validator:
             stext, sort = None, None
         for k, parts in ((f"{side}.partition", partition), (f"{side}.sort", sort or ())):
             for p in parts:
-                if p.field in (keys.partition, keys.sort) and not (k.endswith(".sort") and len(parts) == 1):
+                if p.field is not None and p.field in (keys.partition, keys.sort) and not (k.endswith(".sort") and len(parts) == 1):
                     self.fail(k, f"field {{{p.field}}} is a physical key attribute name; "
                                  "templates name the application's fields")
                 if p.field and p.field.startswith(RESERVED_PREFIX):
