@@ -261,7 +261,12 @@ class SampleAnalysis:
                                             "keys": [first, second], "version": version or None})
 
     def _fits_new(self, item: Mapping[str, Any]) -> bool:
-        # Only items the new layout fully accounts for (key parses, shard agrees).
+        # Only this migration's marked copies that the new layout fully accounts for (key parses,
+        # shard agrees). An unmarked item the old layout cannot map is unmappable even when its key
+        # happens to fit the new layout (a [from] template that matches nothing, say): the backfill
+        # would leave it behind.
+        if not self.mapper.is_new_copy(item):
+            return False
         try:
             self.mapper.fields(item, self.mapper.new)
         except UnmappableItem:
@@ -457,17 +462,22 @@ def blockers(a: SampleAnalysis, allow_unmappable: int = 0) -> list[str]:
         out.append(f"no sampled item fits the [from] layout ({a.unmappable_count} of {live} unmappable, e.g. "
                    f"{shown}): fix the [from] templates (plan shows examples)")
         return out
-    if a.unmappable_count > allow_unmappable:
-        too_large = a.unmappable.get("too-large", 0)
+    too_large = a.unmappable.get("too-large", 0)
+    if too_large:
+        # Size growth: the longer key and the marker push an item over the limit. Verify fails on
+        # such an item whatever the allowance (its new copy cannot exist), so it blocks cutover.
         ex = next((e for e in a.examples if e["reason"] == "too-large"), None)
-        if too_large:
-            # Size growth: the longer key and the marker push an item over the limit.
-            out.append(f"{too_large} sampled item(s) would exceed DynamoDB's 400 KB item limit after re-keying"
-                       + (f" (e.g. {_example_text(ex)})" if ex else "") + ": shrink or delete them")
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(a.unmappable.items()))
-        out.append(f"{a.unmappable_count} sampled item(s) cannot be mapped ({reasons}; e.g. {shown}) and the "
-                   f"allowance is {allow_unmappable}: fix them, or allow them explicitly with "
-                   f"--allow-unmappable N (N at least {a.unmappable_count}; the backfill skips and lists them)")
+        out.append(f"{too_large} sampled item(s) would exceed DynamoDB's 400 KB item limit after re-keying"
+                   + (f" (e.g. {_example_text(ex)})" if ex else "") + ": they would block cutover; shrink or "
+                   "delete them first")
+    other = a.unmappable_count - too_large
+    if other > allow_unmappable:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(a.unmappable.items()) if k != "too-large")
+        ex = next((e for e in a.examples if e["reason"] != "too-large"), None)
+        out.append(f"{other} sampled item(s) cannot be mapped ({reasons}"
+                   + (f"; e.g. {_example_text(ex)}" if ex else "") + f") and the allowance is {allow_unmappable}: "
+                   f"fix them, or allow them explicitly with --allow-unmappable N (N at least {other}; the backfill "
+                   "skips and lists them)")
     if a.collisions:
         ex = a.collision_examples[0] if a.collision_examples else None
         eg = ""

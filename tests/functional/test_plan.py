@@ -14,6 +14,7 @@ import re
 
 
 from reshard.cli.main import main
+from reshard.core.migration import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = str(ROOT / "migrations" / "0001_sensor_events.toml")
@@ -196,7 +197,8 @@ def test_plan_invoices_random_suffix(moto_dynamo, capsys):
               {"PK": {"S": "Invoice-121299"}, "SK": {"S": "Client#9#txid#2"}}]            # no template match
     # A copy already in the new layout (md5("121212#Client#9#txid#1") % 20 == 10): not unmappable.
     assert md5("121212#Client#9#txid#1") % 20 == 10
-    copied = {"PK": {"S": "InvoiceNumber#121212#10"}, "SK": {"S": "Client#9#txid#1"}}
+    copied = {"PK": {"S": "InvoiceNumber#121212#10"}, "SK": {"S": "Client#9#txid#1"},
+              "_rs_new": {"S": load(INVOICES).id}}  # this migration's copy: marked
     fill(moto_dynamo, "Invoices", items + broken + [copied])
 
     r = plan_json(capsys, INVOICES, "--sample", "0", "--segments", "3")
