@@ -233,7 +233,11 @@ class _Validator:
             stext, sort = None, None
         for k, parts in ((f"{side}.partition", partition), (f"{side}.sort", sort or ())):
             for p in parts:
-                if p.field is not None and p.field in (keys.partition, keys.sort) and not (k.endswith(".sort") and len(parts) == 1):
+                # A bare ``{PK}`` in the partition (``{SK}`` in the sort) keeps that key as is: a
+                # field under its own name. Any other use of a key attribute's name is a mistake.
+                own = keys.sort if k.endswith(".sort") else keys.partition
+                if p.field is not None and p.field in (keys.partition, keys.sort) \
+                        and not (len(parts) == 1 and p.field == own):
                     self.fail(k, f"field {{{p.field}}} is a physical key attribute name; "
                                  "templates name the application's fields")
                 if p.field and p.field.startswith(RESERVED_PREFIX):
