@@ -194,7 +194,8 @@ def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
                     items = unmappable_items(store, migration_id)
                     unmappable = [i for i in items if i["reason"] != "collision"]
                     collisions = [i for i in items if i["reason"] == "collision"]
-                    d["unmappable"] = {"count": len(unmappable), "examples": unmappable[:5]}
+                    d["unmappable"] = {"count": len(unmappable), "examples": unmappable[:5],
+                                       "allowed": allowed_unmappable(store, migration_id)}
                     d["collisions"] = {"count": len(collisions), "examples": collisions[:5]}
             if job == "verify":
                 d["result"] = verify_verdict(store, migration_id, info.run, shown=5)

@@ -118,7 +118,8 @@ def _render_job(j: dict) -> list[str]:
                 lines.append(f"      {e['kind']}: old {e['old_key']} new {e['new_key']} {e['detail']}".rstrip())
     if j.get("unmappable", {}).get("count"):
         u = j["unmappable"]
-        lines.append(f"    unmappable items (left in place): {u['count']}" + _more(u))
+        lines.append(f"    unmappable items (left in place): {u['count']}, allowed {u.get('allowed', 0)} "
+                     "(start --allow-unmappable)" + _more(u))
         for e in u["examples"]:
             lines.append(f"      {_key_text(e['old_key'])}: {e['reason']}: {e['detail']}")
     if j.get("collisions", {}).get("count"):
