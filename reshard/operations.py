@@ -336,7 +336,7 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
     if not (count or full) and item_count < analysis.scanned:
         warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
                         "items: the count is stale (DynamoDB refreshes it about every 6 hours; local servers say 0), "
-                        "so the estimates are too low; plan --count counts the items exactly")
+                        "so the estimates may be too low; plan --count counts the items exactly")
     return Plan(m, table, ttl, analysis, est, rec, sample, segments, table_items, warnings,
                 count_source=source, blockers=start_problems(table, m, analysis, 0))
 
@@ -358,8 +358,8 @@ def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,
     else:
         warnings.append("[cleanup] has no ttl_attribute: cleanup will delete old-layout items one by one")
     if a.unmappable_count:
-        warnings.append(f"{a.unmappable_count} sampled item(s) cannot be mapped: the backfill will count, "
-                        "list and skip them (see the examples)")
+        warnings.append(f"{a.unmappable_count} sampled item(s) cannot be mapped: start refuses them unless "
+                        "--allow-unmappable N covers them; the backfill counts, lists and skips them (see the examples)")
     if a.collisions:
         warnings.append(f"{a.collisions} sampled old item(s) map to the same new key as another old item with "
                         "different content and no newer version (collisions, see the examples): only one can "
