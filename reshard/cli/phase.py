@@ -22,9 +22,9 @@ from reshard.core.phases import Action
 @command("start")
 @click.argument("file", metavar="FILE")
 @click.option("--allow-unmappable", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
-              help="Let the migration leave up to N items behind that the layouts cannot map (or that would "
-                   "exceed 400 KB). Recorded on the migration: backfill, verify and cutover hold the whole "
-                   "table to it.")
+              help="Let the migration leave up to N items behind that the layouts cannot map (an item over "
+                   "400 KB after re-keying is never allowed: it blocks cutover). Recorded on the migration: "
+                   "backfill, verify and cutover hold the whole table to it.")
 @click.option("--sample", type=click.IntRange(min=0), default=planning.DEFAULT_SAMPLE, show_default=True,
               help="Items the checks sample, spread over the scan segments; 0 scans the whole table.")
 @click.option("--segments", type=click.IntRange(1, 1000), default=8, show_default=True,
