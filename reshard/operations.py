@@ -33,6 +33,7 @@ from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
 from reshard.jobs.runner import JobOptions, JobResult, run_job
 from reshard.jobs.subscribers import Subscriber
@@ -132,8 +133,6 @@ def count_items(dynamo: Dynamo, table: str, *, segments: int = 8, max_rcu: float
     DescribeTable's ``ItemCount`` is refreshed about every six hours (and 0 on local
     servers); this reads the whole table once (charged as a scan) and says how far it got.
     """
-    from reshard.jobs.budget import CapacityBudget  # jobs/ is loaded only by the commands that count
-
     budget = CapacityBudget(max_rcu=max_rcu).attach(dynamo, table)
     seen = {"n": 0, "shown": time.monotonic()}
 
