@@ -69,7 +69,7 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
     "verify --repair": _job("verify", READ_DATA + WRITE_DATA),
     "cleanup": _job("cleanup", READ_DATA + ("DescribeTimeToLive", "UpdateItem", "DeleteItem")),
     # Transitions: the phase row, history, table lock, and reaping silent heartbeats.
-    "start": (Need(DATA, ("DescribeTable", "DescribeTimeToLive")),
+    "start": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan")),  # plan's checks, --count
               Need(CONTROL, READ_CONTROL + ("CreateTable",) + WRITE_ROWS)),
     "advance / rollback / abort": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
     "cleanup (retire of an aborted migration)": (Need(CONTROL, READ_CONTROL + WRITE_ROWS),),
