@@ -58,6 +58,19 @@ _TARGET = "DynamoDB_20120810."
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
 
+#: The events of botocore's call path that this path does not emit (it emits before-send and after-call).
+_SKIPPED_STEPS = ("provide-client-params", "before-parameter-build", "before-call")
+_STOCK: list = []
+
+
+def _stock_handlers() -> frozenset:
+    """botocore's own handlers (and those a library such as moto adds to its built-in list)."""
+    if not _STOCK:
+        from botocore.handlers import BUILTIN_HANDLERS
+        _STOCK.append(frozenset(h[1] for h in BUILTIN_HANDLERS))
+    return _STOCK[0]
+
+
 def _binary(value):
     """orjson/json hook: a B value (bytes) goes on the wire as base64, as botocore sends it."""
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -115,27 +128,42 @@ class LeanSender:
         self.url = f"{scheme}://{self.host_header}/"
         self.credentials = credentials
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        self.user_agent = f"reshard-lean {client.meta.config.user_agent or ''}".strip()
+        try:  # botocore's own string (it carries the app id, AWS_SDK_UA_APP_ID), built once
+            self.user_agent = client._user_agent_creator.to_string() + " reshard-lean"
+        except AttributeError:
+            self.user_agent = f"{client.meta.config.user_agent or 'Botocore'} reshard-lean"
         self._local = threading.local()
         self._keys: dict = {}
         self._ssl = None
         if scheme == "https":
             from botocore.httpsession import get_cert_path  # the CA bundle botocore would use
             self._ssl = ssl.create_default_context(cafile=verify if isinstance(verify, str) else get_cert_path(True))
-        # before-call hooks may rewrite parameters or answer a call; with any beyond
-        # botocore's own, that operation goes the ordinary way.
-        self._stock_hooks = {op: self._hooks(op) for op in OPERATIONS.values()}
+        self._emitter = getattr(self.events, "_emitter", self.events)
+        self._decided: dict = {}
 
-    def _hooks(self, op: str) -> tuple:
-        emitter = getattr(self.events, "_emitter", self.events)
-        return tuple(emitter._handlers.prefix_search(f"before-call.dynamodb.{op}"))
+    def _only_stock_hooks(self, op: str) -> bool:
+        """Hooks on the steps this path skips (parameters, before-call) may rewrite a call
+        or answer it: with any beyond botocore's own, the call goes the ordinary way."""
+        for step in _SKIPPED_STEPS:
+            for handler in self._emitter._handlers.prefix_search(f"{step}.dynamodb.{op}"):
+                if handler not in _stock_handlers():
+                    return False
+        return True
 
     def handles(self, operation: str, kwargs: dict) -> bool:
         op = OPERATIONS.get(operation)
         if op is None or kwargs.get("ReturnValues", "NONE") != "NONE" or "ReturnValuesOnConditionCheckFailure" in kwargs:
             return False
         try:
-            return self._hooks(op) == self._stock_hooks[op]
+            # botocore replaces its lookup cache on every (un)register: the same cache object,
+            # the same hooks as when we last looked (holding it keeps its identity unique).
+            cache = self._emitter._lookup_cache
+            known = self._decided.get(op)
+            if known is not None and known[0] is cache:
+                return known[1]
+            ok = self._only_stock_hooks(op)
+            self._decided[op] = (cache, ok)
+            return ok
         except AttributeError:
             return False
 
