@@ -189,7 +189,7 @@ class LeanSender:
         status = answered.status_code
         content = answered.content or b""
         rid = answered.headers.get("x-amzn-requestid") or answered.headers.get("x-amzn-RequestId")
-        meta = {"RequestId": rid, "HTTPStatusCode": status}
+        meta = {"RequestId": rid, "HTTPStatusCode": status, "HTTPHeaders": dict(answered.headers), "RetryAttempts": 0}
         try:
             parsed = _loads(content) if content else {}
         except ValueError:
@@ -202,8 +202,8 @@ class LeanSender:
             parsed["ResponseMetadata"] = meta
         self.events.emit(f"after-call.dynamodb.{op}", http_response=answered, parsed=parsed,
                          model=self.client.meta.service_model.operation_model(op), context={})
-        if "Error" in parsed:
-            raise botocore.exceptions.ClientError(parsed, op)
+        if "Error" in parsed:  # the modeled class, as botocore raises it (ConditionalCheckFailedException, ...)
+            raise self.client.exceptions.from_code(parsed["Error"]["Code"])(parsed, op)
         return parsed
 
     def _signing_key(self, secret: str, date: str) -> bytes:

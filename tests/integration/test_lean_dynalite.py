@@ -48,6 +48,7 @@ def test_writes_errors_and_binary_values_match_boto3(dynalite_server, table):
     with pytest.raises(errors.ConditionalCheckFailed) as failed:
         d.call("put_item", TableName=table, Item=item, ConditionExpression="attribute_not_exists(PK)")
     assert failed.value.request_id
+    assert isinstance(failed.value, d.client.exceptions.ConditionalCheckFailedException)  # as boto3 raises it
     got = d.call("get_item", TableName=table, Key={"PK": {"S": "a"}, "SK": {"S": "1"}}, ConsistentRead=True)
     assert got["Item"] == item  # read back by boto3: what the lean path sent was the same item
     d.call("update_item", TableName=table, Key={"PK": {"S": "a"}, "SK": {"S": "1"}}, UpdateExpression="SET n = :one",
