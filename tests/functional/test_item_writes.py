@@ -64,7 +64,7 @@ def test_the_first_failure_stops_the_rest_and_is_raised_once_nothing_is_in_fligh
     def write(guard, item):
         with lock:
             started.append(item)
-        if item == 3:
+        if item == 4:  # in the first chunk: the others are still writing when it fails
             raise Deadline("the lease's deadline passed")
         time.sleep(0.05)
         with lock:
