@@ -170,19 +170,22 @@ class DynaliteServer:
         self.stop()
 
 
-def create_table(dynamo, table: str, keys: Keys, timeout: float = 30.0, poll: float = 0.05) -> None:
+def create_table(dynamo, table: str, keys: Keys, timeout: float = 30.0, poll: float = 0.05,
+                 types: dict[str, str] | None = None) -> None:
     """An on-demand table with the key attributes a migration file's ``[keys]`` names
-    (string keys, as the layouts write them), for tries, tests and benchmarks.
+    (string keys, as the layouts write them, unless ``types`` says ``N`` or ``B`` for an
+    attribute), for tries, tests and benchmarks.
 
     Returns once the table is ACTIVE (a bounded poll of DescribeTable through the choke
     point): dynalite, like DynamoDB, answers CreateTable while the table is still CREATING,
     and under load the first requests that follow failed with ResourceNotFound.
     """
     schema = [{"AttributeName": keys.partition, "KeyType": "HASH"}]
-    attrs = [{"AttributeName": keys.partition, "AttributeType": "S"}]
+    types = types or {}
+    attrs = [{"AttributeName": keys.partition, "AttributeType": types.get(keys.partition, "S")}]
     if keys.sort:
         schema.append({"AttributeName": keys.sort, "KeyType": "RANGE"})
-        attrs.append({"AttributeName": keys.sort, "AttributeType": "S"})
+        attrs.append({"AttributeName": keys.sort, "AttributeType": types.get(keys.sort, "S")})
     dynamo.call("create_table", TableName=table, KeySchema=schema, AttributeDefinitions=attrs,
                 BillingMode="PAY_PER_REQUEST")
     wait_active(dynamo, table, timeout, poll)

@@ -53,7 +53,8 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
     \b
     Resumable: a kill redoes at most one page per segment. Run it on several hosts at
     once to share the segments. Exit 0 when every segment is done, 1 when segments
-    failed (listed; re-run to retry them), 2 when refused (wrong phase, lagging shims,
+    failed (listed; re-run to retry them) or when more items could not be mapped than
+    `start --allow-unmappable N` allowed, 2 when refused (wrong phase, lagging shims,
     --segments different from the started run).
 
     \b
@@ -112,3 +113,11 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
         if result.stop_reason:
             raise errors.RefusedTransition(f"{result.stop_reason}; the finished segments stay done")
         raise errors.ReshardError(f"backfill of {mid} stopped before every segment was done; re-run to resume")
+    if summary["unmappable"] > result.allowed_unmappable:
+        # Finished, but items were left behind beyond what the operator allowed at `start`:
+        # verify fails on them too, so cutover stays closed until they are fixed or allowed.
+        raise errors.ReshardError(
+            f"backfill of {mid} finished but left {summary['unmappable']} unmappable item(s) behind and the "
+            f"allowance is {result.allowed_unmappable}: `reshard status {mid}` lists them; fix them, or allow "
+            f"them with `reshard start FILE --allow-unmappable {summary['unmappable']}` "
+            "(runbooks/incident-unmappable.md)")

@@ -45,7 +45,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
     writes are not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
     the control table: `reshard advance` to cutover needs a passing verify that started
     after the backfill finished.
-    Exit 0 identical, 1 differences (listed), 2 bad input or refused.
+    Exit 0 identical, 1 differences (listed; unmappable items beyond the
+    `start --allow-unmappable N` allowance count as differences), 2 bad input or refused.
 
     \b
     Example:
@@ -66,6 +67,9 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
                 lines.append(f"  {kind:<12} {n:>8}  ({KINDS[kind]})")
                 if kind in GUIDANCE:
                     lines.append(f"  {'':<12} {'':>8}  -> {GUIDANCE[kind]}")
+        if result.allowed_unmappable:
+            lines.append(f"  allowed unmappable: {result.allowed_unmappable} (reshard start --allow-unmappable); "
+                         f"found {result.differences.get('unmappable', 0)}")
         if result.repaired:
             lines.append(f"  repaired {result.repaired}: run `reshard verify {mid}` again to confirm")
         for e in result.examples:
