@@ -79,6 +79,7 @@ from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wir
 from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout,
                                  hash_shard, is_tombstone, item_size)
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
+from reshard.core import expressions
 from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
 from reshard.shim.errors import ItemTooLarge, client_errors
@@ -86,7 +87,7 @@ from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholder
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
-from reshard.shim.query import QuerySource, run_query
+from reshard.shim.query import QuerySource, logical_key_condition, run_query
 
 log = logging.getLogger("reshard.shim")
 
@@ -701,24 +702,99 @@ class ShardedTable:
         return {"Item": out, **meta} if out is not None else meta
 
     @client_errors("Query")
-    def query(self, Key: Mapping[str, Any], SortKeyCondition: tuple | None = None, Limit: int | None = None,
-              ScanIndexForward: bool = True, ExclusiveStartKey: str | None = None,
-              ConsistentRead: bool = False) -> dict:
-        """Every logical item under ``Key`` (the partition template's fields), over every shard.
+    def query(self, KeyConditionExpression: str | ConditionBase | None = None, *,
+              Key: Mapping[str, Any] | None = None, SortKeyCondition: tuple | None = None,
+              FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
+              ExpressionAttributeNames: Mapping[str, str] | None = None,
+              ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
+              ScanIndexForward: bool = True, Limit: int | None = None,
+              ExclusiveStartKey: Mapping[str, Any] | None = None, ConsistentRead: bool = False,
+              IndexName: str | None = None, ReturnConsumedCapacity: str | None = None) -> dict:
+        """boto3's ``Table.query`` over logical fields, fanned out over every shard of every
+        layout the phase reads, merged in sort-key order, newest copy wins, tombstones dropped.
 
-        ``SortKeyCondition`` applies to the physical sort key: ``("=", v)``, ``("<", v)``,
-        ``("<=", v)``, ``(">", v)``, ``(">=", v)``, ``("between", a, b)``,
-        ``("begins_with", prefix)``. Results are merged in sort-key order and deduped by
-        logical identity (newest version wins, tombstones dropped). Returns
-        ``{"Items", "Count", "ScannedCount", "LastEvaluatedKey"?}``; pass ``LastEvaluatedKey`` back as
-        ``ExclusiveStartKey`` (an opaque string) for the next page.
+        ``KeyConditionExpression``: ``Key("sensor_id").eq("s-1") & Key("ts").between(a, b)``
+        or the string form with names and values; ``Key={"sensor_id": "s-1"}`` is shorthand
+        for its equalities (``SortKeyCondition=("between", a, b)``, on the physical sort key,
+        the older shorthand for the rest). ``FilterExpression`` and ``ProjectionExpression``
+        are evaluated on the logical item (the newest copy), ``Limit`` counts logical items
+        evaluated, ``LastEvaluatedKey`` is the logical key of the last one (pass it back as
+        ``ExclusiveStartKey``). Returns ``{"Items", "Count", "ScannedCount",
+        "LastEvaluatedKey"?}`` (no ``Items`` with ``Select="COUNT"``).
         """
+        if IndexName is not None:
+            raise errors.BadInput("query: IndexName is not supported by ShardedTable yet (secondary indexes of a "
+                                  "sharded table are the sharded-GSI issue); query the index with "
+                                  "table.meta.client.query(TableName=..., IndexName=...) meanwhile")
+        names, values = dict(ExpressionAttributeNames or {}), dict(ExpressionAttributeValues or {})
+        builder = ConditionExpressionBuilder()  # one per request: placeholders stay distinct, as in boto3
+        kce = self._built(builder, KeyConditionExpression, names, values, True, "KeyConditionExpression")
+        filt = self._built(builder, FilterExpression, names, values, False, "FilterExpression")
+        check_placeholders(names, values)
+        ctx = expressions.Context(names, to_wire(values) if values else {})
+        if kce is not None and SortKeyCondition is not None:
+            raise errors.BadInput("query: give KeyConditionExpression or SortKeyCondition, not both")
+        node = expressions.parse_condition(kce, ctx, "KeyConditionExpression") if kce is not None else None
+        post = self._post(filt, ProjectionExpression, Select, ctx)
         st = self._begin()
         try:
-            return run_query(self._query_source, st.routing, Key, SortKeyCondition, Limit, ScanIndexForward,
-                             ExclusiveStartKey, ConsistentRead)
+            key: dict[str, Any] = {}
+            condition = SortKeyCondition
+            if node is not None:
+                layouts = [self.mapper.layout(side) for side in st.routing.reads]
+                key, condition = logical_key_condition(self.mapper, layouts, node)
+            for f, v in (Key or {}).items():
+                if f in key and key[f] != v:
+                    raise errors.BadInput(f"query: Key and KeyConditionExpression disagree on {f!r}")
+                key[f] = v
+            if not key:
+                raise errors.BadInput("query: give the partition fields, in KeyConditionExpression "
+                                      "(Key('sensor_id').eq(...)) or in Key={...}")
+            resp = run_query(self._query_source, st.routing, key, condition, Limit, ScanIndexForward,
+                             ExclusiveStartKey, ConsistentRead, post)
         finally:
             self._end(st)
+        if Select == "COUNT":
+            del resp["Items"]
+        return resp
+
+    @staticmethod
+    def _built(builder: ConditionExpressionBuilder, expression: Any, names: dict, values: dict, is_key: bool,
+               what: str) -> str | None:
+        """The text of an expression given as text or as a boto3 condition object (its names
+        and values merged into ``names`` / ``values``)."""
+        if expression is None or isinstance(expression, str):
+            return expression
+        if not isinstance(expression, ConditionBase):
+            raise errors.BadInput(f"{what} must be a string or a boto3 condition (boto3.dynamodb.conditions), "
+                                  f"not {type(expression).__name__}")
+        built = builder.build_expression(expression, is_key_condition=is_key)
+        _merge_placeholders(names, built.attribute_name_placeholders, "ExpressionAttributeNames")
+        _merge_placeholders(values, built.attribute_value_placeholders, "ExpressionAttributeValues")
+        return built.condition_expression
+
+    @staticmethod
+    def _post(filt: str | None, projection: str | None, select: str | None,
+              ctx: "expressions.Context") -> Callable[[dict], dict | None] | None:
+        """What a read returns for an evaluated application item: filtered, projected (None: dropped)."""
+        if select not in (None, "ALL_ATTRIBUTES", "COUNT", "SPECIFIC_ATTRIBUTES"):
+            raise errors.BadInput(f"Select {select!r}: ALL_PROJECTED_ATTRIBUTES needs an index (IndexName is not "
+                                  "supported yet); use ALL_ATTRIBUTES, SPECIFIC_ATTRIBUTES or COUNT")
+        if select == "ALL_ATTRIBUTES" and projection:
+            raise errors.BadInput("Cannot specify the ProjectionExpression when choosing to get ALL_ATTRIBUTES")
+        if select == "SPECIFIC_ATTRIBUTES" and not projection:
+            raise errors.BadInput("Select SPECIFIC_ATTRIBUTES needs a ProjectionExpression")
+        node = expressions.parse_condition(filt, ctx, "FilterExpression") if filt else None
+        paths = expressions.parse_projection(projection, ctx) if projection else None
+        if node is None and paths is None:
+            return None
+
+        def post(item: dict) -> dict | None:
+            wire = to_wire(item)
+            if node is not None and not expressions.evaluate(node, wire):
+                return None
+            return from_wire(expressions.project(wire, paths)) if paths is not None else item
+        return post
 
     # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
     def _query_page(self, **kwargs) -> dict:
