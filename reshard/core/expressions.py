@@ -193,7 +193,8 @@ def tokenize(text: str, what: str) -> list[Tok]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m:
-            raise ExprError(f"Invalid {what}: Syntax error; token: \"{text[pos]}\", near: \"{text[max(0, pos - 5):pos + 5]}\"")
+            near = text[max(0, pos - 5):pos + 5]
+            raise ExprError(f"Invalid {what}: Syntax error; token: \"{text[pos]}\", near: \"{near}\"")
         if m.lastgroup != "ws":
             out.append(Tok(m.lastgroup, m.group(), pos))
         pos = m.end()

@@ -88,6 +88,7 @@ from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholder
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
 from reshard.shim.query import QuerySource, logical_key_condition, run_query
+from reshard.shim.scan import ScanSource, run_scan
 
 log = logging.getLogger("reshard.shim")
 
@@ -124,6 +125,8 @@ class ShardedTable:
         self._query_workers = max(1, query_workers)
         self._query_source = QuerySource(mapper=self.mapper, query_page=self._query_page, run_all=self._run_all,
                                          to_app=self._to_app)
+        self._scan_source = ScanSource(mapper=self.mapper, scan_page=self._scan_page, batch_get=self._lookup,
+                                       to_app=self._to_app)
         m = self.mapper
         self._key_attrs = set(m.old.key_attrs)
         self._kept = m._kept_key_attrs
@@ -795,6 +798,41 @@ class ShardedTable:
                 return None
             return from_wire(expressions.project(wire, paths)) if paths is not None else item
         return post
+
+    @client_errors("Scan")
+    def scan(self, *, FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
+             ExpressionAttributeNames: Mapping[str, str] | None = None,
+             ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
+             Limit: int | None = None, ExclusiveStartKey: Mapping[str, Any] | None = None,
+             Segment: int | None = None, TotalSegments: int | None = None, ConsistentRead: bool = False,
+             IndexName: str | None = None, ReturnConsumedCapacity: str | None = None) -> dict:
+        """boto3's ``Table.scan``: every live logical item once, whatever layout holds it
+        (``reshard/shim/scan.py``). Filter and projection apply to the newest copy;
+        ``LastEvaluatedKey`` is the physical position, to pass back unchanged."""
+        if IndexName is not None:
+            raise errors.BadInput("scan: IndexName is not supported by ShardedTable yet (the sharded-GSI issue); "
+                                  "scan the index with table.meta.client.scan(TableName=..., IndexName=...)")
+        names, values = dict(ExpressionAttributeNames or {}), dict(ExpressionAttributeValues or {})
+        filt = self._built(ConditionExpressionBuilder(), FilterExpression, names, values, False, "FilterExpression")
+        check_placeholders(names, values)
+        ctx = expressions.Context(names, to_wire(values) if values else {})
+        post = self._post(filt, ProjectionExpression, Select, ctx)
+        st = self._begin()
+        try:
+            resp = run_scan(self._scan_source, st.routing, Limit, ExclusiveStartKey, Segment, TotalSegments,
+                            ConsistentRead, post)
+        finally:
+            self._end(st)
+        if Select == "COUNT":
+            del resp["Items"]
+        return resp
+
+    def _scan_page(self, **kwargs) -> dict:
+        return self.dynamo.call("scan", TableName=self.table, **kwargs)
+
+    def _lookup(self, keys: list[dict]) -> list[dict]:
+        # Consistent: a scan decides which copy to return from these reads.
+        return self.dynamo.batch_get(self.table, keys, consistent=True)
 
     # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
     def _query_page(self, **kwargs) -> dict:
