@@ -82,7 +82,7 @@ from reshard.core.migration import RESERVED_PREFIX, Migration, load
 from reshard.core import expressions
 from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
-from reshard.shim.errors import ItemTooLarge, client_errors
+from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
@@ -725,6 +725,7 @@ class ShardedTable:
         ``ExclusiveStartKey``). Returns ``{"Items", "Count", "ScannedCount",
         "LastEvaluatedKey"?}`` (no ``Items`` with ``Select="COUNT"``).
         """
+        _refuse_capacity(ReturnConsumedCapacity)
         if IndexName is not None:
             raise errors.BadInput("query: IndexName is not supported by ShardedTable yet (secondary indexes of a "
                                   "sharded table are the sharded-GSI issue); query the index with "
@@ -809,6 +810,7 @@ class ShardedTable:
         """boto3's ``Table.scan``: every live logical item once, whatever layout holds it
         (``reshard/shim/scan.py``). Filter and projection apply to the newest copy;
         ``LastEvaluatedKey`` is the physical position, to pass back unchanged."""
+        _refuse_capacity(ReturnConsumedCapacity)
         if IndexName is not None:
             raise errors.BadInput("scan: IndexName is not supported by ShardedTable yet (the sharded-GSI issue); "
                                   "scan the index with table.meta.client.scan(TableName=..., IndexName=...)")
@@ -855,11 +857,68 @@ class ShardedTable:
             return self._executor
 
     # ------------------------------------------------------------------ API: bulk
-    def batch_writer(self) -> "BatchWriter":
+    def batch_writer(self, overwrite_by_pkeys: Sequence[str] | None = None) -> "BatchWriter":
         """boto3-style bulk puts/deletes. BatchWriteItem where the phase writes one unfenced
         layout with computable keys (steady, cleanup, complete); otherwise each item is an
-        individual fenced put/delete (correctness over batching)."""
-        return BatchWriter(self)
+        individual fenced put/delete (correctness over batching). ``overwrite_by_pkeys``
+        (logical key fields), as boto3's: a buffered request for the same key is replaced."""
+        return BatchWriter(self, overwrite_by_pkeys=overwrite_by_pkeys)
+
+    @client_errors("BatchGetItem")
+    def batch_get_item(self, Keys: Sequence[Mapping[str, Any]], ConsistentRead: bool = False,
+                       ProjectionExpression: str | None = None,
+                       ExpressionAttributeNames: Mapping[str, str] | None = None) -> dict:
+        """The equivalent of boto3's ``batch_get_item`` for this table (boto3 has it on the
+        resource): ``{"Items": [...], "UnprocessedKeys": {}}``, the items found, in no
+        particular order, every copy of every key read in BatchGetItems of 100 keys.
+        """
+        if len(Keys) > 100:
+            raise errors.BadInput("Too many items requested for the BatchGetItem call (at most 100 keys)")
+        names = dict(ExpressionAttributeNames or {})
+        check_placeholders(names, None)
+        post = self._post(None, ProjectionExpression, None, expressions.Context(names, {}))
+        fields_of = [self._key(k)[1] for k in Keys]
+        st = self._begin()
+        try:
+            wanted: list[tuple[dict, Layout, int]] = []
+            for n, fields in enumerate(fields_of):
+                wanted.extend((k, layout, n) for k, layout in self._read_keys(st, fields))
+            unique: dict[str, dict] = {}
+            for k, _, _ in wanted:
+                unique.setdefault(repr(sorted(k.items())), k)
+            meta: dict = {}
+            found = {repr(sorted(self._key_of(i).items())): i
+                     for i in self.dynamo.batch_get(self.table, list(unique.values()), consistent=ConsistentRead,
+                                                    last_response=meta)}
+        finally:
+            self._end(st)
+        per_key: dict[int, list[tuple[dict, Layout]]] = {}
+        for k, layout, n in wanted:
+            item = found.get(repr(sorted(k.items())))
+            if item is not None:
+                per_key.setdefault(n, []).append((item, layout))
+        out = []
+        for n, copies in sorted(per_key.items()):
+            winner = newest(c[0] for c in copies)
+            app = self._to_app(winner, next(l for i, l in copies if i is winner))
+            if app is not None:
+                out.append(post(app) if post is not None else app)
+        return {"Items": out, "UnprocessedKeys": {}, **_metadata(meta)}
+
+    @property
+    def meta(self) -> "TableMeta":
+        """``meta.client`` (the low-level client, for the rest) and ``meta.table_name``, as boto3's."""
+        return TableMeta(self)
+
+    @property
+    def name(self) -> str:
+        return self.table
+
+
+def _refuse_capacity(value: str | None) -> None:
+    if value not in (None, "NONE"):
+        raise errors.BadInput("ReturnConsumedCapacity is not supported by ShardedTable yet (one logical request is "
+                              "several physical ones); read the table's consumed capacity in CloudWatch")
 
 
 def _metadata(resp: Mapping[str, Any]) -> dict:
@@ -876,25 +935,88 @@ def _merge_placeholders(into: dict, built: Mapping[str, Any], what: str) -> None
         into[k] = v
 
 
+#: The low-level operations that read or write this table's items: through ``meta.client``
+#: they would see or write physical items, bypassing the layouts, fences and tombstones.
+_ITEM_OPERATIONS = {
+    "get_item": "get_item", "put_item": "put_item", "update_item": "update_item", "delete_item": "delete_item",
+    "query": "query", "scan": "scan", "batch_get_item": "batch_get_item", "batch_write_item": "batch_writer()",
+    "transact_write_items": "one put_item/update_item/delete_item per item (no transactions across layouts)",
+    "transact_get_items": "batch_get_item", "execute_statement": "query/scan",
+    "batch_execute_statement": "batch_get_item/batch_writer()", "execute_transaction": "put_item/update_item",
+}
+
+
+class TableMeta:
+    """boto3's ``Table.meta``: ``client`` and ``table_name``."""
+
+    def __init__(self, table: ShardedTable):
+        self.table_name = table.table
+        self.client = GuardedClient(table.dynamo.client, table.table)
+
+
+class GuardedClient:
+    """The low-level DynamoDB client, refusing item operations on the sharded table.
+
+    Everything else (describe_table, other tables, waiters, exceptions ...) passes through.
+    """
+
+    def __init__(self, client, table: str):
+        self._client = client
+        self._table = table
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if name not in _ITEM_OPERATIONS:
+            return attr
+
+        def call(*args, **kwargs):
+            if self._names_table(kwargs):
+                raise ShimValidationError(
+                    f"meta.client.{name} on {self._table!r} would read or write physical items, bypassing the "
+                    f"migration's layouts, version fences and tombstones; use ShardedTable.{_ITEM_OPERATIONS[name]}",
+                    name)
+            return attr(*args, **kwargs)
+        return call
+
+    def _names_table(self, kwargs: Mapping[str, Any]) -> bool:
+        if kwargs.get("TableName") == self._table or self._table in (kwargs.get("RequestItems") or {}):
+            return True
+        for t in kwargs.get("TransactItems") or ():
+            if any(isinstance(v, Mapping) and v.get("TableName") == self._table for v in t.values()):
+                return True
+        statements = [kwargs.get("Statement") or ""] + [s.get("Statement", "") for s in kwargs.get("Statements") or ()]
+        statements += [s.get("Statement", "") for s in kwargs.get("TransactStatements") or ()]
+        return any(f'"{self._table}"' in st or f" {self._table}" in st for st in statements)
+
+
 class BatchWriter:
     """Buffers puts and deletes; ``with table.batch_writer() as b: b.put_item(Item=...)``."""
 
-    def __init__(self, table: ShardedTable, flush_amount: int = 25):
+    def __init__(self, table: ShardedTable, flush_amount: int = 25, overwrite_by_pkeys: Sequence[str] | None = None):
         self._t = table
         self._ops: list[tuple[str, Mapping[str, Any]]] = []
         self._flush_amount = flush_amount
+        self._pkeys = list(overwrite_by_pkeys or [])
+
+    def _add(self, kind: str, body: Mapping[str, Any]) -> None:
+        if self._pkeys:
+            # boto3's rule: a later request for the same key replaces the buffered one.
+            try:
+                ident = [body[k] for k in self._pkeys]
+            except KeyError as e:
+                raise errors.BadInput(f"overwrite_by_pkeys: the request lacks {e.args[0]!r}") from None
+            self._ops = [(k, b) for k, b in self._ops if [b.get(p) for p in self._pkeys] != ident]
+        self._ops.append((kind, body))
+        if len(self._ops) >= self._flush_amount:
+            self.flush()
 
     @client_errors("BatchWriteItem")
     def put_item(self, Item: Mapping[str, Any]) -> None:
-        self._ops.append(("put", Item))
-        if len(self._ops) >= self._flush_amount:
-            self.flush()
+        self._add("put", Item)
 
     @client_errors("BatchWriteItem")
     def delete_item(self, Key: Mapping[str, Any]) -> None:
-        self._ops.append(("delete", Key))
-        if len(self._ops) >= self._flush_amount:
-            self.flush()
+        self._add("delete", Key)
 
     @client_errors("BatchWriteItem")
     def flush(self) -> None:

@@ -110,3 +110,33 @@ def test_shim_refusals_are_client_errors(dynalite, unique_name):
     with pytest.raises(ClientError) as e:
         t.put_item(Item=ev(1), ConditionExpression="attribute_exists(")
     assert code(e.value) == "ValidationException" and "ResponseMetadata" in e.value.response
+
+
+@pytest.mark.parametrize("phase", [None, "dual_read"])
+def test_batch_get_batch_writer_and_meta_client(dynalite, unique_name, phase):
+    m = migration("sensor", table=unique_name)
+    create_table(dynalite, m)
+    t = shim(m, dynalite, phase)
+    with t.batch_writer(overwrite_by_pkeys=["sensor_id", "event_id", "ts"]) as b:
+        for k in range(4):
+            b.put_item(Item=ev(k, v=1))
+        b.put_item(Item=ev(1, v=2))  # replaces the buffered put of the same key (boto3's rule)
+        b.delete_item(Key=key(3))    # replaces the buffered put: item 3 is never written
+    got = t.batch_get_item(Keys=[key(k) for k in range(5)], ConsistentRead=True)
+    assert sorted(got["Items"], key=lambda i: i["event_id"]) == [ev(0, v=1), ev(1, v=2), ev(2, v=1)]
+    assert got["UnprocessedKeys"] == {} and "ResponseMetadata" in got
+    only = t.batch_get_item(Keys=[key(1)], ProjectionExpression="#v", ExpressionAttributeNames={"#v": "v"})
+    assert only["Items"] == [{"v": 2}]
+    # meta.client: the rest passes through; item operations on this table are refused.
+    assert t.meta.table_name == m.table and t.meta.client.describe_table(TableName=m.table)["Table"]
+    for call in (lambda c: c.put_item(TableName=m.table, Item={"PK": {"S": "x"}, "SK": {"S": "y"}}),
+                 lambda c: c.transact_write_items(TransactItems=[{"Put": {"TableName": m.table, "Item": {}}}]),
+                 lambda c: c.scan(TableName=m.table)):
+        with pytest.raises(ClientError) as e:
+            call(t.meta.client)
+        assert code(e.value) == "ValidationException" and "ShardedTable." in str(e.value)
+    for call in (lambda: t.query(Key={"sensor_id": "s-1"}, IndexName="by-x"),
+                 lambda: t.scan(ReturnConsumedCapacity="TOTAL")):
+        with pytest.raises(ClientError) as e:
+            call()
+        assert code(e.value) == "ValidationException"
