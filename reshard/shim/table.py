@@ -65,6 +65,8 @@ Sizes
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
 import threading
 import time
@@ -94,6 +96,56 @@ log = logging.getLogger("reshard.shim")
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
+
+
+# ReturnConsumedCapacity: a logical request is several physical ones (mirror, lookups,
+# fan-out), each asked for its capacity while the app's request runs; the sum is reported.
+_CAPACITY: contextvars.ContextVar[list | None] = contextvars.ContextVar("reshard_capacity", default=None)
+
+
+def _ask_capacity(params: dict, **_) -> None:
+    if _CAPACITY.get() is not None and "ReturnConsumedCapacity" not in params:
+        params["ReturnConsumedCapacity"] = "TOTAL"
+
+
+def _count_capacity(table: str, units: float) -> None:
+    units_seen = _CAPACITY.get()
+    if units_seen is not None:
+        units_seen.append(units)
+
+
+def _install_capacity_hooks(dynamo: Dynamo) -> None:
+    """Once per client: add ReturnConsumedCapacity to the physical calls of a request that asked for it."""
+    if getattr(dynamo, "_rs_capacity_hooks", False):
+        return
+    dynamo.client.meta.events.register("provide-client-params.dynamodb", _ask_capacity,
+                                       unique_id="reshard-shim-capacity")
+    dynamo.add_capacity_listener(_count_capacity)
+    dynamo._rs_capacity_hooks = True
+
+
+def with_capacity(fn):
+    """Accept boto3's ``ReturnConsumedCapacity`` (TOTAL, INDEXES, NONE) on a shim method and
+    answer ``ConsumedCapacity``: the units of every physical request it made."""
+    @functools.wraps(fn)
+    def method(self, *args, ReturnConsumedCapacity: str | None = None, **kwargs):
+        if ReturnConsumedCapacity in (None, "NONE"):
+            return fn(self, *args, **kwargs)
+        if ReturnConsumedCapacity not in ("TOTAL", "INDEXES"):
+            raise errors.BadInput(f"ReturnConsumedCapacity must be INDEXES, TOTAL or NONE "
+                                  f"(got {ReturnConsumedCapacity!r})")
+        units: list[float] = []
+        token = _CAPACITY.set(units)
+        try:
+            resp = fn(self, *args, **kwargs)
+        finally:
+            _CAPACITY.reset(token)
+        used = {"TableName": self.table, "CapacityUnits": float(sum(units))}
+        if ReturnConsumedCapacity == "INDEXES":
+            used["Table"] = {"CapacityUnits": used["CapacityUnits"]}
+        resp["ConsumedCapacity"] = [used] if fn.__name__ == "batch_get_item" else used
+        return resp
+    return method
 
 
 class ShardedTable:
@@ -135,6 +187,7 @@ class ShardedTable:
         # Names the app's update may not write: key fields (they are the identity) and
         # the physical key attributes.
         self._frozen_attrs = set(m.key_fields) | self._key_attrs
+        _install_capacity_hooks(dynamo)
         if self._phases.controlled and start:
             self._phases.start()
 
@@ -500,6 +553,7 @@ class ShardedTable:
 
     # ------------------------------------------------------------------ API: writes
     @client_errors("PutItem")
+    @with_capacity
     def put_item(self, Item: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                  ExpressionAttributeNames: Mapping[str, str] | None = None,
                  ExpressionAttributeValues: Mapping[str, Any] | None = None,
@@ -522,6 +576,7 @@ class ShardedTable:
                               self.mapper.layout(st.routing.writes[0]), resp)
 
     @client_errors("DeleteItem")
+    @with_capacity
     def delete_item(self, Key: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
@@ -572,6 +627,7 @@ class ShardedTable:
                               self.mapper.layout(st.routing.writes[0]), resp)
 
     @client_errors("UpdateItem")
+    @with_capacity
     def update_item(self, Key: Mapping[str, Any], UpdateExpression: str | None = None,
                     ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
@@ -676,6 +732,7 @@ class ShardedTable:
 
     # ------------------------------------------------------------------ API: reads
     @client_errors("GetItem")
+    @with_capacity
     def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False) -> dict:
         """The logical item as boto3's ``Table.get_item`` answers: ``{"Item": {...},
         "ResponseMetadata": ...}``, or no ``"Item"`` when absent. Both layouts in one
@@ -705,6 +762,7 @@ class ShardedTable:
         return {"Item": out, **meta} if out is not None else meta
 
     @client_errors("Query")
+    @with_capacity
     def query(self, KeyConditionExpression: str | ConditionBase | None = None, *,
               Key: Mapping[str, Any] | None = None, SortKeyCondition: tuple | None = None,
               FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
@@ -712,7 +770,7 @@ class ShardedTable:
               ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
               ScanIndexForward: bool = True, Limit: int | None = None,
               ExclusiveStartKey: Mapping[str, Any] | None = None, ConsistentRead: bool = False,
-              IndexName: str | None = None, ReturnConsumedCapacity: str | None = None) -> dict:
+              IndexName: str | None = None) -> dict:
         """boto3's ``Table.query`` over logical fields, fanned out over every shard of every
         layout the phase reads, merged in sort-key order, newest copy wins, tombstones dropped.
 
@@ -725,7 +783,6 @@ class ShardedTable:
         ``ExclusiveStartKey``). Returns ``{"Items", "Count", "ScannedCount",
         "LastEvaluatedKey"?}`` (no ``Items`` with ``Select="COUNT"``).
         """
-        _refuse_capacity(ReturnConsumedCapacity)
         if IndexName is not None:
             raise errors.BadInput("query: IndexName is not supported by ShardedTable yet (secondary indexes of a "
                                   "sharded table are the sharded-GSI issue); query the index with "
@@ -801,16 +858,16 @@ class ShardedTable:
         return post
 
     @client_errors("Scan")
+    @with_capacity
     def scan(self, *, FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
              ExpressionAttributeNames: Mapping[str, str] | None = None,
              ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
              Limit: int | None = None, ExclusiveStartKey: Mapping[str, Any] | None = None,
              Segment: int | None = None, TotalSegments: int | None = None, ConsistentRead: bool = False,
-             IndexName: str | None = None, ReturnConsumedCapacity: str | None = None) -> dict:
+             IndexName: str | None = None) -> dict:
         """boto3's ``Table.scan``: every live logical item once, whatever layout holds it
         (``reshard/shim/scan.py``). Filter and projection apply to the newest copy;
         ``LastEvaluatedKey`` is the physical position, to pass back unchanged."""
-        _refuse_capacity(ReturnConsumedCapacity)
         if IndexName is not None:
             raise errors.BadInput("scan: IndexName is not supported by ShardedTable yet (the sharded-GSI issue); "
                                   "scan the index with table.meta.client.scan(TableName=..., IndexName=...)")
@@ -843,7 +900,10 @@ class ShardedTable:
     def _run_all(self, fn: Callable[[Any], None], items: Sequence[Any]) -> None:
         pool = self._pool() if len(items) > 1 else None
         if pool is not None:
-            list(pool.map(fn, items))
+            # Each task in a copy of the caller's context (one copy each: a context cannot
+            # be entered by two threads), so the request's capacity count follows it.
+            tasks = [(contextvars.copy_context(), x) for x in items]
+            list(pool.map(lambda t: t[0].run(fn, t[1]), tasks))
         else:
             for x in items:
                 fn(x)
@@ -865,6 +925,7 @@ class ShardedTable:
         return BatchWriter(self, overwrite_by_pkeys=overwrite_by_pkeys)
 
     @client_errors("BatchGetItem")
+    @with_capacity
     def batch_get_item(self, Keys: Sequence[Mapping[str, Any]], ConsistentRead: bool = False,
                        ProjectionExpression: str | None = None,
                        ExpressionAttributeNames: Mapping[str, str] | None = None) -> dict:
@@ -913,12 +974,6 @@ class ShardedTable:
     @property
     def name(self) -> str:
         return self.table
-
-
-def _refuse_capacity(value: str | None) -> None:
-    if value not in (None, "NONE"):
-        raise errors.BadInput("ReturnConsumedCapacity is not supported by ShardedTable yet (one logical request is "
-                              "several physical ones); read the table's consumed capacity in CloudWatch")
 
 
 def _metadata(resp: Mapping[str, Any]) -> dict:

@@ -140,3 +140,27 @@ def test_batch_get_batch_writer_and_meta_client(dynalite, unique_name, phase):
         with pytest.raises(ClientError) as e:
             call()
         assert code(e.value) == "ValidationException"
+
+
+def test_return_consumed_capacity_counts_every_physical_request(dynalite, unique_name):
+    """dynalite reports 1 unit per small write/read: a dual_write put is two writes, a dual_read
+    get one BatchGetItem of two keys, a fanned-out query one Query per partition."""
+    m = migration("sensor", table=unique_name)
+    create_table(dynalite, m)
+    steady, dual, read = (shim(m, dynalite, p) for p in (None, "dual_write", "dual_read"))
+    moved = next(k for k in range(1, 40) if dual._write_keys(dual._begin(), dual._fields(ev(k)))[1:])
+    one = steady.put_item(Item=ev(0), ReturnConsumedCapacity="TOTAL")["ConsumedCapacity"]
+    two = dual.put_item(Item=ev(moved), ReturnConsumedCapacity="INDEXES")["ConsumedCapacity"]
+    assert one == {"TableName": m.table, "CapacityUnits": 1.0}
+    assert two["CapacityUnits"] == 2.0 and two["Table"] == {"CapacityUnits": 2.0}
+    assert "ConsumedCapacity" not in steady.put_item(Item=ev(0))
+    got = read.get_item(Key=key(moved), ReturnConsumedCapacity="TOTAL")
+    assert got["Item"] == ev(moved) and got["ConsumedCapacity"]["CapacityUnits"] > 0
+    for k in range(1, 12):
+        dual.put_item(Item=ev(k))
+    # One Query per partition, on the pool's threads: counted as when run one by one.
+    sequential = shim(m, dynalite, "dual_read", query_workers=1)
+    pooled, one_by_one = (t.query(Key={"sensor_id": "s-1"}, ReturnConsumedCapacity="TOTAL")["ConsumedCapacity"]
+                          for t in (read, sequential))
+    assert pooled == one_by_one and pooled["CapacityUnits"] >= 2
+    assert read.batch_get_item(Keys=[key(0)], ReturnConsumedCapacity="TOTAL")["ConsumedCapacity"][0]["TableName"]
