@@ -101,6 +101,7 @@ MAX_FENCE_RETRIES = 5
 # ReturnConsumedCapacity: a logical request is several physical ones (mirror, lookups,
 # fan-out), each asked for its capacity while the app's request runs; the sum is reported.
 _CAPACITY: contextvars.ContextVar[list | None] = contextvars.ContextVar("reshard_capacity", default=None)
+_HOOKS_LOCK = threading.Lock()
 
 
 def _ask_capacity(params: dict, **_) -> None:
@@ -116,12 +117,13 @@ def _count_capacity(table: str, units: float) -> None:
 
 def _install_capacity_hooks(dynamo: Dynamo) -> None:
     """Once per client: add ReturnConsumedCapacity to the physical calls of a request that asked for it."""
-    if getattr(dynamo, "_rs_capacity_hooks", False):
-        return
-    dynamo.client.meta.events.register("provide-client-params.dynamodb", _ask_capacity,
-                                       unique_id="reshard-shim-capacity")
-    dynamo.add_capacity_listener(_count_capacity)
-    dynamo._rs_capacity_hooks = True
+    with _HOOKS_LOCK:
+        # Copies of a Dynamo (with_retry, bounded) share the client and the listener list.
+        if _count_capacity in dynamo._capacity_listeners:
+            return
+        dynamo.client.meta.events.register("provide-client-params.dynamodb", _ask_capacity,
+                                           unique_id="reshard-shim-capacity")
+        dynamo.add_capacity_listener(_count_capacity)
 
 
 def with_capacity(fn):
@@ -134,6 +136,7 @@ def with_capacity(fn):
         if ReturnConsumedCapacity not in ("TOTAL", "INDEXES"):
             raise errors.BadInput(f"ReturnConsumedCapacity must be INDEXES, TOTAL or NONE "
                                   f"(got {ReturnConsumedCapacity!r})")
+        _install_capacity_hooks(self.dynamo)  # on first use: most apps never ask
         units: list[float] = []
         token = _CAPACITY.set(units)
         try:
@@ -187,7 +190,6 @@ class ShardedTable:
         # Names the app's update may not write: key fields (they are the identity) and
         # the physical key attributes.
         self._frozen_attrs = set(m.key_fields) | self._key_attrs
-        _install_capacity_hooks(dynamo)
         if self._phases.controlled and start:
             self._phases.start()
 
