@@ -100,6 +100,13 @@ class AWSError(ReshardError):
         super().__init__(f"{operation} failed: {code}: {message}{rid}")
 
 
+class AWSConfigError(AWSError):
+    """The AWS configuration cannot make a request at all (no credentials, no region, a missing
+    profile): the operator fixes the setup, so it is bad input (exit 2), not a failed call."""
+
+    exit_code = 2
+
+
 class ConditionalCheckFailed(AWSError):
     """The application's own ConditionExpression did not hold on the authoritative copy."""
 
