@@ -60,6 +60,11 @@ class ConcurrentChange(RefusedTransition):
     """Another operator (or worker) changed the record first; our conditional write lost."""
 
 
+class FleetLagging(ReshardError):
+    """``--wait`` ran out before every live shim acknowledged the phase (exit 1: the operation
+    did not finish; the message names the lagging shims)."""
+
+
 class MigrationNotFound(BadInput):
     """No migration with that id (or file) is registered in the control table."""
 
