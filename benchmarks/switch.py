@@ -106,7 +106,7 @@ def one_round(endpoint: str, n_shims: int, refresh: float, name: str) -> dict:
         for th in threads:
             th.join(30)
         assert store.load_state(m.id).phase is Phase.CUTOVER
-        final = [shims[0].get_item(Key=k, ConsistentRead=True)["n"] for k in keys]
+        final = [shims[0].get_item(Key=k, ConsistentRead=True).get("Item")["n"] for k in keys]
         # A write "during the switch" started after the operator's first write and ended
         # after it started; its latency is the pause it saw.
         during = [s for st, s, _ in samples if st >= switch_start - 0.5 and st <= switch_end]

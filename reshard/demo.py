@@ -230,7 +230,7 @@ class AppThread(threading.Thread):
         self.stats.ops["delete"] += 1
 
     def _op_get(self, k: tuple) -> None:
-        got = self.shim.get_item(Key=_key(k), ConsistentRead=True)
+        got = self.shim.get_item(Key=_key(k), ConsistentRead=True).get("Item")
         self.stats.ops["get"] += 1
         want = self.owned.items[k]
         if got != want:  # read-your-writes: the last acknowledged write, or nothing after a delete
@@ -442,7 +442,7 @@ class Demo:
         with ShardedTable(self.migration, self.dynamo, control_table=o.control_table,
                           refresh_seconds=o.refresh_seconds, writer_id="demo-check") as shim:
             for k, want in expected.items():
-                got = shim.get_item(Key=_key(k), ConsistentRead=True)
+                got = shim.get_item(Key=_key(k), ConsistentRead=True).get("Item")
                 checked += 1
                 if got != want:
                     (resurrected if want is None else mismatches).append(f"{k}: read {got}, expected {want}")

@@ -102,7 +102,9 @@ class AWSError(ReshardError):
         self.aws_message = message
         self.request_id = request_id
         rid = f" (request id {request_id})" if request_id else ""
-        super().__init__(f"{operation} failed: {code}: {message}{rid}")
+        # Not super(): the shim's subclasses are also botocore ClientErrors, whose
+        # __init__ takes other arguments (reshard.shim.errors, reshard.aws.dynamo.translate).
+        Exception.__init__(self, f"{operation} failed: {code}: {message}{rid}")
 
 
 class AWSConfigError(AWSError):

@@ -83,12 +83,7 @@ def content(item: dict | None) -> dict | None:
 
 
 def read_item(table, **kwargs):
-    """The item a ``get_item`` returned, or None, whichever shape the shim answers in.
-
-    Issue 14 moves the shim to boto3's ``{"Item": ...}`` / ``{}``; tests written in the
-    meantime read through this so they survive the change.
-    """
+    """The item a shim's ``get_item`` returned (boto3's ``{"Item": ...}`` shape), or None."""
     resp = table.get_item(**kwargs)
-    if isinstance(resp, dict) and ("Item" in resp or "ResponseMetadata" in resp or not resp):
-        return resp.get("Item")
-    return resp
+    assert isinstance(resp, dict) and set(resp) <= {"Item", "ResponseMetadata"}, resp
+    return resp.get("Item")

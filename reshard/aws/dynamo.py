@@ -106,29 +106,58 @@ def _code(exc: BaseException) -> str:
 
 
 def translate(operation: str, exc: BaseException) -> errors.AWSError:
-    """A reshard exception for a botocore failure, with code and request id."""
+    """A reshard exception for a botocore failure, with code and request id.
+
+    A DynamoDB refusal (a ``ClientError``) stays the botocore class it was (e.g.
+    ``client.exceptions.ConditionalCheckFailedException``) with its ``response`` dict, and
+    is also reshard's class: applications' ``except ClientError`` handlers and reshard's
+    own ``except errors.ConditionalCheckFailed`` both see it.
+    """
     if isinstance(exc, botocore.exceptions.ClientError):
         err = exc.response.get("Error", {})
         code = err.get("Code", "Unknown")
         msg = err.get("Message", "") or str(exc)
         rid = exc.response.get("ResponseMetadata", {}).get("RequestId")
         if code == "ConditionalCheckFailedException":
-            return errors.ConditionalCheckFailed(operation, code, msg, rid)
-        if code in ("AccessDeniedException", "UnrecognizedClientException", "AccessDenied"):
-            return errors.AccessDenied(operation, code, msg, rid)
-        if code == "ResourceNotFoundException":
-            return errors.ResourceNotFound(operation, code, msg, rid)
-        return errors.AWSError(operation, code, msg, rid)
+            cls = errors.ConditionalCheckFailed
+        elif code in ("AccessDeniedException", "UnrecognizedClientException", "AccessDenied"):
+            cls = errors.AccessDenied
+        elif code == "ResourceNotFoundException":
+            cls = errors.ResourceNotFound
+        else:
+            cls = errors.AWSError
+        out = _client_error_class(cls, type(exc))(operation, code, msg, rid)
+        out.response = exc.response
+        out.operation_name = exc.operation_name
+        return out
     # Configuration, not a failure of the call: bad input (exit 2), like a bad --profile.
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return errors.AWSConfigError(operation, "NoCredentials", "no AWS credentials found "
-                               "(set a profile, AWS_ACCESS_KEY_ID, or use --endpoint-url for a local server)")
+                                     "(set a profile, AWS_ACCESS_KEY_ID, or use --endpoint-url for a local server)")
     if isinstance(exc, botocore.exceptions.NoRegionError):
         return errors.AWSConfigError(operation, "NoRegion", "no AWS region set (use --region or AWS_REGION)")
     if isinstance(exc, (botocore.exceptions.PartialCredentialsError, botocore.exceptions.ProfileNotFound,
                         botocore.exceptions.InvalidConfigError, botocore.exceptions.CredentialRetrievalError)):
         return errors.AWSConfigError(operation, type(exc).__name__, str(exc))
     return errors.AWSError(operation, type(exc).__name__, str(exc))
+
+
+_COMBINED: dict[tuple[type, type], type] = {}
+
+
+def _client_error_class(reshard_cls: type, botocore_cls: type) -> type:
+    """A class that is both ``reshard_cls`` and ``botocore_cls`` (named like the latter), cached."""
+    cls = _COMBINED.get((reshard_cls, botocore_cls))
+    if cls is None:
+        def __init__(self, operation, code, message, request_id=None):
+            # AWSError's __init__ only: ClientError's takes a response dict, set by translate().
+            errors.AWSError.__init__(self, operation, code, message, request_id)
+
+        cls = type(botocore_cls.__name__, (reshard_cls, botocore_cls),
+                   {"__init__": __init__, "__module__": botocore_cls.__module__,
+                    "__reduce__": Exception.__reduce__})
+        cls = _COMBINED.setdefault((reshard_cls, botocore_cls), cls)
+    return cls
 
 
 class Dynamo:
@@ -255,6 +284,8 @@ class Dynamo:
         )
         try:
             resp = retrying(method, **kwargs)
+        except errors.ReshardError:
+            raise  # a guard's refusal (some are ClientErrors too): already reshard's
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
             raise translate(operation, e) from e
         with self._lock:
@@ -297,8 +328,12 @@ class Dynamo:
         return calls
 
     def batch_get(self, table: str, keys: list[dict], *, consistent: bool = False,
-                  capacity: bool = False, projection: dict | None = None) -> list[dict]:
-        """BatchGetItem in chunks of 100, re-asking UnprocessedKeys until done."""
+                  capacity: bool = False, projection: dict | None = None,
+                  last_response: dict | None = None) -> list[dict]:
+        """BatchGetItem in chunks of 100, re-asking UnprocessedKeys until done.
+
+        ``last_response``: a dict updated with the last raw response (its ResponseMetadata).
+        """
         out: list[dict] = []
         for start in range(0, len(keys), 100):
             req = {"Keys": keys[start:start + 100], "ConsistentRead": consistent}
@@ -311,6 +346,8 @@ class Dynamo:
                 if capacity:
                     kwargs["ReturnConsumedCapacity"] = "TOTAL"
                 resp = self.call("batch_get_item", **kwargs)
+                if last_response is not None:
+                    last_response.update(resp)
                 out.extend(resp.get("Responses", {}).get(table, []))
                 pending = resp.get("UnprocessedKeys") or {}
                 if pending:

@@ -113,10 +113,26 @@ def merge_update(expression: str | None, extra_set: list[str], extra_remove: lis
     return " ".join(f"{k} {v}" for k, v in clauses.items())
 
 
+def unwrap(condition: str) -> str:
+    """``condition`` without parentheses that enclose all of it: DynamoDB refuses
+    ``((a = :a))`` as "redundant parentheses", and boto3's builder parenthesises an
+    ``&``/``|`` condition, so wrapping it again must not double them."""
+    text = condition.strip()
+    while text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(text) - 1:
+                return text  # the first "(" closes before the end: "(a) AND (b)"
+        text = text[1:-1].strip()
+    return text
+
+
 def and_conditions(app: str | None, ours: str | None) -> str | None:
     """``(app) AND (ours)``; either may be missing."""
     if app and ours:
-        return f"({app}) AND ({ours})"
+        return f"({unwrap(app)}) AND ({unwrap(ours)})"
     return app or ours
 
 
@@ -324,7 +340,7 @@ def tombstone_aware(condition: str | None) -> tuple[str | None, bool]:
         return condition, False
     on_absent = absent_value(condition)
     if on_absent is True:
-        return f"attribute_exists({TOMBSTONE_NAME}) OR ({condition})", True
+        return f"attribute_exists({TOMBSTONE_NAME}) OR ({unwrap(condition)})", True
     if on_absent is False:
-        return f"attribute_not_exists({TOMBSTONE_NAME}) AND ({condition})", True
+        return f"attribute_not_exists({TOMBSTONE_NAME}) AND ({unwrap(condition)})", True
     return condition, False

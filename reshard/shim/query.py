@@ -158,7 +158,8 @@ def run_query(src: QuerySource, routing: Routing, key: Mapping[str, Any], condit
             out.append(src.to_app(winner, its_layouts[0]))
 
     more = any(p.buf or not p.done for p in partitions.values())
-    resp: dict[str, Any] = {"Items": out, "Count": len(out)}
+    # ScannedCount: the logical items evaluated (copies and tombstones are not items of the app).
+    resp: dict[str, Any] = {"Items": out, "Count": len(out), "ScannedCount": len(out)}
     if more:
         resp["LastEvaluatedKey"] = _encode(partitions, last_emitted)
     return resp

@@ -72,7 +72,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
-import botocore.exceptions
+from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 
 from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
@@ -81,6 +81,7 @@ from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, 
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
 from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
+from reshard.shim.errors import ItemTooLarge, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
@@ -91,23 +92,6 @@ log = logging.getLogger("reshard.shim")
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
-
-
-class ItemTooLarge(errors.AWSError, botocore.exceptions.ClientError):
-    """A write refused before anything was stored: one layout's copy would exceed 400 KB.
-
-    Both a reshard :class:`~reshard.errors.AWSError` (code ``ValidationException``, as
-    every DynamoDB refusal reaches the app through the shim) and a botocore
-    ``ClientError`` with the same code, so an app's ``except ClientError`` still works.
-    """
-
-    def __init__(self, operation: str, message: str):
-        # Set both bases' attributes by hand: their __init__s take different arguments.
-        self.operation, self.code, self.aws_message, self.request_id = (operation, "ValidationException",
-                                                                        message, None)
-        self.response = {"Error": {"Code": "ValidationException", "Message": message}}
-        self.operation_name = operation
-        Exception.__init__(self, f"{operation} failed: ValidationException: {message}")
 
 
 class ShardedTable:
@@ -470,6 +454,27 @@ class ShardedTable:
         check_placeholders(names, values)
         return dict(names or {}), to_wire(dict(values)) if values else {}
 
+    @classmethod
+    def _app_expressions(cls, condition: Any, names: Mapping | None,
+                         values: Mapping | None) -> tuple[str | None, dict, dict]:
+        """(condition text, wire names, wire values) of the app's request.
+
+        A boto3 condition object (``Attr("x").not_exists()``) becomes text, names and
+        values through boto3's own ``ConditionExpressionBuilder``, as boto3's Table does
+        (``#n0`` / ``:v0`` placeholders, merged with the app's own).
+        """
+        names, values = dict(names or {}), dict(values or {})
+        if isinstance(condition, ConditionBase):
+            built = ConditionExpressionBuilder().build_expression(condition, is_key_condition=False)
+            condition = built.condition_expression
+            _merge_placeholders(names, built.attribute_name_placeholders, "ExpressionAttributeNames")
+            _merge_placeholders(values, built.attribute_value_placeholders, "ExpressionAttributeValues")
+        elif condition is not None and not isinstance(condition, str):
+            raise errors.BadInput(f"ConditionExpression must be a string or a boto3 condition "
+                                  f"(boto3.dynamodb.conditions.Attr/Key), not {type(condition).__name__}")
+        app_names, app_values = cls._app_names_values(names, values)
+        return condition, app_names, app_values
+
     def _to_app(self, item: Mapping[str, Any] | None, layout: Layout | None = None) -> dict | None:
         if not item or is_tombstone(item):
             return None
@@ -490,34 +495,40 @@ class ShardedTable:
                           if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)})
 
     # ------------------------------------------------------------------ API: writes
-    def put_item(self, Item: Mapping[str, Any], ConditionExpression: str | None = None,
+    @client_errors("PutItem")
+    def put_item(self, Item: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                  ExpressionAttributeNames: Mapping[str, str] | None = None,
                  ExpressionAttributeValues: Mapping[str, Any] | None = None,
                  ReturnValues: str | None = None) -> dict:
-        """Write a logical item. ReturnValues: NONE or ALL_OLD (``{"Attributes": ...}``)."""
+        """Write a logical item, as boto3's ``Table.put_item``: ``{"ResponseMetadata": ...}``,
+        plus ``"Attributes"`` (the old item) with ReturnValues ALL_OLD when there was one."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"put_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
         logical = self._logical_item(Item)
         fields = self._fields(logical)
-        app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
+        condition, app_names, app_values = self._app_expressions(ConditionExpression, ExpressionAttributeNames,
+                                                                 ExpressionAttributeValues)
         st = self._begin()
         try:
-            resp = self._put_through(st, self._write_keys(st, fields), logical, ConditionExpression, app_names,
+            resp = self._put_through(st, self._write_keys(st, fields), logical, condition, app_names,
                                      app_values, return_old=ReturnValues == "ALL_OLD")
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
-                              self.mapper.layout(st.routing.writes[0]))
+                              self.mapper.layout(st.routing.writes[0]), resp)
 
-    def delete_item(self, Key: Mapping[str, Any], ConditionExpression: str | None = None,
+    @client_errors("DeleteItem")
+    def delete_item(self, Key: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
                     ReturnValues: str | None = None) -> dict:
-        """Delete a logical item (a tombstone in fenced phases). ReturnValues: NONE or ALL_OLD."""
+        """Delete a logical item (a tombstone in fenced phases), as boto3's ``Table.delete_item``.
+        ReturnValues: NONE or ALL_OLD (``"Attributes"``: the deleted item, when there was one)."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"delete_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
         key_wire, fields = self._key(Key)
-        app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
+        ConditionExpression, app_names, app_values = self._app_expressions(
+            ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
         want_old = ReturnValues == "ALL_OLD"
         st = self._begin()
         try:
@@ -528,7 +539,7 @@ class ShardedTable:
                 # plain delete, with the app's condition as DynamoDB would check it. The
                 # condition and ALL_OLD belong to the authoritative key (in these phases
                 # it is the only one).
-                old = None
+                old, first = None, {}
                 condition, uses = tombstone_aware(ConditionExpression)  # a leftover tombstone is absent
                 if uses:
                     app_names = {**app_names, TOMBSTONE_NAME: TOMBSTONE_ATTR}
@@ -545,8 +556,8 @@ class ShardedTable:
                     resp = self.dynamo.call("delete_item", guard=self._phases.check_live if i == 0 else None,
                                             **kwargs)
                     if i == 0:
-                        old = resp.get("Attributes")
-                return self._response(old, self.mapper.layout(st.routing.writes[0]))
+                        old, first = resp.get("Attributes"), resp
+                return self._response(old, self.mapper.layout(st.routing.writes[0]), first)
             # Tombstone: key fields let the backfill re-key it; the version orders it.
             marker_base = {f: key_wire[f] for f in self._key_fields}
             resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
@@ -554,10 +565,11 @@ class ShardedTable:
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
-                              self.mapper.layout(st.routing.writes[0]))
+                              self.mapper.layout(st.routing.writes[0]), resp)
 
+    @client_errors("UpdateItem")
     def update_item(self, Key: Mapping[str, Any], UpdateExpression: str | None = None,
-                    ConditionExpression: str | None = None,
+                    ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
                     ReturnValues: str | None = None) -> dict:
@@ -571,7 +583,8 @@ class ShardedTable:
         if rv not in ("NONE", "ALL_NEW", "UPDATED_NEW", "ALL_OLD", "UPDATED_OLD"):
             raise errors.BadInput(f"update_item ReturnValues {ReturnValues!r} is not one of DynamoDB's")
         key_wire, fields = self._key(Key)
-        app_names, app_values = self._app_names_values(ExpressionAttributeNames, ExpressionAttributeValues)
+        ConditionExpression, app_names, app_values = self._app_expressions(
+            ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
         clauses = split_clauses(UpdateExpression) if UpdateExpression and UpdateExpression.strip() else {}
         targets = touched_attributes(clauses, app_names)
         check_targets(targets, self._frozen_attrs, "a key field or key attribute: an item's identity cannot "
@@ -638,33 +651,44 @@ class ShardedTable:
                     self._mirror_to(mirrors, full)
         finally:
             self._end(st)
+        meta = _metadata(resp)
         if rv == "NONE":
-            return {}
-        if rv == "UPDATED_NEW" and internal_rv == "ALL_NEW":
-            wanted = {t for t in targets}
+            return meta
+        if rv in ("UPDATED_NEW", "UPDATED_OLD"):
+            # Only what the app's actions touched: the shim's own SETs (key fields,
+            # bookkeeping) count as "updated" for DynamoDB too.
+            wanted = set(targets)
             attrs = {k: v for k, v in (attrs or {}).items() if k in wanted}
         if rv in ("ALL_OLD", "UPDATED_OLD") and attrs and is_tombstone(attrs):
             attrs = None
         out = self._strip(attrs)
-        return {"Attributes": out} if out else {}
+        return {"Attributes": out, **meta} if out else meta
 
-    def _response(self, old: Mapping[str, Any] | None, layout: Layout) -> dict:
+    def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any]) -> dict:
+        """A write's answer in boto3's shape: ``{"Attributes"?, "ResponseMetadata"}``."""
         out = self._to_app(old, layout) if old else None
-        return {"Attributes": out} if out else {}
+        meta = _metadata(resp)
+        return {"Attributes": out, **meta} if out else meta
 
     # ------------------------------------------------------------------ API: reads
-    def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False) -> dict | None:
-        """The logical item, or None. Both layouts in one BatchGetItem where the phase reads both."""
+    @client_errors("GetItem")
+    def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False) -> dict:
+        """The logical item as boto3's ``Table.get_item`` answers: ``{"Item": {...},
+        "ResponseMetadata": ...}``, or no ``"Item"`` when absent. Both layouts in one
+        BatchGetItem where the phase reads both."""
         _, fields = self._key(Key)
         st = self._begin()
         try:
             keys = self._read_keys(st, fields)
             if len(keys) == 1:
-                item = self.dynamo.call("get_item", TableName=self.table, Key=keys[0][0],
-                                        ConsistentRead=ConsistentRead).get("Item")
+                resp = self.dynamo.call("get_item", TableName=self.table, Key=keys[0][0],
+                                        ConsistentRead=ConsistentRead)
+                item = resp.get("Item")
                 layout = keys[0][1]
             else:
-                found = self.dynamo.batch_get(self.table, [k for k, _ in keys], consistent=ConsistentRead)
+                resp = {}
+                found = self.dynamo.batch_get(self.table, [k for k, _ in keys], consistent=ConsistentRead,
+                                              last_response=resp)
                 item = newest(found)
                 layout = None
                 if item is not None:
@@ -672,8 +696,11 @@ class ShardedTable:
                     layout = next(l for kk, l in keys if kk == k)
         finally:
             self._end(st)
-        return self._to_app(item, layout)
+        out = self._to_app(item, layout)
+        meta = _metadata(resp)
+        return {"Item": out, **meta} if out is not None else meta
 
+    @client_errors("Query")
     def query(self, Key: Mapping[str, Any], SortKeyCondition: tuple | None = None, Limit: int | None = None,
               ScanIndexForward: bool = True, ExclusiveStartKey: str | None = None,
               ConsistentRead: bool = False) -> dict:
@@ -683,7 +710,7 @@ class ShardedTable:
         ``("<=", v)``, ``(">", v)``, ``(">=", v)``, ``("between", a, b)``,
         ``("begins_with", prefix)``. Results are merged in sort-key order and deduped by
         logical identity (newest version wins, tombstones dropped). Returns
-        ``{"Items", "Count", "LastEvaluatedKey"?}``; pass ``LastEvaluatedKey`` back as
+        ``{"Items", "Count", "ScannedCount", "LastEvaluatedKey"?}``; pass ``LastEvaluatedKey`` back as
         ``ExclusiveStartKey`` (an opaque string) for the next page.
         """
         st = self._begin()
@@ -721,6 +748,20 @@ class ShardedTable:
         return BatchWriter(self)
 
 
+def _metadata(resp: Mapping[str, Any]) -> dict:
+    """``{"ResponseMetadata": ...}`` of the request that decided the answer (when the client gave one)."""
+    meta = resp.get("ResponseMetadata")
+    return {"ResponseMetadata": meta} if meta is not None else {}
+
+
+def _merge_placeholders(into: dict, built: Mapping[str, Any], what: str) -> None:
+    for k, v in built.items():
+        if k in into and into[k] != v:
+            raise errors.BadInput(f"{what} {k}: used by the app and by its boto3 condition object with "
+                                  "different meanings; rename the app's placeholder")
+        into[k] = v
+
+
 class BatchWriter:
     """Buffers puts and deletes; ``with table.batch_writer() as b: b.put_item(Item=...)``."""
 
@@ -729,16 +770,19 @@ class BatchWriter:
         self._ops: list[tuple[str, Mapping[str, Any]]] = []
         self._flush_amount = flush_amount
 
+    @client_errors("BatchWriteItem")
     def put_item(self, Item: Mapping[str, Any]) -> None:
         self._ops.append(("put", Item))
         if len(self._ops) >= self._flush_amount:
             self.flush()
 
+    @client_errors("BatchWriteItem")
     def delete_item(self, Key: Mapping[str, Any]) -> None:
         self._ops.append(("delete", Key))
         if len(self._ops) >= self._flush_amount:
             self.flush()
 
+    @client_errors("BatchWriteItem")
     def flush(self) -> None:
         ops, self._ops = self._ops, []
         if not ops:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
+import botocore.exceptions
 import pytest
 
 from reshard import errors
 from reshard.control.store import ControlStore
 from reshard.core.layout import KeyMapper, hash_shard
 from reshard.core.phases import Action, Phase
+from reshard.shim import errors as shim_errors
 from reshard.shim.table import ShardedTable
 from reshard.core.versions import VersionClock
 from reshard.control.transition import transition
@@ -73,12 +75,12 @@ def test_put_routes_per_phase_and_reads_back(moto_dynamo, sensor, phase):
         assert len(items) <= 1
         if items:
             assert ("_rs_v" in items[0]) == (phase is not None)  # versions stamped iff a migration is registered
-    assert t.get_item(Key=key_of(item), ConsistentRead=True) == item  # bookkeeping and keys stripped
+    assert t.get_item(Key=key_of(item), ConsistentRead=True).get("Item") == item  # bookkeeping and keys stripped
     # An unmoved item (old key == new key) is one physical item, written once.
     calls_before = dict(moto_dynamo.stats.calls)
     t.put_item(Item=event(unmoved, temp=Decimal(1)))
     assert moto_dynamo.stats.calls.get("put_item", 0) - calls_before.get("put_item", 0) == 1
-    assert t.get_item(Key=key_of(event(unmoved)), ConsistentRead=True) == event(unmoved, temp=Decimal(1))
+    assert t.get_item(Key=key_of(event(unmoved)), ConsistentRead=True).get("Item") == event(unmoved, temp=Decimal(1))
 
 
 def sensor_new_key(m, item):
@@ -94,8 +96,8 @@ def test_delete_tombstones_per_phase(moto_dynamo, sensor, phase):
     moved, _ = moved_and_unmoved(sensor)
     item = event(moved, temp=Decimal(3))
     t.put_item(Item=item)
-    assert t.delete_item(Key=key_of(item), ReturnValues="ALL_OLD") == {"Attributes": item}
-    assert t.get_item(Key=key_of(item), ConsistentRead=True) is None
+    assert t.delete_item(Key=key_of(item), ReturnValues="ALL_OLD")["Attributes"] == item
+    assert t.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None
     found = where(moto_dynamo, sensor, item)
     tombstones = [i for items in found.values() for i in items]
     if phase in (None, "cleanup", "complete"):
@@ -109,7 +111,7 @@ def test_delete_tombstones_per_phase(moto_dynamo, sensor, phase):
     assert t.query(Key={"sensor_id": "s-1"}, ConsistentRead=True)["Items"] == []
     # A put after the delete brings it back (the tombstone is replaced, fenced by a newer version).
     t.put_item(Item=item)
-    assert t.get_item(Key=key_of(item), ConsistentRead=True) == item
+    assert t.get_item(Key=key_of(item), ConsistentRead=True).get("Item") == item
 
 
 @pytest.mark.parametrize("phase", [None, "dual_read", "cutover", "cleanup"])
@@ -124,8 +126,8 @@ def test_update_semantics(moto_dynamo, sensor, phase):
                       ExpressionAttributeValues={":t": Decimal(22), ":one": 2, ":tags": {"x"}},
                       ReturnValues="ALL_NEW")
     want = event(moved, temp=Decimal(22), n=Decimal(3), tags={"x"})
-    assert r == {"Attributes": want}
-    assert t.get_item(Key=k, ConsistentRead=True) == want
+    assert r["Attributes"] == want and set(r) == {"Attributes", "ResponseMetadata"}
+    assert t.get_item(Key=k, ConsistentRead=True).get("Item") == want
     if phase in ("dual_read", "cutover"):  # the full resulting item reached the other layout
         found = where(moto_dynamo, sensor, item)
         assert found["old"][0]["_rs_v"] == found["new"][0]["_rs_v"]
@@ -135,20 +137,20 @@ def test_update_semantics(moto_dynamo, sensor, phase):
     with pytest.raises(errors.ConditionalCheckFailed):
         t.update_item(Key=k, UpdateExpression="SET #t = :t", ConditionExpression="#t > :big",
                       ExpressionAttributeNames={"#t": "temp"}, ExpressionAttributeValues={":t": 1, ":big": 100})
-    assert t.get_item(Key=k, ConsistentRead=True) == want
+    assert t.get_item(Key=k, ConsistentRead=True).get("Item") == want
     assert t.update_item(Key=k, UpdateExpression="SET n = :n", ExpressionAttributeValues={":n": 9},
-                         ReturnValues="UPDATED_NEW") == {"Attributes": {"n": Decimal(9)}}
+                         ReturnValues="UPDATED_NEW")["Attributes"] == {"n": Decimal(9)}
     # An update of a missing item creates it, with its key fields (a complete item).
     fresh = event(moved + 1)
     t.update_item(Key=key_of(fresh), UpdateExpression="SET v = :v", ExpressionAttributeValues={":v": "new"})
-    assert t.get_item(Key=key_of(fresh), ConsistentRead=True) == {**fresh, "v": "new"}
+    assert t.get_item(Key=key_of(fresh), ConsistentRead=True).get("Item") == {**fresh, "v": "new"}
     # An update after a delete behaves like one on a missing item.
     t.delete_item(Key=k)
     with pytest.raises(errors.ConditionalCheckFailed):
         t.update_item(Key=k, UpdateExpression="SET v = :v", ConditionExpression="attribute_exists(#t)",
                       ExpressionAttributeNames={"#t": "temp"}, ExpressionAttributeValues={":v": "x"})
     t.update_item(Key=k, UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1})
-    assert t.get_item(Key=k, ConsistentRead=True) == {**k, "n": Decimal(1)}
+    assert t.get_item(Key=k, ConsistentRead=True).get("Item") == {**k, "n": Decimal(1)}
 
 
 def test_bad_input_is_refused(moto_dynamo, sensor):
@@ -161,7 +163,7 @@ def test_bad_input_is_refused(moto_dynamo, sensor):
     with pytest.raises(errors.BadInput, match="reserved"):
         t.update_item(Key=key_of(event(1)), UpdateExpression="SET a = :rs_v", ExpressionAttributeValues={":rs_v": 1})
     with pytest.raises(errors.BadInput):
-        t.get_item(Key={**key_of(event(1)), "temp": 1})
+        t.get_item(Key={**key_of(event(1)), "temp": 1}).get("Item")
 
 
 def test_fence_loss_retries_above_newer_version(moto_dynamo, sensor):
@@ -174,7 +176,7 @@ def test_fence_loss_retries_above_newer_version(moto_dynamo, sensor):
     ahead.put_item(Item=item)
     behind.put_item(Item={**item, "temp": Decimal(2)}, ConditionExpression="attribute_exists(#t)", ExpressionAttributeNames={"#t": "temp"})
     for t in (ahead, behind):
-        assert t.get_item(Key=key_of(item), ConsistentRead=True)["temp"] == Decimal(2)
+        assert t.get_item(Key=key_of(item), ConsistentRead=True).get("Item")["temp"] == Decimal(2)
     found = where(moto_dynamo, sensor, item)
     assert found["old"][0]["_rs_v"]["S"] == found["new"][0]["_rs_v"]["S"] > "2000000000000"
     with pytest.raises(errors.ConditionalCheckFailed):
@@ -276,14 +278,15 @@ def test_random_suffix_lookups(moto_dynamo):
     t = shim(m, moto_dynamo, "dual_write")
     key = {"invoice_number": "121212", "line": "001"}
     before = moto_dynamo.stats.calls.get("batch_get_item", 0)
-    assert t.get_item(Key=key) == logical  # all 10 candidates in one BatchGetItem
+    assert t.get_item(Key=key).get("Item") == logical  # all 10 candidates in one BatchGetItem
     assert moto_dynamo.stats.calls["batch_get_item"] == before + 1
     t.update_item(Key=key, UpdateExpression="SET amount = :a", ExpressionAttributeValues={":a": 7})
     pks = sorted(i["PK"]["S"] for i in scan(moto_dynamo, m.table))
     # Written where it lives (shard r) and at the new key; nothing at the hashed shard.
     assert pks == sorted({f"InvoiceNumber#121212#{r}", f"InvoiceNumber#121212#{new_shard}"})
     for phase in ("dual_read", "cutover", "planned"):
-        assert shim(m, moto_dynamo, phase).get_item(Key=key, ConsistentRead=True) == {**logical, "amount": 7}
+        got = shim(m, moto_dynamo, phase).get_item(Key=key, ConsistentRead=True).get("Item")
+        assert got == {**logical, "amount": 7}
     # A brand-new item goes to the shard derived from its identity (racing creators agree).
     t.put_item(Item={"invoice_number": "999", "line": "002"})
     assert any(i["PK"]["S"] == f"InvoiceNumber#999#{hash_shard('999#002', 10)}" for i in scan(moto_dynamo, m.table))
@@ -296,15 +299,15 @@ def test_batch_writer(moto_dynamo, sensor):
             b.put_item(Item=event(i))
         b.delete_item(Key=key_of(event(0)))
     assert moto_dynamo.stats.calls.get("batch_write_item", 0) == 2
-    assert steady.get_item(Key=key_of(event(0))) is None
-    assert steady.get_item(Key=key_of(event(29))) == event(29)
+    assert steady.get_item(Key=key_of(event(0))).get("Item") is None
+    assert steady.get_item(Key=key_of(event(29))).get("Item") == event(29)
     dual = shim(sensor, moto_dynamo, "dual_write")
     puts = moto_dynamo.stats.calls.get("put_item", 0)
     with dual.batch_writer() as b:  # fenced phase: individual fenced puts
         b.put_item(Item=event(40))
     assert moto_dynamo.stats.calls.get("batch_write_item", 0) == 2
     assert moto_dynamo.stats.calls["put_item"] > puts
-    assert shim(sensor, moto_dynamo, "dual_read").get_item(Key=key_of(event(40))) == event(40)
+    assert shim(sensor, moto_dynamo, "dual_read").get_item(Key=key_of(event(40))).get("Item") == event(40)
 
 
 # ---------------------------------------------------------------- phase cache and liveness
@@ -345,13 +348,18 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
                                                 broken() if params.get("TableName") == "ctl" else None)
         clock.t += 20
         assert not t.refresh()
-        assert t.get_item(Key=key_of(event(1))) == event(1)
+        assert t.get_item(Key=key_of(event(1))).get("Item") == event(1)
         # ...and are refused once it is exceeded.
         clock.t += 15
         with pytest.raises(errors.ShimUnavailable, match="could not refresh"):
-            t.get_item(Key=key_of(event(1)))
+            t.get_item(Key=key_of(event(1))).get("Item")
         with pytest.raises(errors.ShimUnavailable):
             t.put_item(Item=event(2))
+        # ...as a botocore ClientError too, so an app's `except ClientError` sees it (issue 14).
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            t.query(Key={"sensor_id": "s-1"})
+        assert e.value.response["Error"]["Code"] == "ReshardShimUnavailable"
+        assert isinstance(e.value, shim_errors.ShimUnavailable) and isinstance(e.value, errors.ShimUnavailable)
     finally:
         t.close()
     assert fleet.heartbeats(store, sensor.id) == []  # close() leaves the census at once
@@ -370,7 +378,7 @@ def test_unregistered_migration_is_steady_and_from_migration_id(moto_dynamo, sen
         assert t.table == "SensorEvents"  # the registered file's table
         create_table(moto_dynamo, t.migration)
         t.put_item(Item=event(2))
-        assert t.get_item(Key=key_of(event(2))) == event(2)
+        assert t.get_item(Key=key_of(event(2))).get("Item") == event(2)
 
 
 def test_acknowledges_a_new_phase_only_after_older_requests_finish(moto_dynamo, sensor):
@@ -410,7 +418,7 @@ def test_throttling_is_retried_and_errors_carry_code_and_request_id(moto_dynamo,
     moto_dynamo.client.meta.events.register("before-send.dynamodb.PutItem", throttle_once)
     t.put_item(Item=event(1))
     assert moto_dynamo.stats.throttles == 1
-    assert t.get_item(Key=key_of(event(1))) == event(1)
+    assert t.get_item(Key=key_of(event(1))).get("Item") == event(1)
     with pytest.raises(errors.ConditionalCheckFailed) as e:
         t.put_item(Item=event(1), ConditionExpression="attribute_not_exists(sensor_id)")
     assert e.value.code == "ConditionalCheckFailedException" and e.value.request_id
@@ -427,7 +435,7 @@ def test_new_copy_marker_per_phase(moto_dynamo, sensor, phase):
         t.put_item(Item=item)
         t.update_item(Key=key_of(item), UpdateExpression="SET #t = :t",
                       ExpressionAttributeNames={"#t": "temp"}, ExpressionAttributeValues={":t": 2})
-        assert "_rs_new" not in t.get_item(Key=key_of(item), ConsistentRead=True)
+        assert "_rs_new" not in t.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
     items = scan(moto_dynamo, sensor.table)
     mapper = KeyMapper(sensor)
     for i in items:

@@ -83,7 +83,7 @@ def test_two_shims_pick_the_same_unversioned_duplicate_whatever_order_batchget_a
     assert not any(th.is_alive() for th in threads) and errors == [], errors
     # Two acknowledged increments: the callers were told two different values, and both count.
     assert sorted(got.values()) == [6, 7], f"both increments acknowledged, returned {got}"
-    assert int(a.get_item(Key=KEY, ConsistentRead=True)["counter"]) == 7
+    assert int(a.get_item(Key=KEY, ConsistentRead=True).get("Item")["counter"]) == 7
     old = [i for i in scan(a_dyn, m.table) if not mapper.is_new_copy(i)]
     assert int(newest(old)["counter"]["N"]) == 7  # the authoritative (old) layout holds both
 

@@ -143,7 +143,7 @@ def _race_two_adds(dynalite_server, unique_name, start, action):
         assert not after.switching
         b.refresh()
         got = [box_a["value"]["Attributes"]["n"], box_b["value"]["Attributes"]["n"]]
-        return got, [s.get_item(Key=key, ConsistentRead=True)["n"] for s in (a, b)]
+        return got, [s.get_item(Key=key, ConsistentRead=True).get("Item")["n"] for s in (a, b)]
     finally:
         dyn_b.go.set()
         for s in shims:
@@ -191,7 +191,8 @@ def test_a_switch_the_fleet_does_not_reach_is_abandoned_and_nothing_acts_on_the_
         tb.join(15)
         assert "error" not in box_b, box_b
         a.refresh()
-        assert a.get_item(Key=key, ConsistentRead=True)["n"] == 1  # B's increment; A's held put was never sent
+        # B's increment; A's held put was never sent
+        assert a.get_item(Key=key, ConsistentRead=True)["Item"]["n"] == 1
         history = [(t.from_phase, t.to_phase, t.action) for t in store.history(m.id)][-2:]
         assert history == [("backfill", "cutover", "advance"), ("cutover", "backfill", "switch-abandoned")]
     finally:

@@ -273,7 +273,7 @@ def test_repair_never_deletes_a_shim_write_found_in_the_new_layout_only(dynalite
         with pinned_shim(m, dynalite, phase=phase) as app:
             for x in (a, b):
                 key = {f: x[f]["S"] for f in mapper.key_fields}
-                assert app.get_item(Key=key, ConsistentRead=True)["amount"] == 42, (phase, key)
+                assert app.get_item(Key=key, ConsistentRead=True).get("Item")["amount"] == 42, (phase, key)
 
 
 # --------------------------------------------------------------------------- plan (case 3)

@@ -97,7 +97,7 @@ class App:
                     result = None
                 else:
                     result = cur
-                got = t.get_item(Key=key, ConsistentRead=True)
+                got = t.get_item(Key=key, ConsistentRead=True).get("Item")
                 with self.lock:
                     self.ops[op] += 1
                     self.expected[eid] = result

@@ -65,12 +65,12 @@ def test_threaded_read_your_writes(dyn, unique_name, phase):
         for i in range(6):
             k = w * 10 + i
             t.put_item(Item=ev(k, val=f"{w}-{i}"))
-            assert t.get_item(Key=key(k), ConsistentRead=True) == ev(k, val=f"{w}-{i}")
+            assert t.get_item(Key=key(k), ConsistentRead=True).get("Item") == ev(k, val=f"{w}-{i}")
             t.update_item(Key=key(k), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1})
-            assert t.get_item(Key=key(k), ConsistentRead=True)["n"] == Decimal(1)
+            assert t.get_item(Key=key(k), ConsistentRead=True).get("Item")["n"] == Decimal(1)
             if i % 2:
                 t.delete_item(Key=key(k))
-                assert t.get_item(Key=key(k), ConsistentRead=True) is None
+                assert t.get_item(Key=key(k), ConsistentRead=True).get("Item") is None
             checks += 1
         return checks
 
@@ -113,7 +113,7 @@ def test_adjacent_phases_write_the_same_keys(dyn, unique_name, pair):
         ident = mapper.identity(mapper.logical_fields(ev(k)))
         old, new = layouts["old"].get(ident, []), layouts["new"].get(ident, [])
         assert len(old) <= 1 and len(new) == 1
-        ra, rb = (t.get_item(Key=key(k), ConsistentRead=True) for t in (a, b))
+        ra, rb = (t.get_item(Key=key(k), ConsistentRead=True).get("Item") for t in (a, b))
         assert ra == rb  # both instances read the same thing
         newest_written = max(dyn.written[f"e-{k}"])
         if both_fenced:

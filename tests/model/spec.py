@@ -291,7 +291,7 @@ class Fleet:
                         except errors.ConditionalCheckFailed:
                             h.done(op, "failed")
                     elif kind == "get":
-                        h.done(op, t.get_item(Key=key, ConsistentRead=True))
+                        h.done(op, t.get_item(Key=key, ConsistentRead=True).get("Item"))
                     else:
                         raise ValueError(kind)
                 except errors.ShimUnavailable:
@@ -393,7 +393,7 @@ class Fleet:
         """The logical item as a shim pinned to ``phase`` reads it (None: steady)."""
         t = ShardedTable(self.m, self.w.dynamo, control_table=None, writer_id="viewer", query_workers=1)
         t._pin_phase(phase)
-        return t.get_item(Key=self.keys[name], ConsistentRead=True)
+        return t.get_item(Key=self.keys[name], ConsistentRead=True).get("Item")
 
     def verify(self, run: int | None = None, host: str = "verifier", repair: bool = False) -> tuple[bool, dict]:
         """The real verify page function over the whole table, one segment, inline; (passed, counts)."""

@@ -229,8 +229,8 @@ def test_the_shim_in_every_phase(recorded, phase):
     t.update_item(Key=key(2), UpdateExpression="SET temperature = :t, revision = if_not_exists(revision, :z) + :one",
                   ExpressionAttributeValues={":t": 1, ":z": Decimal(0), ":one": Decimal(1)})
     t.delete_item(Key=key(3), ConditionExpression="attribute_exists(#t)", ExpressionAttributeNames={"#t": "temp"})
-    assert t.get_item(Key=key(3), ConsistentRead=True) is None
-    assert t.get_item(Key=key(2), ConsistentRead=True)["revision"] == 1
+    assert t.get_item(Key=key(3), ConsistentRead=True).get("Item") is None
+    assert t.get_item(Key=key(2), ConsistentRead=True).get("Item")["revision"] == 1
     expected = {None: 5, "=": 1, "<": 3, "<=": 3, ">": 4, ">=": 4, "between": 2, "begins_with": 5}
     for cond in [None, ("=", "2024-10-27T15:02:00Z"), ("<", "2024-10-27T15:03"), ("<=", "2024-10-27T15:03"),
                  (">", "2024-10-27T15:01"), (">=", "2024-10-27T15:01"),

@@ -330,7 +330,7 @@ class AppThread(threading.Thread):
     def read(self, i: int, ryw: bool = False) -> None:
         start = time.monotonic()
         try:
-            got = self.table.get_item(Key=self.w.key(i), ConsistentRead=True)
+            got = self.table.get_item(Key=self.w.key(i), ConsistentRead=True).get("Item")
         except errors.ReshardError as e:
             self._n("failed")
             self.errors.append(f"read {i}: {e}")

@@ -222,7 +222,7 @@ class Lifecycle:
         moved_n = unmoved_n = 0
         for i in range(self.n_items + self.n_inserts):
             key = self.workload.key(i)
-            got = reader.get_item(Key=key)
+            got = reader.get_item(Key=key).get("Item")
             problem = self.oracle.check(i, got, math.inf, math.inf)
             if problem:
                 out[problem.split(":")[0]].append(problem)

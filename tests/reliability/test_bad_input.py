@@ -176,9 +176,9 @@ def test_reserved_words_as_fields_through_shim_and_backfill(moto_dynamo):
         shim.delete_item(Key=keys[1])
         result = run_job(BACKFILL, moto_dynamo, store, m.id, JobOptions(segments=2, workers=1, page_size=7))
         assert result.done
-        assert shim.get_item(Key=keys[0], ConsistentRead=True)["size"] == 5
-        assert shim.get_item(Key=keys[1], ConsistentRead=True) is None
-        assert all(shim.get_item(Key=k, ConsistentRead=True) == dict(k, size=1, count=2) for k in keys[2:])
+        assert shim.get_item(Key=keys[0], ConsistentRead=True).get("Item")["size"] == 5
+        assert shim.get_item(Key=keys[1], ConsistentRead=True).get("Item") is None
+        assert all(shim.get_item(Key=k, ConsistentRead=True).get("Item") == dict(k, size=1, count=2) for k in keys[2:])
     finally:
         shim.close()
 
@@ -222,9 +222,9 @@ def test_number_and_binary_sort_keys_through_shim_and_backfill(moto_dynamo, t, v
         assert result.done and not unmappable_items(store, m.id)
         items = scan(moto_dynamo, m.table)
         assert {i["SK"].get(t) is not None for i in items} == {True}   # the sort key keeps its type
-        got = shim.get_item(Key={"device": "d0", "seq": value(0)}, ConsistentRead=True)
+        got = shim.get_item(Key={"device": "d0", "seq": value(0)}, ConsistentRead=True).get("Item")
         assert got["v"] == -1 and got["seq"] == value(0)
-        assert shim.get_item(Key={"device": "d3", "seq": value(3)}, ConsistentRead=True)["v"] == 3
-        assert shim.get_item(Key={"device": "d9", "seq": value(50)}, ConsistentRead=True)["v"] == 50
+        assert shim.get_item(Key={"device": "d3", "seq": value(3)}, ConsistentRead=True).get("Item")["v"] == 3
+        assert shim.get_item(Key={"device": "d9", "seq": value(50)}, ConsistentRead=True).get("Item")["v"] == 50
     finally:
         shim.close()

@@ -321,7 +321,7 @@ class CounterLifecycle(Lifecycle):
             ambiguous_total += ambiguous
             fields = self.mapper.logical_fields(to_wire(hot_key(h)))
             new = layouts["new"].get(self.mapper.identity(fields), [])
-            got = reader.get_item(Key=hot_key(h))
+            got = reader.get_item(Key=hot_key(h)).get("Item")
             final = int(got["counter"]) if got else None
             low = self.seed_counters[h] + len(returned)
             if len(new) != 1 or final is None or not low <= final <= low + ambiguous:
@@ -332,7 +332,8 @@ class CounterLifecycle(Lifecycle):
                 dup = sorted({v for v in returned if returned.count(v) > 1})
                 out["counter_duplicate_returns"].append(f"hot {h}: acknowledged increments returned {dup[:10]} twice")
         for i in range(self.n_items + self.n_inserts):
-            problem = self.oracle.check(i, reader.get_item(Key=self.workload.key(i)), float("inf"), float("inf"))
+            got = reader.get_item(Key=self.workload.key(i)).get("Item")
+            problem = self.oracle.check(i, got, float("inf"), float("inf"))
             if problem:
                 out[problem.split(":")[0]].append(problem)
         for ident, copies in layouts["new"].items():

@@ -55,7 +55,7 @@ def test_a_shim_cut_off_from_the_control_table_stops_writing_and_leaves_the_cens
             assert refused[0] >= 1.0                 # not before its liveness window (minus refresh jitter)
             assert "liveness window 1.5s" in refused[1] and "stale phase" in refused[1]
             with pytest.raises(errors.ShimUnavailable):
-                cut.get_item(Key=w.key(1))
+                cut.get_item(Key=w.key(1)).get("Item")
             # Its heartbeat is no longer renewed: a census that watched it (on its own clock,
             # here an injected one, not to wait ~37 s) drops it once it stayed unchanged for
             # the liveness window + the shim's longest request (its reported attempt bound).

@@ -4,7 +4,7 @@ import pytest
 
 from reshard.errors import BadInput
 from reshard.shim.expr import (absent_value, and_conditions, check_placeholders, merge_update, split_clauses, split_top,
-                               tombstone_aware, touched_attributes)
+                               tombstone_aware, touched_attributes, unwrap)
 
 
 def test_split_clauses_any_order_and_case():
@@ -80,3 +80,15 @@ def test_tombstone_aware_rewrites_only_what_it_understands():
     assert tombstone_aware(":a = :b") == (":a = :b", False)
     assert tombstone_aware(None) == (None, False)
     assert absent_value("this is not ((( a condition") is None
+
+
+def test_wrapping_never_doubles_parentheses():
+    """DynamoDB refuses ``((a))`` ("redundant parentheses"); boto3's builder parenthesises
+    every ``&``/``|`` condition, so the fence and the tombstone rewrite unwrap it first."""
+    assert unwrap("((a = :a))") == "a = :a"
+    assert unwrap("(a) AND (b)") == "(a) AND (b)"  # not one enclosing pair
+    assert unwrap("((a) AND (b))") == "(a) AND (b)"
+    assert and_conditions("(#n0 = :v0 AND attribute_not_exists(#n1))", "(f)") == \
+        "(#n0 = :v0 AND attribute_not_exists(#n1)) AND (f)"
+    assert tombstone_aware("(attribute_exists(#n0) AND #n1 = :v0)")[0] == \
+        "attribute_not_exists(#rs_del) AND (attribute_exists(#n0) AND #n1 = :v0)"
