@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 from reshard import errors
 from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
+from reshard.control import doctor as doctors
 from reshard.control import fleet
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
@@ -34,8 +35,10 @@ from reshard.core.migration import Migration
 from reshard.core.progress import Progress, progress_counter
 from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
+from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
 from reshard.jobs.runner import JobOptions, JobResult, run_job
+from reshard.jobs.strip import STRIP
 from reshard.jobs.subscribers import Subscriber
 from reshard.jobs.verify import VERIFY
 
@@ -153,7 +156,7 @@ def list_migrations(store: ControlStore) -> Listed:
 
 
 def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
-    """Every backfill/verify/cleanup run: per-segment progress, owners, errors, totals, verdicts."""
+    """Every backfill/verify/cleanup/strip-bookkeeping run: per-segment progress, owners, errors, totals, verdicts."""
     out = []
     for job in DATA_JOBS:
         all_runs = runs(store, migration_id, job)
@@ -364,10 +367,78 @@ def iam_policy(m: Migration, role: str, control_table: str, region: str | None =
 
 
 
+# ---------------------------------------------------------------------- doctor
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """What ``reshard doctor`` found and, with ``--repair``, what it did about each finding."""
+
+    control_table: str
+    diagnosis: doctors.Diagnosis
+    repairs: list[doctors.Repaired] | None  # None: read-only
+
+    @property
+    def remaining(self) -> list:
+        """Findings still there: all of them read-only, else those not repaired."""
+        if self.repairs is None:
+            return list(self.diagnosis.findings)
+        return [r.finding for r in self.repairs if r.outcome != "repaired"]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.remaining
+
+    def summary(self) -> str:
+        n = len(self.remaining)
+        if self.repairs is None:
+            return f"{n} finding(s); the command after each fixes it (`--repair` fixes the repairable ones)"
+        return f"{n} finding(s) left after --repair; see the lines above"
+
+    def as_dict(self) -> dict:
+        d = {"control_table": self.control_table, **self.diagnosis.as_dict(), "healthy": self.healthy}
+        if self.repairs is not None:
+            d["repairs"] = [r.as_dict() for r in self.repairs]
+        return d
+
+    def text(self) -> str:
+        d = self.diagnosis
+        scanned = ", ".join(f"{t} ({'not scanned' if n is None else f'{n} item(s) scanned'})" for t, n in d.tables.items())
+        lines = [f"doctor: control table {self.control_table}: {d.migrations} migration(s), {d.locks} table "
+                 f"lock(s); data: {scanned or 'none'}"]
+        if self.repairs is None:
+            lines += [f"FOUND {f.line()}" for f in d.findings]
+        else:
+            lines += [r.line() for r in self.repairs]
+        lines.append("healthy" if self.healthy else f"{len(self.remaining)} finding(s) remain")
+        return "\n".join(lines)
+
+
+def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None, *, repair: bool = False,
+           wait: float | None = None, data: bool = True, poll: float = 0.5, say: Say = _quiet,
+           max_rcu: float | None = None, max_wcu: float | None = None,
+           before_write: Callable | None = None) -> DoctorReport:
+    """Diagnose (read-only); with ``repair``, fix the repairable findings with conditional writes.
+    ``max_rcu`` / ``max_wcu`` pace the data table's Scan and deletes like a job's budget."""
+    budget = CapacityBudget(max_wcu, max_rcu).attach(dynamo, "")
+    diagnosis = doctors.diagnose(store, dynamo, migration_id, data=data, spend=budget.spend)
+    repairs = None
+    if repair and diagnosis.findings:
+        watched = [f for f in diagnosis.findings if f.repairable and f.ref.get("quiet")]
+        if watched:
+            longest = max(f.ref["quiet"] for f in watched)
+            say(f"watching {len(watched)} lease(s)/heartbeat(s) go quiet (up to "
+                f"{longest if wait is None else min(wait, longest):.0f} s) before releasing them")
+        repairs = doctors.repair(store, dynamo, diagnosis.findings, wait=wait, poll=poll, before_write=before_write,
+                                 spend=budget.spend)
+    elif repair:
+        repairs = []
+    return DoctorReport(store.table, diagnosis, repairs)
+
+
 # ---------------------------------------------------------------------- backfill, verify, cleanup
 
 #: The data jobs by name (their JobSpecs; one runner runs them all).
-DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP)}
+DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP, STRIP)}
 
 
 def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions, *,
@@ -388,6 +459,13 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
         sweep = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
         result = dataclasses.replace(result, sweep=sweep)
     return result
+
+
+def live_shims(store: ControlStore, migration_id: str) -> int:
+    """How many shims report for this migration's file (one look of the census: a crashed
+    shim's row counts until a --wait watched it silent)."""
+    state = store.load_state(migration_id)
+    return len(fleet.census(store, migration_id, state.phase_version).live)
 
 
 def table_item_count(dynamo: Dynamo, store: ControlStore, migration_id: str) -> int | None:

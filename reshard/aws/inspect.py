@@ -8,13 +8,15 @@ they act lives here once, so two commands cannot disagree about the same table
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.core import planning
+from reshard.core.capacity import page_scan_units
 from reshard.core.migration import Migration
 
 
@@ -150,3 +152,24 @@ def scan_segments(dynamo: Dynamo, table: str, segments: int, sample: int | None,
     with ThreadPoolExecutor(max_workers=min(segments, 8)) as pool:
         for f in [pool.submit(one, s) for s in range(segments)]:
             f.result()  # re-raise a segment's error
+
+
+def scan_matching(dynamo: Dynamo, table: str, filter_expression: str, names: dict, page_size: int = 1000,
+                  spend: Callable[[str, float], ContextManager] | None = None) -> tuple[list[dict], int, float]:
+    """Every item of ``table`` matching a filter (one consistent Scan, page by page):
+    (items, items scanned, read units consumed). Reads the whole table once; ``spend``
+    (a capacity budget's) paces each page."""
+    spend = spend or (lambda kind, units: contextlib.nullcontext())
+    out, scanned, units = [], 0, 0.0
+    kwargs: dict[str, Any] = {"TableName": table, "FilterExpression": filter_expression,
+                              "ExpressionAttributeNames": names, "ConsistentRead": True, "Limit": page_size,
+                              "ReturnConsumedCapacity": "TOTAL"}
+    while True:
+        with spend("read", page_scan_units(page_size, 1024.0, consistent=True)):
+            resp = dynamo.call("scan", **kwargs)
+        out.extend(resp.get("Items", []))
+        scanned += int(resp.get("ScannedCount", 0))
+        units += float(resp.get("ConsumedCapacity", {}).get("CapacityUnits", 0) or 0)
+        if not resp.get("LastEvaluatedKey"):
+            return out, scanned, units
+        kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]

@@ -13,7 +13,7 @@ import traceback
 import click
 
 from reshard import errors
-from reshard.cli import backfill, demo, iam, phase, plan, verify
+from reshard.cli import backfill, demo, doctor, iam, phase, plan, verify
 from reshard.cli.options import global_options
 
 
@@ -53,6 +53,7 @@ cli.add_command(plan.plan)
 cli.add_command(backfill.backfill_command)
 cli.add_command(verify.verify)
 cli.add_command(verify.cleanup)
+cli.add_command(doctor.doctor)
 cli.add_command(iam.iam_policy)
 cli.add_command(demo.demo)
 

@@ -71,7 +71,8 @@ _SHOWN = {"backfill": ("scanned", "moved", "copied", "fenced", "duplicates", "co
                        "unmappable"),
           "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "new_only",
                      "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired"),
-          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed")}
+          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed"),
+          "strip-bookkeeping": ("scanned", "stripped", "tombstones_deleted", "changed_meanwhile")}
 
 
 def _render_job(j: dict) -> list[str]:
@@ -80,7 +81,7 @@ def _render_job(j: dict) -> list[str]:
     if j["failed"]:
         head += f"; FAILED segments {', '.join(map(str, j['failed']))}"
     lines = [head]
-    shown = _SHOWN[j["job"]]
+    shown = _SHOWN.get(j["job"], ())
     totals = ", ".join(f"{k} {j['totals'][k]}" for k in shown if j["totals"].get(k))
     if totals:
         lines.append(f"    totals: {totals}")

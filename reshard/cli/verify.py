@@ -8,6 +8,7 @@ from reshard import errors, operations
 from reshard.cli.options import (Env, command, job_progress, lease_seconds_option, max_rcu_option, max_wcu_option,
                                  migration_argument, page_size_option, segments_option, workers_option)
 from reshard.core.compare import GUIDANCE, KINDS
+from reshard.core.phases import STRIP_JOB, job_rule
 from reshard.jobs.runner import JobOptions
 
 
@@ -88,12 +89,15 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
 @click.option("--delete", is_flag=True, help="Delete old-layout items instead of giving them the TTL attribute.")
 @click.option("--enable-ttl", is_flag=True,
               help="Enable TTL on [cleanup] ttl_attribute (UpdateTimeToLive) if it is not enabled.")
+@click.option("--strip-bookkeeping", is_flag=True,
+              help="After complete only: remove _rs_v, _rs_new and _rs_src from every item (each REMOVE "
+                   "conditional on the version scanned) and delete leftover delete markers.")
 @max_wcu_option
 @max_rcu_option
 @page_size_option()
 @lease_seconds_option()
-def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu, max_rcu, page_size,
-            lease_seconds):
+def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, strip_bookkeeping, max_wcu, max_rcu,
+            page_size, lease_seconds):
     """Retire what the migration no longer needs.
 
     \b
@@ -110,9 +114,23 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
     Resumable and budgeted like the backfill.
 
     \b
+    --strip-bookkeeping (after complete): the items keep reshard's _rs_v (write
+    version) and _rs_new (new-copy marker) after complete; nothing needs them then.
+    This pass removes them with an UpdateItem REMOVE conditioned on the version it
+    scanned (a shim write in between keeps what it wrote), and deletes leftover delete
+    markers. Shims still running the migration's file stamp them again on the items
+    they write: run it again once the application runs without the migration.
+
+    \b
     Example:
       reshard cleanup migrations/0001_sensor_events.toml --segments 16 --enable-ttl
+      reshard cleanup 0001_sensor_events --strip-bookkeeping --max-wcu 500
     """
+    if strip_bookkeeping:
+        if delete or enable_ttl:
+            raise errors.BadInput("--strip-bookkeeping cannot be combined with --delete or --enable-ttl")
+        return _strip(env, migration, JobOptions(segments=segments, workers=workers, max_wcu=max_wcu,
+                                                 max_rcu=max_rcu, page_size=page_size, lease_seconds=lease_seconds))
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, delete=delete,
                           enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
@@ -147,3 +165,47 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, max_wcu,
             raise errors.RefusedTransition(result.stop_reason)
         raise errors.ReshardError(f"cleanup of {mid} did not finish"
                                   + (f" (failed segments {failed})" if failed else "") + "; re-run to resume")
+
+
+def _strip(env: Env, migration: str | None, opts: JobOptions) -> None:
+    """``cleanup --strip-bookkeeping``: refused (one line, exit 2) unless the migration is complete."""
+    mid = migration_or_latest(env, migration)
+    state = env.store().load_state(mid)
+    if state.phase not in job_rule(STRIP_JOB).phases:
+        raise errors.RefusedTransition(
+            f"cleanup --strip-bookkeeping refused for {mid!r}: the migration is in {state.phase}; it runs only "
+            f"after complete ({job_rule(STRIP_JOB).why})")
+    result, data = _run_job(env, STRIP_JOB, mid, opts)
+    live = operations.live_shims(env.store(), mid)
+    data["shims_reporting"] = live
+
+    def text() -> str:
+        c = result.counts
+        lines = [f"cleanup --strip-bookkeeping {mid} run {result.run}: {'done' if result.done else 'INCOMPLETE'} in "
+                 f"{data['elapsed_seconds']} s; scanned {c.get('scanned', 0)}",
+                 f"  {c.get('stripped', 0):>8}  items stripped of _rs_v/_rs_new/_rs_src",
+                 f"  {c.get('clean', 0):>8}  items without bookkeeping"]
+        if c.get("tombstones_deleted"):
+            lines.append(f"  {c['tombstones_deleted']:>8}  leftover delete markers deleted")
+        if c.get("changed_meanwhile"):
+            lines.append(f"  {c['changed_meanwhile']:>8}  written by a shim while we looked (kept as written)")
+        if live:
+            lines.append(f"  {live} shim(s) still report for {mid!r} (its file): the items they write get _rs_v "
+                         "(and _rs_new) again; run this again once the application runs without the migration")
+        return "\n".join(lines)
+
+    env.emit(data, text)
+    if not result.done:
+        if result.stop_reason:
+            raise errors.RefusedTransition(result.stop_reason)
+        raise errors.ReshardError(f"cleanup --strip-bookkeeping of {mid} did not finish; re-run to resume")
+
+
+def migration_or_latest(env: Env, migration: str | None) -> str:
+    """MIGRATION, else the one active migration, else the most recent complete one (strip runs after complete)."""
+    if migration:
+        return env.migration_id(migration)
+    done = [s for s in env.store().list_states() if s.phase.value == "complete"]
+    if not env.store().active_migration_ids() and done:
+        return max(done, key=lambda s: s.updated_at).id
+    return env.migration_id(None)

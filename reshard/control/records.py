@@ -220,6 +220,8 @@ class RunInfo:
     started_at: float
     finished_at: float | None
     totals: dict = field(default_factory=dict, compare=False)
+    #: Stamped by ``reshard doctor --repair`` on a run that can never finish (shown, never gating).
+    abandoned_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -229,6 +231,8 @@ class RunInfo:
     def from_item(cls, migration_id: str, item: dict) -> "RunInfo":
         _, job, run = get_s(item, "sk").split("#", 2)
         fin = get_n(item, "finished_at")
+        abandoned = get_n(item, "abandoned_at")
         totals = {k: float(v["N"]) for k, v in item.get("totals", {}).get("M", {}).items()}
         return cls(migration_id, job, int(run), int(get_n(item, "total_segments", 0)),
-                   float(get_n(item, "started_at", 0)), float(fin) if fin is not None else None, totals)
+                   float(get_n(item, "started_at", 0)), float(fin) if fin is not None else None, totals,
+                   float(abandoned) if abandoned is not None else None)

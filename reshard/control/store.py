@@ -323,6 +323,19 @@ class ControlStore:
         except errors.ConditionalCheckFailed:
             pass
 
+    def table_locks(self) -> dict[str, dict]:
+        """Every ``T#<table>`` lock row, by table (a Scan; the control table is small)."""
+        out, kwargs = {}, {"TableName": self.table, "FilterExpression": "sk = :a AND begins_with(pk, :t)",
+                           "ExpressionAttributeValues": {":a": S(TABLE_LOCK_SK), ":t": S(table_lock_pk(""))},
+                           "ConsistentRead": True}
+        while True:
+            resp = self._read("scan", **kwargs)
+            for item in resp.get("Items", []):
+                out[get_s(item, "pk")[len(table_lock_pk("")):]] = item
+            if not resp.get("LastEvaluatedKey"):
+                return out
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
     def active_migration_ids(self) -> list[str]:
         """Ids of migrations that still own their table (not complete, not aborted-and-cleaned)."""
         return [s.id for s in self.list_states() if s.active]

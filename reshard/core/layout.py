@@ -42,6 +42,9 @@ NEW_COPY_ATTR = RESERVED_PREFIX + "new"
 #: key (``dump_key``). It tells the backfill's idempotent redo of the same copy from a
 #: copy of another unversioned old item of the same logical item (a collision).
 SOURCE_ATTR = RESERVED_PREFIX + "src"
+#: What ``reshard cleanup --strip-bookkeeping`` removes from live items after ``complete``
+#: (a tombstone's ``_rs_del`` is never stripped: that would turn a delete into an item).
+BOOKKEEPING_ATTRS = (VERSION_ATTR, NEW_COPY_ATTR, SOURCE_ATTR)
 
 #: DynamoDB's item size limit.
 MAX_ITEM_BYTES = 400 * 1024
@@ -453,6 +456,16 @@ class KeyMapper:
         """Whether an old-layout item's physical key changes in the new layout."""
         values = self.fields(old_item, self.old)
         return any(old_item.get(a) != v for a, v in self.new.key(values).items())
+
+
+def strip_action(item: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """What the strip pass does to one item: ``("delete", ())`` for a tombstone (a leftover
+    delete marker: removing it keeps the item absent), ``("strip", attrs)`` for a live
+    item carrying bookkeeping, ``("clean", ())`` otherwise."""
+    if is_tombstone(item):
+        return "delete", ()
+    present = tuple(a for a in BOOKKEEPING_ATTRS if a in item)
+    return ("strip", present) if present else ("clean", ())
 
 
 def is_tombstone(item: Mapping[str, Any] | None) -> bool:

@@ -220,6 +220,8 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
 
 #: The data jobs, by name (run records, leases and status use these names).
 BACKFILL_JOB, VERIFY_JOB, CLEANUP_JOB = "backfill", "verify", "cleanup"
+#: ``reshard cleanup --strip-bookkeeping``: remove ``_rs_v``/``_rs_new``/``_rs_src`` after ``complete``.
+STRIP_JOB = "strip-bookkeeping"
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,10 @@ JOB_RULES: dict[str, JobRule] = {
                                                         "authoritative only up to backfill"),
     CLEANUP_JOB: JobRule((Phase.CLEANUP, Phase.ABORTED), "old items may be retired only once no shim reads them, "
                                                          "and new copies removed only once a migration is aborted"),
+    # complete: one layout, unfenced, no tombstones (ROUTING), so no write compares a
+    # stored version any more and the bookkeeping can go (see reshard.jobs.strip).
+    STRIP_JOB: JobRule((Phase.COMPLETE,), "the versions and markers fence writes and tell the layouts apart "
+                                          "until the migration is complete"),
 }
 
 

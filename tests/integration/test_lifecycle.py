@@ -199,3 +199,17 @@ def test_full_migration_from_the_command_line_with_live_traffic(dynalite, dynali
         assert logical == live[eid], eid
         # The new-copy marker is on exactly the items whose key moved.
         assert (NEW_COPY_ATTR in phys) == (mapper.old.key(fields) != mapper.new.key(fields)), phys
+
+    # Nothing left behind (every shim closed, every job finished, the lock released), and the
+    # bookkeeping can go once the application no longer runs the migration.
+    assert cli("doctor", m.id, *g) == 0
+    assert cli("cleanup", m.id, "--strip-bookkeeping", "--segments", "2", *g) == 0
+    kw = {"TableName": table, "ConsistentRead": True}
+    stripped = []
+    while True:
+        resp = dynalite.call("scan", **kw)
+        stripped += resp.get("Items", [])
+        if not resp.get("LastEvaluatedKey"):
+            break
+        kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+    assert len(stripped) == len(items) and not any(k.startswith("_rs_") for i in stripped for k in i)
