@@ -92,7 +92,7 @@ class ProgressReporter(Subscriber):
     why the budget throttles.
 
     ``total() -> (items | None, source)``: the estimate the percent and ETA use (see
-    :func:`reshard.operations.item_total`). ``done_before(run) -> items``: what earlier
+    :func:`reshard.operations.progress_total`). ``done_before(run) -> items``: what earlier
     invocations of the run already did (a resumed run starts there; not counted in the rate).
     """
 
