@@ -133,3 +133,17 @@ def test_jump_is_allowed_on_both_sides_and_random_stays_refused_in_to():
     with pytest.raises(migration.MigrationFileError, match="random"):
         migration.parse(head + "[to]" + tail.replace('shard_by = ["tenant", "name"]\nhash = "jump"',
                                                      'shard_by = "random"'), "j.toml")
+
+
+def test_the_readme_snippet_is_the_implementation():
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = re.search(r"```python\n(\s*def jump_hash.*?)```", readme, re.S).group(1)
+    ns: dict = {}
+    exec(compile("\n".join(line[2:] for line in code.splitlines()), "README", "exec"), ns)  # noqa: S102
+    for key, buckets, expected in GUAVA + GO:
+        assert ns["jump_hash"](key, buckets) == expected
+    for i in range(200):
+        k = jump_key(f"k{i}")
+        assert ns["jump_hash"](k, 1 + i * 5) == jump_hash(k, 1 + i * 5)
