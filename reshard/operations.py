@@ -26,7 +26,8 @@ from reshard.control import fleet
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
 from reshard.control.records import MigrationState, Transition
-from reshard.control.runs import backfill_run, describe, runs, unmappable_items, verify_verdict
+from reshard.control.runs import (allowed_unmappable, backfill_run, describe, item_total, runs, unmappable_items,
+                                  verify_verdict)
 from reshard.control.store import ControlStore
 from reshard.core import capacity, iam, planning
 from reshard.core.layout import KeyMapper
@@ -55,16 +56,99 @@ class Started:
     control_table: str
     created: bool  # False: the same file was registered before (idempotent)
     control_table_created: bool
+    checked: planning.SampleAnalysis | None = None  # the sample start checked (None: already registered)
+    allow_unmappable: int = 0
+    item_count: dict | None = None  # the stored count (:func:`reshard.control.runs.item_total`)
 
 
-def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet) -> Started:
-    """Register ``m`` (phase planned), creating the control table if it is missing."""
-    inspect.check_keys(dynamo, m)
+def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, *, allow_unmappable: int = 0,
+          sample: int = planning.DEFAULT_SAMPLE, segments: int = 8, count: bool = False,
+          max_rcu: float | None = None) -> Started:
+    """Run every check of ``plan``, then register ``m`` (phase planned), creating the control table if missing.
+
+    Refuses (:class:`~reshard.errors.BadInput`, one line per problem) what ``plan`` flags
+    (:func:`start_problems`): key types, templates that match no item, unmappable and
+    too-large items beyond ``allow_unmappable``, new-key collisions. The allowance is
+    recorded on the migration; ``backfill``, ``verify`` and the cutover gate hold the
+    whole table to it. Re-running ``start`` with the same file checks nothing again
+    (idempotent) but records a changed allowance. ``count``: count the items exactly
+    (:func:`count_items`) and store the total for progress and ETA.
+    """
+    desc = inspect.check_keys(dynamo, m)
+    existing = store.load_state(m.id, missing_ok=True) if store.exists() else None
+    if existing is not None and existing.file_hash != m.content_hash:
+        store.register(m)  # refuses a changed file under a registered id, with a summary of the changes
+    analysis = None
+    if existing is None:
+        analysis = analyse(dynamo, m, sample=sample, segments=segments)
+        problems = start_problems(desc, m, analysis, allow_unmappable)
+        if problems:
+            raise errors.BadInput(f"start refused: {len(problems)} problem(s) with {m.path} on table {m.table!r} "
+                                  "(`reshard plan` shows the details):\n"
+                                  + "\n".join(f"  - {p}" for p in problems))
     created_table = store.ensure_table()
     if created_table:
         say(f"created control table {store.table!r} (PAY_PER_REQUEST)")
     state, created = store.register(m)
-    return Started(state, store.table, created, created_table)
+    if created or allow_unmappable != allowed_unmappable(store, m.id):
+        store.set_allowance(m.id, allow_unmappable)
+    total = None
+    if count:
+        n = count_items(dynamo, m.table, segments=segments, max_rcu=max_rcu, say=say)
+        store.set_item_count(m.id, n, "count")
+    elif analysis is not None and analysis.full_scan:
+        store.set_item_count(m.id, analysis.scanned, "full scan")
+    if count or (analysis is not None and analysis.full_scan):
+        total = item_total(store, m.id)
+    return Started(store.load_state(m.id), store.table, created, created_table, analysis, allow_unmappable, total)
+
+
+def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis, allow_unmappable: int) -> list[str]:
+    """Everything ``start`` refuses, one sentence each; ``plan`` shows the same list."""
+    problems = []
+    key_problem = inspect.string_key_problem(desc, m)
+    if key_problem:
+        problems.append(key_problem)
+    return problems + planning.blockers(analysis, allow_unmappable)
+
+
+def analyse(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE, segments: int = 8,
+            say: Say = _quiet) -> planning.SampleAnalysis:
+    """Scan ``sample`` items over ``segments`` parallel-scan segments (0: all) through the layouts."""
+    full = sample == 0
+    analysis = planning.SampleAnalysis(KeyMapper(m), full_scan=full)
+    if full:
+        say(f"scanning all of {m.table} ({segments} segments) ...")
+
+    def observe(items: list[dict]) -> None:
+        for item in items:
+            analysis.observe(item)
+
+    inspect.scan_segments(dynamo, m.table, segments, None if full else sample, observe)
+    return analysis
+
+
+def count_items(dynamo: Dynamo, table: str, *, segments: int = 8, max_rcu: float | None = None,
+                say: Say = _quiet, on_count: Callable[[int], None] | None = None) -> int:
+    """Count the table's items exactly: a parallel ``Select=COUNT`` scan within ``max_rcu``.
+
+    DescribeTable's ``ItemCount`` is refreshed about every six hours (and 0 on local
+    servers); this reads the whole table once (charged as a scan) and says how far it got.
+    """
+    budget = CapacityBudget(max_rcu=max_rcu).attach(dynamo, table)
+    seen = {"n": 0, "shown": time.monotonic()}
+
+    def progress(n: int) -> None:
+        seen["n"] += n
+        if on_count is not None:
+            on_count(n)
+        if time.monotonic() - seen["shown"] >= 5:
+            seen["shown"] = time.monotonic()
+            say(f"counting {table}: {seen['n']} items so far ...")
+
+    say(f"counting the items of {table} (Select=COUNT scan, {segments} segments"
+        + (f", at most {max_rcu:g} RCU/s)" if max_rcu else ")"))
+    return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0))
 
 
 # ---------------------------------------------------------------------- status
@@ -111,7 +195,8 @@ def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
                     items = unmappable_items(store, migration_id)
                     unmappable = [i for i in items if i["reason"] != "collision"]
                     collisions = [i for i in items if i["reason"] == "collision"]
-                    d["unmappable"] = {"count": len(unmappable), "examples": unmappable[:5]}
+                    d["unmappable"] = {"count": len(unmappable), "examples": unmappable[:5],
+                                       "allowed": allowed_unmappable(store, migration_id)}
                     d["collisions"] = {"count": len(collisions), "examples": collisions[:5]}
             if job == "verify":
                 d["result"] = verify_verdict(store, migration_id, info.run, shown=5)
@@ -198,6 +283,16 @@ class Plan:
     segments: int
     table_items: int  # the item count the estimates are scaled to
     warnings: list[str]
+    count_source: str = ""  # where ``table_items`` comes from (:data:`COUNT_SOURCES`)
+    blockers: list[str] = dataclasses.field(default_factory=list)  # what `start` would refuse
+
+
+#: Where an item count comes from, in words (plan's report, status's ETA).
+COUNT_SOURCES = {
+    "DescribeTable": "DescribeTable's ItemCount (refreshed about every 6 hours)",
+    "count": "counted now (Select=COUNT scan)",
+    "full scan": "counted by the full scan",
+}
 
 
 def check_plan_options(peak_writes_per_sec: float | None, item_kb: float | None) -> None:
@@ -209,30 +304,28 @@ def check_plan_options(peak_writes_per_sec: float | None, item_kb: float | None)
 def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE, segments: int = 8,
          max_wcu: float | None = None, peak_writes_per_sec: float | None = None, item_kb: float | None = None,
          headroom: float = planning.DEFAULT_HEADROOM, write_price: float = planning.DEFAULT_WRITE_PRICE,
-         read_price: float = planning.DEFAULT_READ_PRICE, say: Say = _quiet) -> Plan:
+         read_price: float = planning.DEFAULT_READ_PRICE, count: bool = False, max_rcu: float | None = None,
+         say: Say = _quiet) -> Plan:
     """Check ``m`` against the live table and estimate the work; reads only.
 
     Samples ``sample`` items over ``segments`` parallel-scan segments (0: the whole
-    table) and scales the estimates to the table's item count.
+    table) and scales the estimates to the table's item count: DescribeTable's, the full
+    scan's, or with ``count`` an exact ``Select=COUNT`` scan (:func:`count_items`).
+    ``blockers`` is what ``start`` would refuse (:func:`start_problems`, no allowance).
     """
     check_plan_options(peak_writes_per_sec, item_kb)
-    mapper = KeyMapper(m)
     table = inspect.check_plannable(dynamo, m)
     ttl = inspect.ttl_report(dynamo, m.table)
-
+    analysis = analyse(dynamo, m, sample=sample, segments=segments, say=say)
     full = sample == 0
-    analysis = planning.SampleAnalysis(mapper, full_scan=full)
-    if full:
-        say(f"scanning all of {m.table} ({segments} segments) ...")
-
-    def observe(items: list[dict]) -> None:
-        for item in items:
-            analysis.observe(item)
-
-    inspect.scan_segments(dynamo, m.table, segments, None if full else sample, observe)
-
     item_count = int(table.get("ItemCount", 0) or 0)
-    table_items = analysis.scanned if full else max(item_count, analysis.scanned)
+    if count:
+        counted = count_items(dynamo, m.table, segments=segments, max_rcu=max_rcu, say=say)
+        table_items, source = counted, COUNT_SOURCES["count"]
+    elif full:
+        table_items, source = analysis.scanned, COUNT_SOURCES["full scan"]
+    else:
+        table_items, source = max(item_count, analysis.scanned), COUNT_SOURCES["DescribeTable"]
     est = planning.estimate(analysis, table_items, max_wcu=max_wcu,
                             write_price=write_price, read_price=read_price)
     rec = None
@@ -240,8 +333,13 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
         if item_kb is None:
             item_kb = math.ceil(analysis.bytes_all / analysis.scanned / capacity.KB) if analysis.scanned else 1
         rec = planning.recommend(peak_writes_per_sec, item_kb, m.target.shards, headroom)
-    return Plan(m, table, ttl, analysis, est, rec, sample, segments, table_items,
-                plan_warnings(m, ttl, analysis, rec))
+    warnings = plan_warnings(m, ttl, analysis, rec)
+    if not (count or full) and item_count < analysis.scanned:
+        warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
+                        "items: the count is stale (DynamoDB refreshes it about every 6 hours; local servers say 0), "
+                        "so the estimates may be too low; plan --count counts the items exactly")
+    return Plan(m, table, ttl, analysis, est, rec, sample, segments, table_items, warnings,
+                count_source=source, blockers=start_problems(table, m, analysis, 0))
 
 
 def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,
@@ -261,8 +359,8 @@ def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,
     else:
         warnings.append("[cleanup] has no ttl_attribute: cleanup will delete old-layout items one by one")
     if a.unmappable_count:
-        warnings.append(f"{a.unmappable_count} sampled item(s) cannot be mapped: the backfill will count, "
-                        "list and skip them (see the examples)")
+        warnings.append(f"{a.unmappable_count} sampled item(s) cannot be mapped: start refuses them unless "
+                        "--allow-unmappable N covers them; the backfill counts, lists and skips them (see the examples)")
     if a.collisions:
         warnings.append(f"{a.collisions} sampled old item(s) map to the same new key as another old item with "
                         "different content and no newer version (collisions, see the examples): only one can "
@@ -404,5 +502,9 @@ def live_shims(store: ControlStore, migration_id: str) -> int:
 
 
 def table_item_count(dynamo: Dynamo, store: ControlStore, migration_id: str) -> int | None:
-    """DescribeTable's ItemCount of the migration's table (a progress bar's total; refreshed ~6 h)."""
+    """The items of the migration's table (a progress bar's total): the count `start --count`
+    (or a full-scan start) stored, else DescribeTable's ItemCount (refreshed ~6 h)."""
+    stored = item_total(store, migration_id)
+    if stored is not None:
+        return stored["items"]
     return dynamo.describe_table(store.load_state(migration_id).table).get("ItemCount")

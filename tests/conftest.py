@@ -29,7 +29,8 @@ os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
 #: Tests of ~30 s and more: started first, so the parallel workers do not end on one of them
 #: while the others are idle (the whole suite must stay near 5 minutes).
 SLOW_FIRST = ("tests/reliability/", "tests/integration/test_backfill_dynalite.py::test_sigkill",
-              "tests/functional/test_demo.py", "tests/integration/test_lifecycle.py")
+              "tests/functional/test_demo.py", "tests/integration/test_lifecycle.py",
+              "tests/integration/test_key_shapes_lifecycle.py")
 
 
 def pytest_collection_modifyitems(config, items):

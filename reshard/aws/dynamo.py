@@ -29,6 +29,7 @@ from tenacity import (RetryCallState, Retrying, retry_if_exception, stop_after_a
                       wait_random_exponential)
 
 from reshard import errors
+from reshard.aws.lean import lean_sender
 
 #: Error codes that mean "slow down": retried, and reported to throttle listeners.
 THROTTLE_CODES = frozenset({
@@ -183,6 +184,11 @@ class Dynamo:
         self.client = client
         self.endpoint_url = endpoint_url or client.meta.endpoint_url
         self.region = client.meta.region_name
+        # Single-item writes without returned values take the lean path (reshard/aws/lean.py):
+        # a fraction of boto3's client CPU per request, same retries, errors and hooks here.
+        cfg = getattr(getattr(client, "meta", None), "config", None)
+        self._lean = lean_sender(client, connect_timeout=getattr(cfg, "connect_timeout", None) or connect_timeout,
+                                 read_timeout=getattr(cfg, "read_timeout", None) or read_timeout)
 
     # -- time bounds
     @property
@@ -250,7 +256,12 @@ class Dynamo:
         stop the call before that attempt is sent (a job's lease deadline: a worker whose
         lease may have expired sends no further write, not even a retry).
         """
-        method = getattr(self.client, operation)
+        lean = self._lean
+        if lean is not None and lean.handles(operation, kwargs):
+            def method(**kw):
+                return lean.send(operation, kw)
+        else:
+            method = getattr(self.client, operation)
         if guard is not None:
             send = method
 

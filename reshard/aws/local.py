@@ -1,7 +1,7 @@
 """Local DynamoDB servers, so nothing here needs an AWS account.
 
-:class:`EmbeddedDynamoDB` is moto's threaded server (``pip install 'reshard[demo]'``
-brings it) for `reshard demo` and quick tries: fine for a few thousand items.
+:class:`EmbeddedDynamoDB` is moto's threaded server in a child process (``pip install
+'reshard[demo]'`` brings it) for `reshard demo` and quick tries: fine for a few thousand items.
 :class:`DynaliteServer` is a dynalite process (``npm install`` in a checkout) that
 persists to disk and survives its clients being killed: the integration tests and the
 benchmarks use it. Both listen on a free 127.0.0.1 port.
@@ -9,7 +9,6 @@ benchmarks use it. Both listen on a free 127.0.0.1 port.
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 import signal
@@ -30,33 +29,74 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The embedded server's process: moto's threaded server until its stdin closes (so it never
+#: outlives the demo, even one that is killed), werkzeug's per-request log off.
+_MOTO_CHILD = """
+import logging, sys
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+server.start()
+sys.stdin.read()
+server.stop()
+"""
+
+
 class EmbeddedDynamoDB:
-    """moto's server in a background thread; use as a context manager."""
+    """moto's server in a child process; use as a context manager.
+
+    A process of its own, not a thread: in the demo's process, moto's request handling
+    shared one interpreter lock with the application threads and the jobs it serves,
+    and most of the demo's wall time was the two waiting for each other.
+    """
 
     def __init__(self, port: int | None = None):
         self.port = port or free_port()
-        self._server = None
+        self.proc: subprocess.Popen | None = None
+        self._err = None
 
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> str:
-        try:
-            from moto.server import ThreadedMotoServer
-        except ImportError:
+    def start(self, timeout: float = 30.0) -> str:
+        import importlib.util
+        import sys
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("werkzeug") is None:
             raise errors.BadInput("the embedded DynamoDB needs moto's server: "
-                                  "python3 -m pip install -e '.[demo]' (or pass --endpoint-url)") from None
-        # werkzeug logs every request to stderr by default: the demo's output would drown.
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-        return self.endpoint_url
+                                  "python3 -m pip install -e '.[demo]' (or pass --endpoint-url)")
+        import tempfile
+        self._err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server never blocks on it
+        self.proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD, str(self.port)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=self._err)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._err.seek(0)
+                err = self._err.read().decode(errors="replace").strip().splitlines()
+                self.stop()
+                raise errors.ReshardError(f"the embedded DynamoDB server exited: {err[-1] if err else '?'}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self.endpoint_url
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise errors.ReshardError(f"the embedded DynamoDB server did not listen on {self.port} within {timeout:g}s")
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.terminate()  # an in-memory server: nothing to save
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            proc.stdin.close()
+        if self._err is not None:
+            self._err.close()
+            self._err = None
 
     def __enter__(self) -> "EmbeddedDynamoDB":
         self.start()
@@ -130,19 +170,22 @@ class DynaliteServer:
         self.stop()
 
 
-def create_table(dynamo, table: str, keys: Keys, timeout: float = 30.0, poll: float = 0.05) -> None:
+def create_table(dynamo, table: str, keys: Keys, timeout: float = 30.0, poll: float = 0.05,
+                 types: dict[str, str] | None = None) -> None:
     """An on-demand table with the key attributes a migration file's ``[keys]`` names
-    (string keys, as the layouts write them), for tries, tests and benchmarks.
+    (string keys, as the layouts write them, unless ``types`` says ``N`` or ``B`` for an
+    attribute), for tries, tests and benchmarks.
 
     Returns once the table is ACTIVE (a bounded poll of DescribeTable through the choke
     point): dynalite, like DynamoDB, answers CreateTable while the table is still CREATING,
     and under load the first requests that follow failed with ResourceNotFound.
     """
     schema = [{"AttributeName": keys.partition, "KeyType": "HASH"}]
-    attrs = [{"AttributeName": keys.partition, "AttributeType": "S"}]
+    types = types or {}
+    attrs = [{"AttributeName": keys.partition, "AttributeType": types.get(keys.partition, "S")}]
     if keys.sort:
         schema.append({"AttributeName": keys.sort, "KeyType": "RANGE"})
-        attrs.append({"AttributeName": keys.sort, "AttributeType": "S"})
+        attrs.append({"AttributeName": keys.sort, "AttributeType": types.get(keys.sort, "S")})
     dynamo.call("create_table", TableName=table, KeySchema=schema, AttributeDefinitions=attrs,
                 BillingMode="PAY_PER_REQUEST")
     wait_active(dynamo, table, timeout, poll)

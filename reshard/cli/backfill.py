@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from reshard import errors, operations
-from reshard.cli.options import (command, job_progress, lease_seconds_option, max_rcu_option, max_wcu_option,
-                                 migration_argument, page_size_option, segments_option, workers_option)
+from reshard.cli.options import (command, concurrency_option, job_progress, lease_seconds_option, max_rcu_option,
+                                 max_wcu_option, migration_argument, page_size_option, segments_option, workers_option)
 from reshard.control.runs import backfill_progress
 from reshard.jobs.backfill import COUNTERS
 from reshard.jobs.runner import JobOptions
@@ -41,18 +41,20 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
 @migration_argument
 @segments_option
 @workers_option
+@concurrency_option
 @max_wcu_option
 @max_rcu_option
 @page_size_option("Items per Scan page (the unit of work redone after a kill).")
 @lease_seconds_option("How long a segment lease lasts without a renewal before another worker may take the "
                       "segment over.")
-def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_size, lease_seconds):
+def backfill_command(env, migration, segments, workers, concurrency, max_wcu, max_rcu, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
     \b
     Resumable: a kill redoes at most one page per segment. Run it on several hosts at
     once to share the segments. Exit 0 when every segment is done, 1 when segments
-    failed (listed; re-run to retry them), 2 when refused (wrong phase, lagging shims,
+    failed (listed; re-run to retry them) or when more items could not be mapped than
+    `start --allow-unmappable N` allowed, 2 when refused (wrong phase, lagging shims,
     --segments different from the started run).
 
     \b
@@ -70,7 +72,7 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
     mid = env.migration_id(migration)
     store = env.store()
     opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
-                      lease_seconds=lease_seconds)
+                      lease_seconds=lease_seconds, concurrency=concurrency)
     before = backfill_progress(store, mid)
     subs = job_progress(env, "backfill", mid, opts, initial=int((before or {}).get("totals", {}).get("scanned", 0)))
     start = time.monotonic()
@@ -111,3 +113,11 @@ def backfill_command(env, migration, segments, workers, max_wcu, max_rcu, page_s
         if result.stop_reason:
             raise errors.RefusedTransition(f"{result.stop_reason}; the finished segments stay done")
         raise errors.ReshardError(f"backfill of {mid} stopped before every segment was done; re-run to resume")
+    if summary["unmappable"] > result.allowed_unmappable:
+        # Finished, but items were left behind beyond what the operator allowed at `start`:
+        # verify fails on them too, so cutover stays closed until they are fixed or allowed.
+        raise errors.ReshardError(
+            f"backfill of {mid} finished but left {summary['unmappable']} unmappable item(s) behind and the "
+            f"allowance is {result.allowed_unmappable}: `reshard status {mid}` lists them; fix them, or allow "
+            f"them with `reshard start FILE --allow-unmappable {summary['unmappable']}` "
+            "(runbooks/incident-unmappable.md)")

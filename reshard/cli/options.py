@@ -151,6 +151,10 @@ migration_argument = click.argument("migration", required=False, metavar="[MIGRA
 
 workers_option = click.option("--workers", type=click.IntRange(1, 256), default=None,
                               help="Worker threads on this host (default: min(segments, 4)).")
+concurrency_option = click.option(
+    "--concurrency", type=click.IntRange(1, 64), default=8, show_default=True,
+    help="Per-item writes of a page in flight at once, per worker (each one conditional request; "
+         "more hides the round trip, the budget still paces them).")
 segments_option = click.option("--segments", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
                                help="Parallel-scan segments (TotalSegments).")
 max_wcu_option = click.option("--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,

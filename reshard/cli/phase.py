@@ -11,7 +11,9 @@ import click
 
 from reshard import operations
 from reshard.cli import render
-from reshard.cli.options import Env, allow_no_shims_option, command, from_option, migration_argument, wait_option
+from reshard.cli.options import (Env, allow_no_shims_option, command, from_option, max_rcu_option, migration_argument,
+                                 wait_option)
+from reshard.core import planning
 from reshard.core.migration import load
 from reshard.core.phases import Action
 
@@ -19,20 +21,40 @@ from reshard.core.phases import Action
 # ---------------------------------------------------------------------- start
 @command("start")
 @click.argument("file", metavar="FILE")
-def start(env: Env, file: str) -> None:
-    """Register a migration (phase `planned`); creates the control table if missing.
+@click.option("--allow-unmappable", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Let the migration leave up to N items behind that the layouts cannot map (an item over "
+                   "400 KB after re-keying is never allowed: it blocks cutover). Recorded on the migration: "
+                   "backfill, verify and cutover hold the whole table to it.")
+@click.option("--sample", type=click.IntRange(min=0), default=planning.DEFAULT_SAMPLE, show_default=True,
+              help="Items the checks sample, spread over the scan segments; 0 scans the whole table.")
+@click.option("--segments", type=click.IntRange(1, 1000), default=8, show_default=True,
+              help="Parallel-scan segments for the sample (and --count).")
+@click.option("--count", is_flag=True,
+              help="Count the items exactly (Select=COUNT scan) and store the total for progress and ETA.")
+@max_rcu_option
+def start(env: Env, file: str, allow_unmappable: int, sample: int, segments: int, count: bool,
+          max_rcu: float | None) -> None:
+    """Check FILE against the table as `plan` does, then register it (phase `planned`).
 
-    Idempotent for the same file. A changed file under the same id is refused with
-    a summary of the changes (give it a new id). Refused (exit 2) when the table does
-    not exist, its keys differ from the file's [keys], or the table already has an
-    active migration.
+    \b
+    Runs every check of `plan` on a sample and refuses (exit 2, one line per problem):
+    key attribute types that cannot hold the templates (a number partition key cannot
+    carry a "#shard" suffix), templates that match no sampled item, unmappable or
+    too-large items beyond --allow-unmappable N, and old items that would collide on
+    one new key. Creates the control table if missing. Idempotent for the same file
+    (no checks again; a new --allow-unmappable is recorded). A changed file under the
+    same id is refused with a summary of the changes (give it a new id). Refused when
+    the table does not exist, its keys differ from the file's [keys], or the table
+    already has an active migration.
 
     \b
     Example:
       reshard start migrations/0001_sensor_events.toml
+      reshard start migrations/0001_sensor_events.toml --allow-unmappable 3 --count
     """
     m = load(file)
-    started = operations.start(env.dynamo(), env.store(), m, say=env.info)
+    started = operations.start(env.dynamo(), env.store(), m, say=env.info, allow_unmappable=allow_unmappable,
+                               sample=sample, segments=segments, count=count, max_rcu=max_rcu)
     env.emit(render.start_data(started), lambda: render.start_text(started))
 
 

@@ -12,7 +12,7 @@ import click
 
 from reshard import operations
 from reshard.cli import render
-from reshard.cli.options import Env, command, max_wcu_option
+from reshard.cli.options import Env, command, max_rcu_option, max_wcu_option
 from reshard.core import planning
 from reshard.core.migration import load
 
@@ -24,6 +24,11 @@ from reshard.core.migration import load
 @click.option("--segments", type=click.IntRange(1, 1000), default=8, show_default=True,
               help="Parallel-scan segments (TotalSegments) for the sample or the full scan.")
 @max_wcu_option
+@click.option("--count", is_flag=True,
+              help="Count the items exactly (a parallel Select=COUNT scan, charged like a full scan; --max-rcu "
+                   "paces it) instead of trusting DescribeTable's ItemCount, which DynamoDB refreshes about "
+                   "every 6 hours (0 on local servers).")
+@max_rcu_option
 @click.option("--peak-writes-per-sec", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Peak writes per second to the hottest entity (for the recommended shard count).")
 @click.option("--item-kb", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -34,8 +39,8 @@ from reshard.core.migration import load
               show_default=True, help="USD per million on-demand write request units (us-east-1 list price).")
 @click.option("--read-price", type=click.FloatRange(min=0), default=planning.DEFAULT_READ_PRICE,
               show_default=True, help="USD per million on-demand read request units (us-east-1 list price).")
-def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
-         peak_writes_per_sec: float | None, item_kb: float | None, headroom: float,
+def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None, count: bool,
+         max_rcu: float | None, peak_writes_per_sec: float | None, item_kb: float | None, headroom: float,
          write_price: float, read_price: float) -> None:
     """Validate FILE against the live table; show items, moves, shard skew, capacity, cost and next steps.
 
@@ -45,12 +50,20 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
 
     \b
     Samples --sample items (default 2000) over --segments parallel-scan segments, or
-    scans everything with --sample 0. Estimates are scaled to the table's item count.
+    scans everything with --sample 0. Estimates are scaled to the table's item count:
+    DescribeTable's ItemCount (refreshed about every 6 hours; the report says so and
+    warns when it is stale), the full scan's, or an exact count with --count.
     On-demand prices default to us-east-1 list prices: check yours.
+
+    \b
+    "start will refuse" lists what `reshard start` refuses (it runs the same checks):
+    key types, templates that match no item, unmappable or too-large items (unless
+    `start --allow-unmappable N`), new-key collisions.
 
     \b
     Example:
       reshard plan migrations/0001_sensor_events.toml
+      reshard plan migrations/0001_sensor_events.toml --count --max-rcu 500
       reshard plan migrations/0001_sensor_events.toml --max-wcu 2000 \\
           --peak-writes-per-sec 2000 --item-kb 1
     """
@@ -58,7 +71,8 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     m = load(file)
     result = operations.plan(env.dynamo(), m, sample=sample, segments=segments, max_wcu=max_wcu,
                              peak_writes_per_sec=peak_writes_per_sec, item_kb=item_kb, headroom=headroom,
-                             write_price=write_price, read_price=read_price, say=env.info)
+                             write_price=write_price, read_price=read_price, count=count, max_rcu=max_rcu,
+                             say=env.info)
     report = render.plan_data(result, file, _global_prefix(env))
     env.emit(report, lambda: render.plan_text(report, result.analysis))
 

@@ -44,13 +44,23 @@ def start_data(r: Started) -> dict:
     state = r.state
     return {"migration": state.id, "table": state.table, "control_table": r.control_table, "created": r.created,
             "control_table_created": r.control_table_created, "phase": state.phase.value,
-            "phase_version": state.phase_version, "next": next_step(state)}
+            "phase_version": state.phase_version, "next": next_step(state),
+            "allow_unmappable": r.allow_unmappable, "item_count": r.item_count,
+            "checked": None if r.checked is None else {
+                "sampled": r.checked.scanned, "mappable": r.checked.mappable,
+                "unmappable": r.checked.unmappable_count, "collisions": r.checked.collisions}}
 
 
 def start_text(r: Started) -> str:
     state = r.state
     if r.created:
         text = f"registered migration {state.id!r} on table {state.table!r}: phase {state.phase}"
+        if r.checked is not None:
+            a = r.checked
+            text += (f"\nchecked {a.scanned} sampled item(s): {a.mappable} mappable, {a.unmappable_count} unmappable"
+                     f" (allowed: {r.allow_unmappable}), {a.collisions} collisions")
+        if r.item_count:
+            text += f"\nitems: {r.item_count['items']} ({r.item_count['source']})"
     else:
         text = (f"migration {state.id!r} is already registered with this file: phase {state.phase} "
                 f"(phase version {state.phase_version}); nothing changed")
@@ -109,7 +119,8 @@ def _render_job(j: dict) -> list[str]:
                 lines.append(f"      {e['kind']}: old {e['old_key']} new {e['new_key']} {e['detail']}".rstrip())
     if j.get("unmappable", {}).get("count"):
         u = j["unmappable"]
-        lines.append(f"    unmappable items (left in place): {u['count']}" + _more(u))
+        lines.append(f"    unmappable items (left in place): {u['count']}, allowed {u.get('allowed', 0)} "
+                     "(start --allow-unmappable)" + _more(u))
         for e in u["examples"]:
             lines.append(f"      {_key_text(e['old_key'])}: {e['reason']}: {e['detail']}")
     if j.get("collisions", {}).get("count"):
@@ -274,7 +285,7 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
                   "size_bytes": int(table.get("TableSizeBytes", 0) or 0), "ttl": p.ttl},
         "sample": {"requested": p.sample, "full_scan": p.sample == 0, "segments": p.segments,
                    "scanned": a.scanned, "scale": round(est.scale, 6)},
-        "items": {"table": p.table_items, "sampled": a.scanned, "mappable": a.mappable,
+        "items": {"table": p.table_items, "table_source": p.count_source, "sampled": a.scanned, "mappable": a.mappable,
                   "in_new_layout": a.in_new_layout, "tombstones": a.tombstones,
                   "unmappable": a.unmappable_count, "unmappable_by_reason": dict(sorted(a.unmappable.items())),
                   "unmappable_examples": a.examples, "collisions": a.collisions,
@@ -287,6 +298,7 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
         "capacity": est.as_dict(),
         "recommendation": rec.as_dict() if rec else None,
         "warnings": list(p.warnings),
+        "start_refuses": list(p.blockers),
         "next": next_commands(p, file, prefix),
     }
 
@@ -310,11 +322,11 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
     prov = t["provisioned"]
     billing = t["billing_mode"] + (f" ({prov['rcu']} RCU / {prov['wcu']} WCU)" if prov else "")
     ttl = t["ttl"]
-    add(f"Table {t['name']}: {t['status']}, {billing}, {t['item_count']} items (DescribeTable), "
+    add(f"Table {t['name']}: {t['status']}, {billing}, ItemCount {t['item_count']} (DescribeTable), "
         f"{t['size_bytes']} bytes; TTL {ttl['status']}" + (f" on {ttl['attribute']!r}" if ttl["attribute"] else ""))
     how = "full scan" if s["full_scan"] else f"sample of up to {s['requested']}"
     add(f"Scanned {s['scanned']} items ({how}, {s['segments']} segments); estimates scaled x{s['scale']:g} "
-        f"to {it['table']} items")
+        f"to {it['table']} items, {it['table_source']}")
     add("")
     add("Items")
     add(f"  sampled     {it['sampled']:>8}")
@@ -369,8 +381,13 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         add("")
         for w in r["warnings"]:
             add(f"warning: {w}")
+    if r["start_refuses"]:
+        add("")
+        add(f"start will refuse ({len(r['start_refuses'])} problem(s)):")
+        for b in r["start_refuses"]:
+            add(f"  - {b}")
     add("")
-    add("Next:")
+    add("Next:" if not r["start_refuses"] else "Next (once start's problems are fixed):")
     for c in r["next"]:
         add(f"  {c}")
     return "\n".join(out)

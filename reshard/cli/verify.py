@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from reshard import errors, operations
-from reshard.cli.options import (Env, command, job_progress, lease_seconds_option, max_rcu_option, max_wcu_option,
-                                 migration_argument, page_size_option, segments_option, workers_option)
+from reshard.cli.options import (Env, command, concurrency_option, job_progress, lease_seconds_option,
+                                 max_rcu_option, max_wcu_option, migration_argument, page_size_option,
+                                 segments_option, workers_option)
 from reshard.core.compare import GUIDANCE, KINDS
 from reshard.core.phases import STRIP_JOB, job_rule
 from reshard.jobs.runner import JobOptions
@@ -44,7 +45,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
     writes are not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
     the control table: `reshard advance` to cutover needs a passing verify that started
     after the backfill finished.
-    Exit 0 identical, 1 differences (listed), 2 bad input or refused.
+    Exit 0 identical, 1 differences (listed; unmappable items beyond the
+    `start --allow-unmappable N` allowance count as differences), 2 bad input or refused.
 
     \b
     Example:
@@ -65,6 +67,9 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
                 lines.append(f"  {kind:<12} {n:>8}  ({KINDS[kind]})")
                 if kind in GUIDANCE:
                     lines.append(f"  {'':<12} {'':>8}  -> {GUIDANCE[kind]}")
+        if result.allowed_unmappable:
+            lines.append(f"  allowed unmappable: {result.allowed_unmappable} (reshard start --allow-unmappable); "
+                         f"found {result.differences.get('unmappable', 0)}")
         if result.repaired:
             lines.append(f"  repaired {result.repaired}: run `reshard verify {mid}` again to confirm")
         for e in result.examples:
@@ -86,6 +91,7 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
 @migration_argument
 @segments_option
 @workers_option
+@concurrency_option
 @click.option("--delete", is_flag=True, help="Delete old-layout items instead of giving them the TTL attribute.")
 @click.option("--enable-ttl", is_flag=True,
               help="Enable TTL on [cleanup] ttl_attribute (UpdateTimeToLive) if it is not enabled.")
@@ -96,8 +102,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
 @max_rcu_option
 @page_size_option()
 @lease_seconds_option()
-def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, strip_bookkeeping, max_wcu, max_rcu,
-            page_size, lease_seconds):
+def cleanup(env: Env, migration, segments, workers, concurrency, delete, enable_ttl, strip_bookkeeping, max_wcu,
+            max_rcu, page_size, lease_seconds):
     """Retire what the migration no longer needs.
 
     \b
@@ -134,7 +140,7 @@ def cleanup(env: Env, migration, segments, workers, delete, enable_ttl, strip_bo
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, delete=delete,
                           enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
-                          lease_seconds=lease_seconds)
+                          lease_seconds=lease_seconds, concurrency=concurrency)
     result, data = _run_job(env, "cleanup", mid, opts)
     if result.sweep is not None:
         data["sweep"] = result.sweep.as_dict()

@@ -189,14 +189,28 @@ def backfill_progress(store: ControlStore, migration_id: str) -> dict | None:
 
 
 def allowed_unmappable(store: ControlStore, migration_id: str) -> int:
-    """How many unmappable items the operator allowed a passing verify to have.
+    """How many unmappable items the operator allowed (``reshard start --allow-unmappable N``).
 
-    The hook for an explicit ``--allow-unmappable N`` (a later issue): the number lives in
-    the migration's META row (``allow_unmappable``); nothing writes it yet, so it is 0 and
-    a verify that could not map an item does not pass.
+    The number lives in the migration's META row (``allow_unmappable``), 0 when never
+    given: a verify or a backfill with an item it could not map then fails, and the
+    cutover gate stays closed.
     """
     item = store.get(store.mpk(migration_id), META)
     return int(get_n(item, "allow_unmappable", 0)) if item else 0
+
+
+def item_total(store: ControlStore, migration_id: str) -> dict | None:
+    """The data table's item count stored on META by ``start --count`` (or a full-scan start).
+
+    ``{"items": n, "source": "count" | "full scan", "at": epoch}``, or None when nothing
+    was counted (then DescribeTable's ItemCount, refreshed about every 6 hours, is all
+    there is). Progress totals and ETAs read this.
+    """
+    item = store.get(store.mpk(migration_id), META)
+    if not item or "item_count" not in item:
+        return None
+    return {"items": int(get_n(item, "item_count")), "source": get_s(item, "item_count_source"),
+            "at": float(get_n(item, "item_count_at", 0))}
 
 
 def verify_verdict(store: ControlStore, migration_id: str, run: int, shown: int = 20,

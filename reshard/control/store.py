@@ -200,6 +200,18 @@ class ControlStore:
         self.record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True
 
+    def set_allowance(self, migration_id: str, allow_unmappable: int, who: str | None = None) -> None:
+        """Record the operator's ``--allow-unmappable N`` on META (read by verify, backfill and the gates)."""
+        self.update(self.mpk(migration_id), META, "SET allow_unmappable = :n, allowance_by = :w, allowance_at = :t",
+                    condition="attribute_exists(pk)",
+                    values={":n": N(allow_unmappable), ":w": S(who or operator_name()), ":t": N(self.clock())})
+
+    def set_item_count(self, migration_id: str, items: int, source: str) -> None:
+        """Record an exact item count of the data table on META (progress totals and ETA)."""
+        self.update(self.mpk(migration_id), META, "SET item_count = :n, item_count_source = :s, item_count_at = :t",
+                    condition="attribute_exists(pk)",
+                    values={":n": N(items), ":s": S(source), ":t": N(self.clock())})
+
     def _claim_table(self, m: Migration, now: float) -> None:
         """Take the ``T#<table>`` lock: at most one active migration per data table."""
         lock = {"pk": S(table_lock_pk(m.table)), "sk": S(TABLE_LOCK_SK), "migration_id": S(m.id), "at": N(now)}

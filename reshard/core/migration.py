@@ -214,7 +214,7 @@ class _Validator:
                 target.partition_text, target.sort_text, target.shards, target.shard_by, target.hash,
                 target.shard_function, dict(target.fields)):
             self.fail("to", "is identical to [from]: nothing would move")
-        self.suppliable(source, target)
+        self.suppliable(source, target, keys)
 
         cdoc = self.table(doc.get("cleanup", {}), "cleanup", _CLEANUP_KEYS, set())
         ttl = self.string(cdoc["ttl_attribute"], "cleanup.ttl_attribute") if "ttl_attribute" in cdoc else None
@@ -238,7 +238,11 @@ class _Validator:
             stext, sort = None, None
         for k, parts in ((f"{side}.partition", partition), (f"{side}.sort", sort or ())):
             for p in parts:
-                if p.field in (keys.partition, keys.sort) and not (k.endswith(".sort") and len(parts) == 1):
+                # A bare ``{PK}`` in the partition (``{SK}`` in the sort) keeps that key as is: a
+                # field under its own name. Any other use of a key attribute's name is a mistake.
+                own = keys.sort if k.endswith(".sort") else keys.partition
+                if p.field is not None and p.field in (keys.partition, keys.sort) \
+                        and not (len(parts) == 1 and p.field == own):
                     self.fail(k, f"field {{{p.field}}} is a physical key attribute name; "
                                  "templates name the application's fields")
                 if p.field and p.field.startswith(RESERVED_PREFIX):
@@ -351,7 +355,7 @@ class _Validator:
                                                       "derive from a stored or key field")
         return out
 
-    def suppliable(self, source: LayoutSpec, target: LayoutSpec) -> None:
+    def suppliable(self, source: LayoutSpec, target: LayoutSpec, keys: Keys) -> None:
         """Every field the [to] layout needs must be one items can supply.
 
         Items supply a field by storing it as an attribute or by carrying it in their
@@ -362,6 +366,8 @@ class _Validator:
         known = set(source.template_fields()) | set(source.shard_by or ()) | set(source.fields)
         known.discard(SHARD)
         known |= {d.source for d in source.fields.values()}
+        if keys.sort and (source.sort is None or target.sort is None):
+            known.add(keys.sort)  # a sort key kept as is is a field under its own name
         for key, names in (("to.partition", [p.field for p in target.partition if p.field]),
                            ("to.sort", [p.field for p in target.sort or () if p.field]),
                            ("to.shard_by", list(target.shard_by or ()))):

@@ -267,7 +267,12 @@ class SampleAnalysis:
                                             "keys": [first, second], "version": version or None})
 
     def _fits_new(self, item: Mapping[str, Any]) -> bool:
-        # Only items the new layout fully accounts for (key parses, shard agrees).
+        # Only this migration's marked copies that the new layout fully accounts for (key parses,
+        # shard agrees). An unmarked item the old layout cannot map is unmappable even when its key
+        # happens to fit the new layout (a [from] template that matches nothing, say): the backfill
+        # would leave it behind.
+        if not self.mapper.is_new_copy(item):
+            return False
         try:
             self.mapper.fields(item, self.mapper.new)
         except UnmappableItem:
@@ -536,3 +541,57 @@ def sample_quota(sample: int, segments: int) -> Sequence[int]:
     """Items to take from each scan segment so that ``sample`` are spread over all of them."""
     base, extra = divmod(sample, segments)
     return [base + (1 if i < extra else 0) for i in range(segments)]
+
+
+# --------------------------------------------------------------------------- what start refuses
+
+def blockers(a: SampleAnalysis, allow_unmappable: int = 0) -> list[str]:
+    """Why ``start`` refuses this migration, one sentence per problem (empty: it may start).
+
+    ``plan`` shows the same list, so what ``plan`` flags is exactly what ``start`` refuses.
+    The sample's counts are a lower bound of the table's: an allowance smaller than what
+    the sample already found cannot cover the table; the backfill and verify hold the
+    whole table to the same allowance later.
+    """
+    out = []
+    live = a.scanned - a.tombstones - a.in_new_layout
+    shown = _example_text(a.examples[0]) if a.examples else ""
+    if live and not a.mappable and a.unmappable_count:
+        # A template that matches nothing: no allowance makes that a migration.
+        out.append(f"no sampled item fits the [from] layout ({a.unmappable_count} of {live} unmappable, e.g. "
+                   f"{shown}): fix the [from] templates (plan shows examples)")
+        return out
+    too_large = a.unmappable.get("too-large", 0)
+    if too_large:
+        # Size growth: the longer key and the marker push an item over the limit. Verify fails on
+        # such an item whatever the allowance (its new copy cannot exist), so it blocks cutover.
+        ex = next((e for e in a.examples if e["reason"] == "too-large"), None)
+        out.append(f"{too_large} sampled item(s) would exceed DynamoDB's 400 KB item limit after re-keying"
+                   + (f" (e.g. {_example_text(ex)})" if ex else "") + ": they would block cutover; shrink or "
+                   "delete them first")
+    other = a.unmappable_count - too_large
+    if other > allow_unmappable:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(a.unmappable.items()) if k != "too-large")
+        ex = next((e for e in a.examples if e["reason"] != "too-large"), None)
+        out.append(f"{other} sampled item(s) cannot be mapped ({reasons}"
+                   + (f"; e.g. {_example_text(ex)}" if ex else "") + f") and the allowance is {allow_unmappable}: "
+                   f"fix them, or allow them explicitly with --allow-unmappable N (N at least {other}; the backfill "
+                   "skips and lists them)")
+    if a.collisions:
+        ex = a.collision_examples[0] if a.collision_examples else None
+        eg = ""
+        if ex:
+            keys = " and ".join(_key_text(k) for k in ex["keys"])
+            eg = f" (e.g. {keys} -> {_key_text(ex['new_key'])})"
+        out.append(f"{a.collisions} sampled old item(s) map to the same new key as another old item{eg}: only one "
+                   "can exist in the new layout; keep them apart in [to] (add the field that tells them apart) or "
+                   "resolve each pair before start")
+    return out
+
+
+def _key_text(key: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in key.items())
+
+
+def _example_text(ex: Mapping[str, Any]) -> str:
+    return f"{_key_text(ex['key'])}: {ex['detail']}"

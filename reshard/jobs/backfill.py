@@ -6,7 +6,8 @@ The copy protocol, per page of one parallel-scan segment (:func:`Backfill.page`)
        mapped (missing fields, unparseable keys, over 400 KB after re-keying) are left
        untouched, counted and recorded as ``U#backfill#<digest>`` in the control table.
        Tombstones are copied like items: they carry the logical key fields.
-    3. One *version-conditioned* PutItem per moved item
+    3. One *version-conditioned* PutItem per moved item, ``--concurrency`` of them in flight
+       per worker (:func:`reshard.jobs.runner.item_writes`)
        (:func:`reshard.core.versions.copy_fence`): onto nothing or an older version only;
        a copy of an unversioned (pre-migration) item also onto our own earlier copy of
        the same source (stamped ``_rs_src``: a redone page). Just before each request
@@ -57,7 +58,7 @@ from reshard.core.versions import copy_fence, copy_outcome, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, scan_page
+from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, item_writes, scan_page
 
 COUNTERS = ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
             "unmappable", "rcu", "wcu")
@@ -67,10 +68,14 @@ _COPY_TRIES = 3
 
 
 class Backfill:
-    """The copy loop of one migration: the page function handed to the segment engine."""
+    """The copy loop of one migration: the page function handed to the segment engine.
+
+    ``concurrency``: copies of a page in flight at once (``run_job`` passes ``--concurrency``;
+    1, one after the other on the worker's thread, for tests that drive one interleaving).
+    """
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, mapper: KeyMapper, table: str,
-                 budget: CapacityBudget, page_size: int = DEFAULT_PAGE_SIZE):
+                 budget: CapacityBudget, page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 1):
         self.dynamo = dynamo
         self.store = store
         self.migration_id = migration_id
@@ -78,6 +83,7 @@ class Backfill:
         self.table = table
         self.budget = budget
         self.page_size = page_size
+        self.concurrency = concurrency
         self.old_attrs = mapper.old.key_attrs
         self.new_attrs = mapper.new.key_attrs
         self._avg_bytes = 1024.0
@@ -95,6 +101,7 @@ class Backfill:
             sample = items[:: max(1, len(items) // 8)]
             self._avg_bytes = 0.8 * self._avg_bytes + 0.2 * (sum(map(item_size, sample)) / len(sample))
 
+        moving = []
         for item in items:
             # The table holds both layouts: a new-layout copy (a shim's mirror write, or a
             # copy made earlier) carries the _rs_new marker and is not an old item at all.
@@ -111,14 +118,22 @@ class Backfill:
                 counts["unmoved"] += 1  # one physical item serves both layouts
                 continue
             counts["moved"] += 1
-            self._copy(ctx, item, new_item, counts)
+            moving.append((item, new_item))
 
+        # One fenced PutItem per moved item, several in flight (see runner.item_writes).
+        outcomes, used = item_writes(ctx, self.budget, self._copy, moving, self.concurrency)
+        for outcome in outcomes:
+            if outcome:
+                counts[outcome] += 1
         usage = self.budget.take_usage()
-        counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
+        counts["rcu"] = round(usage["rcu"] + used["rcu"], 2)
+        counts["wcu"] = round(usage["wcu"] + used["wcu"], 2)
         return counts, next_key
 
-    def _copy(self, ctx: PageContext, src: dict, new: dict, counts: dict) -> None:
-        """One fenced PutItem of ``src`` re-keyed; a failed fence is judged, never overridden."""
+    def _copy(self, guard, pair: tuple[dict, dict]) -> str:
+        """One fenced PutItem of ``src`` re-keyed; a failed fence is judged, never overridden.
+        Returns the counter it adds to. ``guard``: the lease's, before every attempt."""
+        src, new = pair
         version = version_of(src)
         source = dump_key(key_of(src, self.old_attrs))
         if version:
@@ -129,26 +144,22 @@ class Backfill:
         units = items_write_units([new])
         for _ in range(_COPY_TRIES):
             # Fenced at the server: onto nothing or an older version only (see the module
-            # docstring). ctx.write_guard: no request once our lease may have expired.
-            if conditional_put(self.dynamo, self.budget, self.table, new, fence, units, guard=ctx.write_guard):
-                counts["copied"] += 1
-                return
+            # docstring). The lease's guard: no request once our lease may have expired.
+            if conditional_put(self.dynamo, self.budget, self.table, new, fence, units, guard=guard):
+                return "copied"
             if version:
                 # The new key holds this version or a newer one (a shim write, a tombstone,
                 # a newer old copy): it stays.
-                counts["fenced"] += 1
-                return
+                return "fenced"
             target = self._read(key_of(new, self.new_attrs))
             outcome = copy_outcome(version, target, target is not None and self._same_content(src, target))
             if outcome == "gone":
                 continue  # removed since the fence failed: copy again, fenced again
             if outcome == "collision":
-                counts["collisions"] += 1
                 self.record_collision(src, target)
-            else:
-                counts["fenced" if outcome == "newer" else "duplicates"] += 1
-            return
-        counts["fenced"] += 1  # kept changing under us: whatever is there now is a newer write's
+                return "collisions"
+            return "fenced" if outcome == "newer" else "duplicates"
+        return "fenced"  # kept changing under us: whatever is there now is a newer write's
 
     def _read(self, key: dict) -> dict | None:
         with self.budget.spend("read", items_read_units([{}])):
@@ -201,7 +212,7 @@ def _since_dual_writes(store: ControlStore, state, options) -> float:
 
 def _make_page(ctx: JobContext):
     return Backfill(ctx.dynamo, ctx.store, ctx.state.id, ctx.mapper, ctx.migration.table, ctx.budget,
-                    ctx.options.page_size).page
+                    ctx.options.page_size, ctx.options.concurrency).page
 
 
 #: ``reshard backfill``: run it with :func:`reshard.jobs.runner.run_job`.

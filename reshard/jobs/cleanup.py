@@ -53,7 +53,7 @@ from reshard.core.versions import parse_version, unchanged, version_of
 from reshard.core.wire import N, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
-from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, scan_page
+from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, item_writes, scan_page
 
 
 def check_ttl(dynamo: Dynamo, migration: Migration, enable: bool) -> None:
@@ -80,11 +80,13 @@ class Cleaner:
 
     ``retired``: other migrations of this table that were aborted and retired, by id,
     with the wall-clock time of their retire: their marked copies are garbage.
+    ``concurrency``: writes of a page in flight at once (``run_job`` passes ``--concurrency``;
+    1, one after the other on the worker's thread, for tests that drive one interleaving).
     """
 
     def __init__(self, dynamo: Dynamo, mapper: KeyMapper, table: str, budget: CapacityBudget,
                  opts: JobOptions, aborted: bool, clock: Callable[[], float] = time.time,
-                 retired: dict[str, float] | None = None):
+                 retired: dict[str, float] | None = None, concurrency: int = 1):
         self.dynamo = dynamo
         self.mapper = mapper
         self.table = table
@@ -92,6 +94,7 @@ class Cleaner:
         self.opts = opts
         self.aborted = aborted
         self.retired = dict(retired or {})
+        self.concurrency = concurrency
         self.key_attrs = mapper.old.key_attrs
         self.ttl_attr = mapper.migration.cleanup.ttl_attribute
         self.expires = int(clock() + mapper.migration.cleanup.retain_hours * 3600)
@@ -106,22 +109,33 @@ class Cleaner:
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
+        writes = []
         for item in items:
             action = self.action(item)
             if action in ("untouched", "unmoved", "unmappable"):
                 counts[action] += 1
-                continue
-            if action == "expire" and not self.opts.delete:
-                counts[self._set_ttl(ctx, item)] += 1
-                continue
-            # Every delete is conditioned on the version scanned: a write that landed
-            # since (a late request of a lagging shim) is newer, and it stays.
-            done = {"retire": "tombstones_retired", "remove_copy": "new_copies_removed",
-                    "remove_retired_copy": "retired_copies_removed", "expire": "deleted"}[action]
-            counts[done if self._delete_if_unchanged(ctx, item) else "changed_meanwhile"] += 1
+            else:
+                writes.append((action, item))
+        # One conditional request per item, several in flight (runner.item_writes).
+        outcomes, used = item_writes(ctx, self.budget, self._write, writes, self.concurrency)
+        for outcome in outcomes:
+            if outcome:
+                counts[outcome] += 1
         usage = self.budget.take_usage()
-        counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
+        counts["rcu"] = round(usage["rcu"] + used["rcu"], 2)
+        counts["wcu"] = round(usage["wcu"] + used["wcu"], 2)
         return counts, resp.get("LastEvaluatedKey")
+
+    def _write(self, guard, work: tuple[str, dict]) -> str:
+        """The write of one item's action; returns the counter it adds to."""
+        action, item = work
+        if action == "expire" and not self.opts.delete:
+            return self._set_ttl(guard, item)
+        # Every delete is conditioned on the version scanned: a write that landed
+        # since (a late request of a lagging shim) is newer, and it stays.
+        done = {"retire": "tombstones_retired", "remove_copy": "new_copies_removed",
+                "remove_retired_copy": "retired_copies_removed", "expire": "deleted"}[action]
+        return done if self._delete_if_unchanged(guard, item) else "changed_meanwhile"
 
     def action(self, item: dict) -> str:
         """What the pass does to one scanned item (pure decision, see the module docstring)."""
@@ -153,12 +167,13 @@ class Cleaner:
         version = version_of(item)
         return not version or parse_version(version)[0] <= retired_at * 1000
 
-    def _delete_if_unchanged(self, ctx: PageContext, item: dict) -> bool:
-        """Delete an item only if its version is still the one scanned (a newer write wins)."""
+    def _delete_if_unchanged(self, guard: Callable[[], None], item: dict) -> bool:
+        """Delete an item only if its version is still the one scanned (a newer write wins).
+        ``guard``: the lease's, before every attempt."""
         return conditional_delete(self.dynamo, self.budget, self.table, self._key(item),
-                                  unchanged(version_of(item), self.key_attrs[0]), guard=ctx.write_guard)
+                                  unchanged(version_of(item), self.key_attrs[0]), guard=guard)
 
-    def _set_ttl(self, ctx: PageContext, item: dict) -> str:
+    def _set_ttl(self, guard: Callable[[], None], item: dict) -> str:
         """Give an old item the TTL attribute, unless its own TTL expires sooner."""
         own = item.get(self.ttl_attr, {}).get("N")
         if own is not None and float(own) <= self.expires:
@@ -168,7 +183,7 @@ class Cleaner:
         try:
             with self.budget.spend("write", units):
                 self.dynamo.call(
-                    "update_item", guard=ctx.write_guard, TableName=self.table, Key=self._key(item),
+                    "update_item", guard=guard, TableName=self.table, Key=self._key(item),
                     UpdateExpression="SET #ttl = :exp",
                     # Only the item as scanned (same version; never one created since), and
                     # only if its own TTL is not sooner.
@@ -208,7 +223,8 @@ def retired_migrations(store: ControlStore, table: str, but: str) -> dict[str, f
 def _make_page(ctx: JobContext):
     return Cleaner(ctx.dynamo, ctx.mapper, ctx.migration.table, ctx.budget, ctx.options,
                    ctx.state.phase is Phase.ABORTED, ctx.clock,
-                   retired_migrations(ctx.store, ctx.migration.table, ctx.state.id)).page
+                   retired_migrations(ctx.store, ctx.migration.table, ctx.state.id),
+                   concurrency=ctx.options.concurrency).page
 
 
 def _finish(ctx: JobContext, result: RunResult) -> None:

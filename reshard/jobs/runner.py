@@ -20,8 +20,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
@@ -41,6 +42,9 @@ from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, Pag
 from reshard.jobs.subscribers import Subscriber
 
 DEFAULT_PAGE_SIZE = 500
+#: Per-item writes of one page in flight at once, per worker (``--concurrency``): each is one
+#: conditional request, so a worker is otherwise idle for a round trip per item.
+DEFAULT_CONCURRENCY = 8
 
 
 @dataclass
@@ -61,6 +65,8 @@ class JobOptions:
     #: quiet (cleanup of an aborted migration), a lagging shim acknowledging the phase or
     #: being watched silent long enough to be gone. None: as long as they need.
     lease_wait: float | None = None
+    #: Per-item writes of a page in flight at once, per worker (:func:`item_writes`).
+    concurrency: int = DEFAULT_CONCURRENCY
     # verify
     repair: bool = False
     examples: int = 20
@@ -365,3 +371,77 @@ def scan_page(dynamo: Dynamo, budget: CapacityBudget, table: str, ctx: PageConte
         kwargs["ExclusiveStartKey"] = start_key
     with budget.spend("read", page_scan_units(page_size, avg_item_bytes)):
         return dynamo.call("scan", **kwargs)
+
+
+# --------------------------------------------------------------------------- per-item writes of a page
+
+#: Threads that send the per-item writes of every page of this process (shared by workers
+#: and jobs, so their keep-alive connections are reused from page to page).
+_POOL_THREADS = 64
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="reshard-write")
+        return _pool
+
+
+def item_writes(ctx: PageContext, budget: CapacityBudget, write: Callable[[Callable[[], None], Any], Any],
+                items: Sequence, concurrency: int) -> tuple[list, dict]:
+    """``write(guard, item)`` for every item of a page, ``concurrency`` at a time.
+
+    Returns the results in item order and the capacity the writes used (``rcu``/``wcu``).
+    Each write is still one conditional request with the lease's guard before every
+    attempt; concurrency changes nothing a fence decides (two writes of one target are
+    ordered by their conditions at the server, whatever order they are sent in). The guard
+    is serialized (a renewal is one compare-and-set at a time). The first failure (the
+    lease's deadline, a lost lease, an error) stops the remaining items, and the page
+    raises it only after every write already sent has answered: nothing of the page is
+    in flight once it returns or raises.
+    """
+    lock = threading.Lock()
+
+    def guard() -> None:
+        with lock:
+            ctx.write_guard()
+
+    results: list = [None] * len(items)
+    stop = threading.Event()
+
+    def chunk(indexes: range) -> dict:
+        budget.take_usage()  # this thread's usage is this chunk's alone
+        try:
+            for i in indexes:
+                if stop.is_set():
+                    break
+                results[i] = write(guard, items[i])
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            usage = budget.take_usage()
+        return usage
+
+    n = max(1, min(concurrency, len(items)))
+    if n == 1:  # on the page's own thread: its usage stays there, for the page to take
+        for i in range(len(items)):
+            results[i] = write(guard, items[i])
+        return results, {"rcu": 0.0, "wcu": 0.0}
+    futures = [_shared_pool().submit(chunk, range(k, len(items), n)) for k in range(n)]
+    total = {"rcu": 0.0, "wcu": 0.0}
+    first: BaseException | None = None
+    for f in futures:  # every chunk, even after a failure: nothing stays in flight
+        try:
+            usage = f.result()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the others finished
+            first = first or e
+            continue
+        total["rcu"] += usage["rcu"]
+        total["wcu"] += usage["wcu"]
+    if first is not None:
+        raise first
+    return results, total

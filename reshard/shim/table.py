@@ -592,6 +592,8 @@ class ShardedTable:
         # Our own actions: a complete item even when the update creates it.
         extra_set, our_names, our_values = [], {}, {}
         for i, f in enumerate(self._key_fields):
+            if f in self._key_attrs:
+                continue  # a key kept as is (identity template): the Key already writes it, SET may not
             our_names[f"#rs_k{i}"] = f
             our_values[f":rs_k{i}"] = key_wire[f]
             extra_set.append(f"#rs_k{i} = if_not_exists(#rs_k{i}, :rs_k{i})")

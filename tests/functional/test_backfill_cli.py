@@ -15,6 +15,7 @@ def test_backfill_command_summary_and_exit_codes(moto_dynamo, capsys, tmp_path):
     for i in range(30):
         shim.seed(logical("sensor", i))
     moto_dynamo.call("put_item", TableName=m.table, Item={"PK": {"S": "junk"}, "SK": {"S": "x"}})
+    store.set_allowance(m.id, 1)  # `start --allow-unmappable 1`: the junk row is accepted (issue 13)
     code = main(["--output", "json", "backfill", str(tmp_path / "m.toml"), "--segments", "2", "--page-size", "8"])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -37,6 +38,12 @@ def test_backfill_command_summary_and_exit_codes(moto_dynamo, capsys, tmp_path):
     assert f"of the moved: copied {summary['copied']}, fenced 0 " in text and "collisions 0 (not copied)" in text
     assert "unmappable items are listed by `reshard status" in text and "COLLISIONS" not in text
     assert "recopied" not in text and "undone" not in text
+
+    # Without the allowance the same finished backfill exits 1, saying why in one line.
+    store.set_allowance(m.id, 0)
+    assert main(["backfill", m.id, "--segments", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "left 1 unmappable item(s) behind and the allowance is 0" in err and err.count("reshard: error") == 1
 
     # A different segment count than the started run: refused, exit 2, one line.
     assert main(["backfill", m.id, "--segments", "4"]) == 2

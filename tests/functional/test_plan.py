@@ -14,6 +14,7 @@ import re
 
 
 from reshard.cli.main import main
+from reshard.core.migration import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = str(ROOT / "migrations" / "0001_sensor_events.toml")
@@ -196,7 +197,8 @@ def test_plan_invoices_random_suffix(moto_dynamo, capsys):
               {"PK": {"S": "Invoice-121299"}, "SK": {"S": "Client#9#txid#2"}}]            # no template match
     # A copy already in the new layout (md5("121212#Client#9#txid#1") % 20 == 10): not unmappable.
     assert md5("121212#Client#9#txid#1") % 20 == 10
-    copied = {"PK": {"S": "InvoiceNumber#121212#10"}, "SK": {"S": "Client#9#txid#1"}}
+    copied = {"PK": {"S": "InvoiceNumber#121212#10"}, "SK": {"S": "Client#9#txid#1"},
+              "_rs_new": {"S": load(INVOICES).id}}  # this migration's copy: marked
     fill(moto_dynamo, "Invoices", items + broken + [copied])
 
     r = plan_json(capsys, INVOICES, "--sample", "0", "--segments", "3")
@@ -294,3 +296,33 @@ def test_plan_item_kb_defaults_to_the_sampled_mean(moto_dynamo, capsys):
     assert r["recommendation"]["base_shards"] == 20
     assert r["recommendation"]["recommended_shards"] == 30
     assert r["recommendation"]["warning"] is None
+
+
+def test_count_items_scans_every_segment_with_select_count_within_the_budget(moto_dynamo):
+    """`plan --count` / `start --count`: every page goes through the budget, the count is exact."""
+    from contextlib import contextmanager
+
+    from reshard.aws import inspect
+    from reshard.operations import count_items
+
+    create(moto_dynamo, "Counted")
+    fill(moto_dynamo, "Counted", [{"PK": {"S": f"p{i}"}, "SK": {"S": "s"}} for i in range(70)])
+    paced, seen, calls = [], [], []
+    original = moto_dynamo.call
+
+    def spy(operation, **kw):
+        calls.append((operation, kw.get("Select"), kw.get("Segment")))
+        return original(operation, **kw)
+
+    moto_dynamo.call = spy
+
+    @contextmanager
+    def pace():
+        paced.append(1)
+        yield
+
+    assert inspect.count_items(moto_dynamo, "Counted", 3, seen.append, pace=pace) == 70
+    scans = [c for c in calls if c[0] == "scan"]
+    assert {c[1] for c in scans} == {"COUNT"} and {c[2] for c in scans} == {0, 1, 2}
+    assert len(paced) == len(scans) and sum(seen) == 70
+    assert count_items(moto_dynamo, "Counted", segments=2, max_rcu=1000) == 70

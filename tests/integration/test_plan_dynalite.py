@@ -6,6 +6,7 @@ import hashlib
 import json
 import pathlib
 
+from reshard.aws.local import wait_active
 from reshard.cli.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -24,6 +25,7 @@ def test_plan_full_scan_on_dynalite(dynalite, dynalite_server, unique_name, tmp_
                              {"AttributeName": "SK", "KeyType": "RANGE"}],
                   AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
                                         {"AttributeName": "SK", "AttributeType": "S"}])
+    wait_active(dynalite, unique_name)
     events = [f"evt-{i:04d}" for i in range(600)]
     items = [{"PK": {"S": f"sensor-{i % 9}#{sha(e) % 16}"}, "SK": {"S": f"2024-10-27T15:00:00.{i:06d}Z"},
               "sensor_id": {"S": f"sensor-{i % 9}"}, "event_id": {"S": e}, "temp": {"N": "21.5"}}
@@ -54,6 +56,7 @@ def test_capacity_model_matches_dynalite_consumed_capacity(dynalite, unique_name
                   KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
                   AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
                                         {"AttributeName": "SK", "AttributeType": "S"}])
+    wait_active(dynalite, unique_name)  # dynalite answers CreateTable while CREATING (flaked under load)
     items = [{"PK": {"S": f"s-{i % 7}#{i % 16}"}, "SK": {"S": f"t{i:05d}"}, "n": {"N": str(i * 37)},
               "blob": {"S": "x" * (i * 53 % 5000)}} for i in range(150)]
     writes = sum(dynalite.call("put_item", TableName=unique_name, Item=i, ReturnConsumedCapacity="TOTAL")

@@ -136,7 +136,8 @@ class Lifecycle:
 
     def start_app(self, seconds: float, max_ops: int) -> None:
         """Register the migration (CLI), then the shims and one application thread per shim."""
-        r = self.cli("start", str(self.path))
+        # The planted unmappable items are accepted explicitly, as an operator would (issue 13).
+        r = self.cli("start", str(self.path), "--allow-unmappable", str(len(self.unmappable)))
         assert r.returncode == 0, r.stderr
         self.proxy.enabled = True
         deadline = time.monotonic() + seconds

@@ -10,7 +10,7 @@ import json
 import os
 
 
-from reshard.control.runs import unmappable_items
+from reshard.control.runs import allowed_unmappable, unmappable_items
 from reshard.core.phases import Action
 
 from tests.reliability.lifecycle import Lifecycle
@@ -112,10 +112,9 @@ def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
         assert summary["unmappable"] >= len(unmappable)
         assert sorted(json.dumps(u["old_key"], sort_keys=True) for u in report_) == sorted(
             json.dumps({"PK": u["PK"], "SK": u["SK"]}, sort_keys=True) for u in unmappable)
-        # Unmappable items fail a verify unless the operator allows them (issue 12): allow exactly
-        # the planted ones, as a later `--allow-unmappable 4` will (it writes this META attribute).
-        lc.store.update(lc.store.mpk(lc.m.id), "META", "SET allow_unmappable = :n",
-                        values={":n": {"N": str(len(unmappable))}})
+        # Unmappable items fail a verify unless the operator allows them: `start --allow-unmappable 4`
+        # (Lifecycle.start_app) allowed exactly the planted ones.
+        assert allowed_unmappable(lc.store, lc.m.id) == len(unmappable)
         verify(lc)
         lc.move(Action.ADVANCE)                 # cutover
         lc.move(Action.ADVANCE)                 # cleanup

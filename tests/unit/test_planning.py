@@ -172,12 +172,17 @@ def test_estimate_empty_table_and_lagging_item_count():
 def test_new_layout_copies_and_tombstones_are_not_unmappable():
     mapper = KeyMapper(migration.parse(SENSOR))
     e = next(f"e{i}" for i in range(100) if h(f"e{i}") % 4 >= 2)  # lives in new shard 2 or 3
-    copy = {"PK": {"S": f"s1#{h(e) % 4}"}, "SK": {"S": "t"}, "sensor_id": {"S": "s1"}, "event_id": {"S": e}}
+    copy = {"PK": {"S": f"s1#{h(e) % 4}"}, "SK": {"S": "t"}, "sensor_id": {"S": "s1"}, "event_id": {"S": e},
+            "_rs_new": {"S": mapper.migration.id}}
     tomb = {**sensor_item("e1"), "_rs_v": {"S": "1"}, "_rs_del": {"BOOL": True}}
     a = planning.SampleAnalysis(mapper)
     for item in (copy, tomb, sensor_item("e2")):
         a.observe(item)
     assert (a.scanned, a.in_new_layout, a.tombstones, a.mappable, a.unmappable_count) == (3, 1, 1, 1, 0)
+    # Without this migration's marker the same key is an old item the [from] layout cannot map.
+    b = planning.SampleAnalysis(mapper)
+    b.observe({k: v for k, v in copy.items() if k != "_rs_new"})
+    assert (b.in_new_layout, b.unmappable_count) == (0, 1)
 
 
 def test_fence_reads_are_estimated_only_where_two_old_items_meet_at_one_new_key():

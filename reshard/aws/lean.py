@@ -1,0 +1,340 @@
+"""A lean request path for DynamoDB's single-item writes, used by :class:`reshard.aws.dynamo.Dynamo`.
+
+Why: the fenced copy and the cleanup send one conditional write per item, and boto3
+spends about 1 ms of client CPU per request on its event system, user-agent building,
+request model walking and urllib3 (issue 16's profile), so a copy was CPU-bound far below
+what the table could take. This path builds the same JSON request itself (orjson when
+installed), signs it with Signature Version 4 (:func:`sign`, checked against botocore's
+``SigV4Auth`` in ``tests/unit/test_lean.py``), and sends it on a keep-alive connection per
+thread with a minimal HTTP/1.1 exchange (``http.client`` parses every answer's headers with
+the ``email`` package: a third of this path's CPU).
+
+What it keeps (it is *not* a second client): :meth:`Dynamo.call` still owns the retries,
+the ``guard=`` before every attempt, error translation, throttle reports and consumed
+capacity; this module raises exactly what botocore raises (``ClientError`` with the same
+``Error``/``ResponseMetadata`` shape, botocore's connection and timeout exceptions), and
+it emits botocore's ``before-send`` and ``after-call`` events on the client, so hooks that
+tests and moto register keep working (a ``before-send`` answer is used as the response).
+
+Where it is used: only for PutItem, DeleteItem and UpdateItem whose answer carries no
+attribute values (no ``ReturnValues``), so no binary value ever needs decoding, and only
+on a client whose endpoint, credentials and hooks it understands (:func:`lean_sender`);
+anything else goes through botocore unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import socket
+import ssl
+import threading
+import time
+import zlib
+from urllib.parse import urlsplit
+
+import botocore.exceptions
+from botocore.awsrequest import AWSPreparedRequest
+
+try:  # a faster encoder when installed; the standard one otherwise
+    import orjson
+
+    def _dumps(obj) -> bytes:
+        return orjson.dumps(obj, default=_binary)
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover - orjson is optional
+    def _dumps(obj) -> bytes:
+        return json.dumps(obj, default=_binary, separators=(",", ":")).encode()
+
+    _loads = json.loads
+
+#: botocore snake_case name -> DynamoDB operation.
+OPERATIONS = {"put_item": "PutItem", "delete_item": "DeleteItem", "update_item": "UpdateItem"}
+_TARGET = "DynamoDB_20120810."
+_PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+
+
+#: The events of botocore's call path that this path does not emit (it emits before-send and after-call).
+_SKIPPED_STEPS = ("provide-client-params", "before-parameter-build", "before-call")
+_STOCK: list = []
+
+
+def _stock_handlers() -> frozenset:
+    """botocore's own handlers (and those a library such as moto adds to its built-in list)."""
+    if not _STOCK:
+        from botocore.handlers import BUILTIN_HANDLERS
+        _STOCK.append(frozenset(h[1] for h in BUILTIN_HANDLERS))
+    return _STOCK[0]
+
+
+def _binary(value):
+    """orjson/json hook: a B value (bytes) goes on the wire as base64, as botocore sends it."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+class _Response:
+    """What we read (the shape of what a ``before-send`` hook may return): status, headers, body."""
+
+    __slots__ = ("status_code", "headers", "content")
+
+    def __init__(self, status_code: int, headers, content: bytes):
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+
+
+def lean_sender(client, *, connect_timeout: float, read_timeout: float) -> "LeanSender | None":
+    """A lean sender for ``client``, or None where the lean path would not do the same as
+    botocore (proxies configured, TLS verification off, an endpoint that is not plain
+    http(s), or ``RESHARD_LEAN=0``)."""
+    if os.environ.get("RESHARD_LEAN", "1") == "0" or any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    try:
+        meta = client.meta
+        cfg = meta.config
+        if getattr(cfg, "proxies", None) or meta.service_model.service_name != "dynamodb":
+            return None
+        url = urlsplit(meta.endpoint_url)
+        if url.scheme not in ("http", "https") or (url.path not in ("", "/")) or url.query:
+            return None
+        credentials = client._request_signer._credentials  # refreshed by botocore when they expire
+        verify = getattr(client._endpoint.http_session, "_verify", True)
+    except AttributeError:  # a botocore that is built differently: stay on the ordinary path
+        return None
+    if credentials is None or verify is False:
+        return None
+    return LeanSender(client, url.scheme, url.hostname, url.port, credentials, verify=verify,
+                      connect_timeout=connect_timeout, read_timeout=read_timeout)
+
+
+class LeanSender:
+    """Sends one single-item write; thread-safe (one keep-alive connection per thread)."""
+
+    def __init__(self, client, scheme: str, host: str, port: int | None, credentials, *,
+                 verify: bool | str = True, connect_timeout: float, read_timeout: float):
+        self.client = client
+        self.events = client.meta.events
+        self.region = client.meta.region_name
+        self.scheme, self.host = scheme, host
+        self.port = port or (443 if scheme == "https" else 80)
+        # The Host header as botocore signs it: the port only when it is not the scheme's default.
+        self.host_header = host if port in (None, 443 if scheme == "https" else 80) else f"{host}:{port}"
+        self.url = f"{scheme}://{self.host_header}/"
+        self.credentials = credentials
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        try:  # botocore's own string (it carries the app id, AWS_SDK_UA_APP_ID), built once
+            self.user_agent = client._user_agent_creator.to_string() + " reshard-lean"
+        except AttributeError:
+            self.user_agent = f"{client.meta.config.user_agent or 'Botocore'} reshard-lean"
+        self._local = threading.local()
+        self._keys: dict = {}
+        self._ssl = None
+        if scheme == "https":
+            from botocore.httpsession import get_cert_path  # the CA bundle botocore would use
+            self._ssl = ssl.create_default_context(cafile=verify if isinstance(verify, str) else get_cert_path(True))
+        self._emitter = getattr(self.events, "_emitter", self.events)
+        self._decided: dict = {}
+
+    def _only_stock_hooks(self, op: str) -> bool:
+        """Hooks on the steps this path skips (parameters, before-call) may rewrite a call
+        or answer it: with any beyond botocore's own, the call goes the ordinary way."""
+        for step in _SKIPPED_STEPS:
+            for handler in self._emitter._handlers.prefix_search(f"{step}.dynamodb.{op}"):
+                if handler not in _stock_handlers():
+                    return False
+        return True
+
+    def handles(self, operation: str, kwargs: dict) -> bool:
+        op = OPERATIONS.get(operation)
+        if op is None or kwargs.get("ReturnValues", "NONE") != "NONE" or "ReturnValuesOnConditionCheckFailure" in kwargs:
+            return False
+        try:
+            # botocore replaces its lookup cache on every (un)register: the same cache object,
+            # the same hooks as when we last looked (holding it keeps its identity unique).
+            cache = self._emitter._lookup_cache
+            known = self._decided.get(op)
+            if known is not None and known[0] is cache:
+                return known[1]
+            ok = self._only_stock_hooks(op)
+            self._decided[op] = (cache, ok)
+            return ok
+        except AttributeError:
+            return False
+
+    # -- one request
+    def send(self, operation: str, kwargs: dict) -> dict:
+        op = OPERATIONS[operation]
+        body = _dumps(kwargs)
+        creds = self.credentials.get_frozen_credentials()  # botocore refreshes expiring ones
+        headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": _TARGET + op}
+        if creds.token:
+            headers["X-Amz-Security-Token"] = creds.token
+        headers.update(sign(self._signing_key, creds.access_key, creds.secret_key, self.region, self.host_header,
+                            headers, body, time.gmtime()))
+        headers["User-Agent"] = self.user_agent
+        answered = None
+        request = AWSPreparedRequest("POST", self.url, headers, body, False)
+        for _, response in self.events.emit(f"before-send.dynamodb.{op}", request=request):
+            if response is not None:  # a hook answered (a test's fault, moto): as botocore does
+                answered = response
+                break
+        if answered is None:
+            answered = self._roundtrip(headers, body)
+        status = answered.status_code
+        content = answered.content or b""
+        rid = answered.headers.get("x-amzn-requestid") or answered.headers.get("x-amzn-RequestId")
+        meta = {"RequestId": rid, "HTTPStatusCode": status, "HTTPHeaders": dict(answered.headers), "RetryAttempts": 0}
+        try:
+            parsed = _loads(content) if content else {}
+        except ValueError:
+            parsed = {}
+        if status >= 300 or "__type" in parsed:
+            code = str(parsed.get("__type", "")).rpartition("#")[2] or str(status)
+            parsed = {"Error": {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""},
+                      "ResponseMetadata": meta}
+        else:
+            parsed["ResponseMetadata"] = meta
+        self.events.emit(f"after-call.dynamodb.{op}", http_response=answered, parsed=parsed,
+                         model=self.client.meta.service_model.operation_model(op), context={})
+        if "Error" in parsed:  # the modeled class, as botocore raises it (ConditionalCheckFailedException, ...)
+            raise self.client.exceptions.from_code(parsed["Error"]["Code"])(parsed, op)
+        return parsed
+
+    def _signing_key(self, secret: str, date: str) -> bytes:
+        key = self._keys.get((secret, date))
+        if key is None:
+            key = signing_key(secret, date, self.region)
+            self._keys = {(secret, date): key}  # one day's key; replaced whole (thread-safe)
+        return key
+
+    def _roundtrip(self, headers: dict, body: bytes) -> _Response:
+        sock, reader = self._connection()
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        data = (f"POST / HTTP/1.1\r\nHost: {self.host_header}\r\n{head}Content-Length: {len(body)}\r\n\r\n"
+                .encode("latin-1") + body)
+        try:
+            sock.sendall(data)
+            status, answer_headers, content = _read_response(reader)
+        except socket.timeout as e:
+            self._drop()
+            raise botocore.exceptions.ReadTimeoutError(endpoint_url=self.url, error=e) from e
+        except (OSError, ValueError) as e:
+            self._drop()
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url=self.url, error=e) from e
+        if answer_headers.get("connection", "").lower() == "close":
+            self._drop()
+        crc = answer_headers.get("x-amz-crc32")
+        if crc is not None and status < 300 and int(crc) != zlib.crc32(content):
+            # botocore retries a damaged answer; so do we (a dropped connection is retried).
+            self._drop()
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url=self.url, error="CRC32 mismatch")
+        return _Response(status, answer_headers, content)
+
+    def _connection(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and _dropped(conn[0]):
+            self._drop()  # the server closed the idle keep-alive connection: a fresh one
+            conn = None
+        if conn is None:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+            except socket.timeout as e:
+                raise botocore.exceptions.ConnectTimeoutError(endpoint_url=self.url, error=e) from e
+            except OSError as e:
+                raise botocore.exceptions.EndpointConnectionError(endpoint_url=self.url, error=e) from e
+            try:
+                if self._ssl is not None:
+                    sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
+                sock.settimeout(self.read_timeout)  # connected: from now on, every send and read
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except OSError as e:
+                sock.close()
+                raise botocore.exceptions.EndpointConnectionError(endpoint_url=self.url, error=e) from e
+            conn = self._local.conn = (sock, sock.makefile("rb"))
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn[1].close()
+            conn[0].close()
+
+
+def signing_key(secret: str, date: str, region: str) -> bytes:
+    """SigV4's derived key for one day, region and DynamoDB."""
+    key = ("AWS4" + secret).encode()
+    for part in (date, region, "dynamodb", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return key
+
+
+def sign(key_for, access_key: str, secret: str, region: str, host: str, headers: dict, body: bytes,
+         now: time.struct_time) -> dict:
+    """The ``X-Amz-Date`` and ``Authorization`` headers of a POST to ``/`` (Signature Version 4,
+    every header given signed, as botocore signs them). ``key_for(secret, date)``: the day's key."""
+    amz_date = time.strftime("%Y%m%dT%H%M%SZ", now)
+    date = amz_date[:8]
+    signed = {k.lower(): " ".join(str(v).split()) for k, v in headers.items()}
+    signed["host"] = host
+    signed["x-amz-date"] = amz_date
+    names = sorted(signed)
+    canonical = "\n".join(("POST", "/", "", "".join(f"{n}:{signed[n]}\n" for n in names), ";".join(names),
+                           hashlib.sha256(body).hexdigest()))
+    scope = f"{date}/{region}/dynamodb/aws4_request"
+    to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    signature = hmac.new(key_for(secret, date), to_sign.encode(), hashlib.sha256).hexdigest()
+    return {"X-Amz-Date": amz_date,
+            "Authorization": f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={';'.join(names)}, "
+                             f"Signature={signature}"}
+
+
+def _read_response(reader) -> tuple[int, dict, bytes]:
+    """One HTTP/1.1 answer: status, headers (lower-case names), body (Content-Length or chunked)."""
+    line = reader.readline(65537)
+    if not line:
+        raise ConnectionResetError("the server closed the connection")
+    parts = line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise ValueError(f"not an HTTP answer: {line[:80]!r}")
+    status = int(parts[1])
+    headers: dict = {}
+    while True:
+        line = reader.readline(65537)
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        chunks = []
+        while True:
+            size = int(reader.readline(65537).split(b";", 1)[0], 16)
+            if size == 0:
+                while reader.readline(65537) not in (b"\r\n", b"\n", b""):
+                    pass
+                break
+            chunks.append(reader.read(size))
+            reader.readline(65537)
+        content = b"".join(chunks)
+    else:
+        length = int(headers.get("content-length", "0"))
+        content = reader.read(length) if length else b""
+        if len(content) != length:
+            raise ConnectionResetError("the answer was cut short")
+    return status, headers, content
+
+
+def _dropped(sock) -> bool:
+    """An idle keep-alive socket that is readable was closed by the server (or has junk)."""
+    from urllib3.util.wait import wait_for_read
+    try:
+        return wait_for_read(sock, timeout=0.0)
+    except OSError:
+        return True
