@@ -314,8 +314,12 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         add(f"  {m['description']}")
     for side in ("from", "to"):
         lay = m[side]
-        rule = "random" if lay["shard_by"] == "random" else \
-            f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
+        if lay["shard_by"] == "random":
+            rule = "random"
+        elif lay["hash"] == "jump":  # not a modulo: jump of the first 8 bytes of sha256 (see the README)
+            rule = f"jump(sha256({' # '.join(lay['shard_by'])})[:8], {lay['shards']})"
+        else:
+            rule = f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
         sort = f", sort {lay['sort']!r}" if lay["sort"] else ""
         add(f"  {side:<4} partition {lay['partition']!r}{sort}, {lay['shards']} shards, shard = {rule}")
     add("")

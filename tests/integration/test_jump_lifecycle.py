@@ -87,7 +87,7 @@ def test_sha256_mod_4_to_jump_8_from_the_command_line_with_live_traffic(dynalite
     g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", control]
     capsys.readouterr()
     assert cli("plan", str(path), "--sample", "0", "--segments", "2", *g) == 0
-    assert "shard = jump(event_id) % 8" in capsys.readouterr().out
+    assert "shard = jump(sha256(event_id)[:8], 8)" in capsys.readouterr().out
     assert cli("start", str(path), *g) == 0
     app = App(dynalite_server.endpoint, str(path), control)
     app.start(base)
