@@ -15,6 +15,7 @@ from reshard.control.store import ControlStore
 from reshard.core.layout import KeyMapper, is_tombstone, jump_hash
 from reshard.core.migration import parse
 
+from tests.backfill_support import create_table
 from tests.integration import test_lifecycle
 from tests.integration.test_lifecycle import App, cli
 
@@ -73,10 +74,7 @@ def test_sha256_mod_4_to_jump_8_from_the_command_line_with_live_traffic(dynalite
     path.write_text(JUMP_4_TO_8.replace("{table}", table))
     m = parse(path.read_text(), str(path))
     mapper = KeyMapper(m)
-    dynalite.call("create_table", TableName=table, BillingMode="PAY_PER_REQUEST",
-                  KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
-                  AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
-                                        {"AttributeName": "SK", "AttributeType": "S"}])
+    create_table(dynalite, table, mapper)  # waits for ACTIVE (a bare CreateTable raced the first write)
     base = {}
     for start in range(0, ITEMS, 25):
         batch = [old_item(i) for i in range(start, min(ITEMS, start + 25))]
