@@ -231,8 +231,9 @@ class Template:
 
 
 def _group(field: str) -> str:
-    # Regex group names must be identifiers; field names may hold '.' or '-'.
-    return "f_" + re.sub(r"[^A-Za-z0-9_]", lambda m: f"_{ord(m.group()):x}_", field)
+    # Regex group names must be identifiers; field names may hold any character. Every
+    # non-alphanumeric one (the '_' too) is escaped, so two fields never share a group.
+    return "f_" + re.sub(r"[^A-Za-z0-9]", lambda m: f"_{ord(m.group()):x}_", field)
 
 
 # --------------------------------------------------------------------------- derived fields

@@ -43,7 +43,11 @@ SHARD = "shard"
 RESERVED_PREFIX = "_rs_"
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+#: A field is named like any DynamoDB attribute (reserved words, '.', '#', '-', spaces,
+#: non-ASCII: every expression reshard sends names it through ExpressionAttributeNames),
+#: except for what the template syntax itself uses ({}, [] and ':'/'!' for specs) and
+#: surrounding blanks (invisible in a template).
+_FIELD_RE = re.compile(r"^(?!\s)[^{}\[\]:!]+(?<!\s)\Z")
 _TOP_KEYS = {"id", "table", "description", "keys", "from", "to", "cleanup"}
 _KEYS_KEYS = {"partition", "sort"}
 _LAYOUT_KEYS = {"partition", "sort", "shards", "shard_by", "hash", "shard_function", "fields"}

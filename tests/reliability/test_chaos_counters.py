@@ -253,7 +253,7 @@ class CounterLifecycle(Lifecycle):
 
     # ------------------------------------------------------------------ the stalled backfill
     def segment_rows(self) -> list[dict]:
-        return self.store.query(self.store.mpk(self.m.id), "J#backfill#")
+        return self.store.query(self.store.jpk(self.m.id, "backfill"), "J#backfill#")
 
     def watch_stalled(self) -> None:
         """Log every request the stalled backfill sends (it tags its User-Agent ``app/stalled``)
