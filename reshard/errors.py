@@ -60,6 +60,11 @@ class ConcurrentChange(RefusedTransition):
     """Another operator (or worker) changed the record first; our conditional write lost."""
 
 
+class FleetLagging(ReshardError):
+    """``--wait`` ran out before every live shim acknowledged the phase (exit 1: the operation
+    did not finish; the message names the lagging shims)."""
+
+
 class MigrationNotFound(BadInput):
     """No migration with that id (or file) is registered in the control table."""
 
@@ -100,6 +105,13 @@ class AWSError(ReshardError):
         # Not super(): the shim's subclasses are also botocore ClientErrors, whose
         # __init__ takes other arguments (reshard.shim.errors, reshard.aws.dynamo.translate).
         Exception.__init__(self, f"{operation} failed: {code}: {message}{rid}")
+
+
+class AWSConfigError(AWSError):
+    """The AWS configuration cannot make a request at all (no credentials, no region, a missing
+    profile): the operator fixes the setup, so it is bad input (exit 2), not a failed call."""
+
+    exit_code = 2
 
 
 class ConditionalCheckFailed(AWSError):

@@ -26,12 +26,13 @@ from reshard.control import fleet
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
 from reshard.control.records import MigrationState, Transition
-from reshard.control.runs import (allowed_unmappable, backfill_run, describe, item_total, runs, unmappable_items,
-                                  verify_verdict)
-from reshard.control.store import ControlStore
-from reshard.core import capacity, iam, planning
+from reshard.control.runs import (allowed_unmappable, backfill_run, describe, item_total, read_run, runs,
+                                  segment_records, sum_counters, unmappable_items, verify_verdict)
+from reshard.control.store import ControlStore, resolve
+from reshard.core import capacity, hints, iam, planning
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
+from reshard.core.progress import Progress, progress_counter
 from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
@@ -59,6 +60,7 @@ class Started:
     checked: planning.SampleAnalysis | None = None  # the sample start checked (None: already registered)
     allow_unmappable: int = 0
     item_count: dict | None = None  # the stored count (:func:`reshard.control.runs.item_total`)
+    next: str = ""  # the ``next:`` hint (:func:`next_hint`)
 
 
 def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, *, allow_unmappable: int = 0,
@@ -100,7 +102,10 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
         store.set_item_count(m.id, analysis.scanned, "full scan")
     if count or (analysis is not None and analysis.full_scan):
         total = item_total(store, m.id)
-    return Started(store.load_state(m.id), store.table, created, created_table, analysis, allow_unmappable, total)
+    state = store.load_state(m.id)
+    # A file registered before may be anywhere in its life: its hint reads the gates.
+    return Started(state, store.table, created, created_table, analysis, allow_unmappable, total,
+                   next=hints.next_step(state.id, state.phase) if created else next_hint(store, state))
 
 
 def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis, allow_unmappable: int) -> list[str]:
@@ -151,9 +156,16 @@ def count_items(dynamo: Dynamo, table: str, *, segments: int = 8, max_rcu: float
     return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0))
 
 
-# ---------------------------------------------------------------------- status
+def next_hint(store: ControlStore, state: MigrationState, census: Census | None = None) -> str:
+    """The ``next:`` hint for ``state``, from the same facts the transition rules read."""
+    if not state.active:
+        return hints.next_step(state.id, state.phase, retired=state.retired)
+    census = census or fleet.census(store, state.id, state.phase_version)
+    return hints.next_step(state.id, state.phase, transitions.facts(store, state, census),
+                           retired=state.retired, switching=state.switching)
 
 
+# ---------------------------------------------------------------------- status, list
 
 @dataclass(frozen=True)
 class Status:
@@ -164,16 +176,67 @@ class Status:
     census: Census
     advance: Decision  # whether `advance` would be allowed now, and why not
     jobs: list[dict]  # every job run, as :func:`job_runs` describes it
+    next: str = ""  # the ``next:`` hint, from the same facts as ``advance``
 
 
-def status(store: ControlStore, migration_id: str) -> Status:
-    """Phase, history, fleet, job runs, and whether ``advance`` is allowed now."""
+def status_migration(store: ControlStore, ref: str | None) -> str:
+    """The migration ``status`` shows: the one named, else the active one, else the most recently
+    started (so ``status`` still answers after ``complete`` or a retired abort)."""
+    if ref:
+        return resolve(store, ref)
+    store.require_table()
+    states = store.list_states()
+    active = [s for s in states if s.active]
+    if len(active) > 1:
+        return resolve(store, None)  # the one-line refusal naming them
+    if active:
+        return active[0].id
+    if not states:
+        raise errors.MigrationNotFound(f"no migration in control table {store.table!r} (run `reshard start FILE`)")
+    return max(states, key=lambda s: s.created_at).id
+
+
+def status(store: ControlStore, migration_id: str,
+           progress_total: Callable[[MigrationState], tuple] | None = None) -> Status:
+    """Phase, history, fleet, job runs, and whether ``advance`` is allowed now.
+
+    ``progress_total(state) -> (items, source)``: the total the in-progress jobs' ETA is
+    computed against (:func:`progress_total`); None leaves rate and ETA out.
+    """
     state = store.load_state(migration_id)
     now = store.clock()
     census = fleet.census(store, migration_id, state.phase_version)
-    decision = decide(Action.ADVANCE, state.phase, transitions.facts(store, state, census))
+    facts = transitions.facts(store, state, census)
+    decision = decide(Action.ADVANCE, state.phase, facts)
+    jobs = job_runs(store, migration_id)
+    total = progress_total(state) if progress_total and any(not j["finished_at"] for j in jobs) else None
+    for j in jobs:
+        j["progress"] = job_progress_of(j, now, total)
+    hint = (hints.next_step(state.id, state.phase, facts, retired=state.retired, switching=state.switching)
+            if state.active else hints.next_step(state.id, state.phase, retired=state.retired))
     return Status(state=state, control_table=store.table, now=now, history=store.history(migration_id),
-                  census=census, advance=decision, jobs=job_runs(store, migration_id))
+                  census=census, advance=decision, jobs=jobs, next=hint)
+
+
+@dataclass(frozen=True)
+class Listed:
+    control_table: str
+    migrations: list[dict]  # id, table, phase, retired, started, finished, by
+
+
+def list_migrations(store: ControlStore) -> Listed:
+    """Every migration of the control table, oldest first (one Scan of the META rows).
+
+    ``finished`` is when it stopped owning its table: the move to ``complete``, or the
+    retire of an aborted migration; None while it is active.
+    """
+    store.require_table()
+    rows = []
+    for s in store.list_states():
+        rows.append({"id": s.id, "table": s.table, "phase": s.phase.value, "retired": s.retired,
+                     "active": s.active, "phase_version": s.phase_version, "started": s.created_at,
+                     "started_by": s.created_by, "finished": None if s.active else s.updated_at})
+    return Listed(store.table, rows)
 
 
 def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
@@ -214,6 +277,7 @@ class Transitioned:
     census: Census  # the fleet on the new phase version, after waiting if asked to
     waited: bool
     ack_seconds: float  # from the transition write to ``census`` (monotonic clock, for reports)
+    next: str = ""  # the ``next:`` hint after the move
 
 
 def transition(store: ControlStore, migration_id: str, action: Action, *, wait: float | None = None,
@@ -266,7 +330,8 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
                                            allow_no_shims=allow_no_shims, lease_wait=remaining if wait else 0.0)
     census = fleet.wait_for_ack(store, migration_id, after.phase_version, remaining, poll=poll) if wait else \
         fleet.census(store, migration_id, after.phase_version)
-    return Transitioned(action, before, after, census, bool(wait), time.monotonic() - started)
+    return Transitioned(action, before, after, census, bool(wait), time.monotonic() - started,
+                        next_hint(store, after, census))
 
 
 # ---------------------------------------------------------------------- plan
@@ -508,3 +573,62 @@ def table_item_count(dynamo: Dynamo, store: ControlStore, migration_id: str) -> 
     if stored is not None:
         return stored["items"]
     return dynamo.describe_table(store.load_state(migration_id).table).get("ItemCount")
+
+
+#: Where a job's progress total comes from, asked in order: ``source(dynamo, state) ->
+#: (items, "where it comes from")`` or None to pass: the count ``start --count`` (or a
+#: full-scan start) stored on the migration, then DescribeTable's ItemCount.
+#: :func:`add_total_source` puts another source first.
+TotalSource = Callable[[Dynamo, MigrationState], "tuple[int, str] | None"]
+TOTAL_SOURCES: list[TotalSource] = []
+
+
+def add_total_source(source: TotalSource) -> None:
+    """Ask ``source`` before the ones already known (a better count goes first)."""
+    TOTAL_SOURCES.insert(0, source)
+
+
+def _item_count_source(dynamo: Dynamo, state: MigrationState) -> tuple[int, str] | None:
+    count = int(dynamo.describe_table(state.table).get("ItemCount", 0) or 0)
+    if count <= 0:
+        return None
+    return count, "DescribeTable ItemCount, refreshed about every 6 h"
+
+
+def _stored_count_source(dynamo: Dynamo, state: MigrationState) -> tuple[int, str] | None:
+    raw = state.raw
+    if "item_count" not in raw:
+        return None
+    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(raw.get("item_count_at", {}).get("N", 0))))
+    source = raw.get("item_count_source", {}).get("S", "count")
+    return int(raw["item_count"]["N"]), f"{source} stored by `reshard start` at {at}"
+
+
+TOTAL_SOURCES.extend([_stored_count_source, _item_count_source])
+
+
+def progress_total(dynamo: Dynamo, state: MigrationState) -> tuple[int | None, str]:
+    """The item total progress is measured against, and where it comes from (None: unknown)."""
+    for source in TOTAL_SOURCES:
+        found = source(dynamo, state)
+        if found:
+            return found
+    return None, "DescribeTable ItemCount is 0 (not refreshed yet, or an empty table)"
+
+
+def done_items(store: ControlStore, migration_id: str, job: str, run: int) -> int:
+    """Items a run's segments already read (what a resumed run starts from)."""
+    info = read_run(store, migration_id, job, run)
+    if info is None:
+        return 0
+    totals = sum_counters(segment_records(store, migration_id, job, run, info.total_segments))
+    return int(totals.get(progress_counter(job), 0))
+
+
+def job_progress_of(run: dict, now: float, total: tuple[int | None, str] | None) -> dict:
+    """A recorded run's progress (``status``): items done, rate since the run started, and for a
+    run in progress the percent and ETA against ``total`` (:func:`progress_total`)."""
+    done = int(run["totals"].get(progress_counter(run["job"]), 0))
+    end = run["finished_at"] or now
+    items, source = (None, "") if run["finished_at"] or total is None else total
+    return Progress(done, items, max(0.0, end - run["started_at"]), total_source=source).as_dict()

@@ -131,11 +131,15 @@ def translate(operation: str, exc: BaseException) -> errors.AWSError:
         out.response = exc.response
         out.operation_name = exc.operation_name
         return out
+    # Configuration, not a failure of the call: bad input (exit 2), like a bad --profile.
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
-        return errors.AWSError(operation, "NoCredentials", "no AWS credentials found "
-                               "(set a profile, AWS_ACCESS_KEY_ID, or use --endpoint-url for a local server)")
+        return errors.AWSConfigError(operation, "NoCredentials", "no AWS credentials found "
+                                     "(set a profile, AWS_ACCESS_KEY_ID, or use --endpoint-url for a local server)")
     if isinstance(exc, botocore.exceptions.NoRegionError):
-        return errors.AWSError(operation, "NoRegion", "no AWS region set (use --region or AWS_REGION)")
+        return errors.AWSConfigError(operation, "NoRegion", "no AWS region set (use --region or AWS_REGION)")
+    if isinstance(exc, (botocore.exceptions.PartialCredentialsError, botocore.exceptions.ProfileNotFound,
+                        botocore.exceptions.InvalidConfigError, botocore.exceptions.CredentialRetrievalError)):
+        return errors.AWSConfigError(operation, type(exc).__name__, str(exc))
     return errors.AWSError(operation, type(exc).__name__, str(exc))
 
 
@@ -403,7 +407,10 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
     points at a local server; there, missing credentials and region get harmless
     placeholders so a fresh machine needs no AWS setup.
     """
-    session = boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
+    try:
+        session = boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
+    except botocore.exceptions.BotoCoreError as e:  # ProfileNotFound, a broken config file
+        raise errors.BadInput(f"AWS configuration: {e}") from None
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or os.environ.get("AWS_ENDPOINT_URL")
     local = bool(endpoint) and _is_loopback(endpoint)
     region = region or session.region_name or ("us-east-1" if local else None)
@@ -425,8 +432,11 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
         return session.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config, **kwargs)
     except botocore.exceptions.NoRegionError:
         raise errors.BadInput("no AWS region set: use --region or AWS_REGION") from None
-    except botocore.exceptions.ProfileNotFound as e:
-        raise errors.BadInput(str(e)) from None
+    except ValueError as e:  # botocore: "Invalid endpoint: notaurl"
+        raise errors.BadInput(f"--endpoint-url {endpoint_url or endpoint!r}: {e} (give a URL such as "
+                              "http://127.0.0.1:8000)") from None
+    except botocore.exceptions.BotoCoreError as e:  # ProfileNotFound, PartialCredentials, ...
+        raise errors.BadInput(f"AWS configuration: {e}") from None
 
 
 def _is_loopback(url: str) -> bool:

@@ -7,7 +7,6 @@ import time
 from reshard import errors, operations
 from reshard.cli.options import (command, concurrency_option, job_progress, lease_seconds_option, max_rcu_option,
                                  max_wcu_option, migration_argument, page_size_option, segments_option, workers_option)
-from reshard.control.runs import backfill_progress
 from reshard.jobs.backfill import COUNTERS
 from reshard.jobs.runner import JobOptions
 
@@ -73,8 +72,7 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
     store = env.store()
     opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
                       lease_seconds=lease_seconds, concurrency=concurrency)
-    before = backfill_progress(store, mid)
-    subs = job_progress(env, "backfill", mid, opts, initial=int((before or {}).get("totals", {}).get("scanned", 0)))
+    subs = job_progress(env, "backfill", mid, opts)
     start = time.monotonic()
     result = operations.run_data_job("backfill", env.dynamo(), store, mid, opts, subscribers=subs)
     t = result.totals

@@ -44,7 +44,7 @@ def demo(env: Env, items, from_shards, to_shards, app_threads, segments, table) 
         raise click.BadParameter("must differ from --from-shards", param_hint="--to-shards")
     opts = DemoOptions(items=items, from_shards=from_shards, to_shards=to_shards, app_threads=app_threads,
                        segments=segments, table=table, control_table=env.control_table,
-                       progress=is_tty() and not env.json)
+                       progress=is_tty() and not env.machine)
     report = run_demo(opts, env.endpoint_url, say=env.info)
     env.emit(report, lambda: render_report(report))
     if not report["ok"]:

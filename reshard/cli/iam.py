@@ -24,4 +24,5 @@ def iam_policy(env: Env, file: str, role: str, account: str) -> None:
       reshard iam-policy migrations/0001_sensor_events.toml --role app --account 123456789012
     """
     policy = operations.iam_policy(load(file), role, env.control_table, env.region, account)
-    click.echo(json.dumps(policy.document, indent=2))  # JSON whatever --output says: it is the product
+    # JSON in text mode too (it is the product); --query/--output table go through the one path.
+    env.emit(policy.document, lambda: json.dumps(policy.document, indent=2))

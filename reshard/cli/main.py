@@ -38,12 +38,14 @@ def cli() -> None:
       reshard advance            # cutover; then cleanup
       reshard cleanup
       reshard advance            # complete
+      reshard list               # every migration of the control table
     """
 
 
 # The command modules do not know the group (no import circle); they are added here.
 cli.add_command(phase.start)
 cli.add_command(phase.status)
+cli.add_command(phase.list_command)
 cli.add_command(phase.advance)
 cli.add_command(phase.rollback)
 cli.add_command(phase.abort)

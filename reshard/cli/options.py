@@ -1,7 +1,7 @@
 """Click options and plumbing shared by the commands: each option is declared here once.
 
 Every command takes the global options (``--endpoint-url``, ``--region``,
-``--profile``, ``--control-table``, ``--output``, ``--verbose``) either before the
+``--profile``, ``--control-table``, ``--output``, ``--query``, ``--verbose``) either before the
 command name (``reshard --output json status``) or after it (``reshard status
 --output json``). Commands receive a :class:`Env` that builds the DynamoDB client
 and the control store lazily, so ``--help`` and bad input never touch AWS.
@@ -10,21 +10,21 @@ and the control store lazily, so ``--help`` and bad input never touch AWS.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Callable
 
 import click
 
+from reshard import errors
+from reshard.cli import formats
 from reshard.aws.dynamo import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, Dynamo
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
 from reshard.core.phases import Phase
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 
-_GLOBALS = ("endpoint_url", "region", "profile", "control_table", "output", "verbose")
+_GLOBALS = ("endpoint_url", "region", "profile", "control_table", "output", "query", "verbose")
 
 
 @dataclass
@@ -36,13 +36,22 @@ class Env:
     profile: str | None = None
     control_table: str = DEFAULT_CONTROL_TABLE
     output: str = "text"
+    query: str | None = None
     verbose: bool = False
     _dynamo: Dynamo | None = field(default=None, repr=False)
     _store: ControlStore | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        self._query = formats.compile_query(self.query)  # a bad --query is refused before any work
+
     @property
     def json(self) -> bool:
         return self.output == "json"
+
+    @property
+    def machine(self) -> bool:
+        """stdout carries data for a program (json, table, or a --query result): banners go to stderr."""
+        return self.output != "text" or self.query is not None
 
     def dynamo(self, **kwargs) -> Dynamo:
         if self._dynamo is None:
@@ -59,25 +68,13 @@ class Env:
         return resolve(self.store(), ref)
 
     def emit(self, data: dict, text: str | Callable[[], str]) -> None:
-        """Print ``data`` as JSON with ``--output json``, else the text."""
-        if self.json:
-            click.echo(json.dumps(data, indent=2, sort_keys=True, default=_json_default))
-        else:
-            click.echo(text() if callable(text) else text)
+        """Print a command's result: ``data`` through --query and --output, or ``text`` for people
+        (the one rendering path, :func:`reshard.cli.formats.emit_text`)."""
+        click.echo(formats.emit_text(data, text, self.output, self._query))
 
     def info(self, message: str) -> None:
-        """A progress or banner line: stderr under --output json, so stdout stays JSON."""
-        click.echo(message, err=self.json)
-
-
-def _json_default(o: Any):
-    if isinstance(o, Decimal):
-        return int(o) if o == o.to_integral_value() else float(o)
-    if isinstance(o, (set, frozenset)):
-        return sorted(o)
-    if isinstance(o, bytes):
-        return o.hex()
-    return str(o)
+        """A progress or banner line: stderr unless stdout is plain text, so stdout stays data."""
+        click.echo(message, err=self.machine)
 
 
 def _store_global(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -99,8 +96,11 @@ def global_options(f: Callable) -> Callable:
         click.option("--control-table", default=None, expose_value=False, callback=_store_global,
                      envvar="RESHARD_CONTROL_TABLE", show_envvar=True,
                      help=f"Control table name (default {DEFAULT_CONTROL_TABLE})."),
-        click.option("--output", type=click.Choice(["text", "json"]), default=None, expose_value=False,
-                     callback=_store_global, help="Output format (default text)."),
+        click.option("--output", type=click.Choice(formats.FORMATS), default=None, expose_value=False,
+                     callback=_store_global, help="Output format: text for people (default), json, or table."),
+        click.option("--query", default=None, expose_value=False, callback=_store_global, metavar="JMESPATH",
+                     help="A JMESPath expression applied to the command's data (its --output json document) "
+                          "before it is printed, as in aws-cli; e.g. --query 'jobs[].progress'."),
         click.option("--verbose", "-v", is_flag=True, default=False, expose_value=False, callback=_store_global,
                      help="Show a traceback with errors."),
     ]
@@ -206,14 +206,27 @@ wait_option = click.option(
 
 
 def is_tty() -> bool:
-    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    """A person watches: both stdout and stderr are a terminal (a bar there, log lines otherwise)."""
+    return sys.stdout.isatty() and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
-def job_progress(env: "Env", job: str, mid: str, options, initial: int = 0) -> list:
-    """A progress bar on a terminal (against the table's ItemCount), else one line saying what runs."""
-    if is_tty() and not env.json:
-        from reshard.jobs.subscribers import TqdmSubscriber
-        from reshard.operations import table_item_count
-        return [TqdmSubscriber(table_item_count(env.dynamo(), env.store(), mid), initial=initial, desc=job)]
-    env.info(f"{job} of {mid}: {options.segments} segments, {options.worker_count} workers on this host")
-    return []
+#: Seconds between two progress log lines when stdout is not a terminal.
+PROGRESS_SECONDS_ENV = "RESHARD_PROGRESS_SECONDS"
+
+
+def job_progress(env: "Env", job: str, mid: str, options) -> list:
+    """The progress subscriber of a data job (:class:`reshard.jobs.subscribers.ProgressReporter`):
+    nothing until every precondition passed, then a header and a tqdm bar on a terminal, or a log
+    line every $RESHARD_PROGRESS_SECONDS (default 10) seconds otherwise."""
+    from reshard import operations
+    from reshard.jobs.subscribers import ProgressReporter
+
+    try:
+        interval = float(os.environ.get(PROGRESS_SECONDS_ENV, "10"))
+    except ValueError:
+        raise errors.BadInput(f"${PROGRESS_SECONDS_ENV} must be a number of seconds") from None
+    store, dynamo = env.store(), env.dynamo()
+    return [ProgressReporter(job, mid, options.segments, options.worker_count,
+                             total=lambda: operations.progress_total(dynamo, store.load_state(mid)),
+                             done_before=lambda run: operations.done_items(store, mid, job, run),
+                             say=env.info, tty=is_tty() and not env.machine, interval=interval)]

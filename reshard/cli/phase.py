@@ -1,4 +1,4 @@
-"""The phase commands: ``start``, ``status``, ``advance``, ``rollback``, ``abort``.
+"""The phase commands: ``start``, ``status``, ``list``, ``advance``, ``rollback``, ``abort``.
 
 Each parses its arguments, calls :mod:`reshard.operations` and prints what came back
 (:mod:`reshard.cli.render`); the rules live in :mod:`reshard.core.phases`, the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from reshard import operations
+from reshard import errors, operations
 from reshard.cli import render
 from reshard.cli.options import (Env, allow_no_shims_option, command, from_option, max_rcu_option, migration_argument,
                                  wait_option)
@@ -66,16 +66,39 @@ def status(env: Env, migration: str | None) -> None:
 
     \b
     Also whether `advance` is allowed now (and why not), and the next command.
-    MIGRATION (a file or an id) may be omitted while exactly one is active.
+    Per job: items done / total, %, rate and ETA (the total is DescribeTable's
+    ItemCount, an estimate), and why the budget throttles it.
+    Without MIGRATION: the active migration, else the most recently started one
+    (so it still answers after `complete`); `reshard list` shows them all.
 
     \b
     Example:
       reshard status
       reshard status sensor-events-16-to-32 --output json
+      reshard status --query 'jobs[].progress'
     """
     store = env.store()
-    report = render.status_data(operations.status(store, env.migration_id(migration)))
+    mid = operations.status_migration(store, migration)
+    result = operations.status(store, mid, progress_total=lambda state: operations.progress_total(env.dynamo(), state))
+    report = render.status_data(result)
     env.emit(report, lambda: render.status_text(report))
+
+
+@command("list")
+def list_command(env: Env) -> None:
+    """Every migration of the control table: id, table, phase, started, finished.
+
+    \b
+    Oldest first. `finished` is when it stopped owning its table (the move to
+    complete, or the cleanup that retired an aborted migration).
+
+    \b
+    Example:
+      reshard list
+      reshard list --query 'migrations[?phase==`complete`].id' --output text
+    """
+    report = render.list_data(operations.list_migrations(env.store()))
+    env.emit(report, lambda: render.list_text(report))
 
 
 # ---------------------------------------------------------------------- transitions
@@ -89,8 +112,9 @@ def advance(env: Env, migration: str | None, wait: float | None, from_phase: str
     """Move the migration one phase forward (checks the fleet and the gates).
 
     \b
-    Refused (exit 2) while a live shim has not acknowledged the current phase
-    (unless --wait lets it catch up), and into cutover without a finished backfill
+    Refused (exit 2) while a live shim has not acknowledged the current phase;
+    with --wait, exit 1 naming the lagging shims if the fleet has not acknowledged
+    (before the move: nothing moved; after it: the move stands), and into cutover without a finished backfill
     and a passing verify started after it, or while a backfill or verify worker may
     still write: its segment lease must have stayed unchanged for the lease + the
     longest request (--wait SECONDS waits for that too; a stalled worker stops at its
@@ -151,12 +175,30 @@ def run_transition(env: Env, ref: str | None, action: Action, wait: float | None
                    from_phase: str | None = None, allow_no_shims: bool = False) -> None:
     """Apply one transition (:func:`reshard.operations.transition`) and print the outcome.
 
-    Refusals (rules, a lagging fleet, a lost race) raise and exit 2. Once the
-    transition happened the exit status is 0 even if the fleet has not caught up,
-    but the output says so plainly.
+    Refusals (rules, a lagging fleet, a lost race) raise and exit 2. With ``--wait``, a
+    fleet that has not acknowledged within it exits 1 naming the lagging shims: before
+    the move nothing is moved; after it the move stands (the output says so) and the
+    next transition waits for them. Without ``--wait`` nobody waited, so a fleet still
+    catching up after the move is reported, exit 0.
     """
     store = env.store()
     mid = env.migration_id(ref)
+
+    def gave_up(state, census) -> None:
+        raise errors.FleetLagging(f"{action.value} of {mid!r} not done: after --wait {wait:g}s "
+                                  f"{len(census.lagging)} live shim(s) have not acknowledged {state.phase} "
+                                  f"v{state.phase_version}: {_lagging(census)}; nothing moved "
+                                  "(runbooks/incident-shim-lagging.md)")
+
     done = operations.transition(store, mid, action, wait=wait, from_phase=from_phase, say=env.info,
-                                 allow_no_shims=allow_no_shims)
+                                 allow_no_shims=allow_no_shims, on_lagging=gave_up if wait else None)
     env.emit(render.transition_data(done), lambda: render.transition_text(done))
+    if wait and not done.census.acknowledged:
+        raise errors.FleetLagging(f"{mid!r} moved to {done.after.phase}, but after --wait {wait:g}s "
+                                  f"{len(done.census.lagging)} live shim(s) have not acknowledged it: "
+                                  f"{_lagging(done.census)} (runbooks/incident-shim-lagging.md)")
+
+
+def _lagging(census) -> str:
+    shown = census.describe_lagging()
+    return ", ".join(shown[:10]) + (f" and {len(shown) - 10} more" if len(shown) > 10 else "")

@@ -12,25 +12,9 @@ import time
 from reshard.control.store import MigrationState
 from reshard.control.fleet import Census
 from reshard.core import planning
+from reshard.core.progress import describe as describe_progress, duration
 from reshard.core.phases import TERMINAL, Phase
-from reshard.operations import Plan, Started, Status, Transitioned
-
-
-def next_step(state: MigrationState) -> str:
-    """The command an operator most likely runs next, for the printed hints."""
-    mid = state.id
-    return {
-        Phase.PLANNED: f"deploy the shim, then `reshard advance {mid}` (to dual_write)",
-        Phase.DUAL_WRITE: f"`reshard advance {mid}` (to dual_read) once the fleet acknowledged",
-        Phase.DUAL_READ: f"`reshard advance {mid}` (to backfill)",
-        Phase.BACKFILL: f"`reshard backfill {mid} --segments 16`, then `reshard verify {mid}`, "
-                        f"then `reshard advance {mid}` (to cutover)",
-        Phase.CUTOVER: f"check the application, then `reshard advance {mid}` (to cleanup; "
-                       "no rollback after that)",
-        Phase.CLEANUP: f"`reshard cleanup {mid}`, then `reshard advance {mid}` (to complete)",
-        Phase.COMPLETE: "nothing: the new layout is the steady state",
-        Phase.ABORTED: f"`reshard cleanup {mid}` removes the new-layout items",
-    }[state.phase]
+from reshard.operations import Listed, Plan, Started, Status, Transitioned
 
 
 def fleet_summary(census: Census) -> dict:
@@ -44,7 +28,7 @@ def start_data(r: Started) -> dict:
     state = r.state
     return {"migration": state.id, "table": state.table, "control_table": r.control_table, "created": r.created,
             "control_table_created": r.control_table_created, "phase": state.phase.value,
-            "phase_version": state.phase_version, "next": next_step(state),
+            "phase_version": state.phase_version, "next": r.next,
             "allow_unmappable": r.allow_unmappable, "item_count": r.item_count,
             "checked": None if r.checked is None else {
                 "sampled": r.checked.scanned, "mappable": r.checked.mappable,
@@ -66,7 +50,7 @@ def start_text(r: Started) -> str:
                 f"(phase version {state.phase_version}); nothing changed")
         if state.phase in TERMINAL:
             text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
-    return f"{text}\nnext: {next_step(state)}"
+    return f"{text}\nnext: {r.next}"
 
 
 # ---------------------------------------------------------------------- status
@@ -80,6 +64,7 @@ def status_data(s: Status) -> dict:
     return {
         "migration": state.id, "table": state.table, "control_table": s.control_table,
         "phase": state.phase.value, "phase_version": state.phase_version, "switching": state.switching,
+        "retired": state.retired, "active": state.active,
         "created_at": state.created_at, "created_by": state.created_by,
         "history": [t.as_dict() for t in s.history],
         "fleet": fleet_summary(census),
@@ -87,7 +72,7 @@ def status_data(s: Status) -> dict:
         "jobs": s.jobs,
         "advance": {"allowed": decision.allowed, "to": decision.target.value if decision.target else None,
                     "refusals": list(decision.refusals)},
-        "next": next_step(state),
+        "next": s.next,
     }
 
 
@@ -130,8 +115,17 @@ def _render_job(j: dict) -> list[str]:
                      f"runbooks/incident-unmappable.md): {c['count']}" + _more(c))
         for e in c["examples"]:
             lines.append(f"      {_key_text(e['old_key'])} and {_key_text(e.get('other_key'))} differ")
+    if j.get("progress"):
+        p = j["progress"]
+        if j["finished_at"]:
+            lines.append(f"    progress: {p['done']:,} items in {duration(p['elapsed_seconds'])} "
+                         f"({p['rate']:,.1f} items/s)")
+        else:
+            lines.append(f"    progress: {describe_progress(p)}"
+                         + (f" (total: {p['total_source']})" if p.get("total_source") else ""))
     if j.get("last_throttle"):
-        lines.append(f"    last budget decision: {j['last_throttle']}")
+        label = "last budget decision" if j["finished_at"] else "throttling"
+        lines.append(f"    {label}: {j['last_throttle']}")
     if not j["latest"] or j["finished_at"]:
         return lines  # older or finished runs: the summary is enough
     for seg in j["segments"]:
@@ -168,8 +162,9 @@ def _since(history: list[dict]) -> str:
 
 def status_text(r: dict) -> str:
     """The text form of :func:`status_data`, for an operator."""
+    retired = " (retired: cleaned up, the table is free)" if r.get("retired") else ""
     lines = [f"migration {r['migration']}  (table {r['table']}, control table {r['control_table']})",
-             f"phase:     {r['phase']}  (phase version {r['phase_version']}" + _since(r["history"]) + ")"]
+             f"phase:     {r['phase']}{retired}  (phase version {r['phase_version']}" + _since(r["history"]) + ")"]
     if r.get("switching"):
         lines.append(f"switch:    the fleet is switching authority to {r['phase']}: shims hold every request; "
                      f"`reshard advance {r['migration']}` finishes the switch, `reshard rollback` undoes it")
@@ -207,6 +202,25 @@ def status_text(r: dict) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------- list
+
+def list_data(r: Listed) -> dict:
+    return {"control_table": r.control_table, "migrations": r.migrations}
+
+
+def list_text(r: dict) -> str:
+    """One line per migration, oldest first: id, table, phase, started, finished."""
+    if not r["migrations"]:
+        return f"no migration in control table {r['control_table']} (run `reshard start FILE`)"
+    rows = [("ID", "TABLE", "PHASE", "STARTED", "FINISHED")]
+    for m in r["migrations"]:
+        phase = m["phase"] + (" (retired)" if m["retired"] else "")
+        rows.append((m["id"], m["table"], phase, _when(m["started"]),
+                     _when(m["finished"]) if m["finished"] else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4] for row in rows)
+
+
 # ---------------------------------------------------------------------- advance, rollback, abort
 
 def transition_data(t: Transitioned) -> dict:
@@ -214,7 +228,7 @@ def transition_data(t: Transitioned) -> dict:
     return {"migration": after.id, "action": t.action.value, "from": t.before.phase.value, "to": after.phase.value,
             "phase": after.phase.value, "phase_version": after.phase_version,
             "who": after.last.who if after.last else None, "fleet": fleet_summary(t.census),
-            "next": next_step(after)}
+            "retired": after.retired, "next": t.next}
 
 
 def transition_text(t: Transitioned) -> str:
@@ -233,7 +247,7 @@ def transition_text(t: Transitioned) -> str:
             lines.append(f"  ... and {len(lag) - 20} more")
         lines.append(f"the next transition is refused until they acknowledge {after.phase}; "
                      "watch `reshard status`, or use `--wait SECONDS`")
-    lines.append(f"next: {next_step(after)}")
+    lines.append(f"next: {t.next}")
     return "\n".join(lines)
 
 

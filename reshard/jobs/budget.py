@@ -50,6 +50,8 @@ class _Lane:
         self.aimd = Aimd(budget, UNIT[kind], clock)
         self.recent: deque[tuple[float, float]] = deque()  # (time, units), the last few seconds
         self.consumed = 0.0
+        self.paced_at = -1e18  # when a request last waited for the bucket (at the budget)
+        self.budget = budget
 
     def observed_rate(self, now: float, window: float = 5.0) -> float:
         while self.recent and self.recent[0][0] < now - window:
@@ -102,6 +104,7 @@ class CapacityBudget:
                 self._decided(decision)
             wait = lane.bucket.reserve(estimate)
         if wait > 0:
+            lane.paced_at = self.clock()
             self.sleep(wait)
         local = self._local
         local.kind, local.observed = kind, 0.0
@@ -156,6 +159,22 @@ class CapacityBudget:
     # -- reporting
     def latest_reason(self) -> str:
         return self.decisions[-1].reason if self.decisions else ""
+
+    def throttle_reason(self, recent: float = 5.0) -> str:
+        """Why the job goes slower than it could *now*, for ``status`` and the progress line:
+        AIMD backing off after DynamoDB throttled, or requests waiting at --max-wcu/--max-rcu;
+        else the latest decision (what happened last), or "" if the budget never acted."""
+        now = self.clock()
+        with self._lock:
+            for kind, option in (("write", "--max-wcu"), ("read", "--max-rcu")):
+                lane = self.lanes[kind]
+                aimd = lane.aimd
+                if aimd.rate is not None and aimd.ceiling is not None and aimd.rate < aimd.ceiling:
+                    return (f"AIMD backing off after DynamoDB throttled: {kind}s at {aimd.rate:.0f} of "
+                            f"{aimd.ceiling:.0f} {aimd.unit}/s, climbing back")
+                if lane.budget is not None and now - lane.paced_at <= recent:
+                    return f"at {option} {lane.budget:g}: requests wait for the budget"
+            return self.decisions[-1].reason if self.decisions else ""
 
     def rate(self, kind: str) -> float | None:
         return self.lanes[kind].aimd.rate

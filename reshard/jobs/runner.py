@@ -306,13 +306,15 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     budget.attach(dynamo, migration.table)
     subscribers = list(subscribers)
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
+    for s in subscribers:
+        s.on_budget(budget.throttle_reason)
     ctx = JobContext(dynamo, store, state, migration, KeyMapper(migration), run, budget, opts, clock, sleep)
     spec.prepare(ctx)
     engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
-                           throttle_reason=budget.latest_reason,
+                           throttle_reason=budget.throttle_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None

@@ -6,7 +6,10 @@ The engine never touches a UI (s3transfer-style); the command picks a subscriber
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Iterable
+import time
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from reshard.core.progress import Progress, progress_counter
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
     from reshard.control.records import RunInfo
@@ -16,6 +19,8 @@ if TYPE_CHECKING:  # annotations only: the engine imports this module
 class Subscriber:
     """Progress callbacks (s3transfer-style). Override what you need; called from worker threads."""
 
+    def on_budget(self, reason: Callable[[], str]) -> None:
+        """Before the run starts: ``reason()`` says why the job's budget slows it now (or "")."""
     def on_run_start(self, run: "RunInfo") -> None: ...
     def on_segment_start(self, segment: int, resumed: bool, reason: str) -> None: ...
     def on_page(self, segment: int, counts: dict) -> None: ...
@@ -75,6 +80,106 @@ class TqdmSubscriber(Subscriber):
     def on_run_done(self, result: RunResult) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class ProgressReporter(Subscriber):
+    """What an operator sees while a data job runs, gh-ost style.
+
+    Nothing before the run starts (:func:`reshard.jobs.runner.run_job` calls
+    ``on_run_start`` only once every precondition passed, so a refused job prints no
+    header). Then one header line, and either a tqdm bar with a total (``tty``) or, every
+    ``interval`` seconds, one log line: items done / total, %, rate, ETA, segments done and
+    why the budget throttles.
+
+    ``total() -> (items | None, source)``: the estimate the percent and ETA use (see
+    :func:`reshard.operations.progress_total`). ``done_before(run) -> items``: what earlier
+    invocations of the run already did (a resumed run starts there; not counted in the rate).
+    """
+
+    def __init__(self, job: str, migration_id: str, segments: int, workers: int, *,
+                 total: Callable[[], tuple[int | None, str]], done_before: Callable[[int], int] = lambda run: 0,
+                 say: Callable[[str], None] = print, tty: bool = False, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self.job, self.migration_id, self.segments, self.workers = job, migration_id, segments, workers
+        self.counter = progress_counter(job)
+        self._total, self._done_before = total, done_before
+        self.say, self.tty, self.interval, self.clock, self.wall = say, tty, interval, clock, wall
+        self._lock = threading.Lock()
+        self.bar = None
+        self.total: int | None = None
+        self.source = ""
+        self.done = self.before = self.segments_done = 0
+        self.started = self.last_line = 0.0
+        self.throttle = ""
+        self._reason: Callable[[], str] | None = None
+        self.lines: list[str] = []  # every log line said (tests and the final summary read them)
+
+    def on_run_start(self, run: "RunInfo") -> None:
+        self.total, self.source = self._total()
+        self.done = self.before = int(self._done_before(run.run))
+        self.started = self.last_line = self.clock()
+        of = f"; about {self.total:,} items ({self.source})" if self.total else \
+            (f"; total unknown ({self.source})" if self.source else "")
+        self.say(f"{self.job} of {self.migration_id}: {self.segments} segments, {self.workers} workers on this "
+                 f"host (run {run.run}){of}")
+        if self.tty:
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.total or None, initial=self.before, unit="item", unit_scale=True,
+                            desc=self.job, dynamic_ncols=True, smoothing=0.1)
+
+    def progress(self) -> Progress:
+        return Progress(self.done, self.total, self.clock() - self.started, self.before, self.source)
+
+    def line(self) -> str:
+        """One log record: UTC time, job, progress, segments, throttling."""
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall()))
+        out = (f"{at} {self.job} {self.migration_id}: {self.progress().text()}; "
+               f"{self.segments_done}/{self.segments} segments done here")
+        why = self._reason() if self._reason else self.throttle
+        return out + (f"; throttling: {why}" if why else "")
+
+    def _maybe_say(self, force: bool = False) -> None:
+        now = self.clock()
+        if self.bar is None and (force or now - self.last_line >= self.interval):
+            self.last_line = now
+            text = self.line()
+            self.lines.append(text)
+            self.say(text)
+
+    def on_page(self, segment: int, counts: dict) -> None:
+        with self._lock:
+            n = counts.get(self.counter, 0)
+            self.done += int(n)
+            if self.bar is not None:
+                self.bar.update(n)
+            self._maybe_say()
+
+    def on_segment_done(self, segment: int, counters: dict) -> None:
+        with self._lock:
+            self.segments_done += 1
+
+    def on_budget(self, reason: Callable[[], str]) -> None:
+        self._reason = reason
+
+    def on_throttle(self, reason: str) -> None:
+        # No lock: the budget calls this holding its own lock, and on_page (holding ours)
+        # asks the budget for its reason; two plain assignments need none.
+        self.throttle = reason
+        if self.bar is not None:
+            self.bar.set_postfix_str(reason[:60], refresh=False)
+
+    def on_segment_failed(self, segment: int, error: str, attempts: int, final: bool) -> None:
+        if self.bar is not None and final:
+            with self._lock:
+                self.bar.write(f"segment {segment} failed after {attempts} attempts: {error}")
+
+    def on_run_done(self, result: "RunResult") -> None:
+        with self._lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+            elif self.started:
+                self._maybe_say(force=True)
 
 
 class EventLog(Subscriber):

@@ -65,6 +65,8 @@ Sizes
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
 import threading
 import time
@@ -79,19 +81,74 @@ from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wir
 from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout,
                                  hash_shard, is_tombstone, item_size)
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
+from reshard.core import expressions
 from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
-from reshard.shim.errors import ItemTooLarge, client_errors
+from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
-from reshard.shim.query import QuerySource, run_query
+from reshard.shim.query import QuerySource, logical_key_condition, run_query
+from reshard.shim.scan import ScanSource, run_scan
 
 log = logging.getLogger("reshard.shim")
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
+
+
+# ReturnConsumedCapacity: a logical request is several physical ones (mirror, lookups,
+# fan-out), each asked for its capacity while the app's request runs; the sum is reported.
+_CAPACITY: contextvars.ContextVar[list | None] = contextvars.ContextVar("reshard_capacity", default=None)
+_HOOKS_LOCK = threading.Lock()
+
+
+def _ask_capacity(params: dict, **_) -> None:
+    if _CAPACITY.get() is not None and "ReturnConsumedCapacity" not in params:
+        params["ReturnConsumedCapacity"] = "TOTAL"
+
+
+def _count_capacity(table: str, units: float) -> None:
+    units_seen = _CAPACITY.get()
+    if units_seen is not None:
+        units_seen.append(units)
+
+
+def _install_capacity_hooks(dynamo: Dynamo) -> None:
+    """Once per client: add ReturnConsumedCapacity to the physical calls of a request that asked for it."""
+    with _HOOKS_LOCK:
+        # Copies of a Dynamo (with_retry, bounded) share the client and the listener list.
+        if _count_capacity in dynamo._capacity_listeners:
+            return
+        dynamo.client.meta.events.register("provide-client-params.dynamodb", _ask_capacity,
+                                           unique_id="reshard-shim-capacity")
+        dynamo.add_capacity_listener(_count_capacity)
+
+
+def with_capacity(fn):
+    """Accept boto3's ``ReturnConsumedCapacity`` (TOTAL, INDEXES, NONE) on a shim method and
+    answer ``ConsumedCapacity``: the units of every physical request it made."""
+    @functools.wraps(fn)
+    def method(self, *args, ReturnConsumedCapacity: str | None = None, **kwargs):
+        if ReturnConsumedCapacity in (None, "NONE"):
+            return fn(self, *args, **kwargs)
+        if ReturnConsumedCapacity not in ("TOTAL", "INDEXES"):
+            raise errors.BadInput(f"ReturnConsumedCapacity must be INDEXES, TOTAL or NONE "
+                                  f"(got {ReturnConsumedCapacity!r})")
+        _install_capacity_hooks(self.dynamo)  # on first use: most apps never ask
+        units: list[float] = []
+        token = _CAPACITY.set(units)
+        try:
+            resp = fn(self, *args, **kwargs)
+        finally:
+            _CAPACITY.reset(token)
+        used = {"TableName": self.table, "CapacityUnits": float(sum(units))}
+        if ReturnConsumedCapacity == "INDEXES":
+            used["Table"] = {"CapacityUnits": used["CapacityUnits"]}
+        resp["ConsumedCapacity"] = [used] if fn.__name__ == "batch_get_item" else used
+        return resp
+    return method
 
 
 class ShardedTable:
@@ -123,6 +180,8 @@ class ShardedTable:
         self._query_workers = max(1, query_workers)
         self._query_source = QuerySource(mapper=self.mapper, query_page=self._query_page, run_all=self._run_all,
                                          to_app=self._to_app)
+        self._scan_source = ScanSource(mapper=self.mapper, scan_page=self._scan_page, batch_get=self._lookup,
+                                       to_app=self._to_app)
         m = self.mapper
         self._key_attrs = set(m.old.key_attrs)
         self._kept = m._kept_key_attrs
@@ -496,6 +555,7 @@ class ShardedTable:
 
     # ------------------------------------------------------------------ API: writes
     @client_errors("PutItem")
+    @with_capacity
     def put_item(self, Item: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                  ExpressionAttributeNames: Mapping[str, str] | None = None,
                  ExpressionAttributeValues: Mapping[str, Any] | None = None,
@@ -518,6 +578,7 @@ class ShardedTable:
                               self.mapper.layout(st.routing.writes[0]), resp)
 
     @client_errors("DeleteItem")
+    @with_capacity
     def delete_item(self, Key: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
@@ -568,6 +629,7 @@ class ShardedTable:
                               self.mapper.layout(st.routing.writes[0]), resp)
 
     @client_errors("UpdateItem")
+    @with_capacity
     def update_item(self, Key: Mapping[str, Any], UpdateExpression: str | None = None,
                     ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
@@ -674,6 +736,7 @@ class ShardedTable:
 
     # ------------------------------------------------------------------ API: reads
     @client_errors("GetItem")
+    @with_capacity
     def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False) -> dict:
         """The logical item as boto3's ``Table.get_item`` answers: ``{"Item": {...},
         "ResponseMetadata": ...}``, or no ``"Item"`` when absent. Both layouts in one
@@ -703,24 +766,136 @@ class ShardedTable:
         return {"Item": out, **meta} if out is not None else meta
 
     @client_errors("Query")
-    def query(self, Key: Mapping[str, Any], SortKeyCondition: tuple | None = None, Limit: int | None = None,
-              ScanIndexForward: bool = True, ExclusiveStartKey: str | None = None,
-              ConsistentRead: bool = False) -> dict:
-        """Every logical item under ``Key`` (the partition template's fields), over every shard.
+    @with_capacity
+    def query(self, KeyConditionExpression: str | ConditionBase | None = None, *,
+              Key: Mapping[str, Any] | None = None, SortKeyCondition: tuple | None = None,
+              FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
+              ExpressionAttributeNames: Mapping[str, str] | None = None,
+              ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
+              ScanIndexForward: bool = True, Limit: int | None = None,
+              ExclusiveStartKey: Mapping[str, Any] | None = None, ConsistentRead: bool = False,
+              IndexName: str | None = None) -> dict:
+        """boto3's ``Table.query`` over logical fields, fanned out over every shard of every
+        layout the phase reads, merged in sort-key order, newest copy wins, tombstones dropped.
 
-        ``SortKeyCondition`` applies to the physical sort key: ``("=", v)``, ``("<", v)``,
-        ``("<=", v)``, ``(">", v)``, ``(">=", v)``, ``("between", a, b)``,
-        ``("begins_with", prefix)``. Results are merged in sort-key order and deduped by
-        logical identity (newest version wins, tombstones dropped). Returns
-        ``{"Items", "Count", "ScannedCount", "LastEvaluatedKey"?}``; pass ``LastEvaluatedKey`` back as
-        ``ExclusiveStartKey`` (an opaque string) for the next page.
+        ``KeyConditionExpression``: ``Key("sensor_id").eq("s-1") & Key("ts").between(a, b)``
+        or the string form with names and values; ``Key={"sensor_id": "s-1"}`` is shorthand
+        for its equalities (``SortKeyCondition=("between", a, b)``, on the physical sort key,
+        the older shorthand for the rest). ``FilterExpression`` and ``ProjectionExpression``
+        are evaluated on the logical item (the newest copy), ``Limit`` counts logical items
+        evaluated, ``LastEvaluatedKey`` is the logical key of the last one (pass it back as
+        ``ExclusiveStartKey``). Returns ``{"Items", "Count", "ScannedCount",
+        "LastEvaluatedKey"?}`` (no ``Items`` with ``Select="COUNT"``).
         """
+        if IndexName is not None:
+            raise errors.BadInput("query: IndexName is not supported by ShardedTable yet (secondary indexes of a "
+                                  "sharded table are the sharded-GSI issue); query the index with "
+                                  "table.meta.client.query(TableName=..., IndexName=...) meanwhile")
+        names, values = dict(ExpressionAttributeNames or {}), dict(ExpressionAttributeValues or {})
+        builder = ConditionExpressionBuilder()  # one per request: placeholders stay distinct, as in boto3
+        kce = self._built(builder, KeyConditionExpression, names, values, True, "KeyConditionExpression")
+        filt = self._built(builder, FilterExpression, names, values, False, "FilterExpression")
+        check_placeholders(names, values)
+        ctx = expressions.Context(names, to_wire(values) if values else {})
+        if kce is not None and SortKeyCondition is not None:
+            raise errors.BadInput("query: give KeyConditionExpression or SortKeyCondition, not both")
+        node = expressions.parse_condition(kce, ctx, "KeyConditionExpression") if kce is not None else None
+        post = self._post(filt, ProjectionExpression, Select, ctx)
         st = self._begin()
         try:
-            return run_query(self._query_source, st.routing, Key, SortKeyCondition, Limit, ScanIndexForward,
-                             ExclusiveStartKey, ConsistentRead)
+            key: dict[str, Any] = {}
+            condition = SortKeyCondition
+            if node is not None:
+                layouts = [self.mapper.layout(side) for side in st.routing.reads]
+                key, condition = logical_key_condition(self.mapper, layouts, node)
+            for f, v in (Key or {}).items():
+                if f in key and key[f] != v:
+                    raise errors.BadInput(f"query: Key and KeyConditionExpression disagree on {f!r}")
+                key[f] = v
+            if not key:
+                raise errors.BadInput("query: give the partition fields, in KeyConditionExpression "
+                                      "(Key('sensor_id').eq(...)) or in Key={...}")
+            resp = run_query(self._query_source, st.routing, key, condition, Limit, ScanIndexForward,
+                             ExclusiveStartKey, ConsistentRead, post)
         finally:
             self._end(st)
+        if Select == "COUNT":
+            del resp["Items"]
+        return resp
+
+    @staticmethod
+    def _built(builder: ConditionExpressionBuilder, expression: Any, names: dict, values: dict, is_key: bool,
+               what: str) -> str | None:
+        """The text of an expression given as text or as a boto3 condition object (its names
+        and values merged into ``names`` / ``values``)."""
+        if expression is None or isinstance(expression, str):
+            return expression
+        if not isinstance(expression, ConditionBase):
+            raise errors.BadInput(f"{what} must be a string or a boto3 condition (boto3.dynamodb.conditions), "
+                                  f"not {type(expression).__name__}")
+        built = builder.build_expression(expression, is_key_condition=is_key)
+        _merge_placeholders(names, built.attribute_name_placeholders, "ExpressionAttributeNames")
+        _merge_placeholders(values, built.attribute_value_placeholders, "ExpressionAttributeValues")
+        return built.condition_expression
+
+    @staticmethod
+    def _post(filt: str | None, projection: str | None, select: str | None,
+              ctx: "expressions.Context") -> Callable[[dict], dict | None] | None:
+        """What a read returns for an evaluated application item: filtered, projected (None: dropped)."""
+        if select not in (None, "ALL_ATTRIBUTES", "COUNT", "SPECIFIC_ATTRIBUTES"):
+            raise errors.BadInput(f"Select {select!r}: ALL_PROJECTED_ATTRIBUTES needs an index (IndexName is not "
+                                  "supported yet); use ALL_ATTRIBUTES, SPECIFIC_ATTRIBUTES or COUNT")
+        if select == "ALL_ATTRIBUTES" and projection:
+            raise errors.BadInput("Cannot specify the ProjectionExpression when choosing to get ALL_ATTRIBUTES")
+        if select == "SPECIFIC_ATTRIBUTES" and not projection:
+            raise errors.BadInput("Select SPECIFIC_ATTRIBUTES needs a ProjectionExpression")
+        node = expressions.parse_condition(filt, ctx, "FilterExpression") if filt else None
+        paths = expressions.parse_projection(projection, ctx) if projection else None
+        if node is None and paths is None:
+            return None
+
+        def post(item: dict) -> dict | None:
+            wire = to_wire(item)
+            if node is not None and not expressions.evaluate(node, wire):
+                return None
+            return from_wire(expressions.project(wire, paths)) if paths is not None else item
+        return post
+
+    @client_errors("Scan")
+    @with_capacity
+    def scan(self, *, FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
+             ExpressionAttributeNames: Mapping[str, str] | None = None,
+             ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
+             Limit: int | None = None, ExclusiveStartKey: Mapping[str, Any] | None = None,
+             Segment: int | None = None, TotalSegments: int | None = None, ConsistentRead: bool = False,
+             IndexName: str | None = None) -> dict:
+        """boto3's ``Table.scan``: every live logical item once, whatever layout holds it
+        (``reshard/shim/scan.py``). Filter and projection apply to the newest copy;
+        ``LastEvaluatedKey`` is the physical position, to pass back unchanged."""
+        if IndexName is not None:
+            raise errors.BadInput("scan: IndexName is not supported by ShardedTable yet (the sharded-GSI issue); "
+                                  "scan the index with table.meta.client.scan(TableName=..., IndexName=...)")
+        names, values = dict(ExpressionAttributeNames or {}), dict(ExpressionAttributeValues or {})
+        filt = self._built(ConditionExpressionBuilder(), FilterExpression, names, values, False, "FilterExpression")
+        check_placeholders(names, values)
+        ctx = expressions.Context(names, to_wire(values) if values else {})
+        post = self._post(filt, ProjectionExpression, Select, ctx)
+        st = self._begin()
+        try:
+            resp = run_scan(self._scan_source, st.routing, Limit, ExclusiveStartKey, Segment, TotalSegments,
+                            ConsistentRead, post)
+        finally:
+            self._end(st)
+        if Select == "COUNT":
+            del resp["Items"]
+        return resp
+
+    def _scan_page(self, **kwargs) -> dict:
+        return self.dynamo.call("scan", TableName=self.table, **kwargs)
+
+    def _lookup(self, keys: list[dict]) -> list[dict]:
+        # Consistent: a scan decides which copy to return from these reads.
+        return self.dynamo.batch_get(self.table, keys, consistent=True)
 
     # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
     def _query_page(self, **kwargs) -> dict:
@@ -729,7 +904,10 @@ class ShardedTable:
     def _run_all(self, fn: Callable[[Any], None], items: Sequence[Any]) -> None:
         pool = self._pool() if len(items) > 1 else None
         if pool is not None:
-            list(pool.map(fn, items))
+            # Each task in a copy of the caller's context (one copy each: a context cannot
+            # be entered by two threads), so the request's capacity count follows it.
+            tasks = [(contextvars.copy_context(), x) for x in items]
+            list(pool.map(lambda t: t[0].run(fn, t[1]), tasks))
         else:
             for x in items:
                 fn(x)
@@ -743,11 +921,63 @@ class ShardedTable:
             return self._executor
 
     # ------------------------------------------------------------------ API: bulk
-    def batch_writer(self) -> "BatchWriter":
+    def batch_writer(self, overwrite_by_pkeys: Sequence[str] | None = None) -> "BatchWriter":
         """boto3-style bulk puts/deletes. BatchWriteItem where the phase writes one unfenced
         layout with computable keys (steady, cleanup, complete); otherwise each item is an
-        individual fenced put/delete (correctness over batching)."""
-        return BatchWriter(self)
+        individual fenced put/delete (correctness over batching). ``overwrite_by_pkeys``
+        (logical key fields), as boto3's: a buffered request for the same key is replaced."""
+        return BatchWriter(self, overwrite_by_pkeys=overwrite_by_pkeys)
+
+    @client_errors("BatchGetItem")
+    @with_capacity
+    def batch_get_item(self, Keys: Sequence[Mapping[str, Any]], ConsistentRead: bool = False,
+                       ProjectionExpression: str | None = None,
+                       ExpressionAttributeNames: Mapping[str, str] | None = None) -> dict:
+        """The equivalent of boto3's ``batch_get_item`` for this table (boto3 has it on the
+        resource): ``{"Items": [...], "UnprocessedKeys": {}}``, the items found, in no
+        particular order, every copy of every key read in BatchGetItems of 100 keys.
+        """
+        if len(Keys) > 100:
+            raise errors.BadInput("Too many items requested for the BatchGetItem call (at most 100 keys)")
+        names = dict(ExpressionAttributeNames or {})
+        check_placeholders(names, None)
+        post = self._post(None, ProjectionExpression, None, expressions.Context(names, {}))
+        fields_of = [self._key(k)[1] for k in Keys]
+        st = self._begin()
+        try:
+            wanted: list[tuple[dict, Layout, int]] = []
+            for n, fields in enumerate(fields_of):
+                wanted.extend((k, layout, n) for k, layout in self._read_keys(st, fields))
+            unique: dict[str, dict] = {}
+            for k, _, _ in wanted:
+                unique.setdefault(repr(sorted(k.items())), k)
+            meta: dict = {}
+            found = {repr(sorted(self._key_of(i).items())): i
+                     for i in self.dynamo.batch_get(self.table, list(unique.values()), consistent=ConsistentRead,
+                                                    last_response=meta)}
+        finally:
+            self._end(st)
+        per_key: dict[int, list[tuple[dict, Layout]]] = {}
+        for k, layout, n in wanted:
+            item = found.get(repr(sorted(k.items())))
+            if item is not None:
+                per_key.setdefault(n, []).append((item, layout))
+        out = []
+        for n, copies in sorted(per_key.items()):
+            winner = newest(c[0] for c in copies)
+            app = self._to_app(winner, next(l for i, l in copies if i is winner))
+            if app is not None:
+                out.append(post(app) if post is not None else app)
+        return {"Items": out, "UnprocessedKeys": {}, **_metadata(meta)}
+
+    @property
+    def meta(self) -> "TableMeta":
+        """``meta.client`` (the low-level client, for the rest) and ``meta.table_name``, as boto3's."""
+        return TableMeta(self)
+
+    @property
+    def name(self) -> str:
+        return self.table
 
 
 def _metadata(resp: Mapping[str, Any]) -> dict:
@@ -764,25 +994,88 @@ def _merge_placeholders(into: dict, built: Mapping[str, Any], what: str) -> None
         into[k] = v
 
 
+#: The low-level operations that read or write this table's items: through ``meta.client``
+#: they would see or write physical items, bypassing the layouts, fences and tombstones.
+_ITEM_OPERATIONS = {
+    "get_item": "get_item", "put_item": "put_item", "update_item": "update_item", "delete_item": "delete_item",
+    "query": "query", "scan": "scan", "batch_get_item": "batch_get_item", "batch_write_item": "batch_writer()",
+    "transact_write_items": "one put_item/update_item/delete_item per item (no transactions across layouts)",
+    "transact_get_items": "batch_get_item", "execute_statement": "query/scan",
+    "batch_execute_statement": "batch_get_item/batch_writer()", "execute_transaction": "put_item/update_item",
+}
+
+
+class TableMeta:
+    """boto3's ``Table.meta``: ``client`` and ``table_name``."""
+
+    def __init__(self, table: ShardedTable):
+        self.table_name = table.table
+        self.client = GuardedClient(table.dynamo.client, table.table)
+
+
+class GuardedClient:
+    """The low-level DynamoDB client, refusing item operations on the sharded table.
+
+    Everything else (describe_table, other tables, waiters, exceptions ...) passes through.
+    """
+
+    def __init__(self, client, table: str):
+        self._client = client
+        self._table = table
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if name not in _ITEM_OPERATIONS:
+            return attr
+
+        def call(*args, **kwargs):
+            if self._names_table(kwargs):
+                raise ShimValidationError(
+                    f"meta.client.{name} on {self._table!r} would read or write physical items, bypassing the "
+                    f"migration's layouts, version fences and tombstones; use ShardedTable.{_ITEM_OPERATIONS[name]}",
+                    name)
+            return attr(*args, **kwargs)
+        return call
+
+    def _names_table(self, kwargs: Mapping[str, Any]) -> bool:
+        if kwargs.get("TableName") == self._table or self._table in (kwargs.get("RequestItems") or {}):
+            return True
+        for t in kwargs.get("TransactItems") or ():
+            if any(isinstance(v, Mapping) and v.get("TableName") == self._table for v in t.values()):
+                return True
+        statements = [kwargs.get("Statement") or ""] + [s.get("Statement", "") for s in kwargs.get("Statements") or ()]
+        statements += [s.get("Statement", "") for s in kwargs.get("TransactStatements") or ()]
+        return any(f'"{self._table}"' in st or f" {self._table}" in st for st in statements)
+
+
 class BatchWriter:
     """Buffers puts and deletes; ``with table.batch_writer() as b: b.put_item(Item=...)``."""
 
-    def __init__(self, table: ShardedTable, flush_amount: int = 25):
+    def __init__(self, table: ShardedTable, flush_amount: int = 25, overwrite_by_pkeys: Sequence[str] | None = None):
         self._t = table
         self._ops: list[tuple[str, Mapping[str, Any]]] = []
         self._flush_amount = flush_amount
+        self._pkeys = list(overwrite_by_pkeys or [])
+
+    def _add(self, kind: str, body: Mapping[str, Any]) -> None:
+        if self._pkeys:
+            # boto3's rule: a later request for the same key replaces the buffered one.
+            try:
+                ident = [body[k] for k in self._pkeys]
+            except KeyError as e:
+                raise errors.BadInput(f"overwrite_by_pkeys: the request lacks {e.args[0]!r}") from None
+            self._ops = [(k, b) for k, b in self._ops if [b.get(p) for p in self._pkeys] != ident]
+        self._ops.append((kind, body))
+        if len(self._ops) >= self._flush_amount:
+            self.flush()
 
     @client_errors("BatchWriteItem")
     def put_item(self, Item: Mapping[str, Any]) -> None:
-        self._ops.append(("put", Item))
-        if len(self._ops) >= self._flush_amount:
-            self.flush()
+        self._add("put", Item)
 
     @client_errors("BatchWriteItem")
     def delete_item(self, Key: Mapping[str, Any]) -> None:
-        self._ops.append(("delete", Key))
-        if len(self._ops) >= self._flush_amount:
-            self.flush()
+        self._add("delete", Key)
 
     @client_errors("BatchWriteItem")
     def flush(self) -> None:

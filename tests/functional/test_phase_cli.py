@@ -166,8 +166,11 @@ def test_advance_waits_for_the_fleet(aws, capsys, store):
     line = one_error_line(err)
     assert code == 2 and "1 live shim(s) have not acknowledged planned yet: i-2 (h2 pid 12, on planned v0)" in line
 
+    # --wait ran out before the move: exit 1 naming the lagging shim, nothing moved.
     code, out, err = run(capsys, "advance", "--wait", "0.2")
-    assert code == 2 and "gave up after 0.2s waiting for the fleet to acknowledge planned v1" in out + err
+    assert code == 1 and "gave up after 0.2s waiting for the fleet to acknowledge planned v1" in out + err
+    assert "have not acknowledged planned v1: i-2 (h2 pid 12, on planned v0); nothing moved" in err.splitlines()[-1]
+    assert status_json(capsys)["phase"] == "planned"
 
     report = status_json(capsys)
     assert {s["instance"]: s["acknowledged"] for s in report["shims"]} == {"i-1": True, "i-2": False}
@@ -175,17 +178,20 @@ def test_advance_waits_for_the_fleet(aws, capsys, store):
 
     fleet.forget(store, MID, "i-2")
     code, out, err = run(capsys, "advance", "--wait", "0.2")
-    assert code == 0, err  # the transition happened; the fleet has not caught up
+    # The transition happened, but the fleet has not caught up within --wait: exit 1 naming it.
+    assert code == 1, err
     assert "moved planned -> dual_write" in out
     assert "fleet: NOT caught up: 1 of 1 live shim(s) still act on an earlier phase after waiting:" in out
     assert "i-1 (h1 pid 11, on planned v1)" in out
+    assert one_error_line(err).endswith("1 live shim(s) have not acknowledged it: i-1 (h1 pid 11, on planned v1) "
+                                        "(runbooks/incident-shim-lagging.md)")
 
     code, out, err = run(capsys, "advance", "--output", "json")
     assert code == 2 and "have not acknowledged dual_write" in one_error_line(err) and out == ""
 
     fleet.heartbeat(store, MID, "i-1", "dual_write", 2, host="h1", pid=11)
     code, out, err = run(capsys, "advance", "--wait", "0.2", "--output", "json")
-    assert code == 0
+    assert code == 1 and "have not acknowledged it: i-1" in err
     moved = json.loads(out)
     assert moved["to"] == "dual_read" and moved["fleet"]["acknowledged"] is False
     assert moved["fleet"]["lagging"] == ["i-1 (h1 pid 11, on dual_write v2)"]
@@ -229,6 +235,7 @@ def test_status_lists_job_runs_and_segments(aws, capsys, store):
     assert j["totals"]["scanned"] == 10 and j["totals"]["moved"] == 4
     assert j["segments"][1]["last_error"] == "RuntimeError: ThrottlingException after 10 attempts"
     code, out, err = run(capsys, "status")
+    assert code == 0, err
     assert "backfill run 1: 2/3 segments done, in progress; FAILED segments 1" in out
     assert "totals: scanned 10, moved 4" in out
     assert "error: RuntimeError: ThrottlingException after 10 attempts" in out
@@ -280,7 +287,9 @@ def test_a_silent_shim_blocks_until_a_wait_watched_it_go(aws, capsys, store):
     code, out, err = run(capsys, "advance")
     assert code == 2 and "i-old" in err and "--wait" in err
     code, out, err = run(capsys, "advance", "--wait", "3")
-    assert code == 0, err
+    # It moved; i-new is a recorded heartbeat, not a running shim, so it never acknowledges
+    # dual_write: --wait ran out after the move, exit 1 naming it.
+    assert code == 1 and "moved planned -> dual_write" in out and "i-new" in one_error_line(err)
     assert [h.instance for h in fleet.heartbeats(store, MID)] == ["i-new"]
     assert store.load_state(MID).phase is Phase.DUAL_WRITE
 

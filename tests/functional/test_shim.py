@@ -475,3 +475,36 @@ def test_a_failed_mirror_write_is_logged_and_raised(moto_dynamo, sensor, caplog)
     assert "mirror write of" in caplog.text and "failed after the authoritative write landed" in caplog.text
     found = where(moto_dynamo, sensor, item)
     assert found["old"] and not found["new"]
+
+
+@pytest.mark.parametrize("phase", [None, "dual_read", "cutover"])
+def test_key_condition_over_a_composite_sort_template(moto_dynamo, phase):
+    """hourly: PK "{shard}#{bucket}" (bucket from ts), SK "{sensor_id}#{ts}". Equalities render
+    the sort template's prefix, the range applies to its last field (issue 14)."""
+    from boto3.dynamodb.conditions import Key as K
+    m = migration("hourly", table=f"hourly-{uuid.uuid4().hex[:8]}")
+    create_table(moto_dynamo, m)
+    dual = shim(m, moto_dynamo, "dual_write")
+    items = [{"sensor_id": s, "ts": f"2024-10-27T15:{i:02d}:00Z", "event_id": f"{s}-{i}"}
+             for s in ("s-1", "s-2") for i in range(6)]
+    for it in items:
+        dual.put_item(Item=it)
+    t = shim(m, moto_dynamo, phase)
+    bucket = K("bucket").eq("2024-10-27T15")
+    s1 = [it for it in items if it["sensor_id"] == "s-1"]
+
+    def q(kce, **kw):
+        return t.query(KeyConditionExpression=kce, ConsistentRead=True, **kw)["Items"]
+
+    assert q(bucket & K("sensor_id").eq("s-1")) == s1
+    assert q(bucket & K("sensor_id").eq("s-1") & K("ts").between("2024-10-27T15:01", "2024-10-27T15:03")) == s1[1:3]
+    assert q(bucket & K("sensor_id").eq("s-1") & K("ts").begins_with("2024-10-27T15:0"), ScanIndexForward=False) == \
+        s1[::-1]
+    assert q(bucket & K("sensor_id").eq("s-2") & K("ts").eq(items[8]["ts"])) == [items[8]]
+    assert len(q(bucket)) == 12
+    with pytest.raises(errors.BadInput, match="cannot be expressed"):
+        q(bucket & K("sensor_id").eq("s-1") & K("ts").gt("2024"))
+    with pytest.raises(errors.BadInput, match="needs equalities"):
+        q(bucket & K("ts").between("a", "b"))
+    with pytest.raises(errors.BadInput, match="FilterExpression"):
+        q(bucket & K("event_id").eq("x"))

@@ -22,3 +22,104 @@ def test_disabled_bar_prints_nothing(capsys):
     sub.on_throttle("x")
     sub.on_run_done(None)
     assert sub.bar is None and capsys.readouterr() == ("", "")
+
+
+# ---------------------------------------------------------------------- gh-ost style progress
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from reshard import errors  # noqa: E402
+from reshard.cli import formats  # noqa: E402
+from reshard.control.records import RunInfo  # noqa: E402
+from reshard.core.progress import Progress, describe, duration  # noqa: E402
+from reshard.jobs.budget import CapacityBudget  # noqa: E402
+from reshard.jobs.subscribers import ProgressReporter  # noqa: E402
+
+
+def test_progress_percent_rate_and_eta():
+    p = Progress(done=1200, total=20000, elapsed=8.0, done_before=0, total_source="ItemCount")
+    assert (p.pct, p.rate, p.eta_seconds) == (6.0, 150.0, (20000 - 1200) / 150.0)
+    assert p.text() == "1,200/20,000 items (6.0%), 150.0 items/s, ETA 2m05s"
+    # a resumed run: what an earlier invocation did counts for the percent, not for the rate
+    assert Progress(1200, 20000, 10.0, done_before=200).rate == 100.0
+    # an estimate below what was done: capped, never past 100% or below 0 s
+    assert Progress(300, 200, 3.0).pct == 100.0 and Progress(300, 200, 3.0).eta_seconds == 0.0
+    assert Progress(5, None, 1.0).text() == "5 items, 5.0 items/s, total unknown (no ETA)"
+    assert Progress(0, 100, 0.0).eta_seconds is None
+    assert [duration(s) for s in (45, 125, 11220)] == ["45s", "2m05s", "3h07m"]
+    assert describe(Progress(10, 100, 2.0).as_dict()) == "10/100 items (10.0%), 5.0 items/s, ETA 18s"
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_the_reporter_says_nothing_before_the_run_starts_then_logs_every_interval():
+    said, clock = [], FakeClock()
+    rep = ProgressReporter("backfill", "m1", 4, 2, total=lambda: (1000, "DescribeTable ItemCount"),
+                           done_before=lambda run: 100, say=said.append, interval=10.0, clock=clock,
+                           wall=lambda: 0.0)
+    assert said == []  # a refused job never reaches on_run_start: no header
+    rep.on_budget(lambda: "at --max-wcu 50: requests wait for the budget")
+    rep.on_run_start(RunInfo("m1", "backfill", 2, 4, 0.0, None))
+    assert said == ["backfill of m1: 4 segments, 2 workers on this host (run 2); about 1,000 items "
+                    "(DescribeTable ItemCount)"]
+    clock.t += 4
+    rep.on_page(0, {"scanned": 200, "moved": 3})
+    assert len(said) == 1  # not yet 10 s
+    clock.t += 6
+    rep.on_segment_done(0, {})
+    rep.on_page(1, {"scanned": 200})
+    assert said[1] == ("1970-01-01T00:00:00Z backfill m1: 500/1,000 items (50.0%), 40.0 items/s, ETA 12s; "
+                       "1/4 segments done here; throttling: at --max-wcu 50: requests wait for the budget")
+    clock.t += 1
+    rep.on_run_done(None)  # a last line with the final numbers
+    assert len(said) == 3 and said[2].split(": ", 1)[1].startswith("500/1,000 items (50.0%)")
+
+
+def test_the_reporter_counts_verify_by_checked_items():
+    said = []
+    rep = ProgressReporter("verify", "m1", 1, 1, total=lambda: (None, "ItemCount is 0"), say=said.append,
+                           interval=0.0)
+    rep.on_run_start(RunInfo("m1", "verify", 1, 1, 0.0, None))
+    rep.on_page(0, {"checked": 7, "scanned": 99})
+    assert rep.done == 7 and said[0].endswith("total unknown (ItemCount is 0)")
+    assert "7 items" in said[1] and "total unknown (no ETA)" in said[1]
+
+
+def test_the_budget_says_why_it_throttles():
+    clock = FakeClock()
+    b = CapacityBudget(max_wcu=10, clock=clock, sleep=lambda s: None)
+    assert b.throttle_reason() == ""
+    with b.spend("write", 30):  # 30 units at 10/s: the bucket makes the request wait
+        pass
+    assert b.throttle_reason() == "at --max-wcu 10: requests wait for the budget"
+    clock.t += 60
+    assert b.throttle_reason() == ""  # not paced for a while
+    b._local.kind = "write"
+    b.lanes["write"].recent.append((clock.t, 50.0))
+    b.on_throttle("put_item")  # DynamoDB said no: AIMD backs off
+    assert b.throttle_reason().startswith("AIMD backing off after DynamoDB throttled: writes at 7 of 10 WCU/s")
+
+
+def test_output_formats_and_query():
+    data = {"migrations": [{"id": "a", "phase": "complete", "n": 1.0}, {"id": "b", "phase": "backfill", "n": None}],
+            "control_table": "ctl"}
+    q = formats.compile_query("migrations[?phase=='complete'].id")
+    assert formats.emit_text(data, "people", "text", q) == "a"
+    assert json.loads(formats.emit_text(data, "people", "json", q)) == ["a"]
+    assert formats.emit_text(data, lambda: "people", "text") == "people"
+    assert formats.emit_text(data, "people", "text", formats.compile_query("migrations[].[id, phase]")) == \
+        "a\tcomplete\nb\tbackfill"
+    table = formats.emit_text(data, "people", "table").splitlines()
+    assert "| control_table | ctl |" in table
+    assert "| id | phase    | n    |" in table and "| a  | complete | 1    |" in table
+    assert "| b  | backfill | None |" in table
+    with pytest.raises(errors.BadInput, match=r"--query 'jobs\[' is not a JMESPath expression"):
+        formats.compile_query("jobs[")

@@ -1,0 +1,294 @@
+"""Issue 14: the conformance suite. Every case runs against a plain boto3 ``Table`` whose
+keys are the application's own (``customer``, ``order``) and against ``ShardedTable``
+(steady state and each migration phase), on dynalite, and asserts equal results and
+equal exception codes.
+
+One dynalite server; per worker and key shape one plain table and one physical table per
+phase, created once (module fixture); each case works in its own partition, so cases do
+not see each other (scans compare whole tables: equal as long as every case ran on both).
+Data a phase must be able to read was written by the phase before it: the steady and
+dual-read/backfill tables hold pre-migration items (old layout only), the cutover and
+cleanup tables items written by a dual_write shim (both layouts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from decimal import Decimal
+
+import boto3
+import pytest
+from boto3.dynamodb.conditions import Attr, Key
+from boto3.dynamodb.types import Binary
+from botocore.exceptions import ClientError
+
+from reshard.aws import local
+from reshard.aws.dynamo import Dynamo, RetryPolicy
+from reshard.core.migration import parse
+from reshard.shim.table import ShardedTable
+
+PHASES = [None, "dual_write", "dual_read", "backfill", "cutover", "cleanup"]
+#: How each phase's table was seeded: steady writes (old layout only) or dual_write (both).
+SEEDED_BY = {None: None, "dual_write": None, "dual_read": None, "backfill": None, "cutover": "dual_write",
+             "cleanup": "dual_write"}
+SHAPES = {"S": ("S", lambda i: f"o-{i:03d}"), "N": ("N", lambda i: Decimal(i))}
+
+MIGRATION = """
+id = "conf-{name}"
+table = "{name}"
+[keys]
+partition = "PK"
+sort = "SK"
+[from]
+partition = "{{customer}}#{{shard}}"
+sort = "{{order}}"
+shards = 2
+shard_by = ["customer", "order"]
+hash = "sha256"
+[to]
+partition = "{{customer}}#{{shard}}"
+sort = "{{order}}"
+shards = 4
+shard_by = ["customer", "order"]
+hash = "md5"
+"""
+
+
+class World:
+    """A plain table and one shim per phase, for one key shape."""
+
+    def __init__(self, endpoint: str, shape: str, dynamo):
+        self.sort_type, self.order = SHAPES[shape]
+        self.res = boto3.resource("dynamodb", endpoint_url=endpoint, region_name="us-east-1",
+                                  aws_access_key_id="x", aws_secret_access_key="x")
+        tag = uuid.uuid4().hex[:8]
+        self.dynamo = dynamo
+        self.plain = self._create(f"conf-plain-{shape}-{tag}", "customer", "S" if shape == "S" else "N", "order")
+        self.shims: dict = {}
+        self.dynamo = dynamo
+        for phase in PHASES:
+            name = f"conf-{shape}-{phase or 'steady'}-{tag}"
+            self._create(name, "PK", "S", "SK")
+            m = parse(MIGRATION.format(name=name))
+            t = ShardedTable(m, dynamo, control_table=None)
+            t._pin_phase(phase)
+            self.shims[phase] = t
+        self.customers = itertools.count()
+
+    def _create(self, name: str, pk: str, pk_type: str, sk: str):
+        self.res.meta.client.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
+                                  KeySchema=[{"AttributeName": pk, "KeyType": "HASH"},
+                                             {"AttributeName": sk, "KeyType": "RANGE"}],
+                                  AttributeDefinitions=[{"AttributeName": pk, "AttributeType": pk_type},
+                                                        {"AttributeName": sk, "AttributeType": self.sort_type}])
+        local.wait_active(self.dynamo, name)  # boto3's waiter polls every 20 s
+        return self.res.Table(name)
+
+    def customer(self, shape_n: bool):
+        n = next(self.customers)
+        return Decimal(1000 + n) if shape_n else f"c-{n}"
+
+    def seed(self, phase, items) -> None:
+        """Items that exist before the phase: in the plain table, and written by the phase before."""
+        for it in items:
+            self.plain.put_item(Item=it)
+        t = self.shims[phase]
+        seeder = ShardedTable(t.migration, self.dynamo, control_table=None)
+        seeder._pin_phase(SEEDED_BY[phase])
+        for it in items:
+            seeder.put_item(Item=it)
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def world(request, dynalite_server):
+    dynamo = Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1",
+                    retry=RetryPolicy(max_attempts=5, base_seconds=0.01), connect_timeout=1, read_timeout=4)
+    w = World(dynalite_server.endpoint, request.param, dynamo)
+    yield w
+    for t in w.shims.values():
+        t.close()
+
+
+def outcome(fn, table):
+    """The call's answer without ResponseMetadata, or ("error", code)."""
+    try:
+        resp = fn(table)
+    except ClientError as e:
+        return ("error", e.response["Error"]["Code"])
+    if isinstance(resp, dict):
+        resp = {k: v for k, v in resp.items() if k != "ResponseMetadata"}
+    return resp
+
+
+def same(world, shim, fn, *, unordered=False):
+    a, b = outcome(fn, world.plain), outcome(fn, shim)
+    if unordered:  # a scan: the plain table also holds the other phases' items (ScannedCount counts them)
+        a, b = ({k: v for k, v in x.items() if k != "ScannedCount"} if isinstance(x, dict) else x for x in (a, b))
+    if unordered:
+        a, b = (dict(x, Items=sorted(x["Items"], key=repr)) if isinstance(x, dict) and "Items" in x else x
+                for x in (a, b))
+    assert a == b, f"plain {a!r} != shim {b!r}"
+    return a
+
+
+VALUES = {
+    "s": "text", "empty_s": "", "n": Decimal("42"), "big": Decimal("99999999999999999999999999999999999999"),
+    "tiny": Decimal("0.00000000000000000000000000000000000001"),
+    "neg": Decimal("-12345678901234567890123456789012345678"),
+    "precise": Decimal("0.12345678901234567890123456789012345678"), "zero": Decimal("-0"),
+    "b": Binary(b"\x00\x01bin"), "empty_b": Binary(b""), "ss": {"a", "b"}, "ns": {Decimal(1), Decimal("2.5")},
+    "bs": {Binary(b"x"), Binary(b"y")}, "l": ["x", Decimal(1), None, True, {"k": ["deep"]}],
+    "m": {"inner": {"list": [Decimal(1), {"deeper": "yes"}], "flag": False}}, "bool": True, "null": None,
+    "name": "reserved word", "status": "reserved too",
+}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_items_values_and_return_values(world, phase):
+    t, o = world.shims[phase], world.order
+    c = world.customer(world.sort_type == "N")
+    k = {"customer": c, "order": o(1)}
+    world.seed(phase, [{**k, "v": Decimal(0)}])
+    same(world, t, lambda x: x.get_item(Key=k, ConsistentRead=True))
+    same(world, t, lambda x: x.put_item(Item={**k, **VALUES}, ReturnValues="ALL_OLD"))
+    same(world, t, lambda x: x.get_item(Key=k, ConsistentRead=True))
+    same(world, t, lambda x: x.get_item(Key={"customer": c, "order": o(2)}, ConsistentRead=True))  # absent
+    same(world, t, lambda x: x.put_item(Item={"customer": c, "order": o(2), "v": Decimal(1)}, ReturnValues="ALL_OLD"))
+    for rv in ("NONE", "ALL_OLD", "UPDATED_OLD", "ALL_NEW", "UPDATED_NEW"):
+        same(world, t, lambda x: x.update_item(
+            Key=k, UpdateExpression="SET #n = :n, m.inner.flag = :t, l[0] = :z ADD ss :add, counter :one "
+                                    "REMOVE empty_s", ExpressionAttributeNames={"#n": "name"},
+            ExpressionAttributeValues={":n": f"renamed-{rv}", ":t": True, ":z": "first", ":add": {"c"},
+                                       ":one": Decimal(1)}, ReturnValues=rv))
+    same(world, t, lambda x: x.update_item(Key={"customer": c, "order": o(3)}, UpdateExpression="SET v = :v",
+                                           ExpressionAttributeValues={":v": Decimal(3)}, ReturnValues="ALL_NEW"))
+    same(world, t, lambda x: x.delete_item(Key=k, ReturnValues="ALL_OLD"))
+    same(world, t, lambda x: x.delete_item(Key=k, ReturnValues="ALL_OLD"))  # already gone
+    same(world, t, lambda x: x.get_item(Key=k, ConsistentRead=True))
+    same(world, t, lambda x: x.get_item(Key={"customer": c}))  # not the whole key
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_conditions_objects_and_strings(world, phase):
+    t, o = world.shims[phase], world.order
+    c = world.customer(world.sort_type == "N")
+    k = {"customer": c, "order": o(1)}
+    world.seed(phase, [{**k, "n": Decimal(5), "s": "hello", "tags": {"x", "y"}}])
+    conditions = [
+        Attr("n").eq(5), Attr("n").ne(5), Attr("n").lt(6), Attr("n").lte(4), Attr("n").gt(4), Attr("n").gte(6),
+        Attr("n").between(1, 5), Attr("s").begins_with("he"), Attr("s").contains("ll"), Attr("tags").contains("x"),
+        Attr("s").size().eq(5), Attr("s").attribute_type("S"), Attr("s").exists(), Attr("missing").exists(),
+        Attr("customer").not_exists(), Attr("n").is_in([1, 5]), Attr("n").eq(5) & ~Attr("s").eq("no"),
+        Attr("n").eq(1) | Attr("s").eq("hello"), Key("order").eq(o(1)),
+    ]
+    for cond in conditions:
+        same(world, t, lambda x: x.update_item(Key=k, UpdateExpression="ADD hits :one", ConditionExpression=cond,
+                                               ExpressionAttributeValues={":one": Decimal(1)}))
+    same(world, t, lambda x: x.put_item(Item={**k, "n": Decimal(6)}, ConditionExpression="#n = :five AND #s = :h",
+                                        ExpressionAttributeNames={"#n": "n", "#s": "s"},
+                                        ExpressionAttributeValues={":five": Decimal(5), ":h": "hello"}))
+    same(world, t, lambda x: x.put_item(Item={**k, "n": Decimal(7)}, ConditionExpression=Attr("n").eq(5)))
+    same(world, t, lambda x: x.delete_item(Key=k, ConditionExpression=Attr("n").lt(6)))
+    same(world, t, lambda x: x.delete_item(Key=k, ConditionExpression=Attr("n").eq(6), ReturnValues="ALL_OLD"))
+    # Deleted: conditions see an absent item (a tombstone in fenced phases).
+    for cond in (Attr("customer").exists(), Attr("n").eq(6), Attr("customer").not_exists()):
+        same(world, t, lambda x: x.put_item(Item={**k, "n": Decimal(8)}, ConditionExpression=cond))
+    same(world, t, lambda x: x.get_item(Key=k, ConsistentRead=True))
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_query_key_conditions_filters_and_pages(world, phase):
+    t, o = world.shims[phase], world.order
+    c = world.customer(world.sort_type == "N")
+    items = [{"customer": c, "order": o(i), "n": Decimal(i % 4), "s": f"v{i}", "pad": "x" * (i % 3)}
+             for i in range(1, 16)]
+    world.seed(phase, items[:10])
+    for it in items[10:]:
+        same(world, t, lambda x: x.put_item(Item=it))
+    same(world, t, lambda x: x.delete_item(Key={"customer": c, "order": o(4)}))
+    same(world, t, lambda x: x.update_item(Key={"customer": c, "order": o(5)}, UpdateExpression="SET n = :n",
+                                           ExpressionAttributeValues={":n": Decimal(9)}))
+    pk = Key("customer").eq(c)
+    sort_values = [o(3), o(7), o(12)]
+    kces = [pk, pk & Key("order").between(sort_values[0], sort_values[2]), pk & Key("order").lt(sort_values[1]),
+            pk & Key("order").gte(sort_values[1]), pk & Key("order").eq(sort_values[1])]
+    if world.sort_type == "S":
+        kces.append(pk & Key("order").begins_with("o-01"))
+    for kce in kces:
+        for forward in (True, False):
+            same(world, t, lambda x: x.query(KeyConditionExpression=kce, ScanIndexForward=forward, ConsistentRead=True))
+    same(world, t, lambda x: x.query(KeyConditionExpression="#c = :c AND #o BETWEEN :a AND :b",
+                                     ExpressionAttributeNames={"#c": "customer", "#o": "order"},
+                                     ExpressionAttributeValues={":c": c, ":a": o(2), ":b": o(9)}, ConsistentRead=True))
+    same(world, t, lambda x: x.query(KeyConditionExpression=pk,
+                                     FilterExpression=Attr("n").gte(2) & Attr("pad").size().gt(0),
+                                     ConsistentRead=True))
+    same(world, t, lambda x: x.query(KeyConditionExpression=pk, ProjectionExpression="#o, s, m.inner",
+                                     ExpressionAttributeNames={"#o": "order"}, ConsistentRead=True))
+    same(world, t, lambda x: x.query(KeyConditionExpression=pk, Select="COUNT", FilterExpression=Attr("n").eq(1),
+                                     ConsistentRead=True))
+    # Pages with Limit (and a filter: Limit counts items evaluated), forwards and backwards:
+    # the same pages, the same LastEvaluatedKeys (the logical key is the plain table's key).
+    for limit, forward, filt in ((1, True, None), (4, False, None), (3, True, Attr("n").eq(2))):
+        pages = []
+        for x in (world.plain, t):
+            kw, got = dict(KeyConditionExpression=pk, Limit=limit, ScanIndexForward=forward, ConsistentRead=True), []
+            if filt is not None:
+                kw["FilterExpression"] = filt
+            for _ in range(40):
+                r = outcome(lambda tb: tb.query(**kw), x)
+                got.append(r)
+                if "LastEvaluatedKey" not in r:
+                    break
+                kw["ExclusiveStartKey"] = r["LastEvaluatedKey"]
+            pages.append(got)
+        assert pages[0] == pages[1], (limit, forward)
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_scan_every_item_once_with_filter_segments_and_pages(world, phase):
+    t, o = world.shims[phase], world.order
+    c = world.customer(world.sort_type == "N")
+    world.seed(phase, [{"customer": c, "order": o(i), "n": Decimal(i)} for i in range(1, 8)])
+    same(world, t, lambda x: x.delete_item(Key={"customer": c, "order": o(2)}))
+    same(world, t, lambda x: x.put_item(Item={"customer": c, "order": o(9), "n": Decimal(9)}))
+    mine = Attr("customer").eq(c)  # the plain table holds every phase's cases: look at this one's
+    same(world, t, lambda x: x.scan(FilterExpression=mine, ConsistentRead=True), unordered=True)
+    same(world, t, lambda x: x.scan(FilterExpression=mine & Attr("n").gt(3), ProjectionExpression="customer, n",
+                                    ConsistentRead=True), unordered=True)
+    same(world, t, lambda x: x.scan(FilterExpression="customer = :c", ExpressionAttributeValues={":c": c},
+                                    Select="COUNT", ConsistentRead=True)["Count"])
+    for x in (world.plain, t):
+        parts = [x.scan(Segment=s, TotalSegments=3, FilterExpression=mine, ConsistentRead=True)["Items"]
+                 for s in range(3)]
+        union = sorted((i for p in parts for i in p), key=repr)
+        if x is world.plain:
+            want = union
+        else:
+            assert union == want and len(want) == 7
+    for x in (world.plain, t):
+        got, kw = [], {"Limit": 3, "ConsistentRead": True, "FilterExpression": mine}
+        for _ in range(400):
+            r = x.scan(**kw)
+            assert r["ScannedCount"] <= 3 and r["Count"] <= 3
+            got += r["Items"]
+            if "LastEvaluatedKey" not in r:
+                break
+            kw["ExclusiveStartKey"] = r["LastEvaluatedKey"]
+        if x is world.plain:
+            want = sorted(got, key=repr)
+        else:
+            assert sorted(got, key=repr) == want and len(want) == 7
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_item_near_400_kb_and_refusals(world, phase):
+    t, o = world.shims[phase], world.order
+    c = world.customer(world.sort_type == "N")
+    k = {"customer": c, "order": o(1)}
+    same(world, t, lambda x: x.put_item(Item={**k, "blob": Binary(b"z" * 408_000)}))
+    same(world, t, lambda x: x.get_item(Key=k, ConsistentRead=True)["Item"]["blob"] == Binary(b"z" * 408_000))
+    same(world, t, lambda x: x.put_item(Item={**k, "blob": Binary(b"z" * 410_000)}))  # too large for both
+    same(world, t, lambda x: x.put_item(Item={**k, "v": 1}, ConditionExpression="attribute_exists("))
+    same(world, t, lambda x: x.update_item(Key=k, UpdateExpression="SET v = :v"))  # :v undefined
