@@ -294,6 +294,11 @@ class Verifier:
         reads = 0
         while watches:
             keys = [k for c, _ in watches for k in (*c.candidates, c.new_key)]
+            # Two instants per look: what the read shows was true at some moment between
+            # them. A write seen landed landed before ``now`` (so "same since" starts at
+            # ``now``, late); the look shows the state at or after ``sent`` (so the window
+            # is judged at ``sent``, early). Both err towards waiting longer.
+            sent = ctx.now()
             found = self._read(keys, consistent=True)
             reads += 1
             now = ctx.now()
@@ -314,7 +319,7 @@ class Verifier:
                     continue
                 w.observe(tuple(version_of(found.get(_kid(k))) if _kid(k) in found else None
                                 for k in (*c.candidates, c.new_key)), now)
-                verdict, at = decide(w, now, window, max_changes=max(1, self.opts.rechecks - 1),
+                verdict, at = decide(w, sent, window, max_changes=max(1, self.opts.rechecks - 1),
                                      pause=self.opts.recheck_pause)
                 if verdict == "wait":
                     waiting.append((c, w))
@@ -324,7 +329,7 @@ class Verifier:
                 if verdict == "changing":
                     details.append(f"still changing after {reads} consistent re-reads")
                 elif window:
-                    details.append(f"unchanged for {now - w.since:.1f}s (settle window {window:g}s)")
+                    details.append(f"unchanged for {sent - w.since:.1f}s (settle window {window:g}s)")
                 self._conclude(ctx, counts, c, j, details)
             watches = waiting
             if watches:
