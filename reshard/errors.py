@@ -77,6 +77,11 @@ class TableProblem(BadInput):
     """The DynamoDB table is missing, or its key schema does not match the file."""
 
 
+class ForeignControlRow(BadInput):
+    """A control-table row reshard did not write (unknown schema, or contents that
+    disagree with its key): whoever reads it refuses to act on it (fail closed)."""
+
+
 class ShimUnavailable(ReshardError):
     """The shim refuses to act: its phase cache is older than the liveness window.
 

@@ -1,4 +1,4 @@
-"""`reshard iam-policy`: print the least-privilege IAM policy for a migration."""
+"""`reshard iam-policy`: print the least-privilege IAM policy of one role for a migration."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ import click
 
 from reshard import operations
 from reshard.cli.options import Env, command
+from reshard.core.iam import ROLES
 from reshard.core.migration import load
 
 
 @command("iam-policy")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--role", type=click.Choice(["operator", "app"]), default="operator", show_default=True,
-              help="operator: runs reshard commands; app: instances importing the shim.")
+@click.option("--role", type=click.Choice(list(ROLES)), default="operator", show_default=True,
+              help="app: instances importing the shim (data items; writes only their migration's heartbeat "
+                   "partition). observer: plan, status, list, doctor, verify without --repair (reads; verify "
+                   "records its own run). worker: backfill, verify --repair, cleanup (data writes, job leases; no "
+                   "transition). operator: transitions and everything above.")
 @click.option("--account", default="*", show_default=True, help="AWS account id for the ARNs.")
 def iam_policy(env: Env, file: str, role: str, account: str) -> None:
-    """Print the least-privilege IAM policy (JSON) for FILE's table and the control table.
+    """Print the least-privilege IAM policy (JSON) of one role for FILE's table and the control table.
+
+    Control-table writes are limited by partition (dynamodb:LeadingKeys): an app may write only
+    S#<id> (heartbeats), a worker only J#<id>#<job> (its job's runs and leases), never the phase
+    row M#<id> or the table lock T#<table>.
 
     \b
     Example:

@@ -211,7 +211,7 @@ def _current_token(store: ControlStore, f: Finding, beats: dict) -> tuple | None
     """The token the subject of ``f`` has now (None: it is gone or released)."""
     if f.kind in ("orphaned_lease", "expired_lease"):
         r = f.ref
-        rec = SegmentRecord.from_item(r["segment"], store.get(store.mpk(f.migration),
+        rec = SegmentRecord.from_item(r["segment"], store.get(store.jpk(f.migration, r["job"]),
                                                               segment_sk(r["job"], r["run"], r["segment"])))
         return rec.token if rec.held else None
     if f.migration not in beats:
@@ -274,7 +274,7 @@ def _release_lease(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
     r = f.ref
     # Only the exact (owner, counter) we watched go quiet: a renewal or a takeover since
     # bumped the counter, and then the lease is someone's again and stays.
-    store.update(store.mpk(f.migration), segment_sk(r["job"], r["run"], r["segment"]),
+    store.update(store.jpk(f.migration, r["job"]), segment_sk(r["job"], r["run"], r["segment"]),
                  "SET #owner = :free, lease_expires = :zero, released_by = :who",
                  condition="#owner = :owner AND lease_counter = :counter",
                  names={"#owner": "owner"},
@@ -291,7 +291,7 @@ def _reap_shim(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
 
 
 def _abandon_run(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
-    store.update(store.mpk(f.migration), run_sk(f.ref["job"], f.ref["run"]),
+    store.update(store.jpk(f.migration, f.ref["job"]), run_sk(f.ref["job"], f.ref["run"]),
                  "SET abandoned_at = :now, abandoned_by = :who",
                  condition="attribute_exists(pk) AND attribute_not_exists(finished_at) "
                            "AND attribute_not_exists(abandoned_at)",

@@ -1,7 +1,7 @@
 """The shim fleet: heartbeats, the census of live shims, and waiting for acknowledgement.
 
-Each shim instance owns one row ``S#<instance>`` in its migration's partition and
-rewrites it every refresh with the phase version it acts on and a counter it bumps
+Each shim instance owns one row ``S#<instance>`` in its migration's heartbeat partition
+``S#<id>`` (the only partition an app's IAM policy lets it write) and rewrites it every refresh with the phase version it acts on and a counter it bumps
 (``beat``). A transition (and a data job) needs every *live* shim to have acknowledged
 the current version, so at most two adjacent phases serve traffic at once.
 
@@ -66,7 +66,7 @@ def heartbeat(store: ControlStore, migration_id: str, instance: str, phase: str,
     the longest one attempt of the shim's requests can be in flight; ``write_seconds``: the
     longest a write can still be completing after its authoritative copy landed.
     """
-    store.put({"pk": S(store.mpk(migration_id)), "sk": S(shim_sk(instance)), "instance": S(instance),
+    store.put({"pk": S(store.hpk(migration_id)), "sk": S(shim_sk(instance)), "instance": S(instance),
                "host": S(host or socket.gethostname()), "pid": N(pid if pid is not None else os.getpid()),
                "phase": S(phase), "phase_version": N(phase_version), "at": N(store.clock()),
                "liveness_seconds": N(float(liveness_seconds)), "refresh_seconds": N(float(refresh_seconds)),
@@ -76,12 +76,19 @@ def heartbeat(store: ControlStore, migration_id: str, instance: str, phase: str,
 
 def forget(store: ControlStore, migration_id: str, instance: str) -> None:
     """Remove a heartbeat (a shim closing cleanly leaves the census at once)."""
-    store.delete(store.mpk(migration_id), shim_sk(instance))
+    store.delete(store.hpk(migration_id), shim_sk(instance))
 
 
 def heartbeats(store: ControlStore, migration_id: str) -> list[Heartbeat]:
-    """Every heartbeat row of the migration, live or not."""
-    return [Heartbeat.from_item(i) for i in store.query(store.mpk(migration_id), "S#")]
+    """Every heartbeat row of the migration, live or not.
+
+    Also the rows a shim of an older release writes in the migration's own partition
+    (``M#<id>``, where heartbeats lived before they got theirs): uncounted, such a shim
+    could lag a phase unnoticed. A row that fails :func:`~reshard.control.records.check_row`
+    raises (fail closed: a census that skipped it could miss a shim).
+    """
+    rows = store.query(store.hpk(migration_id), "S#") + store.query(store.mpk(migration_id), "S#")
+    return [Heartbeat.from_item(i) for i in rows]
 
 
 def silent_for(store: ControlStore, h: Heartbeat, now: float) -> float:
@@ -119,7 +126,7 @@ def reap(store: ControlStore, migration_id: str, gone: Iterable[Heartbeat]) -> i
     removed = 0
     for h in gone:
         try:
-            store.delete(store.mpk(migration_id), shim_sk(h.instance), condition="(#b = :b OR attribute_not_exists(#b)) AND #at = :at",
+            store.delete(h.row_pk or store.hpk(migration_id), shim_sk(h.instance), condition="(#b = :b OR attribute_not_exists(#b)) AND #at = :at",
                          names={"#b": "beat", "#at": "at"}, values={":b": N(h.beat), ":at": N(h.at)})
             removed += 1
         except errors.ConditionalCheckFailed:

@@ -3,25 +3,33 @@
 One DynamoDB table (default ``reshard-control``, PAY_PER_REQUEST, partition key ``pk``
 and sort key ``sk``, both strings)::
 
-    pk              sk                          what
-    M#<id>          META                        the migration: file text + hash, table,
-                                                phase, phase_version, last transition
-    M#<id>          H#<phase_version:08d>       one transition: from, to, action, who, at
-    M#<id>          S#<instance id>             a shim heartbeat: host, pid, phase and
-                                                phase_version it acts on, at, liveness
-    M#<id>          R#<job>#<run:06d>           a job run: started/finished, totals
-    M#<id>          J#<job>#<run:06d>#<seg:05d> a job segment: lease and checkpoint
-    M#<id>          U#<job>#<digest>            an unmappable item found by a job
-    M#<id>          D#<job>#<run:06d>#<digest>  an example difference found by verify
-    T#<table>       ACTIVE                      which migration owns a data table now
+    pk              sk                          what                            written by
+    M#<id>          META                        the migration: file text + hash, operator
+                                                table, phase, phase_version
+    M#<id>          H#<phase_version:08d>       one transition                  operator
+    S#<id>          S#<instance id>             a shim heartbeat: host, pid,    app (shim)
+                                                phase_version it acts on, beat
+    J#<id>#<job>    R#<job>#<run:06d>           a job run: started/finished     worker
+    J#<id>#<job>    J#<job>#<run:06d>#<seg:05d> a job segment: lease, checkpoint worker
+    J#<id>#<job>    U#<job>#<digest>            an unmappable item found        worker
+    J#<id>#<job>    D#<job>#<run:06d>#<digest>  an example difference (verify)  worker
+    T#<table>       ACTIVE                      which migration owns the table  operator
 
-Everything about one migration shares a partition, so ``status`` is one Query.
+The partition says who may write a row: IAM's ``dynamodb:LeadingKeys`` condition sees
+only the partition key, so the app's policy can allow writes to ``S#<id>`` (heartbeats)
+and nothing else, a worker's to ``J#<id>#<job>`` and never the phase row
+(:mod:`reshard.core.iam`). Heartbeats once lived in ``M#<id>``: the census still reads
+that place too, so a shim of an older release is counted (fail closed).
+
+Every row reshard writes carries ``schema`` (:data:`SCHEMA`); :func:`check_row` refuses a
+row of an unknown schema or one whose contents disagree with the key it sits under.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reshard import errors
 from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS
 from reshard.core.settle import assumed_write_seconds
 from reshard.core.migration import Migration, parse
@@ -29,6 +37,10 @@ from reshard.core.phases import Phase, TERMINAL
 from reshard.core.wire import get_n, get_s
 
 META = "META"
+#: The row format this release writes (attribute ``schema``); a row without it was written
+#: before the attribute existed and has the same format (1).
+SCHEMA = 1
+KNOWN_SCHEMAS = frozenset({1})
 #: A shim refuses to act once it could not refresh for this long (seconds).
 DEFAULT_LIVENESS_SECONDS = 30.0
 #: For heartbeats written before shims reported it: the same assumption as for job leases
@@ -44,6 +56,16 @@ def migration_pk(migration_id: str) -> str:
 
 def history_sk(phase_version: int) -> str:
     return f"H#{phase_version:08d}"
+
+
+def heartbeat_pk(migration_id: str) -> str:
+    """The shims' partition of a migration (the only one an app may write)."""
+    return f"S#{migration_id}"
+
+
+def jobs_pk(migration_id: str, job: str) -> str:
+    """A job's partition (runs, segments, unmappable items, examples): a worker writes here."""
+    return f"J#{migration_id}#{job}"
 
 
 def shim_sk(instance: str) -> str:
@@ -75,6 +97,59 @@ def table_lock_pk(table: str) -> str:
 
 
 TABLE_LOCK_SK = "ACTIVE"
+
+
+# --------------------------------------------------------------------------- row check
+
+def check_row(item: dict) -> None:
+    """Refuse a control row reshard did not write: raise :class:`~reshard.errors.ForeignControlRow`.
+
+    Pure (``doctor`` calls it on every row). Checks the ``schema`` version and that what the
+    row says about itself matches the key it sits under: a META row names its own
+    migration, a heartbeat its own instance, a job row its partition's job, the table lock
+    a migration. A row that fails was forged, or written by a newer release whose format
+    we do not know: acting on it could move or hide a migration, so readers stop.
+    """
+    pk, sk = get_s(item, "pk", ""), get_s(item, "sk", "")
+    where = f"control row ({pk!r}, {sk!r})"
+    schema = item.get("schema")
+    if schema is not None:
+        value = schema.get("N") if isinstance(schema, dict) else None
+        if value is None or not value.isdigit() or int(value) not in KNOWN_SCHEMAS:
+            raise errors.ForeignControlRow(f"{where} has schema {_shown(schema)}, which this release does not know "
+                                           f"(it writes {SCHEMA}): refusing to act on it; upgrade reshard, or "
+                                           "remove the row if nobody should have written it")
+    kind, _, rest = pk.partition("#")
+    if kind == "M" and sk == META:
+        _same(where, "id", get_s(item, "id", ""), rest)
+        if item.get("phase", {}).get("S") not in {p.value for p in Phase}:
+            raise errors.ForeignControlRow(f"{where} has no valid phase: refusing to act on it")
+    elif kind in ("M", "S") and sk.startswith("S#"):
+        _same(where, "instance", get_s(item, "instance", ""), sk[2:])
+    elif kind == "M" and sk.startswith("H#"):
+        pass
+    elif kind == "J":
+        mid, _, job = rest.rpartition("#")
+        if not mid or not sk.startswith(tuple(f"{p}#{job}#" for p in "RJUD")):
+            raise errors.ForeignControlRow(f"{where}: a job row that names another job than its partition's "
+                                           f"({job!r}): refusing to act on it")
+        if "job" in item:
+            _same(where, "job", get_s(item, "job", ""), job)
+    elif kind == "T" and sk == TABLE_LOCK_SK:
+        if not get_s(item, "migration_id", ""):
+            raise errors.ForeignControlRow(f"{where}: a table lock without an owner: refusing to act on it")
+    else:
+        raise errors.ForeignControlRow(f"{where} is no row reshard writes: refusing to act on it")
+
+
+def _same(where: str, attribute: str, found: str, expected: str) -> None:
+    if found != expected:
+        raise errors.ForeignControlRow(f"{where} says {attribute} {found!r} but sits under {expected!r} "
+                                       "(forged, or copied from another row): refusing to act on it")
+
+
+def _shown(value) -> str:
+    return repr(next(iter(value.values()))) if isinstance(value, dict) and value else repr(value)
 
 
 # --------------------------------------------------------------------------- rows
@@ -139,6 +214,7 @@ class MigrationState:
 
     @classmethod
     def from_item(cls, item: dict) -> "MigrationState":
+        check_row(item)
         version = int(get_n(item, "phase_version"))
         last = None
         if "last_to" in item:
@@ -171,6 +247,7 @@ class Heartbeat:
     migration_id: str = ""  # the migration whose file the shim runs
     beat: int = 0  # bumped by every heartbeat of this instance
     request_seconds: float = 0.0  # the longest one attempt of its requests can be in flight (0: not reported)
+    row_pk: str = ""  # the partition it was read from (S#<id>; M#<id> for a shim of an older release)
     #: The longest one of its writes can still be completing after its authoritative copy
     #: landed (the mirror and every retry; 0: not reported): verify's settle window.
     write_seconds: float = 0.0
@@ -211,11 +288,12 @@ class Heartbeat:
 
     @classmethod
     def from_item(cls, i: dict) -> "Heartbeat":
+        check_row(i)
         return cls(get_s(i, "instance"), get_s(i, "host", "?"), int(get_n(i, "pid", 0)), get_s(i, "phase", "?"),
                    int(get_n(i, "phase_version", 0)), float(get_n(i, "at", 0)),
                    float(get_n(i, "liveness_seconds", DEFAULT_LIVENESS_SECONDS)),
                    float(get_n(i, "refresh_seconds", 0.0)), get_s(i, "pk", "M#")[2:],
-                   int(get_n(i, "beat", 0)), float(get_n(i, "request_seconds", 0.0)),
+                   int(get_n(i, "beat", 0)), float(get_n(i, "request_seconds", 0.0)), get_s(i, "pk", ""),
                    float(get_n(i, "write_seconds", 0.0)))
 
 
@@ -239,6 +317,7 @@ class RunInfo:
 
     @classmethod
     def from_item(cls, migration_id: str, item: dict) -> "RunInfo":
+        check_row(item)
         _, job, run = get_s(item, "sk").split("#", 2)
         fin = get_n(item, "finished_at")
         abandoned = get_n(item, "abandoned_at")

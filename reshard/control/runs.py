@@ -21,13 +21,13 @@ from reshard.core.wire import get_n, get_s, load_key
 
 
 def read_run(store: ControlStore, migration_id: str, job: str, run: int) -> RunInfo | None:
-    item = store.get(store.mpk(migration_id), run_sk(job, run))
+    item = store.get(store.jpk(migration_id, job), run_sk(job, run))
     return RunInfo.from_item(migration_id, item) if item else None
 
 
 def runs(store: ControlStore, migration_id: str, job: str) -> list[RunInfo]:
     """Every run of ``job`` for this migration, oldest first."""
-    return sorted((RunInfo.from_item(migration_id, i) for i in store.query(store.mpk(migration_id), f"R#{job}#")),
+    return sorted((RunInfo.from_item(migration_id, i) for i in store.query(store.jpk(migration_id, job), f"R#{job}#")),
                   key=lambda r: r.run)
 
 
@@ -73,7 +73,7 @@ def backfill_run(store: ControlStore, migration_id: str) -> int:
 
 def segment_records(store: ControlStore, migration_id: str, job: str, run: int, total: int) -> list[SegmentRecord]:
     """Every segment of a run (one Query), a blank record for segments nobody touched yet."""
-    items = {get_s(i, "sk"): i for i in store.query(store.mpk(migration_id), segment_prefix(job, run))}
+    items = {get_s(i, "sk"): i for i in store.query(store.jpk(migration_id, job), segment_prefix(job, run))}
     return [SegmentRecord.from_item(s, items.get(segment_sk(job, run, s))) for s in range(total)]
 
 
@@ -106,7 +106,7 @@ def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now
     """Segments of ``jobs`` whose lease is still held by someone (their workers may still write)."""
     out = []
     for job in jobs:
-        for item in store.query(store.mpk(migration_id), f"J#{job}#"):
+        for item in store.query(store.jpk(migration_id, job), f"J#{job}#"):
             if get_s(item, "owner", FREE) != FREE and float(get_n(item, "lease_expires", 0)) > now:
                 out.append(f"{job} segment {int(get_n(item, 'segment', -1))} ({get_s(item, 'owner')})")
     return out
@@ -117,7 +117,7 @@ def held_leases(store: ControlStore, migration_id: str,
     """Every segment lease of ``jobs`` (any run) that is not released: ``(job, run, record)``."""
     out = []
     for job in jobs:
-        for item in store.query(store.mpk(migration_id), f"J#{job}#"):
+        for item in store.query(store.jpk(migration_id, job), f"J#{job}#"):
             rec = SegmentRecord.from_item(int(get_n(item, "segment", -1)), item)
             if rec.held:
                 out.append((job, int(get_n(item, "run", 0)), rec))
@@ -167,7 +167,7 @@ def unmappable_items(store: ControlStore, migration_id: str, job: str = BACKFILL
     """The unmappable-items report of a job (old key, reason, detail); a ``collision`` (two
     unversioned old copies of one logical item that differ) also names the other old key."""
     out = []
-    for i in store.query(store.mpk(migration_id), unmappable_sk(job, "")):
+    for i in store.query(store.jpk(migration_id, job), unmappable_sk(job, "")):
         row = {"old_key": load_key(get_s(i, "old_key")), "reason": get_s(i, "reason"), "detail": get_s(i, "detail")}
         if "other_key" in i:
             row["other_key"] = load_key(get_s(i, "other_key"))
@@ -177,14 +177,14 @@ def unmappable_items(store: ControlStore, migration_id: str, job: str = BACKFILL
 
 def examples(store: ControlStore, migration_id: str, job: str, run: int) -> list[dict]:
     """The example differences a run recorded (``D#<job>#<run>#...``)."""
-    return [json.loads(get_s(i, "body")) for i in store.query(store.mpk(migration_id), example_prefix(job, run))]
+    return [json.loads(get_s(i, "body")) for i in store.query(store.jpk(migration_id, job), example_prefix(job, run))]
 
 
 def backfill_progress(store: ControlStore, migration_id: str) -> dict | None:
     """The counting backfill run's segments, owners, totals, throttle reason and unmappable count."""
     d = describe(store, migration_id, BACKFILL_JOB, backfill_run(store, migration_id))
     if d is not None:
-        d["unmappable_items"] = len(store.query(store.mpk(migration_id), unmappable_sk(BACKFILL_JOB, "")))
+        d["unmappable_items"] = len(store.query(store.jpk(migration_id, BACKFILL_JOB), unmappable_sk(BACKFILL_JOB, "")))
     return d
 
 

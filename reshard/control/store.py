@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo, expression_kwargs
-from reshard.control.records import META, TABLE_LOCK_SK, MigrationState, Transition, history_sk, migration_pk, table_lock_pk
+from reshard.control.records import (META, SCHEMA, TABLE_LOCK_SK, MigrationState, Transition, heartbeat_pk, history_sk,
+                                     jobs_pk, migration_pk, table_lock_pk)
 from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration, load
 from reshard.core.phases import Phase
@@ -144,6 +145,8 @@ class ControlStore:
 
     def put(self, item: dict, condition: str | None = None, names: dict | None = None,
             values: dict | None = None) -> None:
+        """Every row reshard puts says which format it has (``check_row`` refuses others)."""
+        item = {**item, "schema": item.get("schema", N(SCHEMA))}
         self.dynamo.call("put_item", TableName=self.table, Item=item, **expression_kwargs(condition, names, values))
 
     def update(self, pk: str, sk: str, expression: str, condition: str | None = None,
@@ -168,6 +171,14 @@ class ControlStore:
     @staticmethod
     def mpk(migration_id: str) -> str:
         return migration_pk(migration_id)
+
+    @staticmethod
+    def hpk(migration_id: str) -> str:
+        return heartbeat_pk(migration_id)
+
+    @staticmethod
+    def jpk(migration_id: str, job: str) -> str:
+        return jobs_pk(migration_id, job)
 
     def register(self, m: Migration, who: str | None = None) -> tuple[MigrationState, bool]:
         """Register a migration as ``planned``. Idempotent for the same file text.
@@ -250,8 +261,10 @@ class ControlStore:
 
     def list_states(self) -> list[MigrationState]:
         """Every registered migration (a Scan of META records; the control table is small)."""
-        out, kwargs = [], {"TableName": self.table, "FilterExpression": "sk = :m",
-                           "ExpressionAttributeValues": {":m": S(META)}, "ConsistentRead": True}
+        # Only META rows in migration partitions: an app may write any sort key in its
+        # heartbeat partition, and a "META" there must not pass for a migration.
+        out, kwargs = [], {"TableName": self.table, "FilterExpression": "sk = :m AND begins_with(pk, :mp)",
+                           "ExpressionAttributeValues": {":m": S(META), ":mp": S("M#")}, "ConsistentRead": True}
         while True:
             resp = self._read("scan", **kwargs)
             out.extend(MigrationState.from_item(i) for i in resp.get("Items", []))

@@ -1,51 +1,137 @@
 """Least-privilege IAM policies for reshard (pure: builds JSON-able dicts).
 
-Two roles, because they run in different places:
+One table says what each command sends (:data:`COMMANDS`: command → table → actions →
+partitions of the control table it may write); a role is a list of commands
+(:data:`ROLES`), and its policy is the union of their needs. Four roles:
 
-* ``operator``: the person or job running `reshard` commands (plan, start, advance,
-  backfill, verify, cleanup). Needs to scan and write the data table and to create and
-  write the control table.
-* ``app``: the application instances that import the shim. Needs single-item and
-  query access to the data table, and to read the migration record and write its own
-  heartbeat in the control table. No Scan, no table management.
+* ``app``: application instances importing the shim. Single-item, batch and query
+  access to the data table; reads of migration records and the table lock; writes only
+  in its migration's heartbeat partition ``S#<id>``.
+* ``observer``: ``plan``, ``status``, ``list``, ``doctor`` and ``verify`` without
+  ``--repair``. Reads the data table; its only writes are verify's own run, leases and
+  examples in ``J#<id>#verify`` (a verify must record its verdict for the cutover gate).
+* ``worker``: ``backfill``, ``verify --repair``, ``cleanup``: data-table writes and the
+  jobs' partitions ``J#<id>#<job>``. Never the phase row, history, heartbeats or lock.
+* ``operator``: transitions (``start``, ``advance``, ``rollback``, ``abort``, the retire
+  that ends the cleanup of an aborted migration), ``cleanup --enable-ttl``, ``doctor
+  --repair``, and everything above.
+
+Control-table writes are limited with ``dynamodb:LeadingKeys`` (the partition key of
+every item a request touches), because the control table keys rows by who writes them
+(:mod:`reshard.control.records`). What that cannot limit, by IAM's design: the sort key.
+An app may overwrite or delete *another shim's heartbeat of the same migration*, which
+can hide a lagging shim from the census; ``${aws:userid}`` in the key would confine each
+principal to its own heartbeats, but instances of one role share a principal (Lambda, one
+host's processes) and the census would then need a Scan. See docs/iam.md.
 """
 
 from __future__ import annotations
 
-OPERATOR_DATA_ACTIONS = [
-    "dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive", "dynamodb:UpdateTimeToLive",
-    "dynamodb:Scan", "dynamodb:Query", "dynamodb:GetItem", "dynamodb:BatchGetItem",
-    "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
-]
-OPERATOR_CONTROL_ACTIONS = [
-    "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem",
-    "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query", "dynamodb:Scan",
-]
-APP_DATA_ACTIONS = [
-    "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-    "dynamodb:DeleteItem", "dynamodb:Query", "dynamodb:BatchWriteItem",
-]
-APP_CONTROL_ACTIONS = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem"]
+from dataclasses import dataclass
+
+DATA, CONTROL = "data", "control"
+
+READ_DATA = ("DescribeTable", "Scan", "Query", "GetItem", "BatchGetItem")
+WRITE_DATA = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")
+READ_CONTROL = ("DescribeTable", "GetItem", "Query", "Scan")
+WRITE_ROWS = ("PutItem", "UpdateItem", "DeleteItem")
+
+
+@dataclass(frozen=True)
+class Need:
+    """Actions on one table; ``partitions``: LeadingKeys patterns (``{id}``, ``{table}``
+    filled in), empty for "any item"."""
+
+    table: str
+    actions: tuple[str, ...]
+    partitions: tuple[str, ...] = ()
+
+
+def _job(job: str, data: tuple[str, ...]) -> tuple[Need, ...]:
+    """A data job: read the control table, write its own job partition, the data table as given."""
+    return (Need(DATA, data), Need(CONTROL, READ_CONTROL), Need(CONTROL, WRITE_ROWS, (f"J#{{id}}#{job}",)))
+
+
+#: command -> what it sends. The request-recording test (tests/integration/test_iam_requests.py)
+#: runs the commands on dynalite and checks every request against the policies built from this.
+COMMANDS: dict[str, tuple[Need, ...]] = {
+    # The shim: data items; the migration's and (on a foreign lock) another migration's META
+    # row and the table lock; its own heartbeats.
+    "shim": (Need(DATA, ("GetItem", "BatchGetItem", "Query") + WRITE_DATA),
+             Need(CONTROL, ("GetItem",), ("M#*", "T#{table}")),
+             Need(CONTROL, ("PutItem", "DeleteItem"), ("S#{id}",))),
+    "plan": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan")),),
+    "status": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL)),
+    "list": (Need(CONTROL, READ_CONTROL),),
+    "doctor": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan", "GetItem")), Need(CONTROL, READ_CONTROL)),
+    "verify": _job("verify", READ_DATA),
+    "backfill": _job("backfill", READ_DATA + ("PutItem",)),
+    "verify --repair": _job("verify", READ_DATA + WRITE_DATA),
+    "cleanup": _job("cleanup", READ_DATA + ("DescribeTimeToLive", "UpdateItem", "DeleteItem")),
+    # Transitions: the phase row, history, table lock, and reaping silent heartbeats.
+    "start": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan")),  # plan's checks, --count
+              Need(CONTROL, READ_CONTROL + ("CreateTable",) + WRITE_ROWS)),
+    "advance / rollback / abort": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
+    "cleanup (retire of an aborted migration)": (Need(CONTROL, READ_CONTROL + WRITE_ROWS),),
+    "cleanup --enable-ttl": (Need(DATA, ("DescribeTimeToLive", "UpdateTimeToLive")),),
+    "doctor --repair": (Need(DATA, ("DescribeTable", "Scan", "DeleteItem")), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
+}
+
+_OBSERVER = ("plan", "status", "list", "doctor", "verify")
+_WORKER = ("backfill", "verify", "verify --repair", "cleanup", "status")
+#: role -> the commands it may run (operator: every one, the shim's included).
+ROLES: dict[str, tuple[str, ...]] = {
+    "app": ("shim",),
+    "observer": _OBSERVER,
+    "worker": _WORKER,
+    "operator": tuple(COMMANDS),
+}
 
 
 def table_arn(table: str, region: str = "*", account: str = "*") -> str:
     return f"arn:aws:dynamodb:{region}:{account}:table/{table}"
 
 
-def policy(role: str, data_table: str, control_table: str, region: str = "*", account: str = "*") -> dict:
-    """The IAM policy document for ``role`` (``operator`` or ``app``)."""
-    if role == "operator":
-        data, control = OPERATOR_DATA_ACTIONS, OPERATOR_CONTROL_ACTIONS
-    elif role == "app":
-        data, control = APP_DATA_ACTIONS, APP_CONTROL_ACTIONS
-    else:
-        raise ValueError(f"unknown role {role!r}")
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "ReshardDataTable", "Effect": "Allow", "Action": sorted(data),
-             "Resource": [table_arn(data_table, region, account)]},
-            {"Sid": "ReshardControlTable", "Effect": "Allow", "Action": sorted(control),
-             "Resource": [table_arn(control_table, region, account)]},
-        ],
-    }
+def grants(role: str, migration_id: str, data_table: str) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(table, action) -> LeadingKeys patterns, () meaning any partition; the union of the
+    role's commands (an unrestricted grant of an action wins over restricted ones)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
+    out: dict[tuple[str, str], set[str] | None] = {}
+    for command in ROLES[role]:
+        for need in COMMANDS[command]:
+            parts = {p.format(id=migration_id, table=data_table) for p in need.partitions}
+            for action in need.actions:
+                key = (need.table, action)
+                if not parts or (key in out and out[key] is None):
+                    out[key] = None
+                else:
+                    out[key] = (out.get(key) or set()) | parts
+    return {k: tuple(sorted(v)) if v else () for k, v in out.items()}
+
+
+def policy(role: str, data_table: str, control_table: str, region: str = "*", account: str = "*",
+           migration_id: str = "*") -> dict:
+    """The IAM policy document for ``role`` (``app``, ``observer``, ``worker`` or ``operator``)."""
+    statements: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (table, action), parts in grants(role, migration_id, data_table).items():
+        statements.setdefault((table, parts), []).append(f"dynamodb:{action}")
+    arns = {DATA: table_arn(data_table, region, account), CONTROL: table_arn(control_table, region, account)}
+    out = []
+    for n, ((table, parts), actions) in enumerate(sorted(statements.items()), 1):
+        # Sids must be unique within a policy.
+        st = {"Sid": f"Reshard{table.capitalize()}Table{'Partitions' if parts else ''}{n}", "Effect": "Allow",
+              "Action": sorted(actions), "Resource": [arns[table]]}
+        if parts:
+            # Every item a request touches must be in one of these partitions. Only item
+            # actions carry keys: a Scan here would pass (ForAllValues of nothing is true).
+            if {"dynamodb:Scan", "dynamodb:DescribeTable", "dynamodb:CreateTable"} & set(actions):
+                raise ValueError(f"{actions} cannot be limited by partition")
+            st["Condition"] = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(parts)}}
+        out.append(st)
+    return {"Version": "2012-10-17", "Statement": out}
+
+
+def summary(role: str) -> str:
+    """One line: the commands a role may run."""
+    return f"{role}: " + ", ".join(ROLES[role])

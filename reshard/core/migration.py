@@ -21,9 +21,14 @@ from typing import Any, Mapping
 
 from reshard.errors import MigrationFileError
 
+#: Jump consistent hash (Lamping & Veach 2014) over a 64-bit key from sha256; see
+#: :func:`reshard.core.layout.jump_hash`. Growing N -> M moves only 1 - N/M of the items.
+JUMP = "jump"
+
 #: Hash functions a layout may name. Bit-exact with what applications compute:
-#: ``int(hashlib.<name>(s.encode()).hexdigest(), 16) % shards``.
-HASHES = ("sha256", "md5")
+#: ``int(hashlib.<name>(s.encode()).hexdigest(), 16) % shards`` for sha256 and md5;
+#: ``jump_hash(int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "big"), shards)`` for jump.
+HASHES = ("sha256", "md5", JUMP)
 
 #: Upper bound on a layout's shard count. A random-suffix read needs one key per
 #: shard in a single BatchGetItem (100 keys at most, one of which is the new key),
@@ -38,7 +43,11 @@ SHARD = "shard"
 RESERVED_PREFIX = "_rs_"
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+#: A field is named like any DynamoDB attribute (reserved words, '.', '#', '-', spaces,
+#: non-ASCII: every expression reshard sends names it through ExpressionAttributeNames),
+#: except for what the template syntax itself uses ({}, [] and ':'/'!' for specs) and
+#: surrounding blanks (invisible in a template).
+_FIELD_RE = re.compile(r"^(?!\s)[^{}\[\]:!]+(?<!\s)\Z")
 _TOP_KEYS = {"id", "table", "description", "keys", "from", "to", "cleanup"}
 _KEYS_KEYS = {"partition", "sort"}
 _LAYOUT_KEYS = {"partition", "sort", "shards", "shard_by", "hash", "shard_function", "fields"}

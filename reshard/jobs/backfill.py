@@ -196,7 +196,7 @@ class Backfill:
     def _report(self, key: str, reason: str, detail: str, size: int, other: str | None = None,
                 digest_of: str | None = None) -> None:
         digest = hashlib.sha256((digest_of or key).encode()).hexdigest()[:20]
-        row = {"pk": S(self.store.mpk(self.migration_id)), "sk": S(unmappable_sk(BACKFILL_JOB, digest)),
+        row = {"pk": S(self.store.jpk(self.migration_id, BACKFILL_JOB)), "sk": S(unmappable_sk(BACKFILL_JOB, digest)),
                "job": S(BACKFILL_JOB), "old_key": S(key), "reason": S(reason), "detail": S(detail[:1000]),
                "size": N(size), "at": N(time.time())}
         if other is not None:

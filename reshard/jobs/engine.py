@@ -221,7 +221,7 @@ class SegmentEngine:
         #: Checked before every page: a reason to stop (e.g. the phase moved on), or None.
         self.guard = guard
         self.stop_reason = ""
-        self.pk = store.mpk(migration_id)
+        self.pk = store.jpk(migration_id, job)
         self.migration_id = migration_id
         self.job = job
         self.run = run

@@ -368,7 +368,7 @@ class Verifier:
         body = Difference(kind, identity, old_key, new_key, version_of(old), version_of(new), detail).as_dict()
         text = json.dumps(body, sort_keys=True, default=str)
         digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-        self.store.put({"pk": S(self.store.mpk(self.migration_id)), "sk": S(example_prefix(VERIFY_JOB, self.run) + digest),
+        self.store.put({"pk": S(self.store.jpk(self.migration_id, VERIFY_JOB)), "sk": S(example_prefix(VERIFY_JOB, self.run) + digest),
                         "body": S(text)})
 
     # ---------------------------------------------------------------- repair

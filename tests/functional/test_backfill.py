@@ -55,7 +55,7 @@ def test_copy_is_exact_for_each_example_migration(moto_dynamo, kind):
     assert read_run(store, m.id, JOB, RUN).finished_at is not None
     assert backfill_missing(store, store.load_state(m.id)) is None
     # A crash between the last segment and the run stamp: the next invocation stamps it.
-    store.update(store.mpk(m.id), "R#backfill#000001", "REMOVE finished_at")
+    store.update(store.jpk(m.id, "backfill"), "R#backfill#000001", "REMOVE finished_at")
     assert "incomplete" in backfill_missing(store, store.load_state(m.id))
     run_job(BACKFILL, moto_dynamo, store, m.id, _opts())
     assert backfill_missing(store, store.load_state(m.id)) is None

@@ -352,3 +352,65 @@ def test_permission_to_create_the_control_table_is_explained(store, moto_dynamo)
         store.ensure_table()
     assert "cannot create control table 'rs-control': not allowed (grant dynamodb:CreateTable" in str(e.value)
     assert e.value.exit_code == 1 and e.value.request_id == "req-1"
+
+
+# ---------------------------------------------------------------------------- rows reshard did not write
+
+def test_a_forged_heartbeat_stops_the_census_instead_of_being_skipped(moto_dynamo, clock):
+    """An app may write its migration's heartbeat partition (IAM cannot limit the sort key):
+    a row there that names another instance, or has an unknown schema, fails closed."""
+    store = ControlStore(moto_dynamo, "ctl", clock=clock)
+    store.register(parse(SENSOR, "<sensor>"))
+    fleet.heartbeat(store, MID, "i-1", "planned", 1)
+    assert [h.instance for h in fleet.census(store, MID, 1).live] == ["i-1"]
+    store.dynamo.call("put_item", TableName="ctl", Item={"pk": {"S": store.hpk(MID)}, "sk": {"S": "S#i-2"},
+                                                          "instance": {"S": "i-1"}, "phase_version": {"N": "9"}})
+    with pytest.raises(errors.ForeignControlRow, match="says instance 'i-1' but sits under 'i-2'"):
+        fleet.census(store, MID, 1)
+    with pytest.raises(errors.ForeignControlRow):
+        transition(store, MID, Action.ADVANCE)
+    assert store.load_state(MID).phase is Phase.PLANNED
+    store.delete(store.hpk(MID), "S#i-2")
+    fleet.heartbeat(store, MID, "i-3", "planned", 1)
+    store.update(store.hpk(MID), "S#i-3", "SET #s = :s", names={"#s": "schema"}, values={":s": {"N": "2"}})
+    with pytest.raises(errors.ForeignControlRow, match="schema '2'"):
+        fleet.census(store, MID, 1)
+
+
+def test_a_meta_row_outside_the_migration_partitions_is_no_migration(moto_dynamo, clock):
+    """A "META" an app wrote in its heartbeat partition must not pass for a migration."""
+    store = ControlStore(moto_dynamo, "ctl", clock=clock)
+    state, _ = store.register(parse(SENSOR, "<sensor>"))
+    forged = dict(state.raw, pk={"S": store.hpk(MID)}, id={"S": "evil"}, table={"S": "Other"})
+    store.dynamo.call("put_item", TableName="ctl", Item=forged)
+    assert [s.id for s in store.list_states()] == [MID]
+    assert resolve(store, None) == MID
+
+
+def test_a_meta_row_of_an_unknown_schema_is_refused_with_one_line(moto_dynamo, clock, capsys):
+    from reshard.cli.main import main
+
+    store = ControlStore(moto_dynamo, "ctl", clock=clock)
+    store.register(parse(SENSOR, "<sensor>"))
+    store.update(store.mpk(MID), "META", "SET #s = :s", names={"#s": "schema"}, values={":s": {"N": "3"}})
+    assert main(["status", MID, "--control-table", "ctl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "schema '3'" in err and "refusing to act on it" in err
+
+
+def test_a_heartbeat_where_an_older_release_wrote_it_is_counted_and_reaped_there(moto_dynamo, clock):
+    """Heartbeats moved from M#<id> to S#<id>: a shim not yet upgraded must still hold the fleet."""
+    store = ControlStore(moto_dynamo, "ctl", clock=clock)
+    store.register(parse(SENSOR, "<sensor>"))
+    store.put({"pk": {"S": store.mpk(MID)}, "sk": {"S": "S#old"}, "instance": {"S": "old"},
+               "phase": {"S": "planned"}, "phase_version": {"N": "0"}, "at": {"N": str(clock())},
+               "liveness_seconds": {"N": "5"}, "beat": {"N": "1"}})
+    fleet.heartbeat(store, MID, "new", "planned", 1, liveness_seconds=5)
+    c = fleet.census(store, MID, 1)
+    assert sorted(h.instance for h in c.live) == ["new", "old"] and [h.instance for h in c.lagging] == ["old"]
+    with pytest.raises(errors.RefusedTransition):
+        transition(store, MID, Action.ADVANCE)
+    clock.t += 100
+    c = fleet.wait_for_ack(store, MID, 1, 60, sleep=clock.sleep)
+    assert c.live == () and {h.instance for h in c.expired} == {"old", "new"}
+    assert store.get(store.mpk(MID), "S#old") is None and store.get(store.hpk(MID), "S#new") is None  # reaped where each was

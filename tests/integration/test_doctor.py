@@ -70,7 +70,7 @@ def force_meta(store: ControlStore, mid: str, phase: str, version: int, **extra)
 
 
 def put_run(store: ControlStore, mid: str, job: str, run: int, finished: bool, segments: int = 1) -> None:
-    item = {"pk": S(store.mpk(mid)), "sk": S(run_sk(job, run)), "total_segments": N(segments),
+    item = {"pk": S(store.jpk(mid, job)), "sk": S(run_sk(job, run)), "total_segments": N(segments),
             "started_at": N(time.time() - 100)}
     if finished:
         item["finished_at"] = N(time.time() - 50)
@@ -79,7 +79,7 @@ def put_run(store: ControlStore, mid: str, job: str, run: int, finished: bool, s
 
 def put_lease(store: ControlStore, mid: str, job: str, run: int, segment: int, owner: str, counter: int,
               expires: float) -> None:
-    store.put({"pk": S(store.mpk(mid)), "sk": S(segment_sk(job, run, segment)), "segment": N(segment),
+    store.put({"pk": S(store.jpk(mid, job)), "sk": S(segment_sk(job, run, segment)), "segment": N(segment),
                "run": N(run), "owner": S(owner), "lease_counter": N(counter), "lease_expires": N(expires), **QUIET})
 
 
@@ -109,9 +109,9 @@ def test_orphaned_lease_and_abandoned_run_are_repaired(env):
     code, report = env.doctor("m1", "--repair", cli=True)
     assert code == 0, report
     assert sorted(r["outcome"] for r in report["repairs"]) == ["repaired", "repaired"]
-    seg = env.store.get(env.store.mpk("m1"), segment_sk("backfill", 1, 0))
+    seg = env.store.get(env.store.jpk("m1", "backfill"), segment_sk("backfill", 1, 0))
     assert seg["owner"]["S"] == "-" and seg["lease_counter"]["N"] == "7"
-    assert "abandoned_at" in env.store.get(env.store.mpk("m1"), run_sk("backfill", 1))
+    assert "abandoned_at" in env.store.get(env.store.jpk("m1", "backfill"), run_sk("backfill", 1))
     assert env.doctor()[0] == 0
 
 
@@ -250,12 +250,12 @@ def test_repair_does_not_release_a_lease_renewed_after_the_diagnosis(env):
     put_lease(env.store, "m1", "backfill", 1, 0, "slowhost:1:w0", 3, time.time() - 10)
 
     def renew(finding):
-        env.store.update(env.store.mpk("m1"), segment_sk("backfill", 1, 0), "SET lease_counter = :c",
+        env.store.update(env.store.jpk("m1", "backfill"), segment_sk("backfill", 1, 0), "SET lease_counter = :c",
                          values={":c": N(4)})
 
     report = operations.doctor(env.store, env.dynamo, repair=True, before_write=renew, poll=0.05)
     assert [(r.finding.kind, r.outcome) for r in report.repairs] == [("expired_lease", "changed")]
-    seg = env.store.get(env.store.mpk("m1"), segment_sk("backfill", 1, 0))
+    seg = env.store.get(env.store.jpk("m1", "backfill"), segment_sk("backfill", 1, 0))
     assert (seg["owner"]["S"], seg["lease_counter"]["N"]) == ("slowhost:1:w0", "4")
 
 
@@ -266,11 +266,11 @@ def test_repair_leaves_a_lease_renewed_while_watched(env):
     put_run(env.store, "m1", "backfill", 1, finished=False)
     put_lease(env.store, "m1", "backfill", 1, 0, "slowhost:1:w0", 3, time.time() - 10)
     diagnosis = operations.doctors.diagnose(env.store, env.dynamo, "m1")
-    env.store.update(env.store.mpk("m1"), segment_sk("backfill", 1, 0), "SET lease_counter = :c",
+    env.store.update(env.store.jpk("m1", "backfill"), segment_sk("backfill", 1, 0), "SET lease_counter = :c",
                      values={":c": N(4)})
     repairs = operations.doctors.repair(env.store, env.dynamo, diagnosis.findings, poll=0.05)
     assert [r.outcome for r in repairs] == ["live"]
-    assert env.store.get(env.store.mpk("m1"), segment_sk("backfill", 1, 0))["owner"]["S"] == "slowhost:1:w0"
+    assert env.store.get(env.store.jpk("m1", "backfill"), segment_sk("backfill", 1, 0))["owner"]["S"] == "slowhost:1:w0"
 
 
 def test_repair_keeps_a_heartbeat_that_beats_while_watched(env):
@@ -297,7 +297,7 @@ def test_repair_wait_0_never_releases_a_lease(env):
     put_lease(env.store, "m1", "backfill", 1, 0, "host:1:w0", 3, time.time() + 60)
     code, report = env.doctor("--repair", "--wait", "0", cli=True)
     assert code == 1 and report["repairs"][0]["outcome"] == "waiting"
-    assert env.store.get(env.store.mpk("m1"), segment_sk("backfill", 1, 0))["owner"]["S"] == "host:1:w0"
+    assert env.store.get(env.store.jpk("m1", "backfill"), segment_sk("backfill", 1, 0))["owner"]["S"] == "host:1:w0"
 
 
 def test_doctor_text_output_and_unknown_migration(env, dynalite_server, capsys):

@@ -1,0 +1,204 @@
+"""Every request each role's commands send, judged against that role's generated policy.
+
+A small migration runs on dynalite from the command line (observer: plan, status, verify;
+operator: start, advance; worker: backfill, verify --repair, cleanup) while a real shim
+(app) serves traffic in every phase. A botocore hook records every request with the
+role whose client sent it (tests/iam_support.py). Then:
+
+* every request is allowed by its own role's policy (and by the operator's: "everything");
+* the requests other roles must never be able to send are denied: the operator's writes
+  to the phase row, history and table lock for app, observer and worker; the worker's
+  data writes for the observer; any control write outside its heartbeat partition, and
+  any Scan, for the app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from decimal import Decimal
+
+import pytest
+
+from reshard.cli.main import main
+from reshard.core import iam
+from reshard.core.migration import parse
+from reshard.shim.table import ShardedTable
+
+from tests.backfill_support import migration_text
+from tests.iam_support import ACCOUNT, REGION, Recorder, Request, allowed, fake_credentials, leaks
+from tests.shim_helpers import read_item
+
+ROLES = ("app", "observer", "worker", "operator")
+CONTROL_WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")
+DATA_WRITES = CONTROL_WRITES
+
+
+def policies(m, control: str) -> dict[str, dict]:
+    return {r: iam.policy(r, m.table, control, REGION, ACCOUNT, migration_id=m.id) for r in ROLES}
+
+
+def record_every_role(dynalite_server, tmp_path_factory):
+    """Run the commands of every role once: (migration, control table, requests, all output)."""
+    import uuid
+
+    from reshard.aws import local
+    from reshard.aws.dynamo import Dynamo, to_wire
+    from reshard.core.layout import KeyMapper
+
+    mp = pytest.MonkeyPatch()
+    table = f"t-iam-{uuid.uuid4().hex[:8]}"
+    control = f"{table}-ctl"
+    path = tmp_path_factory.mktemp("iam") / "m.toml"
+    path.write_text(migration_text("sensor", table))
+    m = parse(path.read_text(), str(path))
+    setup = Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1")
+    local.create_table(setup, table, KeyMapper(m).keys)
+    for i in range(12):  # a few pre-migration items in the old layout
+        fields = {"sensor_id": f"s-{i % 3}", "event_id": f"e-{i}", "ts": f"2024-10-27T00:00:{i:02d}Z"}
+        setup.call("put_item", TableName=table, Item=KeyMapper(m).old.key(to_wire(fields)) | to_wire(
+            {"sensor_id": fields["sensor_id"], "event_id": fields["event_id"], "v": i}))
+
+    rec = Recorder()
+    rec.install(mp)
+    # Known fake credentials and --verbose: the output is searched for them too (one
+    # lifecycle for two tests; tests/functional/test_no_secrets.py covers the error paths).
+    fake_credentials(mp)
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logging.getLogger("reshard").addHandler(handler)
+    logging.getLogger("reshard").setLevel(logging.DEBUG)
+    g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", control, "--region", "us-east-1",
+         "--verbose"]
+
+    def run(role: str, *args: str, status: int = 0) -> None:
+        rec.role = role
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main([*args, *g])
+        log.write(out.getvalue())
+        assert code == status, (role, args, out.getvalue())
+
+    n = [0]
+
+    def traffic(shim: ShardedTable) -> None:
+        """The shim's every kind of request: put, update, get, query, delete, batch."""
+        n[0] += 1
+        key = {"sensor_id": "s-9", "event_id": f"a-{n[0]}", "ts": f"2024-10-28T00:00:{n[0]:02d}Z"}
+        shim.put_item(Item=dict(key, v=Decimal(1)))
+        shim.update_item(Key=key, UpdateExpression="SET v = :v", ExpressionAttributeValues={":v": Decimal(2)})
+        assert read_item(shim, Key=key)["v"] == 2
+        shim.query(Key={"sensor_id": "s-9"})
+        shim.delete_item(Key=key)
+        with shim.batch_writer() as b:
+            b.put_item(Item=dict(key, event_id=f"b-{n[0]}", v=Decimal(3)))
+
+    def with_shim() -> None:
+        # A shim per phase (its first refresh acknowledges it), closed before the next
+        # transition: the operator then moves an empty fleet (--allow-no-shims) at once.
+        rec.role = "app"
+        with ShardedTable.from_file(str(path), endpoint_url=dynalite_server.endpoint, control_table=control,
+                                    refresh_seconds=60) as shim:
+            traffic(shim)
+
+    try:
+        run("observer", "plan", str(path), "--sample", "20", "--segments", "2")
+        run("operator", "start", str(path))
+        with_shim()
+        for _ in range(3):  # dual_write, dual_read, backfill
+            run("operator", "advance", m.id, "--allow-no-shims")
+            with_shim()
+        run("worker", "backfill", m.id, "--segments", "2")
+        run("worker", "verify", m.id, "--segments", "2", "--repair")
+        run("observer", "verify", m.id, "--segments", "2")
+        run("observer", "status", m.id)
+        for _ in range(2):  # cutover, cleanup
+            run("operator", "advance", m.id, "--allow-no-shims")
+            with_shim()
+        run("worker", "cleanup", m.id, "--segments", "2", "--delete")
+        run("operator", "advance", m.id, "--allow-no-shims")  # complete
+        with_shim()
+    finally:
+        mp.undo()
+        logging.getLogger("reshard").removeHandler(handler)
+        logging.getLogger("reshard").setLevel(logging.NOTSET)
+    hash_keys = {table: m.keys.partition, control: "pk"}
+    return m, control, rec.requests(hash_keys), log.getvalue()
+
+
+def test_every_request_is_judged_by_its_roles_policy(dynalite_server, tmp_path_factory):
+    """One lifecycle (it takes a while), three checks."""
+    recorded = record_every_role(dynalite_server, tmp_path_factory)
+    every_request_of_a_role_is_allowed_by_its_policy(recorded)
+    what_other_roles_must_never_send_is_denied(recorded)
+    no_credential_in_the_output_of_any_command(recorded)
+
+
+def every_request_of_a_role_is_allowed_by_its_policy(recorded):
+    m, control, requests, _ = recorded
+    pols = policies(m, control)
+    by_role = {r: [q for q in requests if q.role == r] for r in ROLES}
+    assert all(by_role.values()), {r: len(v) for r, v in by_role.items()}  # every role sent requests
+    refused = [str(q) for q in requests if not allowed(pols[q.role], q)]
+    assert refused == []
+    assert [str(q) for q in requests if not allowed(pols["operator"], q)] == []  # "and everything above"
+    # The shim used every kind of data request it is granted.
+    ops = {q.operation for q in by_role["app"] if q.table == m.table}
+    assert {"PutItem", "UpdateItem", "DeleteItem", "GetItem", "Query", "BatchWriteItem"} <= ops
+
+
+def what_other_roles_must_never_send_is_denied(recorded):
+    m, control, requests, _ = recorded
+    pols = policies(m, control)
+    # The operator's transitions: writes to the phase row, history and table lock.
+    transitions = [q for q in requests if q.role == "operator" and q.table == control
+                   and q.operation in CONTROL_WRITES and all(k.startswith(("M#", "T#")) for k in q.leading_keys)]
+    assert {q.operation for q in transitions} >= {"PutItem", "UpdateItem"}
+    for role in ("app", "observer", "worker"):
+        assert [str(q) for q in transitions if allowed(pols[role], q)] == [], role
+    # The worker's data writes and job leases outside verify: the observer only reads.
+    worker_writes = [q for q in requests if q.role == "worker" and q.operation in DATA_WRITES
+                     and (q.table == m.table or not all(k.endswith("#verify") for k in q.leading_keys))]
+    assert any(q.table == m.table for q in worker_writes) and any(q.table == control for q in worker_writes)
+    assert [str(q) for q in worker_writes if allowed(pols["observer"], q)] == []
+    # Every control write that is not a heartbeat, whoever sent it, is refused to the app.
+    not_heartbeats = [q for q in requests if q.table == control and q.operation in CONTROL_WRITES
+                      and q.leading_keys != {f"S#{m.id}"}]
+    assert len(not_heartbeats) > 10
+    assert [str(q) for q in not_heartbeats if allowed(pols["app"], q)] == []
+
+
+@pytest.mark.parametrize("role, request_", [
+    ("app", Request("app", "PutItem", "{control}", None, frozenset({"M#{id}"}))),  # forge the phase row
+    ("app", Request("app", "UpdateItem", "{control}", None, frozenset({"M#{id}"}))),
+    ("app", Request("app", "DeleteItem", "{control}", None, frozenset({"J#{id}#backfill"}))),  # drop a lease
+    ("app", Request("app", "PutItem", "{control}", None, frozenset({"T#{table}"}))),  # steal the table lock
+    ("app", Request("app", "PutItem", "{control}", None, frozenset({"S#other-migration"}))),
+    ("app", Request("app", "Scan", "{control}")),
+    ("app", Request("app", "Scan", "{table}")),
+    ("app", Request("app", "CreateTable", "{control}")),
+    ("worker", Request("worker", "UpdateItem", "{control}", None, frozenset({"M#{id}"}))),  # a transition
+    ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"H#{id}"}))),
+    ("worker", Request("worker", "DeleteItem", "{control}", None, frozenset({"T#{table}"}))),
+    ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"S#{id}"}))),  # forge a heartbeat
+    ("worker", Request("worker", "UpdateTimeToLive", "{table}")),
+    ("observer", Request("observer", "PutItem", "{table}")),
+    ("observer", Request("observer", "UpdateItem", "{control}", None, frozenset({"J#{id}#backfill"}))),
+    ("observer", Request("observer", "UpdateItem", "{control}", None, frozenset({"M#{id}"}))),
+    ("observer", Request("observer", "PutItem", "{control}", None, frozenset({"J#{id}#verify", "M#{id}"}))),
+])
+def test_forbidden_requests_are_denied(role, request_):
+    m = parse(migration_text("sensor", "Data", "mig-1"), "<m>")
+    fill = {"control": "ctl", "table": m.table, "id": m.id}
+    q = Request(role, request_.operation, request_.table.format(**fill), None,
+                frozenset(k.format(**fill) for k in request_.leading_keys))
+    assert not allowed(iam.policy(role, m.table, "ctl", REGION, ACCOUNT, migration_id=m.id), q)
+    assert allowed(iam.policy("operator", m.table, "ctl", REGION, ACCOUNT, migration_id=m.id), q)
+
+
+def no_credential_in_the_output_of_any_command(recorded):
+    """Every command above ran with known fake credentials and --verbose (success paths)."""
+    m, _, _, output = recorded
+    assert f"{m.id}" in output and "backfill" in output  # the commands' output really was captured
+    assert leaks(output) == []
