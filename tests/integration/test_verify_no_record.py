@@ -56,3 +56,25 @@ def test_no_record_verify_writes_nothing_gives_the_verdict_and_opens_no_gate(dyn
     # --repair writes: refused with --no-record, one line, exit 2, before anything is read.
     code, out, err = run("verify", m.id, "--no-record", "--repair")
     assert code == 2 and err.startswith("reshard: error: ") and "--no-record" in err and err.count("\n") == 1
+
+
+def test_no_record_verify_waits_out_the_settle_window_without_a_lease(dynalite, unique_name):
+    """A suspect is re-read until it stayed unchanged for --settle-seconds: the read-only
+    pages have no lease to renew while they wait, and still write nothing."""
+    from reshard import operations
+
+    control = f"{unique_name}-ctl"
+    m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=control)
+    shim = Shim(dynalite, mapper, m.table)
+    for i in range(6):
+        shim.seed(logical("sensor", i))
+    assert run_job(BACKFILL, dynalite, store, m.id, JobOptions(segments=1, workers=1, page_size=50)).done
+    copy = next(i for i in scan_all(dynalite, m.table).values() if NEW_COPY_ATTR in i)
+    dynalite.call("delete_item", TableName=m.table, Key={k: copy[k] for k in mapper.old.key_attrs})
+    before = (scan_all(dynalite, control), scan_all(dynalite, m.table))
+    result = operations.verify_read_only(dynalite, store, m.id, JobOptions(segments=1, settle_seconds=0.3,
+                                                                          recheck_pause=0.05))
+    assert result.finished and not result.passed and result.differences["missing"] == 1
+    assert "settle window 0.3s" in result.examples[0]["detail"]
+    assert result.elapsed >= 0.3
+    assert (scan_all(dynalite, control), scan_all(dynalite, m.table)) == before
