@@ -45,6 +45,10 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     """Validate FILE against the live table; show items, moves, shard skew, capacity, cost and next steps.
 
     \b
+    Also compares [to] with the same layout on hash = "jump": the items that move now,
+    in a later doubling and in a later M -> M + M/2 growth, and whether jump pays.
+
+    \b
     Samples --sample items (default 2000) over --segments parallel-scan segments, or
     scans everything with --sample 0. Estimates are scaled to the table's item count:
     DescribeTable's ItemCount (refreshed about every 6 hours; the report says so and

@@ -308,6 +308,7 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
                   "estimated_moves": round(a.moves * est.scale),
                   "estimated_unmappable": round(a.unmappable_count * est.scale)},
         "distribution": {"old": old.as_dict(), "new": new.as_dict()},
+        "moves": (a.alternatives or planning.MoveComparison(a.mapper)).as_dict(est.scale),
         "capacity": est.as_dict(),
         "recommendation": rec.as_dict() if rec else None,
         "warnings": list(p.warnings),
@@ -327,8 +328,12 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         add(f"  {m['description']}")
     for side in ("from", "to"):
         lay = m[side]
-        rule = "random" if lay["shard_by"] == "random" else \
-            f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
+        if lay["shard_by"] == "random":
+            rule = "random"
+        elif lay["hash"] == "jump":  # not a modulo: jump of the first 8 bytes of sha256 (see the README)
+            rule = f"jump(sha256({' # '.join(lay['shard_by'])})[:8], {lay['shards']})"
+        else:
+            rule = f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
         sort = f", sort {lay['sort']!r}" if lay["sort"] else ""
         add(f"  {side:<4} partition {lay['partition']!r}{sort}, {lay['shards']} shards, shard = {rule}")
     add("")
@@ -367,6 +372,8 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         add(f"Items per shard, {name} layout ({d.shards} shards): skew {d.skew:.2f} (max/mean), {hot}")
         add(planning.histogram(d, width=30))
         add("")
+    add(move_text(r["moves"]))
+    add("")
     bf, cl, od = cap["backfill"], cap["cleanup"], cap["on_demand"]
     add("Capacity (whole table)")
     add(f"  backfill  {bf['rcu']:>12,.1f} RCU (scan {bf['scan_rcu']:,.1f} + fence reads {bf['fence_read_rcu']:,.1f})"
@@ -401,4 +408,22 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
     add("Next:" if not r["start_refuses"] else "Next (once start's problems are fixed):")
     for c in r["next"]:
         add(f"  {c}")
+    return "\n".join(out)
+
+
+def move_text(mv: dict) -> str:
+    """The "Items that move" table of the plan: the [to] layout vs the same with jump."""
+    lay = mv["layouts"]
+    t = lay["target"]
+    heads = [f"this migration (-> {t['shards']})", f"then {t['shards']} -> {t['doubling']['to_shards']}",
+             f"then {t['shards']} -> {t['growth']['to_shards']}"]
+    out = [f"Items that move (sample of {mv['sampled']}, ~ scaled to the table)",
+           ("  " + " " * 22 + "".join(f"{h:<28}" for h in heads)).rstrip()]
+    for name, label in (("target", f"[to] {t['hash'] or t['shard_function']}"), ("jump", "[to] with jump")):
+        if name == "jump" and t["hash"] == "jump":
+            continue
+        cells = "".join(f"{100 * lay[name][sc]['fraction']:5.1f}%  ~{lay[name][sc]['estimated_items']:<19,}"
+                        for sc in planning.SCENARIOS)
+        out.append(f"  {label[:20]:<22}{cells}".rstrip())
+    out.append(f"  {mv['advice']}")
     return "\n".join(out)

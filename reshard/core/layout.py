@@ -27,7 +27,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
 from reshard.errors import UnmappableItem
-from reshard.core.migration import SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, resolve_function
+from reshard.core.migration import JUMP, SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, resolve_function
 
 #: Bookkeeping attributes, all under the one reserved prefix, never shown to the app.
 VERSION_ATTR = RESERVED_PREFIX + "v"  # write version, see reshard.core.versions
@@ -55,13 +55,47 @@ Wire = dict  # a DynamoDB attribute-value map, e.g. {"PK": {"S": "a#1"}}
 # --------------------------------------------------------------------------- hashing
 
 def hash_shard(value: str, shards: int, algorithm: str = "sha256") -> int:
-    """``int(hashlib.<algorithm>(value.encode()).hexdigest(), 16) % shards``, bit-exact.
+    """The shard of ``value`` under ``algorithm``, bit-exact with what applications compute.
 
-    ``int.from_bytes(digest)`` is the same integer as ``int(hexdigest, 16)``, without
-    the hex round-trip.
+    ``sha256`` / ``md5``: ``int(hashlib.<algorithm>(value.encode()).hexdigest(), 16) % shards``
+    (``int.from_bytes(digest)`` is the same integer without the hex round-trip).
+    ``jump``: :func:`jump_hash` of :func:`jump_key`.
     """
+    if algorithm == JUMP:
+        return jump_hash(jump_key(value), shards)
     digest = hashlib.new(algorithm, value.encode()).digest()
     return int.from_bytes(digest, "big") % shards
+
+
+def jump_key(value: str) -> int:
+    """The 64-bit key jump hashes: the first 8 bytes of ``sha256(value.encode())``, big-endian.
+
+    Documented in the README so that an application can compute it itself:
+    ``int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "big")``.
+    """
+    return int.from_bytes(hashlib.sha256(value.encode()).digest()[:8], "big")
+
+
+_U64 = (1 << 64) - 1
+
+
+def jump_hash(key: int, buckets: int) -> int:
+    """Jump consistent hash (Lamping & Veach 2014, arXiv:1406.2294), bit-exact with the paper's C++.
+
+    ``key`` is an unsigned 64-bit integer. Growing ``buckets`` from N to M moves an item
+    only into a bucket >= N, and only 1 - N/M of the items. The division is done in
+    double precision exactly as the C++ does (Python floats are IEEE doubles), so the
+    result matches other implementations bit for bit (test vectors in tests/unit).
+    """
+    if buckets < 1:
+        raise ValueError("jump_hash needs at least one bucket")
+    key &= _U64
+    b, j = -1, 0
+    while j < buckets:
+        b = j
+        key = (key * 2862933555777941757 + 1) & _U64
+        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return b
 
 
 # --------------------------------------------------------------------------- scalars

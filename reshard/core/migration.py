@@ -21,9 +21,14 @@ from typing import Any, Mapping
 
 from reshard.errors import MigrationFileError
 
+#: Jump consistent hash (Lamping & Veach 2014) over a 64-bit key from sha256; see
+#: :func:`reshard.core.layout.jump_hash`. Growing N -> M moves only 1 - N/M of the items.
+JUMP = "jump"
+
 #: Hash functions a layout may name. Bit-exact with what applications compute:
-#: ``int(hashlib.<name>(s.encode()).hexdigest(), 16) % shards``.
-HASHES = ("sha256", "md5")
+#: ``int(hashlib.<name>(s.encode()).hexdigest(), 16) % shards`` for sha256 and md5;
+#: ``jump_hash(int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "big"), shards)`` for jump.
+HASHES = ("sha256", "md5", JUMP)
 
 #: Upper bound on a layout's shard count. A random-suffix read needs one key per
 #: shard in a single BatchGetItem (100 keys at most, one of which is the new key),

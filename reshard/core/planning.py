@@ -37,6 +37,7 @@ eventually consistent ones); one write request unit what one WCU does.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -44,9 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from reshard.errors import UnmappableItem
-from reshard.core.layout import KeyMapper, is_tombstone, item_size, scalar
+from reshard.core.layout import KeyMapper, Layout, is_tombstone, item_size, scalar
 from reshard.core.capacity import read_units, scan_units, write_units
-from reshard.core.migration import SHARD
+from reshard.core.migration import JUMP, SHARD
 from reshard.core.versions import version_of
 
 #: USD per million on-demand write / read request units (us-east-1, Standard class).
@@ -176,6 +177,8 @@ class SampleAnalysis:
     _old_keys: dict = field(default_factory=dict, repr=False)
     old_shards: list = field(default_factory=list)
     new_shards: list = field(default_factory=list)
+    # Move counts of the alternatives ``plan`` compares (see MoveComparison); built on first use.
+    alternatives: "MoveComparison | None" = None
 
     def observe(self, item: Mapping[str, Any]) -> None:
         """Account for one old-layout item (wire format)."""
@@ -203,6 +206,9 @@ class SampleAnalysis:
         taken = self._check_collision(item, new_item, values)
         self.old_shards.append(old_shard)
         self.new_shards.append(new_shard)
+        if self.alternatives is None:
+            self.alternatives = MoveComparison(self.mapper)
+        self.alternatives.observe(item, values, moved)
         if moved:
             self.moves += 1
             new_size = item_size(new_item)
@@ -282,6 +288,99 @@ class SampleAnalysis:
 
     def new_distribution(self) -> Distribution:
         return distribution(self.new_shards, self.mapper.new.shards)
+
+
+# --------------------------------------------------------------------------- moves: hash vs jump
+
+#: The scenarios compared per candidate [to] layout: this migration, then growing that
+#: layout to twice its shards, then to half as many again (a growth that is not a doubling).
+SCENARIOS = ("this_migration", "doubling", "growth")
+
+
+def growth_shards(shards: int) -> tuple[int, int]:
+    """The shard counts of the two follow-up growths ``plan`` prices: ``2M`` and ``M + ceil(M/2)``."""
+    return 2 * shards, shards + max(1, -(-shards // 2))
+
+
+class MoveComparison:
+    """Sampled move counts for the file's [to] layout and for the same layout with ``hash = "jump"``.
+
+    With ``hash % M`` a doubling keeps half the items, but any other growth moves most of
+    them (32 -> 48 keeps a third); jump moves only ``1 - M/K`` for any growth M -> K. So
+    the question ``plan`` answers is whether switching to jump now (which may move more
+    items in *this* migration) pays back in the next growth. A following growth moves an
+    item exactly when its shard changes (same templates, only the shard count differs).
+    """
+
+    def __init__(self, mapper: KeyMapper):
+        self.mapper = mapper
+        target = mapper.migration.target
+        keys = mapper.keys
+        jump_spec = dataclasses.replace(target, hash=JUMP, shard_function=None)
+        self.target_is_jump = target.hash == JUMP
+        self.specs = {"target": target, "jump": jump_spec}
+        self.layouts: dict[str, tuple[Layout, ...]] = {}
+        for name, spec in self.specs.items():
+            self.layouts[name] = (Layout(spec, keys.partition, keys.sort),
+                                  *(Layout(dataclasses.replace(spec, shards=n), keys.partition, keys.sort)
+                                    for n in growth_shards(spec.shards)))
+        self.counts = {name: [0, 0, 0] for name in self.specs}
+        self.observed = 0
+
+    def observe(self, item: Mapping[str, Any], values: Mapping[str, Any], moved: bool) -> None:
+        """Count one mappable old item (``values`` its key fields; ``moved`` in this migration)."""
+        self.observed += 1
+        for name, (layout, doubled, grown) in self.layouts.items():
+            c = self.counts[name]
+            if name == "target" or self.target_is_jump:
+                c[0] += moved
+            else:
+                c[0] += any(item.get(a) != v for a, v in layout.key(values).items())
+            shard = layout.shard_for(values)
+            c[1] += doubled.shard_for(values) != shard
+            c[2] += grown.shard_for(values) != shard
+
+    def fraction(self, name: str, scenario: str) -> float:
+        return self.counts[name][SCENARIOS.index(scenario)] / self.observed if self.observed else 0.0
+
+    def as_dict(self, scale: float) -> dict:
+        """The ``moves`` block of ``plan --json``: per layout and scenario, sampled items, fraction, estimate."""
+        layouts = {}
+        for name, spec in self.specs.items():
+            row = {"hash": spec.hash, "shard_function": spec.shard_function, "shards": spec.shards}
+            for i, scenario in enumerate(SCENARIOS):
+                n = self.counts[name][i]
+                to = spec.shards if i == 0 else growth_shards(spec.shards)[i - 1]
+                row[scenario] = {"to_shards": to, "sampled_items": n,
+                                 "fraction": round(self.fraction(name, scenario), 4),
+                                 "estimated_items": round(n * scale)}
+            layouts[name] = row
+        recommend, advice = self.advice()
+        return {"sampled": self.observed, "layouts": layouts, "recommend_jump": recommend, "advice": advice}
+
+    def advice(self) -> tuple[bool | None, str]:
+        """Whether to use jump in [to] (None when it already does), and one line saying why.
+
+        Jump pays when the items it adds to this migration are fewer than those it saves
+        in the next growth that is not a doubling (a doubling costs both half the items).
+        """
+        m = self.specs["target"].shards
+        _, grow = growth_shards(m)
+        pct = lambda name, sc: f"{100 * self.fraction(name, sc):.1f}%"  # noqa: E731
+        if not self.observed:
+            return None, "no mappable item sampled: nothing to compare"
+        if self.target_is_jump:
+            return None, (f'[to] uses hash = "jump": a later growth {m} -> K shards moves only 1 - {m}/K '
+                          f"of the items ({m} -> {grow}: {pct('jump', 'growth')})")
+        now = self.fraction("jump", "this_migration") - self.fraction("target", "this_migration")
+        later = self.fraction("target", "growth") - self.fraction("jump", "growth")
+        what = self.specs["target"].hash or "shard_function"
+        compare = (f"jump moves {pct('jump', 'this_migration')} now (vs {pct('target', 'this_migration')}) "
+                   f"and {pct('jump', 'growth')} in a later {m} -> {grow} (vs {pct('target', 'growth')})")
+        if now <= later:
+            return True, f'recommended: hash = "jump" in [to]: {compare}'
+        return False, (f"jump not recommended for this migration (keep {what}): {compare}; "
+                       "it pays back only over later growths that are not doublings")
 
 
 def _digest(wire: Mapping[str, Any]) -> bytes:

@@ -289,7 +289,8 @@ class CounterLifecycle(Lifecycle):
         """A backfill throttled to a crawl, frozen with SIGSTOP once it holds a lease mid-copy."""
         self.watch_stalled()
         proc = subprocess.Popen(_cli(self.proxy.endpoint, self.control, "--output", "json", "backfill", self.m.id,
-                                     *BACKFILL, "--workers", "2", "--page-size", "10", "--max-wcu", "10"),
+                                     *BACKFILL, "--workers", "2", "--concurrency", "2", "--page-size", "10",
+                                     "--max-wcu", "10"),
                                 env=dict(_env(), AWS_SDK_UA_APP_ID="stalled"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         mine = f":{proc.pid}:"
@@ -412,10 +413,10 @@ def test_random_suffix_counters_across_switches_with_stalled_backfill(tmp_path):
         assert copied_before_stop >= 1, "the stalled backfill had not copied anything: it stalled before copying"
         # The time fence: past its lease deadline a worker starts no data write. A worker frozen
         # between its deadline check and the socket send still sends that one request when it
-        # resumes (no client-side check can stop it: issue 12 case 2) -- at most one per worker
-        # thread; whether it was refused by the version fence or was harmless is what the audit
+        # resumes (no client-side check can stop it: issue 12 case 2) -- at most one per write in
+        # flight: workers x --concurrency (2 x 2); whether it was refused by the version fence or was harmless is what the audit
         # below judges (every such write is listed in the figures).
-        assert len(late) <= 2, f"the stalled backfill wrote more than one request per worker after its deadline: {late}"
+        assert len(late) <= 2 * 2, f"the stalled backfill wrote more than one request per write in flight after its deadline: {late}"
         lc.switch(Action.ROLLBACK, dwell=0.8)       # backfill (switch 2: cutover -> backfill)
         lc.switch(Action.ADVANCE, dwell=0.8)        # cutover again (the verify before the first still counts)
         lc.verify()                                 # the last verify: in cutover, under the counters

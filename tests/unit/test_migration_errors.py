@@ -77,6 +77,11 @@ MISTAKES = [
     ("random-in-to", edit_to('shard_by = ["event_id"]\nhash = "sha256"', 'shard_by = "random"'),
      "to.shard_by", "random"),
     ("unknown-hash", edit('hash = "sha256"', 'hash = "crc32"'), "from.hash", "unknown hash"),
+    ("unknown-hash-lists-jump", edit_to('hash = "sha256"', 'hash = "Jump"'), "to.hash", "known: sha256, md5, jump"),
+    ("random-in-to-with-jump", edit_to('shard_by = ["event_id"]\nhash = "sha256"', 'shard_by = "random"\nhash = "jump"'),
+     "to.hash", "random"),
+    ("jump-and-shard-function", edit_to('hash = "sha256"', 'hash = "jump"\nshard_function = "os.path:join"'),
+     "to.shard_function", "not both"),
 ]
 
 

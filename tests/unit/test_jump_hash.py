@@ -1,0 +1,149 @@
+"""``hash = "jump"``: bit-exact with published vectors, uniform, and minimal movement.
+
+Vectors:
+* Guava, ``HashingTest.testConsistentHash_linearCongruentialGeneratorCompatibility``
+  (``Hashing.consistentHash(long, int)``, Lamping & Veach's LCG and division).
+* The Go ``jump`` package's tests (``jump.Hash(key, buckets)``, as in dgryski/go-jump).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from scipy.stats import chi2
+
+from reshard.core import migration
+from reshard.core.layout import KeyMapper, hash_shard, jump_hash, jump_key
+
+GUAVA_GOLDEN_100 = [0, 55, 62, 8, 45, 59, 86, 97, 82, 59, 73, 37, 17, 56, 86, 21, 90, 37, 38, 83]
+GUAVA = [(10863919174838991, 11, 6), (2016238256797177309, 11, 3), (1673758223894951030, 11, 5),
+         (2, 100001, 80343), (2201, 100001, 22152), (2202, 100001, 15018)]
+GO = [(1, 1, 0), (42, 57, 43), (0xDEAD10CC, 1, 0), (0xDEAD10CC, 666, 361), (256, 1024, 520)]
+
+u64 = st.integers(0, 2**64 - 1)
+
+
+def test_published_vectors():
+    assert [jump_hash(k, 100) for k in range(20)] == GUAVA_GOLDEN_100
+    for key, buckets, expected in GUAVA + GO:
+        assert jump_hash(key, buckets) == expected, (key, buckets)
+
+
+def test_java_negative_longs_are_the_same_64_bits():
+    # Guava takes a signed long; the algorithm works on its 64 bits. -1 is 2**64 - 1.
+    assert jump_hash(-1, 1000) == jump_hash(2**64 - 1, 1000)
+
+
+def test_key_derivation_is_the_documented_one():
+    s = "sensor-7#evt-00042"
+    assert jump_key(s) == int(hashlib.sha256(s.encode()).hexdigest()[:16], 16)
+    assert hash_shard(s, 32, "jump") == jump_hash(jump_key(s), 32)
+    with pytest.raises(ValueError):
+        jump_hash(1, 0)
+
+
+@pytest.mark.parametrize("buckets", [7, 32, 100, 1000])
+def test_uniform_chi_square(buckets):
+    # Fixed inputs, so the statistic is one number per bucket count: it cannot flake.
+    # The bound is the chi-square quantile at p = 1e-6: a biased jump (e.g. an LCG step
+    # or a division that is off) lands far above it.
+    n = 50 * buckets
+    counts = [0] * buckets
+    for i in range(n):
+        counts[jump_hash(jump_key(f"item-{i}"), buckets)] += 1
+    expected = n / buckets
+    stat = sum((c - expected) ** 2 / expected for c in counts)
+    assert stat < chi2.ppf(1 - 1e-6, buckets - 1), (buckets, stat)
+
+
+def test_chi_square_detects_a_biased_hash():
+    # The check above can fail: "% buckets" over a key skewed to low values does.
+    buckets, n = 32, 1600
+    counts = [0] * buckets
+    for i in range(n):
+        counts[min(jump_hash(jump_key(f"item-{i}"), buckets), jump_hash(jump_key(f"x-{i}"), buckets))] += 1
+    stat = sum((c - n / buckets) ** 2 / (n / buckets) for c in counts)
+    assert stat > chi2.ppf(1 - 1e-6, buckets - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(u64, st.integers(1, 1000), st.integers(1, 1000))
+def test_growing_never_moves_between_old_buckets(key, n, m):
+    n, m = min(n, m), max(n, m)
+    old, new = jump_hash(key, n), jump_hash(key, m)
+    assert 0 <= old < n and 0 <= new < m
+    assert new == old or new >= n
+
+
+@settings(max_examples=100, deadline=None)
+@given(u64, st.integers(1, 200))
+def test_one_more_bucket_takes_only_for_itself(key, n):
+    # The paper's definition: ch(k, n+1) is ch(k, n) or the new bucket n.
+    assert jump_hash(key, n + 1) in (jump_hash(key, n), n)
+
+
+JUMP_TO_JUMP = """\
+id = "j"
+table = "Things"
+[keys]
+partition = "PK"
+sort = "SK"
+[from]
+partition = "{tenant}#{shard}"
+sort = "{name}"
+shards = {n}
+shard_by = ["tenant", "name"]
+hash = "jump"
+[to]
+partition = "{tenant}#{shard}"
+sort = "{name}"
+shards = {m}
+shard_by = ["tenant", "name"]
+hash = "jump"
+"""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(st.characters(blacklist_characters="#", blacklist_categories=("Cs",)), min_size=1, max_size=12),
+       st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12),
+       st.integers(1, 300), st.integers(1, 300))
+def test_migration_moves_exactly_the_items_whose_bucket_changes(tenant, name, n, m):
+    if n == m:
+        m = n + 1
+    mapper = KeyMapper(migration.parse(JUMP_TO_JUMP.replace("{n}", str(n)).replace("{m}", str(m)), "j.toml"))
+    old_shard = jump_hash(jump_key(f"{tenant}#{name}"), n)  # the documented key: shard_by joined with '#'
+    item = {"PK": {"S": f"{tenant}#{old_shard}"}, "SK": {"S": name}, "v": {"N": "1"}}
+    new_shard = jump_hash(jump_key(f"{tenant}#{name}"), m)
+    new_item, moved = mapper.remap(item)
+    assert moved == mapper.moves(item) == (new_shard != old_shard)
+    assert new_item["PK"] == {"S": f"{tenant}#{new_shard}"} and new_item["SK"] == {"S": name}
+    if m > n and moved:
+        assert new_shard >= n
+
+
+def test_jump_is_allowed_on_both_sides_and_random_stays_refused_in_to():
+    m = migration.parse(JUMP_TO_JUMP.replace("{n}", "4").replace("{m}", "8"), "j.toml")
+    assert (m.source.hash, m.target.hash) == ("jump", "jump")
+    mixed = JUMP_TO_JUMP.replace("{n}", "4").replace("{m}", "4").replace('hash = "jump"', 'hash = "sha256"', 1)
+    assert migration.parse(mixed, "j.toml").source.hash == "sha256"
+    random_to = JUMP_TO_JUMP.replace("{n}", "4").replace("{m}", "8")
+    head, tail = random_to.split("[to]")
+    with pytest.raises(migration.MigrationFileError, match="random"):
+        migration.parse(head + "[to]" + tail.replace('shard_by = ["tenant", "name"]\nhash = "jump"',
+                                                     'shard_by = "random"'), "j.toml")
+
+
+def test_the_readme_snippet_is_the_implementation():
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = re.search(r"```python\n(\s*def jump_hash.*?)```", readme, re.S).group(1)
+    ns: dict = {}
+    exec(compile("\n".join(line[2:] for line in code.splitlines()), "README", "exec"), ns)  # noqa: S102
+    for key, buckets, expected in GUAVA + GO:
+        assert ns["jump_hash"](key, buckets) == expected
+    for i in range(200):
+        k = jump_key(f"k{i}")
+        assert ns["jump_hash"](k, 1 + i * 5) == jump_hash(k, 1 + i * 5)
