@@ -144,7 +144,8 @@ def test_reads_answer_what_botocore_answers_for_every_value_type(dynalite_server
     item = {"PK": {"S": "r"}, "SK": {"B": b"\x00\x01\xfe"}, "n": {"N": "-1500"}, "ss": {"SS": ["a", "b"]},
             "ns": {"NS": ["1", "2"]}, "bs": {"BS": [b"\x00", b"\xff"]}, "null": {"NULL": True},
             "t": {"BOOL": False}, "empty": {"S": ""},
-            "L": {"L": [{"B": b"\x07"}, {"M": {"B": {"B": b"\x08"}, "BS": {"S": "not binary"}}}, {"L": [{"BS": [b"\x09"]}]}]},
+            "L": {"L": [{"B": b"\x07"}, {"M": {"B": {"B": b"\x08"}, "BS": {"S": "not binary"}}},
+                        {"L": [{"BS": [b"\x09"]}]}]},
             "M": {"M": {"deep": {"M": {"x": {"B": b"\x0a"}}}, "s": {"S": '"B'}}}}
     plain.call("put_item", TableName=table, Item=item)
     key = {"PK": {"S": "r"}, "SK": {"B": b"\x00\x01\xfe"}}
