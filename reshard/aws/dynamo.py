@@ -231,10 +231,12 @@ class Dynamo:
     @property
     def max_request_seconds(self) -> float:
         """The longest an *unguarded* call can keep sending attempts: every attempt's bound
-        plus the backoffs between them, capped by the policy's total time plus one attempt."""
+        plus the backoffs between them, capped by the policy's total time plus one attempt.
+        The total time is checked when an attempt fails, before the backoff: a last attempt
+        may start up to one backoff after it, and then takes up to one attempt's bound."""
         p = self.retry
         every = p.max_attempts * self.attempt_seconds + (p.max_attempts - 1) * p.max_backoff_seconds
-        return min(every, p.max_seconds + self.attempt_seconds)
+        return min(every, p.max_seconds + p.max_backoff_seconds + self.attempt_seconds)
 
     # -- listeners
     def add_capacity_listener(self, fn: Callable[[str, float], None]) -> None:

@@ -30,19 +30,27 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
                                               "(backfill phase only); then verify again.")
 @click.option("--examples", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="How many differences to list.")
+@click.option("--settle-seconds", type=click.FloatRange(0, 3600), default=None,
+              help="Report a difference only once it has stayed unchanged this long (on this host's clock), "
+                   "so a shim write still in flight (authoritative copy landed, mirror retrying) is not a false "
+                   "alarm. Default: the longest a write can take as the migration's shims publish it in their "
+                   "heartbeats (one attempt + every retry of the mirror), or an assumed bound for shims that "
+                   "do not say; 0 with no shim. Only suspect items wait, a page's together.")
 @max_rcu_option
 @max_wcu_option
 @page_size_option()
 @lease_seconds_option()
-def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, max_wcu, page_size, lease_seconds):
+def verify(env: Env, migration, segments, workers, repair, examples, settle_seconds, max_rcu, max_wcu, page_size,
+           lease_seconds):
     """Compare the old and the new layout item by item, both ways.
 
     \b
     Each logical item is judged over every old copy (a random-suffix layout may hold
     several; the newest wins) against its new copy. Differences: missing, stale,
     diverged, extra, new_only, resurrected, duplicate, collision, too_large,
-    unmappable. Each is re-read consistently before it is reported, so in-flight shim
-    writes are not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
+    unmappable. Each is re-read consistently, and reported only once it stayed
+    unchanged for the settle window (--settle-seconds), so in-flight shim writes are
+    not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
     the control table: `reshard advance` to cutover needs a passing verify that started
     after the backfill finished.
     Exit 0 identical, 1 differences (listed; unmappable items beyond the
@@ -54,7 +62,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, max_rcu, ma
     """
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, repair=repair, max_rcu=max_rcu,
-                         max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds)
+                         max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds,
+                         settle_seconds=settle_seconds)
     result, data = _run_job(env, "verify", mid, opts)
     data["counts"] = result.differences  # verify's counts are the kinds of difference
 

@@ -59,17 +59,19 @@ class Census:
 def heartbeat(store: ControlStore, migration_id: str, instance: str, phase: str, phase_version: int,
               liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, host: str | None = None,
               pid: int | None = None, table: str = "", refresh_seconds: float = 0.0, beat: int = 0,
-              request_seconds: float = 0.0) -> None:
+              request_seconds: float = 0.0, write_seconds: float = 0.0) -> None:
     """Record that a shim acts on ``phase_version`` (unconditional: a shim owns its row).
 
     ``beat`` must change with every call (the census watches it); ``request_seconds``:
-    the longest one attempt of the shim's requests can be in flight.
+    the longest one attempt of the shim's requests can be in flight; ``write_seconds``: the
+    longest a write can still be completing after its authoritative copy landed.
     """
     store.put({"pk": S(store.hpk(migration_id)), "sk": S(shim_sk(instance)), "instance": S(instance),
                "host": S(host or socket.gethostname()), "pid": N(pid if pid is not None else os.getpid()),
                "phase": S(phase), "phase_version": N(phase_version), "at": N(store.clock()),
                "liveness_seconds": N(float(liveness_seconds)), "refresh_seconds": N(float(refresh_seconds)),
-               "beat": N(beat), "request_seconds": N(float(request_seconds)), "data_table": S(table or "-")})
+               "beat": N(beat), "request_seconds": N(float(request_seconds)),
+               "write_seconds": N(float(write_seconds)), "data_table": S(table or "-")})
 
 
 def forget(store: ControlStore, migration_id: str, instance: str) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from reshard import errors
 from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS
+from reshard.core.settle import assumed_write_seconds
 from reshard.core.migration import Migration, parse
 from reshard.core.phases import Phase, TERMINAL
 from reshard.core.wire import get_n, get_s
@@ -247,6 +248,9 @@ class Heartbeat:
     beat: int = 0  # bumped by every heartbeat of this instance
     request_seconds: float = 0.0  # the longest one attempt of its requests can be in flight (0: not reported)
     row_pk: str = ""  # the partition it was read from (S#<id>; M#<id> for a shim of an older release)
+    #: The longest one of its writes can still be completing after its authoritative copy
+    #: landed (the mirror and every retry; 0: not reported): verify's settle window.
+    write_seconds: float = 0.0
 
     @property
     def token(self) -> tuple:
@@ -264,6 +268,11 @@ class Heartbeat:
         been unchanged this long nothing the shim sent can still land.
         """
         return self.liveness_seconds + (self.request_seconds or ASSUMED_SHIM_REQUEST_SECONDS)
+
+    @property
+    def settle_seconds(self) -> float:
+        """This shim's write bound (:mod:`reshard.core.settle`), assumed if it did not say."""
+        return self.write_seconds or assumed_write_seconds(self.request_seconds)
 
     def describe(self) -> str:
         return f"{self.instance} ({self.host} pid {self.pid}, on {self.phase} v{self.phase_version})"
@@ -284,7 +293,8 @@ class Heartbeat:
                    int(get_n(i, "phase_version", 0)), float(get_n(i, "at", 0)),
                    float(get_n(i, "liveness_seconds", DEFAULT_LIVENESS_SECONDS)),
                    float(get_n(i, "refresh_seconds", 0.0)), get_s(i, "pk", "M#")[2:],
-                   int(get_n(i, "beat", 0)), float(get_n(i, "request_seconds", 0.0)), get_s(i, "pk", ""))
+                   int(get_n(i, "beat", 0)), float(get_n(i, "request_seconds", 0.0)), get_s(i, "pk", ""),
+                   float(get_n(i, "write_seconds", 0.0)))
 
 
 @dataclass(frozen=True)

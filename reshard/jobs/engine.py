@@ -170,6 +170,10 @@ class PageContext:
         self.segment = lease.segment
         self.total_segments = total
 
+    def now(self) -> float:
+        """The engine's monotonic clock (the one the lease deadline is on)."""
+        return self._engine.monotonic()
+
     def ensure_lease(self) -> None:
         """Renew the lease if it is past half its time; raises LeaseLost if it was taken."""
         self._engine._renew_if_due(self.lease)

@@ -72,6 +72,9 @@ class JobOptions:
     examples: int = 20
     rechecks: int = 4
     recheck_pause: float = 0.05
+    #: How long verify must see a difference unchanged before it reports it (None: the
+    #: largest write bound the migration's shims publish; see ``reshard.core.settle``).
+    settle_seconds: float | None = None
     # cleanup
     delete: bool = False
     enable_ttl: bool = False

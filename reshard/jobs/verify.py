@@ -23,12 +23,14 @@ item is scanned once, so each logical item is judged once.
 
 Telling live traffic from real differences
     The first look uses the scanned item and an eventually consistent read. Every
-    candidate difference is then re-read with consistent reads of every copy, up to
-    ``rechecks`` times, a short pause apart. A shim write in flight (authoritative copy
-    written, mirror not yet) settles within one write's latency, so the re-read agrees
-    and nothing is reported. A difference is reported only when two consecutive
-    consistent re-reads show the same versions on both sides and still disagree (or it
-    keeps changing through every re-read, which is reported too, marked as such).
+    candidate difference (a page's together) is then re-read with consistent reads of
+    every copy, soon at first, then less often. A shim write in flight (authoritative
+    copy written, mirror not yet) may take as long as the shim's retries allow; each
+    shim publishes that bound in its heartbeat. A difference is reported only when the
+    same versions were seen on two looks and for the whole settle window (the largest
+    bound published, or ``--settle-seconds``) on verify's own monotonic clock
+    (:mod:`reshard.core.settle`); or when it keeps changing through ``rechecks`` looks
+    (reported too, marked as such).
 
 ``--repair`` (backfill phase only, where the old layout is authoritative) fixes what it
 can with version-fenced writes that never overwrite a newer version and never delete a
@@ -56,6 +58,7 @@ from typing import Callable, NamedTuple
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
+from reshard.control.fleet import heartbeats
 from reshard.control.records import example_prefix
 from reshard.control.runs import backfill_run, read_run
 from reshard.control.store import ControlStore
@@ -64,6 +67,7 @@ from reshard.core.compare import INFO, KINDS, Difference, Judgement, judge
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
 from reshard.core.migration import SHARD
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB
+from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import fence_for, unchanged, version_of
 from reshard.core.wire import S, key_of
 from reshard.jobs.budget import CapacityBudget
@@ -170,8 +174,7 @@ class Verifier:
                 # A random layout may hold other, newer copies of it under other shards.
             checks.append(Check("old", candidates, new_key, item, self.mapper.identity(fields)))
 
-        for check in self._first_look(counts, checks):
-            self._settle(ctx, counts, check)
+        self._settle(ctx, counts, self._first_look(counts, checks))
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, resp.get("LastEvaluatedKey")
@@ -263,42 +266,96 @@ class Verifier:
                     return item
         return None
 
-    def _settle(self, ctx: PageContext, counts: dict, c: Check) -> None:
-        """Re-read a suspect consistently until it agrees or stays the same twice."""
-        me = _kid(self._key(c.scanned))
-        keys = [*c.candidates, c.new_key]
-        previous = None
-        j = None
-        steady = False
-        for attempt in range(max(1, self.opts.rechecks)):
-            if attempt:
-                self.sleep(self.opts.recheck_pause * attempt)
+    def _window(self) -> float:
+        """How long a disagreement must be seen unchanged before it is reported: the
+        operator's ``--settle-seconds``, else the largest write bound any shim of the
+        migration published (:func:`reshard.core.settle.settle_window`)."""
+        if self.opts.settle_seconds is not None:
+            return max(0.0, self.opts.settle_seconds)
+        return settle_window(h.settle_seconds for h in heartbeats(self.store, self.migration_id))
+
+    def _settle(self, ctx: PageContext, counts: dict, suspects: list[Check]) -> None:
+        """Re-read the page's suspects consistently, together, until each agrees, or has
+        shown the same versions on two looks and for the whole settle window (then it is
+        reported), or keeps changing (reported, marked as such).
+
+        A shim write in flight (authoritative copy landed, mirror not yet) can go on for
+        as long as the shim's retries allow (:mod:`reshard.core.settle`); a difference
+        seen unchanged for longer on our own monotonic clock is not one. Only suspects
+        wait, in one batch per page: one consistent read of all of them per look, one
+        sleep until the earliest look due. The lease is renewed while waiting and nothing
+        is checkpointed until every suspect is judged (this page returns only then), so a
+        lost lease or a crash redoes the page and skips nothing.
+        """
+        if not suspects:
+            return
+        window: float | None = None
+        watches = [(c, Watch()) for c in suspects]
+        reads = 0
+        while watches:
+            keys = [k for c, _ in watches for k in (*c.candidates, c.new_key)]
+            # Two instants per look: what the read shows was true at some moment between
+            # them. A write seen landed landed before ``now`` (so "same since" starts at
+            # ``now``, late); the look shows the state at or after ``sent`` (so the window
+            # is judged at ``sent``, early). Both err towards waiting longer.
+            sent = ctx.now()
             found = self._read(keys, consistent=True)
-            if self._reporter(c, found) != me:
-                counts["settled"] += 1  # the item changed: another physical item reports it now
-                return
-            j = self._judge(c, found)
-            if j.kind is None:
-                counts["settled"] += 1  # an in-flight write, now landed
-                if j.old_copies > 1:
-                    counts["old_copies"] += 1
-                return
-            versions = tuple(version_of(found.get(_kid(k))) if _kid(k) in found else None for k in keys)
-            if versions == previous:
-                steady = True
-                break
-            previous = versions
+            reads += 1
+            now = ctx.now()
+            if window is None:
+                # Read after the first consistent look: a shim whose write we may have seen
+                # in flight wrote its heartbeat before it served that write.
+                window = self._window()
+            waiting, due = [], []
+            for c, w in watches:
+                if self._reporter(c, found) != _kid(self._key(c.scanned)):
+                    counts["settled"] += 1  # the item changed: another physical item reports it now
+                    continue
+                j = self._judge(c, found)
+                if j.kind is None:
+                    counts["settled"] += 1  # an in-flight write, now landed
+                    if j.old_copies > 1:
+                        counts["old_copies"] += 1
+                    continue
+                w.observe(tuple(version_of(found.get(_kid(k))) if _kid(k) in found else None
+                                for k in (*c.candidates, c.new_key)), now)
+                verdict, at = decide(w, sent, window, max_changes=max(1, self.opts.rechecks - 1),
+                                     pause=self.opts.recheck_pause)
+                if verdict == "wait":
+                    waiting.append((c, w))
+                    due.append(at)
+                    continue
+                details = [j.detail] if j.detail else []
+                if verdict == "changing":
+                    details.append(f"still changing after {reads} consistent re-reads")
+                elif window:
+                    details.append(f"unchanged for {sent - w.since:.1f}s (settle window {window:g}s)")
+                self._conclude(ctx, counts, c, j, details)
+            watches = waiting
+            if watches:
+                self._wait_until(ctx, min(due))
+
+    def _wait_until(self, ctx: PageContext, at: float) -> None:
+        """Sleep towards ``at`` on the engine's monotonic clock, never past the lease's
+        renewal point (renewed here when due; a lease taken over raises, the page is
+        redone). Returns after one sleep: the caller looks again (a look is cheap)."""
+        ctx.ensure_lease()
+        now = ctx.now()
+        step = at - now
+        if ctx.lease.renew_due > now:
+            step = min(step, ctx.lease.renew_due - now)
+        if step > 0:
+            self.sleep(step)
+
+    def _conclude(self, ctx: PageContext, counts: dict, c: Check, j: Judgement, details: list[str]) -> None:
+        """Report a difference that stayed (repairing it first if asked)."""
         old, new = j.reference, j.new
-        ident = c.identity
-        details = [j.detail] if j.detail else []
-        if not steady:
-            details.append(f"still changing after {self.opts.rechecks} consistent re-reads")
         if self.opts.repair and self._repair(ctx, j, c):
             counts["repaired"] += 1
             details.append("repaired")
         elif self.opts.repair:
             counts["unrepaired"] += 1
-        self._report(counts, j.kind, ident, self._key(old) if old else c.candidates[0], c.new_key, old, new,
+        self._report(counts, j.kind, c.identity, self._key(old) if old else c.candidates[0], c.new_key, old, new,
                      "; ".join(details))
 
     def _report(self, counts: dict, kind: str, identity: tuple, old_key: dict | None, new_key: dict | None,

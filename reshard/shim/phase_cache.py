@@ -33,6 +33,7 @@ from reshard.control.records import DEFAULT_LIVENESS_SECONDS, TABLE_LOCK_SK, tab
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore  # noqa: F401
 from reshard.core.migration import Migration
 from reshard.core.phases import ROUTING, STEADY, Phase, Routing, routing_of
+from reshard.core.settle import shim_write_seconds
 from reshard.core.wire import get_s
 
 # The logger name predates this module; applications may already configure it.
@@ -270,7 +271,8 @@ class PhaseCache:
         fleet.heartbeat(self._control, self.migration.id, self.instance_id, phase, version,
                         liveness_seconds=self.liveness_seconds, table=self.migration.table,
                         refresh_seconds=self.refresh_seconds, beat=self._beats,
-                        request_seconds=self._dynamo.attempt_seconds)
+                        request_seconds=self._dynamo.attempt_seconds,
+                        write_seconds=shim_write_seconds(self._dynamo.attempt_seconds, self._dynamo.max_request_seconds))
         self._announced = True
 
     def pin(self, phase: Phase | str | None, version: int = 1) -> None:
