@@ -14,6 +14,9 @@ in rounds (so drift hits every case alike), per-operation latency of:
 Ratios are medians over rounds of (shim median ÷ baseline median), against the boto3
 resource Table and against the low-level client; the goals are judged against the
 low-level client (issue 14): steady <= 1.05x, dual-write put <= 2.05x, dual-read get <= 1.15x.
+The shim's single-item writes, GetItem and BatchGetItem take reshard's lean request path
+(``reshard/aws/lean.py``), which the baselines do not: ratios below 1 are that path's saving;
+``RESHARD_LEAN=0`` times the shim on botocore's path instead.
 Prints a table and writes ``benchmarks/results/shim.json``.
 """
 

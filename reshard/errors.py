@@ -98,6 +98,13 @@ class SwitchInProgress(ShimUnavailable):
     retryable = True
 
 
+class ScanInterrupted(ReshardError):
+    """A paged shim scan was resumed after the migration changed the layouts it reads: the
+    pages would designate different copies (an item twice or missed). Restart the scan."""
+
+    retryable = True
+
+
 class AWSError(ReshardError):
     """A DynamoDB call failed after retries. Carries the AWS error code and request id."""
 

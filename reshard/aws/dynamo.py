@@ -188,8 +188,8 @@ class Dynamo:
         self.client = client
         self.endpoint_url = endpoint_url or client.meta.endpoint_url
         self.region = client.meta.region_name
-        # Single-item writes without returned values take the lean path (reshard/aws/lean.py):
-        # a fraction of boto3's client CPU per request, same retries, errors and hooks here.
+        # Single-item writes without returned values, GetItem and BatchGetItem take the lean
+        # path (reshard/aws/lean.py): a fraction of boto3's client CPU per request, same retries, errors and hooks here.
         cfg = getattr(getattr(client, "meta", None), "config", None)
         self._lean = lean_sender(client, connect_timeout=getattr(cfg, "connect_timeout", None) or connect_timeout,
                                  read_timeout=getattr(cfg, "read_timeout", None) or read_timeout)

@@ -16,10 +16,12 @@ capacity; this module raises exactly what botocore raises (``ClientError`` with 
 it emits botocore's ``before-send`` and ``after-call`` events on the client, so hooks that
 tests and moto register keep working (a ``before-send`` answer is used as the response).
 
-Where it is used: only for PutItem, DeleteItem and UpdateItem whose answer carries no
-attribute values (no ``ReturnValues``), so no binary value ever needs decoding, and only
-on a client whose endpoint, credentials and hooks it understands (:func:`lean_sender`);
-anything else goes through botocore unchanged.
+Where it is used: for PutItem, DeleteItem and UpdateItem whose answer carries no
+attribute values (no ``ReturnValues``), and for GetItem and BatchGetItem (the shim's reads:
+issue 14's overhead goals), whose answers are turned into botocore's shapes by
+:func:`_decode_binaries` (B and BS values base64-decoded to bytes, everything else is
+already what botocore's JSON parser returns); only on a client whose endpoint, credentials
+and hooks it understands (:func:`lean_sender`); anything else goes through botocore unchanged.
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ except ImportError:  # pragma: no cover - orjson is optional
     _loads = json.loads
 
 #: botocore snake_case name -> DynamoDB operation.
-OPERATIONS = {"put_item": "PutItem", "delete_item": "DeleteItem", "update_item": "UpdateItem"}
+OPERATIONS = {"put_item": "PutItem", "delete_item": "DeleteItem", "update_item": "UpdateItem",
+              "get_item": "GetItem", "batch_get_item": "BatchGetItem"}
+#: Reads: their answers carry attribute values (see :func:`_decode_binaries`).
+_READS = frozenset({"GetItem", "BatchGetItem"})
 _TARGET = "DynamoDB_20120810."
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
@@ -199,6 +204,8 @@ class LeanSender:
             parsed = {"Error": {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""},
                       "ResponseMetadata": meta}
         else:
+            if op in _READS and b'"B' in content:  # no B/BS tag in the text: nothing to decode
+                _decode_answer(parsed)
             parsed["ResponseMetadata"] = meta
         self.events.emit(f"after-call.dynamodb.{op}", http_response=answered, parsed=parsed,
                          model=self.client.meta.service_model.operation_model(op), context={})
@@ -266,6 +273,46 @@ class LeanSender:
         if conn is not None:
             conn[1].close()
             conn[0].close()
+
+
+def _decode_answer(parsed: dict) -> None:
+    """A GetItem/BatchGetItem answer's attribute values as botocore parses them (in place)."""
+    item = parsed.get("Item")
+    if item:
+        _decode_binaries(item)
+    for items in (parsed.get("Responses") or {}).values():
+        for item in items:
+            _decode_binaries(item)
+    for req in (parsed.get("UnprocessedKeys") or {}).values():  # re-sent by Dynamo.batch_get
+        for key in req.get("Keys") or ():
+            _decode_binaries(key)
+
+
+def _decode_binaries(item: dict) -> None:
+    """botocore's JSON parser turns the ``blob`` members of AttributeValue (``B``, each of
+    ``BS``) into bytes; every other member is a string, bool, list or map as JSON has it.
+    Walks ``{name: AttributeValue}`` in place (an AttributeValue has one type tag)."""
+    for value in item.values():
+        if "B" in value:
+            value["B"] = base64.b64decode(value["B"])
+        elif "BS" in value:
+            value["BS"] = [base64.b64decode(b) for b in value["BS"]]
+        elif "M" in value:
+            _decode_binaries(value["M"])
+        elif "L" in value:
+            _decode_list(value["L"])
+
+
+def _decode_list(values: list) -> None:
+    for value in values:
+        if "B" in value:
+            value["B"] = base64.b64decode(value["B"])
+        elif "BS" in value:
+            value["BS"] = [base64.b64decode(b) for b in value["BS"]]
+        elif "M" in value:
+            _decode_binaries(value["M"])
+        elif "L" in value:
+            _decode_list(value["L"])
 
 
 def signing_key(secret: str, date: str, region: str) -> bytes:

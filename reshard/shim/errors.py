@@ -18,6 +18,7 @@ always was (so ``except reshard.errors.ConditionalCheckFailed`` works too):
   :class:`ItemTooLarge`             ``ValidationException``         ``errors.AWSError``
   :class:`ShimUnavailable`          ``ReshardShimUnavailable``      ``errors.ShimUnavailable``
   :class:`SwitchInProgress`         ``ReshardSwitchInProgress``     ``errors.SwitchInProgress``
+  :class:`ScanInterrupted`          ``ReshardScanInterrupted``      ``errors.ScanInterrupted``
   :class:`ShimAWSError`             its ``code`` (e.g.              ``errors.AWSError``
                                     ``ReshardVersionConflict``)
   ================================  ==============================  =====================
@@ -64,6 +65,12 @@ class SwitchInProgress(errors.SwitchInProgress, ShimUnavailable):
     code = "ReshardSwitchInProgress"
 
 
+class ScanInterrupted(errors.ScanInterrupted, ShimClientError):
+    """A paged scan resumed across a change of the layouts the shim reads: restart the scan."""
+
+    code = "ReshardScanInterrupted"
+
+
 class ShimAWSError(errors.AWSError, ShimClientError):
     """A reshard-detected failure of a DynamoDB request (lost version race, no credentials ...)."""
 
@@ -81,6 +88,7 @@ class ItemTooLarge(ShimAWSError):
 
 
 _BY_CLASS = ((errors.SwitchInProgress, SwitchInProgress), (errors.ShimUnavailable, ShimUnavailable),
+             (errors.ScanInterrupted, ScanInterrupted),
              (errors.BadInput, ShimValidationError))
 
 

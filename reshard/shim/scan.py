@@ -18,8 +18,13 @@ its *designated* copy, with the content of its newest copy:
 A tombstone (newest copy) is an absent item: not returned, not counted. ``Limit`` counts
 logical items evaluated (before ``FilterExpression``, as DynamoDB counts), and a page
 also ends at 1 MB of items. ``LastEvaluatedKey`` is the *physical* key of the last item
-evaluated -- the scan's position in the table, as a plain table's scan returns; pass it
-back unchanged as ``ExclusiveStartKey``.
+evaluated -- the scan's position in the table, as a plain table's scan returns -- plus
+``_rs_scan``, the layouts the page was read with; pass it back unchanged as
+``ExclusiveStartKey``. The designated copy depends on the layouts the phase reads, so a
+paged scan resumed after the phase changed them (e.g. across the backfill -> cutover
+switch) could return an item twice or miss one: that resume is refused with
+``ReshardScanInterrupted`` (a ``ClientError``; restart the scan), never answered
+differently. A start key without ``_rs_scan`` (built by the application) is taken as is.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ class ScanSource:
     to_app: Callable[[Mapping[str, Any], Layout], dict | None]
 
 
+#: The reserved attribute of a scan's LastEvaluatedKey naming the layouts it was read with.
+SCAN_READS_ATTR = "_rs_scan"
+
+
 def run_scan(src: ScanSource, routing: Routing, limit: int | None, start: Mapping[str, Any] | None,
              segment: int | None, total_segments: int | None, consistent: bool,
              post: Callable[[dict], dict | None] | None) -> dict:
@@ -62,11 +71,20 @@ def run_scan(src: ScanSource, routing: Routing, limit: int | None, start: Mappin
     kwargs: dict[str, Any] = {"ConsistentRead": consistent}
     if segment is not None:
         kwargs.update(Segment=segment, TotalSegments=total_segments)
+    read_with = ",".join(reads)
     if start is not None:
-        if not isinstance(start, Mapping) or set(start) != set(key_attrs):
+        if not isinstance(start, Mapping) or set(start) - {SCAN_READS_ATTR} != set(key_attrs):
             raise errors.BadInput("ExclusiveStartKey must be the LastEvaluatedKey of a previous scan page "
                                   f"(a dict of {', '.join(key_attrs)})")
-        kwargs["ExclusiveStartKey"] = to_wire(dict(start))
+        started_with = start.get(SCAN_READS_ATTR)
+        if started_with is not None and started_with != read_with:
+            # Pages before and after designate different copies: continuing could return an
+            # item twice or skip one. Refuse rather than answer differently from DynamoDB.
+            raise errors.ScanInterrupted(
+                f"this paged scan began while the shim read the {started_with!r} layout(s) and the migration "
+                f"now reads {read_with!r}: an item could be returned twice or missed; restart the scan "
+                "from the beginning (without ExclusiveStartKey)")
+        kwargs["ExclusiveStartKey"] = to_wire({a: start[a] for a in key_attrs})
 
     out: list[dict] = []
     evaluated, size, last_key = 0, 0, None
@@ -107,7 +125,7 @@ def run_scan(src: ScanSource, routing: Routing, limit: int | None, start: Mappin
         last_key = None
     result: dict[str, Any] = {"Items": out, "Count": len(out), "ScannedCount": evaluated}
     if last_key is not None:
-        result["LastEvaluatedKey"] = from_wire(last_key)
+        result["LastEvaluatedKey"] = {**from_wire(last_key), SCAN_READS_ATTR: read_with}
     return result
 
 

@@ -36,6 +36,13 @@ def table(dynalite, unique_name):
     return unique_name
 
 
+@pytest.fixture
+def btable(dynalite, unique_name):
+    """A binary sort key: the reads' answers then carry bytes in their keys too."""
+    create_table(dynalite, unique_name + "-b", Keys("PK", "SK"), types={"SK": "B"})
+    return unique_name + "-b"
+
+
 def test_writes_errors_and_binary_values_match_boto3(dynalite_server, table):
     d = _lean(dynalite_server.endpoint)
     sent = []
@@ -122,3 +129,61 @@ def test_a_connection_the_server_closed_is_replaced_and_a_dropped_answer_is_retr
     assert failed.value.code == "ConnectionClosedError" and len(accepted) == 4  # every attempt
     listener.close()
     t.join(5)
+
+
+def test_reads_answer_what_botocore_answers_for_every_value_type(dynalite_server, btable):
+    table = btable
+    """GetItem and BatchGetItem on the lean path: byte for byte botocore's parsed shapes (B and BS
+    decoded to bytes at any depth, N as text, NULL/BOOL, sets, lists and maps), and the key of an
+    absent item answers no Item, as botocore does."""
+    d = _lean(dynalite_server.endpoint)
+    plain = Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1")
+    plain._lean = None  # the reference: botocore's own parser
+    sent, send = [], d._lean.send
+    d._lean.send = lambda op, kw: sent.append(op) or send(op, kw)  # what the lean path answered
+    item = {"PK": {"S": "r"}, "SK": {"B": b"\x00\x01\xfe"}, "n": {"N": "-1500"}, "ss": {"SS": ["a", "b"]},
+            "ns": {"NS": ["1", "2"]}, "bs": {"BS": [b"\x00", b"\xff"]}, "null": {"NULL": True},
+            "t": {"BOOL": False}, "empty": {"S": ""},
+            "L": {"L": [{"B": b"\x07"}, {"M": {"B": {"B": b"\x08"}, "BS": {"S": "not binary"}}},
+                        {"L": [{"BS": [b"\x09"]}]}]},
+            "M": {"M": {"deep": {"M": {"x": {"B": b"\x0a"}}}, "s": {"S": '"B'}}}}
+    plain.call("put_item", TableName=table, Item=item)
+    key = {"PK": {"S": "r"}, "SK": {"B": b"\x00\x01\xfe"}}
+    for kw in ({}, {"ConsistentRead": True, "ReturnConsumedCapacity": "TOTAL"}):
+        got = d.call("get_item", TableName=table, Key=key, **kw)
+        want = plain.call("get_item", TableName=table, Key=key, **kw)
+        assert got["Item"] == item and got["Item"] == want["Item"]
+        assert got.get("ConsumedCapacity") == want.get("ConsumedCapacity")
+    assert sent == ["get_item", "get_item"]
+    absent = {"PK": {"S": "r"}, "SK": {"B": b"\x02"}}
+    assert set(d.call("get_item", TableName=table, Key=absent)) == {"ResponseMetadata"}
+    got = d.call("batch_get_item", RequestItems={table: {"Keys": [key, absent], "ConsistentRead": True}},
+                 ReturnConsumedCapacity="TOTAL")
+    want = plain.call("batch_get_item", RequestItems={table: {"Keys": [key, absent], "ConsistentRead": True}},
+                      ReturnConsumedCapacity="TOTAL")
+    assert got["Responses"] == want["Responses"] == {table: [item]}
+    assert got["ConsumedCapacity"] == want["ConsumedCapacity"] and not got.get("UnprocessedKeys")
+    assert d.batch_get(table, [key, absent], consistent=True) == [item]
+    assert sent.count("batch_get_item") == 2 and d.stats.calls["get_item"] == 3
+
+
+def test_unprocessed_keys_come_back_as_bytes_and_are_asked_again(dynalite_server, btable):
+    table = btable
+    """A BatchGetItem answer's UnprocessedKeys (binary keys decoded) are re-sent by batch_get."""
+    d = _lean(dynalite_server.endpoint, sleep=lambda s: None)
+    item = {"PK": {"S": "u"}, "SK": {"B": b"\xff\x00"}}
+    d.call("put_item", TableName=table, Item=item)
+    bodies = []
+
+    def once_unprocessed(request, **_):
+        bodies.append(json.loads(request.body))
+        if len(bodies) % 2:  # every other answer: nothing read, the key unprocessed (as under throttling)
+            body = json.dumps({"Responses": {table: []}, "UnprocessedKeys": bodies[-1]["RequestItems"]}).encode()
+            return AWSResponse(request.url, 200, {"x-amzn-requestid": "r1"}, _Body(body))
+        return None
+
+    d.client.meta.events.register("before-send.dynamodb.BatchGetItem", once_unprocessed)
+    assert d.batch_get(table, [item], consistent=True) == [item]
+    assert len(bodies) == 2 and bodies[1] == bodies[0]  # the same key, re-encoded from bytes
+    resp = d.call("batch_get_item", RequestItems={table: {"Keys": [item]}})
+    assert resp["UnprocessedKeys"] == {table: {"Keys": [item]}}  # bytes, as botocore parses them
