@@ -40,6 +40,7 @@ from reshard.jobs.cleanup import CLEANUP
 from reshard.jobs.runner import JobOptions, JobResult, run_job
 from reshard.jobs.strip import STRIP
 from reshard.jobs.subscribers import Subscriber
+from reshard.jobs import verify as verify_jobs
 from reshard.jobs.verify import VERIFY
 
 Say = Callable[[str], None]
@@ -557,6 +558,11 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
         sweep = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
         result = dataclasses.replace(result, sweep=sweep)
     return result
+
+
+def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions):
+    """``reshard verify --no-record``: the verdict without a write (:func:`reshard.jobs.verify.verify_read_only`)."""
+    return verify_jobs.verify_read_only(dynamo, store, migration_id, options)
 
 
 def live_shims(store: ControlStore, migration_id: str) -> int:

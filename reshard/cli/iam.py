@@ -16,8 +16,9 @@ from reshard.core.migration import load
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--role", type=click.Choice(list(ROLES)), default="operator", show_default=True,
               help="app: instances importing the shim (data items; writes only their migration's heartbeat "
-                   "partition). observer: plan, status, list, doctor, verify without --repair (reads; verify "
-                   "records its own run). worker: backfill, verify --repair, cleanup (data writes, job leases; no "
+                   "partition). observer: plan, status, list, doctor without --repair, verify --no-record "
+                   "(reads only, writes nothing). worker: backfill, verify (the recorded run the cutover gate "
+                   "counts), verify --repair, cleanup (data writes, job leases; no "
                    "transition). operator: transitions and everything above.")
 @click.option("--account", default="*", show_default=True, help="AWS account id for the ARNs.")
 def iam_policy(env: Env, file: str, role: str, account: str) -> None:

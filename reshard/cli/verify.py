@@ -28,6 +28,11 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
                                               "conditional on the version verify read (a newer shim write stays) "
                                               "and sent only while the lease holds, as the backfill's copies "
                                               "(backfill phase only); then verify again.")
+@click.option("--no-record", "no_record", is_flag=True,
+              help="Read only: scan every segment in this process and write nothing (no lease, checkpoint, run "
+                   "record or example); the same verdict, differences and exit status, but it does NOT count "
+                   "for the cutover gate and `status` does not show it (the observer role's verify). Not "
+                   "resumable; cannot be combined with --repair.")
 @click.option("--examples", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="How many differences to list.")
 @click.option("--settle-seconds", type=click.FloatRange(0, 3600), default=None,
@@ -40,8 +45,8 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
 @max_wcu_option
 @page_size_option()
 @lease_seconds_option()
-def verify(env: Env, migration, segments, workers, repair, examples, settle_seconds, max_rcu, max_wcu, page_size,
-           lease_seconds):
+def verify(env: Env, migration, segments, workers, repair, no_record, examples, settle_seconds, max_rcu, max_wcu,
+           page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
 
     \b
@@ -52,24 +57,34 @@ def verify(env: Env, migration, segments, workers, repair, examples, settle_seco
     unchanged for the settle window (--settle-seconds), so in-flight shim writes are
     not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
     the control table: `reshard advance` to cutover needs a passing verify that started
-    after the backfill finished.
+    after the backfill finished. --no-record writes nothing and so opens no gate: use it
+    to look (the observer IAM role may run only this verify).
     Exit 0 identical, 1 differences (listed; unmappable items beyond the
     `start --allow-unmappable N` allowance count as differences), 2 bad input or refused.
 
     \b
     Example:
       reshard verify migrations/0001_sensor_events.toml --segments 16
+      reshard verify 0001_sensor_events --no-record     # look only: writes nothing
     """
+    if repair and no_record:
+        raise errors.BadInput("--repair writes (the repairs and the run it records): it cannot be combined with "
+                              "--no-record")
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, repair=repair, max_rcu=max_rcu,
                          max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds,
                          settle_seconds=settle_seconds)
-    result, data = _run_job(env, "verify", mid, opts)
+    if no_record:
+        result = operations.verify_read_only(env.dynamo(), env.store(), mid, opts)
+        data = result.as_dict()
+    else:
+        result, data = _run_job(env, "verify", mid, opts)
     data["counts"] = result.differences  # verify's counts are the kinds of difference
 
     def text() -> str:
         verdict = "PASSED" if result.passed else ("FAILED" if result.finished else "INCOMPLETE")
-        lines = [f"verify {mid} run {result.run}: {verdict}; checked {result.checked} items in "
+        run = "(read-only, not recorded: does not count for the cutover gate)" if no_record else f"run {result.run}"
+        lines = [f"verify {mid} {run}: {verdict}; checked {result.checked} items in "
                  f"{data['elapsed_seconds']} s"]
         for kind, n in result.differences.items():
             if n:
@@ -90,7 +105,8 @@ def verify(env: Env, migration, segments, workers, repair, examples, settle_seco
     if not result.finished:
         if result.stop_reason:
             raise errors.RefusedTransition(result.stop_reason)
-        raise errors.ReshardError(f"verify of {mid} stopped before every segment was done; re-run to resume")
+        raise errors.ReshardError(f"verify of {mid} stopped before every segment was done; re-run to "
+                                  + ("verify again" if no_record else "resume"))
     if not result.passed:
         found = ", ".join(f"{n} {k}" for k, n in result.differences.items() if n)
         raise errors.ReshardError(f"verify found differences ({found})")

@@ -32,7 +32,7 @@ from reshard import errors
 from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
 from reshard.control import fleet, runs
-from reshard.control.records import TABLE_LOCK_SK, MigrationState, run_sk, segment_sk, table_lock_pk
+from reshard.control.records import TABLE_LOCK_SK, MigrationState, check_row, run_sk, segment_sk, table_lock_pk
 from reshard.control.store import ControlStore, operator_name
 from reshard.core import doctor as rules
 from reshard.core.doctor import Finding, MigrationFacts
@@ -88,6 +88,47 @@ class Repaired:
         return {**self.finding.as_dict(), "outcome": self.outcome, "note": self.note or None}
 
 
+class _Screened(ControlStore):
+    """The doctor's view of the control table: a row :func:`check_row` refuses is set
+    aside (kept in :attr:`foreign`, reported as a ``foreign_row`` finding) instead of
+    stopping the diagnosis, which goes on as if the row were not there. Only the doctor
+    reads this way: everything that acts on rows (census, gates, shim) stops instead."""
+
+    def __init__(self, store: ControlStore):
+        super().__init__(store.dynamo, store.table, store.clock, store.monotonic)
+        self.heartbeat_watch = store.heartbeat_watch
+        self.foreign: dict[tuple[str, str], str] = {}
+
+    def _keep(self, item: dict) -> bool:
+        try:
+            check_row(item)
+            return True
+        except errors.ForeignControlRow as e:
+            self.foreign[(get_s(item, "pk", ""), get_s(item, "sk", ""))] = str(e)
+            return False
+
+    def _read(self, operation: str, **kwargs) -> dict:
+        resp = super()._read(operation, **kwargs)
+        if "Item" in resp and not self._keep(resp["Item"]):
+            resp = {k: v for k, v in resp.items() if k != "Item"}
+        if "Items" in resp:
+            resp = dict(resp, Items=[i for i in resp["Items"] if self._keep(i)])
+        return resp
+
+    def query(self, pk: str, prefix: str = "", consistent: bool = True) -> list[dict]:
+        return [i for i in super().query(pk, prefix, consistent) if self._keep(i)]
+
+    def check_every_row(self) -> None:
+        """One Scan of the whole control table (it is small), so a foreign row in a
+        partition no reader queries (an unknown prefix) is found too."""
+        kwargs: dict = {"TableName": self.table, "ConsistentRead": True}
+        while True:
+            resp = self._read("scan", **kwargs)
+            if not resp.get("LastEvaluatedKey"):
+                return
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+
 def facts(s: MigrationState) -> MigrationFacts:
     return MigrationFacts(s.id, s.table, s.phase, s.phase_version, s.active, s.retired)
 
@@ -97,6 +138,8 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
     """Every finding of one migration (``migration_id``) or of the whole control table. Reads only.
     ``spend``: a capacity budget's pacing for the data Scan (``CapacityBudget.spend``)."""
     store.require_table()
+    store = _Screened(store)
+    store.check_every_row()
     states = store.list_states()
     if migration_id is not None:
         store.load_state(migration_id)  # a clear error for an unknown id
@@ -145,6 +188,10 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
             if f:
                 found.append(Finding(f.kind, f.migration, f.subject, f.detail, f.fix, f.repairable,
                                      {**f.ref, "at": lock.get("at")}))
+    for (pk, sk), reason in sorted(store.foreign.items()):
+        f = rules.foreign_row_finding(store.table, pk, sk, reason)
+        if migration_id is None or f.migration in ("", migration_id):
+            found.append(f)
     scanned: dict = {}
     for table in sorted(tables):
         if not data:

@@ -17,6 +17,8 @@ host watched it stay unchanged for the holder's own window
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -40,6 +42,9 @@ KINDS = {
                       "last migration ended",
     "stale_lock": "a table lock (T#<table>) names a migration that is finished or does not exist",
     "missing_lock": "an active migration does not hold its table's lock",
+    "foreign_row": "a control-table row reshard did not write (unknown schema, or contents that disagree with "
+                   "its key: forged, or from a newer release); inspect it, then remove it by hand (never "
+                   "repaired automatically)",
 }
 
 #: How far a shim's clock may lag the operator's when a tombstone is judged older than the
@@ -88,6 +93,22 @@ class MigrationFacts:
 
 def repair_command(migration: str) -> str:
     return f"reshard doctor {migration} --repair" if migration else "reshard doctor --repair"
+
+
+def foreign_row_finding(control_table: str, pk: str, sk: str, reason: str) -> Finding:
+    """A row :func:`reshard.control.records.check_row` refused, with the commands to inspect
+    and remove it. Never repairable: whether nobody should have written it (forged) or a
+    newer release did is the operator's call, and deleting a newer release's row would
+    break that release."""
+    kind, _, rest = pk.partition("#")
+    migration = rest.rpartition("#")[0] if kind == "J" else rest if kind in ("M", "S") else ""
+    where = f"control row ({pk!r}, {sk!r})"
+    detail = reason[len(where):].lstrip(": ") if reason.startswith(where) else reason
+    key = shlex.quote(json.dumps({"pk": {"S": pk}, "sk": {"S": sk}}, ensure_ascii=False))
+    table = shlex.quote(control_table)
+    fix = (f"inspect it: aws dynamodb get-item --table-name {table} --key {key}; if nobody should have written "
+           f"it: aws dynamodb delete-item --table-name {table} --key {key}")
+    return Finding("foreign_row", migration, f"row pk={pk!r} sk={sk!r}", detail, fix, False, {"pk": pk, "sk": sk})
 
 
 def job_command(job: str, migration: str, segments: int) -> str:

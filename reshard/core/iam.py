@@ -7,11 +7,13 @@ partitions of the control table it may write); a role is a list of commands
 * ``app``: application instances importing the shim. Single-item, batch and query
   access to the data table; reads of migration records and the table lock; writes only
   in its migration's heartbeat partition ``S#<id>``.
-* ``observer``: ``plan``, ``status``, ``list``, ``doctor`` and ``verify`` without
-  ``--repair``. Reads the data table; its only writes are verify's own run, leases and
-  examples in ``J#<id>#verify`` (a verify must record its verdict for the cutover gate).
-* ``worker``: ``backfill``, ``verify --repair``, ``cleanup``: data-table writes and the
-  jobs' partitions ``J#<id>#<job>``. Never the phase row, history, heartbeats or lock.
+* ``observer``: ``plan``, ``status``, ``list``, ``doctor`` without ``--repair`` and
+  ``verify --no-record``. Reads only: no write to any table. (A recorded verify writes
+  its run in ``J#<id>#verify``, and that run opens the cutover gate: an observer allowed
+  to write it could forge a passing verdict over wrong data.)
+* ``worker``: ``backfill``, ``verify`` (recorded, the one the gate counts), ``verify
+  --repair``, ``cleanup``: data-table writes and the jobs' partitions ``J#<id>#<job>``.
+  Never the phase row, history, heartbeats or lock.
 * ``operator``: transitions (``start``, ``advance``, ``rollback``, ``abort``, the retire
   that ends the cleanup of an aborted migration), ``cleanup --enable-ttl``, ``doctor
   --repair``, and everything above.
@@ -64,7 +66,9 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
     "status": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL)),
     "list": (Need(CONTROL, READ_CONTROL),),
     "doctor": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan", "GetItem")), Need(CONTROL, READ_CONTROL)),
-    "verify": _job("verify", READ_DATA),
+    "verify": _job("verify", READ_DATA + ("DescribeTimeToLive",)),
+    # Reads only: no lease, checkpoint, run or example (so it cannot open the cutover gate).
+    "verify --no-record": (Need(DATA, READ_DATA + ("DescribeTimeToLive",)), Need(CONTROL, READ_CONTROL)),
     "backfill": _job("backfill", READ_DATA + ("PutItem",)),
     "verify --repair": _job("verify", READ_DATA + WRITE_DATA),
     "cleanup": _job("cleanup", READ_DATA + ("DescribeTimeToLive", "UpdateItem", "DeleteItem")),
@@ -77,7 +81,8 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
     "doctor --repair": (Need(DATA, ("DescribeTable", "Scan", "DeleteItem")), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
 }
 
-_OBSERVER = ("plan", "status", "list", "doctor", "verify")
+#: The observer writes nothing: every command of it is read-only (a test checks).
+_OBSERVER = ("plan", "status", "list", "doctor", "verify --no-record")
 _WORKER = ("backfill", "verify", "verify --repair", "cleanup", "status")
 #: role -> the commands it may run (operator: every one, the shim's included).
 ROLES: dict[str, tuple[str, ...]] = {

@@ -52,27 +52,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections import ChainMap
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control.fleet import heartbeats
 from reshard.control.records import example_prefix
-from reshard.control.runs import backfill_run, read_run
+from reshard.control.runs import allowed_unmappable, backfill_run, read_run
 from reshard.control.store import ControlStore
 from reshard.aws.inspect import ttl_status
-from reshard.core.compare import INFO, KINDS, Difference, Judgement, judge
+from reshard.core.compare import INFO, KINDS, Difference, Judgement, differences, judge, passes
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
 from reshard.core.migration import SHARD
-from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB
+from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, job_rule
 from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import fence_for, unchanged, version_of
 from reshard.core.wire import S, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, scan_page
+from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, phase_guard,
+                                 require_phase_and_ack, scan_page)
 
 DIFFERENCE_KINDS = tuple(KINDS)
 
@@ -112,6 +116,9 @@ class Verifier:
         self.ttl_attribute = ttl_attribute
         self.clock = clock
         self.key_attrs = mapper.old.key_attrs
+        #: A read-only verify (``--no-record``) keeps its examples here instead of writing
+        #: them to the control table (None: a recorded run writes them).
+        self.collected: list[dict] | None = None
 
     def _key(self, item: dict) -> dict:
         return key_of(item, self.key_attrs)
@@ -367,6 +374,9 @@ class Verifier:
             return
         body = Difference(kind, identity, old_key, new_key, version_of(old), version_of(new), detail).as_dict()
         text = json.dumps(body, sort_keys=True, default=str)
+        if self.collected is not None:
+            self.collected.append(json.loads(text))  # the shape a recorded example is read back in
+            return
         digest = hashlib.sha256(text.encode()).hexdigest()[:20]
         self.store.put({"pk": S(self.store.jpk(self.migration_id, VERIFY_JOB)), "sk": S(example_prefix(VERIFY_JOB, self.run) + digest),
                         "body": S(text)})
@@ -476,3 +486,115 @@ def _make_page(ctx: JobContext):
 #: ``reshard verify``: a fresh run each time (a finished run is a verdict), joined by
 #: other hosts while it is unfinished.
 VERIFY = JobSpec(VERIFY_JOB, _make_page, check=_after_backfill, fresh=True)
+
+
+# --------------------------------------------------------------------------- read-only verify
+
+class _NoLease(NamedTuple):
+    renew_due: float = math.inf
+    deadline: float = math.inf
+
+
+class _Segment:
+    """What a page of a read-only verify needs of a :class:`PageContext`: its segment and a
+    monotonic clock (the settle window). No lease: nothing is written, nothing to fence."""
+
+    lease = _NoLease()
+
+    def __init__(self, segment: int, total: int, monotonic: Callable[[], float]):
+        self.segment, self.total_segments, self.now = segment, total, monotonic
+
+    def ensure_lease(self) -> None:  # no lease to renew
+        pass
+
+    check_deadline = ensure_lease  # no deadline either
+
+    def write_guard(self) -> None:  # only repair writes, and repair is refused before a page runs
+        raise errors.ReshardError("a read-only verify writes nothing")
+
+
+@dataclass
+class ReadOnlyVerify:
+    """A ``verify --no-record``: the same verdict as a recorded run, kept in memory only.
+    ``run`` is None: no run exists, so neither ``status`` nor the cutover gate sees it."""
+
+    job: str
+    migration_id: str
+    totals: dict
+    finished: bool
+    allowed_unmappable: int
+    examples: list = field(default_factory=list)
+    elapsed: float = 0.0
+    stop_reason: str = ""
+    run: None = None
+    repaired: int = 0
+
+    @property
+    def differences(self) -> dict:
+        return differences(self.totals)
+
+    @property
+    def passed(self) -> bool:
+        return passes(self.totals, self.finished, self.allowed_unmappable)
+
+    @property
+    def checked(self) -> int:
+        return int(self.totals.get("checked", 0))
+
+    def as_dict(self) -> dict:
+        counts = {k: int(v) if float(v).is_integer() else v for k, v in self.totals.items()}
+        return {"job": self.job, "migration": self.migration_id, "run": None, "recorded": False,
+                "done": self.finished, "finished": self.finished, "passed": self.passed, "counts": counts,
+                "differences": self.differences, "checked": self.checked, "repaired": 0,
+                "examples": self.examples, "stop_reason": self.stop_reason or None,
+                "elapsed_seconds": round(self.elapsed, 2)}
+
+
+def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: JobOptions, *,
+                     clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                     monotonic: Callable[[], float] = time.monotonic) -> ReadOnlyVerify:
+    """``reshard verify --no-record``: every segment scanned in this process, no lease,
+    checkpoint, run record or example written (the observer role may send no write).
+
+    The same preconditions and the same page function as a recorded run, so the verdict
+    is the same; but it cannot be resumed or shared, and it does not count for the cutover
+    gate, which needs a recorded run (a run an observer could write could be forged).
+    """
+    if opts.repair:
+        raise errors.BadInput("verify --repair writes (repairs, and the run it records): it cannot be combined "
+                              "with --no-record")
+    started = monotonic()
+    state = require_phase_and_ack(store, migration_id, VERIFY_JOB, False, wait=opts.lease_wait, sleep=sleep)
+    _after_backfill(store, state, opts)
+    migration = state.migration()
+    dynamo.describe_table(migration.table)  # a clear error if the table is missing
+    budget = CapacityBudget(None, opts.max_rcu).attach(dynamo, migration.table)
+    verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
+                        ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)
+    verifier.collected = []
+    # Stop at the next page once the migration left verify's phases, as a recorded run does.
+    guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)
+
+    def segment(index: int) -> tuple[dict, str]:
+        counts: dict = {}
+        key = None
+        while True:
+            why = guard()
+            if why:
+                return counts, why
+            page, key = verifier.page(_Segment(index, opts.segments, monotonic), key)
+            for k, v in page.items():
+                counts[k] = counts.get(k, 0) + v
+            if not key:
+                return counts, ""
+
+    totals: dict = {}
+    reasons = []
+    with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
+        for counts, why in pool.map(segment, range(opts.segments)):
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
+            reasons += [why] if why else []
+    shown = verifier.collected[:opts.examples] if opts.examples else []
+    return ReadOnlyVerify(VERIFY_JOB, migration_id, totals, not reasons, allowed_unmappable(store, migration_id),
+                          shown, monotonic() - started, reasons[0] if reasons else "")

@@ -1,15 +1,17 @@
 """Every request each role's commands send, judged against that role's generated policy.
 
-A small migration runs on dynalite from the command line (observer: plan, status, verify;
-operator: start, advance; worker: backfill, verify --repair, cleanup) while a real shim
+A small migration runs on dynalite from the command line (observer: plan, status, list,
+doctor, verify --no-record; operator: start, advance, doctor; worker: backfill, verify
+--repair, verify, cleanup, status) while a real shim
 (app) serves traffic in every phase. A botocore hook records every request with the
 role whose client sent it (tests/iam_support.py). Then:
 
 * every request is allowed by its own role's policy (and by the operator's: "everything");
 * the requests other roles must never be able to send are denied: the operator's writes
-  to the phase row, history and table lock for app, observer and worker; the worker's
-  data writes for the observer; any control write outside its heartbeat partition, and
-  any Scan, for the app.
+  to the phase row, history and table lock for app, observer and worker; every write the
+  worker sent (data, leases, and the recorded verify run in ``J#<id>#verify``, which a
+  forger would replay to open the cutover gate) for the observer, which sends no write at
+  all; any control write outside its heartbeat partition, and any Scan, for the app.
 """
 
 from __future__ import annotations
@@ -72,13 +74,13 @@ def record_every_role(dynalite_server, tmp_path_factory):
     g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", control, "--region", "us-east-1",
          "--verbose"]
 
-    def run(role: str, *args: str, status: int = 0) -> None:
+    def run(role: str, *args: str, status: int | tuple = 0) -> None:
         rec.role = role
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             code = main([*args, *g])
         log.write(out.getvalue())
-        assert code == status, (role, args, out.getvalue())
+        assert code in (status if isinstance(status, tuple) else (status,)), (role, args, out.getvalue())
 
     n = [0]
 
@@ -111,14 +113,22 @@ def record_every_role(dynalite_server, tmp_path_factory):
             with_shim()
         run("worker", "backfill", m.id, "--segments", "2")
         run("worker", "verify", m.id, "--segments", "2", "--repair")
-        run("observer", "verify", m.id, "--segments", "2")
+        run("observer", "verify", m.id, "--segments", "2", "--no-record")
+        run("worker", "verify", m.id, "--segments", "2")  # the recorded run the cutover gate needs
         run("observer", "status", m.id)
+        run("worker", "status", m.id)
+        run("observer", "list")
+        # Findings (exit 1) are fine here: what counts is what the doctor sends.
+        run("observer", "doctor", m.id, status=(0, 1))
         for _ in range(2):  # cutover, cleanup
             run("operator", "advance", m.id, "--allow-no-shims")
             with_shim()
         run("worker", "cleanup", m.id, "--segments", "2", "--delete")
         run("operator", "advance", m.id, "--allow-no-shims")  # complete
         with_shim()
+        run("observer", "doctor", status=(0, 1))  # every migration of the control table
+        run("operator", "doctor", m.id, "--repair", "--wait", "0", status=(0, 1))
+        run("operator", "list")
     finally:
         mp.undo()
         logging.getLogger("reshard").removeHandler(handler)
@@ -157,11 +167,17 @@ def what_other_roles_must_never_send_is_denied(recorded):
     assert {q.operation for q in transitions} >= {"PutItem", "UpdateItem"}
     for role in ("app", "observer", "worker"):
         assert [str(q) for q in transitions if allowed(pols[role], q)] == [], role
-    # The worker's data writes and job leases outside verify: the observer only reads.
-    worker_writes = [q for q in requests if q.role == "worker" and q.operation in DATA_WRITES
-                     and (q.table == m.table or not all(k.endswith("#verify") for k in q.leading_keys))]
+    # The observer writes nothing: it sent no write, and every write the worker sent is
+    # refused to it -- data, leases, and the recorded verify run (R#verify#..., segments and
+    # examples in J#<id>#verify): an observer replaying it would forge a passing verify.
+    assert [str(q) for q in requests if q.role == "observer" and q.operation in CONTROL_WRITES] == []
+    worker_writes = [q for q in requests if q.role == "worker" and q.operation in DATA_WRITES]
     assert any(q.table == m.table for q in worker_writes) and any(q.table == control for q in worker_writes)
+    assert any(q.leading_keys == {f"J#{m.id}#verify"} for q in worker_writes)
     assert [str(q) for q in worker_writes if allowed(pols["observer"], q)] == []
+    # The observer's commands all ran and sent requests, list's and doctor's included.
+    observer = {q.operation for q in requests if q.role == "observer" and q.table == control}
+    assert {"Scan", "Query", "GetItem"} <= observer
     # Every control write that is not a heartbeat, whoever sent it, is refused to the app.
     not_heartbeats = [q for q in requests if q.table == control and q.operation in CONTROL_WRITES
                       and q.leading_keys != {f"S#{m.id}"}]
@@ -187,6 +203,11 @@ def what_other_roles_must_never_send_is_denied(recorded):
     ("observer", Request("observer", "UpdateItem", "{control}", None, frozenset({"J#{id}#backfill"}))),
     ("observer", Request("observer", "UpdateItem", "{control}", None, frozenset({"M#{id}"}))),
     ("observer", Request("observer", "PutItem", "{control}", None, frozenset({"J#{id}#verify", "M#{id}"}))),
+    # A forged verify run (R#verify#<run>) or lease: all sit in J#<id>#verify.
+    ("observer", Request("observer", "PutItem", "{control}", None, frozenset({"J#{id}#verify"}))),
+    ("observer", Request("observer", "UpdateItem", "{control}", None, frozenset({"J#{id}#verify"}))),
+    ("observer", Request("observer", "DeleteItem", "{control}", None, frozenset({"J#{id}#verify"}))),
+    ("observer", Request("observer", "PutItem", "{control}", None, frozenset({"S#{id}"}))),
 ])
 def test_forbidden_requests_are_denied(role, request_):
     m = parse(migration_text("sensor", "Data", "mig-1"), "<m>")
@@ -202,3 +223,14 @@ def no_credential_in_the_output_of_any_command(recorded):
     m, _, _, output = recorded
     assert f"{m.id}" in output and "backfill" in output  # the commands' output really was captured
     assert leaks(output) == []
+
+
+def test_the_observer_policy_grants_no_write_at_all():
+    """Pure: no write action in the observer's policy, on any table (reads only)."""
+    m = parse(migration_text("sensor", "Data", "mig-1"), "<m>")
+    actions = {a for st in iam.policy("observer", m.table, "ctl", migration_id=m.id)["Statement"]
+               for a in st["Action"]}
+    assert "dynamodb:Scan" in actions and "dynamodb:GetItem" in actions
+    assert {a for a in actions if not a.split(":")[1].startswith(("Describe", "Get", "BatchGet", "Query", "Scan"))} \
+        == set()
+    assert "verify --no-record" in iam.ROLES["observer"] and "verify" not in iam.ROLES["observer"]

@@ -92,3 +92,14 @@ def test_strip_action():
     assert strip_action({"PK": {"S": "a"}, "_rs_del": {"BOOL": True}, "_rs_v": {"S": "v"}}) == ("delete", ())
     assert strip_action({"_rs_v": {"S": "v"}, "_rs_new": {"S": "m"}, "_rs_src": {"S": "k"}}) == \
         ("strip", ("_rs_v", "_rs_new", "_rs_src"))
+
+
+def test_a_foreign_row_is_a_manual_finding_with_the_inspect_and_delete_commands():
+    f = rules.foreign_row_finding("ctl", "S#m1", "S#a", "control row ('S#m1', 'S#a') says instance 'b' but sits "
+                                  "under 'a' (forged, or copied from another row): refusing to act on it")
+    assert (f.kind, f.migration, f.repairable) == ("foreign_row", "m1", False)
+    assert f.detail.startswith("says instance 'b'")
+    assert "aws dynamodb get-item --table-name ctl --key " in f.fix and "aws dynamodb delete-item" in f.fix
+    assert rules.foreign_row_finding("ctl", "J#m-2#verify", "R#verify#000001", "x").migration == "m-2"
+    assert rules.foreign_row_finding("ctl", "X#y", "z", "x").migration == ""
+    assert "foreign_row" in rules.KINDS
