@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from reshard.aws.local import wait_active
 from reshard import errors
 
 from reshard.control.store import ControlStore
@@ -40,6 +41,7 @@ def setup(dynalite, unique_name, tmp_path, monkeypatch):
                   KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
                   AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
                                         {"AttributeName": "SK", "AttributeType": "S"}])
+    wait_active(dynalite, table)  # dynalite answers CreateTable before the table takes writes
     text = SENSOR.replace('table = "SensorEvents"', f'table = "{table}"').replace(
         'id = "sensor-events-16-to-32"', f'id = "{mid}"')
     path = tmp_path / "m.toml"

@@ -22,6 +22,7 @@ from reshard import errors
 from reshard.cli.main import main
 from reshard.control.store import ControlStore
 from reshard.aws.dynamo import from_wire, to_wire
+from reshard.aws.local import wait_active
 from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
 from reshard.core.migration import parse
 from reshard.shim.table import ShardedTable
@@ -149,6 +150,7 @@ def test_full_migration_from_the_command_line_with_live_traffic(dynalite, dynali
                   KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
                   AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
                                         {"AttributeName": "SK", "AttributeType": "S"}])
+    wait_active(dynalite, table)  # dynalite answers CreateTable before the table takes writes
     base = {}
     for start in range(0, ITEMS, 25):
         batch = [sensor_item(i) for i in range(start, min(ITEMS, start + 25))]

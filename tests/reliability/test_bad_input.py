@@ -13,6 +13,7 @@ from decimal import Decimal
 
 import pytest
 
+from reshard.aws.local import wait_active
 from reshard.control.runs import unmappable_items
 from reshard.cli.main import main
 from reshard.control.store import ControlStore
@@ -78,6 +79,7 @@ def _table(dynamo, name, sort_type="S", sort="SK"):
         attrs.append({"AttributeName": sort, "AttributeType": sort_type})
     dynamo.call("create_table", TableName=name, BillingMode="PAY_PER_REQUEST", KeySchema=schema,
                 AttributeDefinitions=attrs)
+    wait_active(dynamo, name)  # dynalite answers CreateTable before the table takes writes
 
 
 def _register(dynamo, text: str, ctl: str = "bad-ctl"):
