@@ -37,11 +37,16 @@ from reshard.errors import BadInput
 
 
 class ExprError(BadInput):
-    """A request DynamoDB would refuse with a ``ValidationException`` (the shim raises it as one)."""
+    """A request DynamoDB would refuse with a ``ValidationException`` (the shim raises it as one).
 
-    def __init__(self, message: str):
+    ``code`` and ``item`` serve the model checker's in-memory DynamoDB, which shares this
+    module (``tests/model/expressions.py``) and answers with other codes too."""
+
+    def __init__(self, message: str, code: str = "ValidationException"):
         super().__init__(message)
         self.message = message
+        self.code = code
+        self.item = None  # the item, for ReturnValuesOnConditionCheckFailure
 
 
 # DynamoDB's reserved words (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ReservedWords.html,
