@@ -292,27 +292,19 @@ def _decode_binaries(item: dict) -> None:
     """botocore's JSON parser turns the ``blob`` members of AttributeValue (``B``, each of
     ``BS``) into bytes; every other member is a string, bool, list or map as JSON has it.
     Walks ``{name: AttributeValue}`` in place (an AttributeValue has one type tag)."""
-    for value in item.values():
-        if "B" in value:
-            value["B"] = base64.b64decode(value["B"])
-        elif "BS" in value:
-            value["BS"] = [base64.b64decode(b) for b in value["BS"]]
-        elif "M" in value:
-            _decode_binaries(value["M"])
-        elif "L" in value:
-            _decode_list(value["L"])
+    _decode_values(item.values())
 
 
-def _decode_list(values: list) -> None:
+def _decode_values(values) -> None:
     for value in values:
         if "B" in value:
             value["B"] = base64.b64decode(value["B"])
         elif "BS" in value:
             value["BS"] = [base64.b64decode(b) for b in value["BS"]]
         elif "M" in value:
-            _decode_binaries(value["M"])
+            _decode_values(value["M"].values())
         elif "L" in value:
-            _decode_list(value["L"])
+            _decode_values(value["L"])
 
 
 def signing_key(secret: str, date: str, region: str) -> bytes:
