@@ -16,8 +16,8 @@ from reshard.core.layout import KeyMapper, is_tombstone, jump_hash
 from reshard.core.migration import parse
 
 from tests.backfill_support import create_table
-from tests.integration import test_lifecycle
-from tests.integration.test_lifecycle import App, cli
+from tests.integration.test_lifecycle import app_keys, cli
+from tests.lifecycle_app import App
 
 ITEMS = 80
 
@@ -66,8 +66,7 @@ def scan_all(dynalite, table: str) -> list[dict]:
 
 
 def test_sha256_mod_4_to_jump_8_from_the_command_line_with_live_traffic(dynalite, dynalite_server, unique_name,
-                                                                         tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(test_lifecycle, "THREADS", 2)  # two shims are enough traffic; keeps it short
+                                                                         tmp_path, capsys):
     table = unique_name[:60]
     control = f"{table}-ctl"
     path = tmp_path / "m.toml"
@@ -87,8 +86,8 @@ def test_sha256_mod_4_to_jump_8_from_the_command_line_with_live_traffic(dynalite
     assert cli("plan", str(path), "--sample", "0", "--segments", "2", *g) == 0
     assert "shard = jump(sha256(event_id)[:8], 8)" in capsys.readouterr().out
     assert cli("start", str(path), *g) == 0
-    app = App(dynalite_server.endpoint, str(path), control)
-    app.start(base)
+    app = App(str(path), dynalite_server.endpoint, control, app_keys(base, 2), base, threads=2,  # two shims:
+              max_ops=5000, pause=0.002, seed=7)                                                # enough traffic
     try:
         for _ in range(3):  # dual_write, dual_read, backfill
             assert cli("advance", m.id, "--wait", "20", *g) == 0

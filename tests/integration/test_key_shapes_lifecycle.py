@@ -10,8 +10,6 @@ item per live logical item at its new key. Small on purpose (the suite's time bu
 
 from __future__ import annotations
 
-import random
-import threading
 import time
 from decimal import Decimal
 
@@ -19,14 +17,12 @@ import pytest
 
 from reshard.aws.dynamo import from_wire, to_wire
 from reshard.aws.local import create_table
-from reshard import errors
 from reshard.cli.main import main
 from reshard.control.store import ControlStore
 from reshard.core.layout import KeyMapper, is_tombstone
 from reshard.core.migration import parse
-from reshard.shim.table import ShardedTable
 
-from tests.shim_helpers import read_item
+from tests.lifecycle_app import App
 
 THREADS = 2
 ITEMS = 40
@@ -71,77 +67,6 @@ SHAPES = {
 }
 
 
-class App:
-    """Application threads with disjoint keys; records every acknowledged result."""
-
-    def __init__(self, path: str, endpoint: str, control: str, key_of, base: dict[int, dict]):
-        self.key_of = key_of
-        self.expected: dict[int, dict | None] = dict(base)
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.violations: list[str] = []
-        self.errors: list[str] = []
-        self.held = 0  # requests the shim held through a switch and did not send (retryable)
-        self.ops = {"put": 0, "update": 0, "delete": 0, "get": 0}
-        self.tables = [ShardedTable.from_file(path, endpoint_url=endpoint, control_table=control,
-                                              refresh_seconds=0.3) for _ in range(THREADS)]
-        keys = list(range(ITEMS + 20))  # 20 brand-new items too
-        self.threads = [threading.Thread(target=self.run, args=(t, keys[n::THREADS], random.Random(n)), daemon=True)
-                        for n, t in enumerate(self.tables)]
-        for th in self.threads:
-            th.start()
-
-    def run(self, t: ShardedTable, keys: list[int], rng: random.Random) -> None:
-        n = 0
-        while not self.stop.is_set() and n < 3000:
-            n += 1
-            i = rng.choice(keys)
-            key, cur = self.key_of(i), self.expected.get(i)
-            acked = None  # the write's result once the shim acknowledged it
-            try:
-                op = rng.choice(["put", "put", "update", "delete", "get"])
-                if op == "put":
-                    result = dict(key, temp=Decimal(rng.randrange(100)), note=f"w{n}")
-                    t.put_item(Item=result)
-                elif op == "update":
-                    v = Decimal(rng.randrange(100))
-                    t.update_item(Key=key, UpdateExpression="SET humidity = :h", ExpressionAttributeValues={":h": v})
-                    result = dict(cur or key, humidity=v)
-                elif op == "delete":
-                    t.delete_item(Key=key)
-                    result = None
-                else:
-                    result = cur
-                acked = (result,)
-                got = read_item(t, Key=key, ConsistentRead=True)
-                with self.lock:
-                    self.ops[op] += 1
-                    self.expected[i] = result
-                    if got != result:
-                        self.violations.append(f"{i} after {op}: read {got}, wrote {result}")
-            except errors.SwitchInProgress:
-                # Documented and retryable: the shim held the request through a switch that
-                # outlasted its hold (a loaded machine) and did not send it. The oracle stays
-                # known: unchanged if the write was held, the write's result if the read was.
-                with self.lock:
-                    self.held += 1
-                    if acked is not None:
-                        self.expected[i] = acked[0]
-            except Exception as e:  # noqa: BLE001 - the oracle must see every failure
-                with self.lock:
-                    self.errors.append(f"{type(e).__name__}: {e}")
-                    keys.remove(i)
-                    self.expected.pop(i, None)
-            time.sleep(0.01)  # leave the 2 cores to the jobs under test
-
-    def finish(self) -> None:
-        self.stop.set()
-        for th in self.threads:
-            th.join(30)
-        for t in self.tables:
-            t.close()
-
-
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_key_shape_migrates_end_to_end_with_live_traffic(shape, dynalite, dynalite_server, unique_name, tmp_path,
                                                          capsys):
@@ -162,7 +87,8 @@ def test_key_shape_migrates_end_to_end_with_live_traffic(shape, dynalite, dynali
     out = capsys.readouterr().out
     assert "start will refuse" not in out and f"mappable          {ITEMS}" in out, out
     assert main(["start", str(path), *g]) == 0
-    app = App(str(path), dynalite_server.endpoint, control, key_of, base)
+    app = App(str(path), dynalite_server.endpoint, control, {i: key_of(i) for i in range(ITEMS + 20)}, base,
+              threads=THREADS)  # 20 brand-new items too
     try:
         for _ in range(3):  # dual_write, dual_read, backfill
             assert main(["advance", m.id, "--wait", "20", *g]) == 0

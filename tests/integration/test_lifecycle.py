@@ -13,21 +13,18 @@ tests/integration/test_shim_concurrency.py and the reliability suite).
 from __future__ import annotations
 
 import hashlib
-import random
-import threading
 import time
 from decimal import Decimal
 
-from reshard import errors
 from reshard.cli.main import main
 from reshard.control.store import ControlStore
 from reshard.aws.dynamo import from_wire, to_wire
 from reshard.aws.local import wait_active
 from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone
 from reshard.core.migration import parse
-from reshard.shim.table import ShardedTable
 
 from tests.conftest import ROOT
+from tests.lifecycle_app import App
 
 ITEMS = 400
 THREADS = 4
@@ -43,93 +40,14 @@ def sensor_item(i: int) -> dict:
             "temperature": Decimal(i % 90), "humidity": Decimal(i % 40)}
 
 
-class App:
-    """Application threads with disjoint keys; records every acknowledged result."""
-
-    def __init__(self, endpoint: str, path: str, control: str, seed: int = 7):
-        self.endpoint, self.path, self.control = endpoint, path, control
-        self.stop = threading.Event()
-        self.expected: dict[str, dict | None] = {}  # event_id -> logical item (None: deleted)
-        self.ops = {"put": 0, "update": 0, "delete": 0, "get": 0}
-        self.violations: list[str] = []
-        self.errors: list[str] = []
-        self.held = 0  # requests the shim held through a switch and did not send (retryable)
-        self.lock = threading.Lock()
-        self.seed = seed
-        self.tables: list[ShardedTable] = []
-        self.threads: list[threading.Thread] = []
-
-    def start(self, base: dict[str, dict]) -> None:
-        self.expected.update(base)
-        self.keymap = {eid: {"sensor_id": x["sensor_id"], "event_id": eid, "ts": x["ts"]} for eid, x in base.items()}
-        for n in range(THREADS):
-            for j in range(40):
-                eid = f"new-{n}-{j}"
-                self.keymap[eid] = {"sensor_id": f"sensor-{j % 5}", "event_id": eid,
+def app_keys(base: dict[str, dict], threads: int) -> dict[str, dict]:
+    """Logical keys of the seeded items and of 40 brand-new items per thread."""
+    keys = {eid: {"sensor_id": x["sensor_id"], "event_id": eid, "ts": x["ts"]} for eid, x in base.items()}
+    for n in range(threads):
+        for j in range(40):
+            keys[f"new-{n}-{j}"] = {"sensor_id": f"sensor-{j % 5}", "event_id": f"new-{n}-{j}",
                                     "ts": f"2024-10-28T00:{n:02d}:{j:02d}.000Z"}
-        keys = sorted(base)
-        for n in range(THREADS):
-            t = ShardedTable.from_file(self.path, endpoint_url=self.endpoint, control_table=self.control,
-                                       refresh_seconds=0.3)
-            self.tables.append(t)
-            mine = keys[n::THREADS] + [f"new-{n}-{j}" for j in range(40)]
-            th = threading.Thread(target=self.run, args=(t, mine, random.Random(self.seed + n)), daemon=True)
-            self.threads.append(th)
-            th.start()
-
-    def run(self, t: ShardedTable, keys: list[str], rng: random.Random) -> None:
-        n = 0
-        while not self.stop.is_set() and n < 5000:
-            n += 1
-            eid = rng.choice(keys)
-            cur = self.expected.get(eid)
-            key = self.keymap[eid]
-            acked = None  # the write's result once the shim acknowledged it
-            try:
-                op = rng.choice(["put", "put", "update", "delete", "get"])
-                if op == "put":
-                    item = dict(key, temperature=Decimal(rng.randrange(100)), note=f"w{n}")
-                    t.put_item(Item=item)
-                    result = item
-                elif op == "update":
-                    v = Decimal(rng.randrange(100))
-                    t.update_item(Key=key, UpdateExpression="SET humidity = :h",
-                                  ExpressionAttributeValues={":h": v})
-                    result = dict(cur or key, humidity=v)
-                elif op == "delete":
-                    t.delete_item(Key=key)
-                    result = None
-                else:
-                    result = cur
-                acked = (result,)
-                got = t.get_item(Key=key, ConsistentRead=True).get("Item")
-                with self.lock:
-                    self.ops[op] += 1
-                    self.expected[eid] = result
-                    if got != result:
-                        self.violations.append(f"{eid} after {op}: read {got}, wrote {result}")
-            except errors.SwitchInProgress:
-                # Documented and retryable: the shim held the request through a switch that
-                # outlasted its hold (a loaded machine) and did not send it. The oracle stays
-                # known: unchanged if the write was held, the write's result if the read was.
-                with self.lock:
-                    self.held += 1
-                    if acked is not None:
-                        self.expected[eid] = acked[0]
-            except Exception as e:  # noqa: BLE001 - the oracle must see every failure
-                with self.lock:
-                    self.errors.append(f"{type(e).__name__}: {e}")
-                    # The write may or may not have landed: this key's oracle is unknown now.
-                    keys.remove(eid)
-                    self.expected.pop(eid, None)
-            time.sleep(0.002)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for th in self.threads:
-            th.join(30)
-        for t in self.tables:
-            t.close()
+    return keys
 
 
 def cli(*args: str) -> int:
@@ -161,8 +79,8 @@ def test_full_migration_from_the_command_line_with_live_traffic(dynalite, dynali
     g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", control]
     assert cli("plan", str(path), "--sample", "0", "--segments", "2", *g) == 0
     assert cli("start", str(path), *g) == 0
-    app = App(dynalite_server.endpoint, str(path), control)
-    app.start(base)
+    app = App(str(path), dynalite_server.endpoint, control, app_keys(base, THREADS), base, threads=THREADS,
+              max_ops=5000, pause=0.002, seed=7)
     try:
         for _ in range(3):  # dual_write, dual_read, backfill
             assert cli("advance", m.id, "--wait", "20", *g) == 0
