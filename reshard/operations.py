@@ -37,6 +37,7 @@ from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
+from reshard.jobs.processes import run_processes
 from reshard.jobs.runner import JobOptions, JobResult, run_job
 from reshard.jobs.strip import STRIP
 from reshard.jobs.subscribers import Subscriber
@@ -541,8 +542,11 @@ DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP, STRIP)}
 
 
 def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions, *,
-                 subscribers: Iterable[Subscriber] = ()) -> JobResult:
+                 subscribers: Iterable[Subscriber] = (), client: Callable[[], Dynamo] | None = None) -> JobResult:
     """``reshard backfill|verify|cleanup``: run (or join, or resume) the job with this host's workers.
+
+    ``options.processes`` > 1 runs it in that many child processes of this host
+    (:mod:`reshard.jobs.processes`), each building its own client with ``client()`` (picklable).
 
     The cleanup of an aborted migration ends with the retire; shims move to the steady
     state at their next refresh, and one still on the pre-retire version deletes with a
@@ -551,12 +555,19 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
     ``options.lease_wait``), nothing writes tombstones any more and a second pass sweeps
     what was left (:attr:`JobResult.sweep`).
     """
+    if options.processes > 1 and client is None:
+        raise ValueError("run_data_job: processes > 1 needs client, the factory each child process calls")
+
+    def one_pass() -> JobResult:
+        if options.processes > 1:
+            return run_processes(job, client, dynamo, store, migration_id, options, subscribers=subscribers)
+        return run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+
     before = store.load_state(migration_id)
-    result = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+    result = one_pass()
     if (job == CLEANUP_JOB and before.phase is Phase.ABORTED and not before.retired and result.finished
             and store.load_state(migration_id).retired):
-        sweep = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
-        result = dataclasses.replace(result, sweep=sweep)
+        result = dataclasses.replace(result, sweep=one_pass())
     return result
 
 

@@ -24,6 +24,9 @@ for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
     os.environ.pop(var, None)
 os.environ["AWS_ACCESS_KEY_ID"] = "testing"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
+# The data jobs' --processes defaults to the cores; a spawned process costs ~1 s of imports, so
+# the tests run jobs in-process unless they ask for processes (tests/integration/test_processes.py).
+os.environ["RESHARD_PROCESSES"] = "1"
 
 
 #: Tests of ~30 s and more: started first, so the parallel workers do not end on one of them

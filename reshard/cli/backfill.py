@@ -6,7 +6,8 @@ import time
 
 from reshard import errors, operations
 from reshard.cli.options import (command, concurrency_option, job_progress, lease_seconds_option, max_rcu_option,
-                                 max_wcu_option, migration_argument, page_size_option, segments_option, workers_option)
+                                 max_wcu_option, migration_argument, page_size_option, processes_option,
+                                 resolve_processes, segments_option, workers_option)
 from reshard.jobs.backfill import COUNTERS
 from reshard.jobs.runner import JobOptions
 
@@ -39,6 +40,7 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
 @command("backfill")
 @migration_argument
 @segments_option
+@processes_option
 @workers_option
 @concurrency_option
 @max_wcu_option
@@ -46,13 +48,15 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
 @page_size_option("Items per Scan page (the unit of work redone after a kill).")
 @lease_seconds_option("How long a segment lease lasts without a renewal before another worker may take the "
                       "segment over.")
-def backfill_command(env, migration, segments, workers, concurrency, max_wcu, max_rcu, page_size, lease_seconds):
+def backfill_command(env, migration, segments, processes, workers, concurrency, max_wcu, max_rcu, page_size,
+                     lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
     \b
-    Resumable: a kill redoes at most one page per segment. Run it on several hosts at
-    once to share the segments. Exit 0 when every segment is done, 1 when segments
-    failed (listed; re-run to retry them) or when more items could not be mapped than
+    Resumable: a kill redoes at most one page per segment. Runs one worker process per
+    core (--processes); run it on several hosts at once to share the segments. Exit 0
+    when every segment is done, 1 when segments failed (listed; re-run to retry them),
+    a worker process died, or more items could not be mapped than
     `start --allow-unmappable N` allowed, 2 when refused (wrong phase, lagging shims,
     --segments different from the started run).
 
@@ -67,18 +71,21 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
     Example:
       reshard backfill --segments 16 --max-wcu 2000
       reshard backfill migrations/0001_sensor_events.toml --segments 16 --workers 4
+      reshard backfill --segments 64 --processes 8 --max-wcu 4000   # 500 WCU/s per process
     """
     mid = env.migration_id(migration)
     store = env.store()
     opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
-                      lease_seconds=lease_seconds, concurrency=concurrency)
+                      lease_seconds=lease_seconds, concurrency=concurrency,
+                      processes=resolve_processes(processes, segments))
     subs = job_progress(env, "backfill", mid, opts)
     start = time.monotonic()
-    result = operations.run_data_job("backfill", env.dynamo(), store, mid, opts, subscribers=subs)
+    result = operations.run_data_job("backfill", env.dynamo(), store, mid, opts, subscribers=subs,
+                                     client=env.client_factory())
     t = result.totals
     summary = {
         "migration": mid, "segments": segments, "done": sum(r.done for r in result.segments),
-        "worked_here": result.worked, "failed": [{"segment": r.segment, "attempts": r.attempts,
+        "processes": opts.processes, "worked_here": result.worked, "failed": [{"segment": r.segment, "attempts": r.attempts,
                                                   "error": r.last_error} for r in result.failed],
         # The counters of reshard.jobs.backfill.COUNTERS (the run's totals over every host).
         **{k: int(t.get(k, 0)) for k in COPY_COUNTERS},
@@ -91,7 +98,8 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
 
     def text() -> str:
         lines = [f"backfill {mid}: {summary['done']}/{segments} segments done "
-                 f"({len(result.worked)} by this process) in {summary['elapsed_seconds']} s",
+                 f"({len(result.worked)} by this " + (f"host's {opts.processes} processes" if opts.processes > 1
+                                                      else "process") + f") in {summary['elapsed_seconds']} s",
                  *copy_summary_lines(summary),
                  f"  consumed here {result.consumed['rcu']} RCU / {result.consumed['wcu']} WCU; "
                  f"pages redone after takeovers: {summary['pages_redone']}"]

@@ -58,6 +58,10 @@ class Env:
             self._dynamo = Dynamo(endpoint_url=self.endpoint_url, region=self.region, profile=self.profile, **kwargs)
         return self._dynamo
 
+    def client_factory(self) -> Callable[[], Dynamo]:
+        """How a ``--processes`` child builds its own client (picklable: the same global options)."""
+        return functools.partial(Dynamo, endpoint_url=self.endpoint_url, region=self.region, profile=self.profile)
+
     def store(self) -> ControlStore:
         if self._store is None:
             self._store = ControlStore(self.dynamo(), self.control_table)
@@ -150,7 +154,22 @@ def command(name: str | None = None, **kwargs) -> Callable:
 migration_argument = click.argument("migration", required=False, metavar="[MIGRATION]")
 
 workers_option = click.option("--workers", type=click.IntRange(1, 256), default=None,
-                              help="Worker threads on this host (default: min(segments, 4)).")
+                              help="Worker threads per process (default: min(segments, 4)).")
+processes_option = click.option(
+    "--processes", type=click.IntRange(1, 1024), default=None, envvar="RESHARD_PROCESSES", show_envvar=True,
+    help="Worker processes on this host (default: its cores, at most --segments). Each has its own DynamoDB "
+         "client, --workers and --concurrency, and joins the run like another host would (the segment leases "
+         "decide who does what); 1 runs the job in this process. --max-wcu/--max-rcu are split evenly between "
+         "them.")
+
+
+def resolve_processes(processes: int | None, segments: int) -> int:
+    """``--processes`` as used: the cores when not given, never more than the segments
+    (a process without a segment to lease would only wait)."""
+    from reshard.jobs.processes import default_processes
+    return max(1, min(processes or default_processes(), segments))
+
+
 concurrency_option = click.option(
     "--concurrency", type=click.IntRange(1, 64), default=8, show_default=True,
     help="Per-item writes of a page in flight at once, per worker (each one conditional request; "
@@ -158,9 +177,9 @@ concurrency_option = click.option(
 segments_option = click.option("--segments", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
                                help="Parallel-scan segments (TotalSegments).")
 max_wcu_option = click.option("--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,
-                              help="Write capacity budget in WCU/s for this job (per host).")
+                              help="Write capacity budget in WCU/s for this job on this host (split evenly between --processes).")
 max_rcu_option = click.option("--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
-                              help="Read capacity budget in RCU/s for this job (per host).")
+                              help="Read capacity budget in RCU/s for this job on this host (split evenly between --processes).")
 
 
 def page_size_option(help: str = "Items per Scan page.") -> Callable:
@@ -229,4 +248,5 @@ def job_progress(env: "Env", job: str, mid: str, options) -> list:
     return [ProgressReporter(job, mid, options.segments, options.worker_count,
                              total=lambda: operations.progress_total(dynamo, store.load_state(mid)),
                              done_before=lambda run: operations.done_items(store, mid, job, run),
-                             say=env.info, tty=is_tty() and not env.machine, interval=interval)]
+                             say=env.info, tty=is_tty() and not env.machine, interval=interval,
+                             processes=options.processes)]

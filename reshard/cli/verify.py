@@ -7,7 +7,7 @@ import click
 from reshard import errors, operations
 from reshard.cli.options import (Env, command, concurrency_option, job_progress, lease_seconds_option,
                                  max_rcu_option, max_wcu_option, migration_argument, page_size_option,
-                                 segments_option, workers_option)
+                                 processes_option, resolve_processes, segments_option, workers_option)
 from reshard.core.compare import GUIDANCE, KINDS
 from reshard.core.phases import STRIP_JOB, job_rule
 from reshard.jobs.runner import JobOptions
@@ -16,13 +16,14 @@ from reshard.jobs.runner import JobOptions
 def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
     """Run a data job with progress; returns (result, JSON-able summary)."""
     result = operations.run_data_job(job, env.dynamo(), env.store(), mid, opts,
-                                     subscribers=job_progress(env, job, mid, opts))
+                                     subscribers=job_progress(env, job, mid, opts), client=env.client_factory())
     return result, dict(result.as_dict(), migration=mid)
 
 
 @command("verify")
 @migration_argument
 @segments_option
+@processes_option
 @workers_option
 @click.option("--repair", is_flag=True, help="Fix differences from the old (authoritative) layout with writes "
                                               "conditional on the version verify read (a newer shim write stays) "
@@ -45,7 +46,7 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
 @max_wcu_option
 @page_size_option()
 @lease_seconds_option()
-def verify(env: Env, migration, segments, workers, repair, no_record, examples, settle_seconds, max_rcu, max_wcu,
+def verify(env: Env, migration, segments, processes, workers, repair, no_record, examples, settle_seconds, max_rcu, max_wcu,
            page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
 
@@ -70,10 +71,14 @@ def verify(env: Env, migration, segments, workers, repair, no_record, examples, 
     if repair and no_record:
         raise errors.BadInput("--repair writes (the repairs and the run it records): it cannot be combined with "
                               "--no-record")
+    if no_record and processes is not None and processes > 1:
+        raise errors.BadInput("--no-record scans in this process (no lease shares the segments between "
+                              "processes): it cannot be combined with --processes above 1")
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, repair=repair, max_rcu=max_rcu,
-                         max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds,
-                         settle_seconds=settle_seconds)
+                      max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds,
+                      settle_seconds=settle_seconds,
+                      processes=1 if no_record else resolve_processes(processes, segments))
     if no_record:
         result = operations.verify_read_only(env.dynamo(), env.store(), mid, opts)
         data = result.as_dict()
@@ -115,6 +120,7 @@ def verify(env: Env, migration, segments, workers, repair, no_record, examples, 
 @command("cleanup")
 @migration_argument
 @segments_option
+@processes_option
 @workers_option
 @concurrency_option
 @click.option("--delete", is_flag=True, help="Delete old-layout items instead of giving them the TTL attribute.")
@@ -127,7 +133,7 @@ def verify(env: Env, migration, segments, workers, repair, no_record, examples, 
 @max_rcu_option
 @page_size_option()
 @lease_seconds_option()
-def cleanup(env: Env, migration, segments, workers, concurrency, delete, enable_ttl, strip_bookkeeping, max_wcu,
+def cleanup(env: Env, migration, segments, processes, workers, concurrency, delete, enable_ttl, strip_bookkeeping, max_wcu,
             max_rcu, page_size, lease_seconds):
     """Retire what the migration no longer needs.
 
@@ -161,11 +167,13 @@ def cleanup(env: Env, migration, segments, workers, concurrency, delete, enable_
         if delete or enable_ttl:
             raise errors.BadInput("--strip-bookkeeping cannot be combined with --delete or --enable-ttl")
         return _strip(env, migration, JobOptions(segments=segments, workers=workers, max_wcu=max_wcu,
-                                                 max_rcu=max_rcu, page_size=page_size, lease_seconds=lease_seconds))
+                                                 max_rcu=max_rcu, page_size=page_size, lease_seconds=lease_seconds,
+                                                 processes=resolve_processes(processes, segments)))
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, delete=delete,
-                          enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
-                          lease_seconds=lease_seconds, concurrency=concurrency)
+                      enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
+                      lease_seconds=lease_seconds, concurrency=concurrency,
+                      processes=resolve_processes(processes, segments))
     result, data = _run_job(env, "cleanup", mid, opts)
     if result.sweep is not None:
         data["sweep"] = result.sweep.as_dict()

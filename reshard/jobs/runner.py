@@ -56,6 +56,13 @@ class JobOptions:
 
     segments: int = 16
     workers: int | None = None
+    #: Worker processes of this host (``--processes``; :mod:`reshard.jobs.processes`); 1 runs
+    #: the job in the calling process. Each has its own client, ``workers`` and ``concurrency``.
+    processes: int = 1
+    #: How often a worker with nothing to claim looks again (None: the engine's default,
+    #: min(2 s, lease / 4)). ``--processes`` children look every 0.5 s: at the end of a run
+    #: they wait for their siblings' last segments, and the command ends when the last does.
+    poll_seconds: float | None = None
     page_size: int = DEFAULT_PAGE_SIZE
     max_wcu: float | None = None
     max_rcu: float | None = None
@@ -183,6 +190,9 @@ class JobResult:
     allowed_unmappable: int = 0
     #: An aborted migration's cleanup: the pass after the fleet acknowledged the retire.
     sweep: "JobResult | None" = None
+    #: With ``--processes`` > 1, one entry per child: pid, segments completed, capacity used,
+    #: CPU seconds and peak RSS (KiB).
+    processes: list = field(default_factory=list)
 
     @property
     def differences(self) -> dict:
@@ -215,7 +225,7 @@ class JobResult:
                            for r in self.failed],
                 "pages_redone": sum(r.takeovers for r in self.segments),
                 "consumed_here": self.consumed, "last_throttle": self.last_throttle or None,
-                "stop_reason": self.stop_reason or None,
+                "stop_reason": self.stop_reason or None, "processes": max(1, len(self.processes)),
                 "started_at": info.started_at, "finished_at": info.finished_at,
                 "elapsed_seconds": round(self.outcome.elapsed, 2)}
 
@@ -283,25 +293,46 @@ def phase_guard(store: ControlStore, migration_id: str, job: str, phases: Iterab
 # --------------------------------------------------------------------------- the runner
 
 def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, release the leases
+    # Once: a second signal (a parent forwarding it, an impatient operator) must not cut the
+    # release of the leases short; the previous handler is restored when the job ends.
+    signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+def choose_run(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: str, opts: JobOptions,
+               sleep: Callable[[float], None] = time.sleep) -> tuple[MigrationState, int]:
+    """Every precondition of ``spec``, then the run to join or start (nothing is written).
+
+    :func:`run_job` calls it; so does a parent of ``--processes`` workers, to refuse once
+    before starting any and to hand all of them the same run (a fresh job's children must
+    not each decide on their own whether to start a new run).
+    """
+    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair, wait=opts.lease_wait, sleep=sleep)
+    not_before = spec.check(store, state, opts)
+    dynamo.describe_table(state.migration().table)  # a clear error if the table is missing
+    return state, run_to_join(store, migration_id, spec.name, not_before=not_before, fresh=spec.fresh)
 
 
 def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: str,
             options: JobOptions | None = None, *, subscribers: Iterable[Subscriber] = (),
             clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-            budget: CapacityBudget | None = None) -> JobResult:
-    """Check every precondition, then run (or join, or resume) ``spec``'s run with this host's workers."""
+            budget: CapacityBudget | None = None, run: int | None = None, finish: bool = True) -> JobResult:
+    """Check every precondition, then run (or join, or resume) ``spec``'s run with this host's workers.
+
+    ``run``: join exactly this run (a ``--processes`` child: its parent chose it with
+    :func:`choose_run`; the preconditions are still checked here). ``finish``: call the
+    job's ``finish`` hook when every segment is done (a parent of processes calls it once
+    instead).
+    """
     opts = options or JobOptions()
     # A data write or a lease renewal must not stay in flight for most of a lease (the
     # time fence subtracts the longest request from it): bound one attempt to a third of it.
     dynamo = dynamo.bounded(opts.lease_seconds / 3)
     lease_store = store if store.dynamo.attempt_seconds <= opts.lease_seconds / 3 else \
         ControlStore(store.dynamo.bounded(opts.lease_seconds / 3), store.table, store.clock)
-    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair, wait=opts.lease_wait, sleep=sleep)
-    not_before = spec.check(store, state, opts)
+    state, chosen = choose_run(spec, dynamo, store, migration_id, opts, sleep)
+    run = chosen if run is None else run
     migration = state.migration()
-    dynamo.describe_table(migration.table)  # a clear error if the table is missing
-    run = run_to_join(store, migration_id, spec.name, not_before=not_before, fresh=spec.fresh)
     budget = budget or CapacityBudget(opts.max_wcu, opts.max_rcu)
     budget.attach(dynamo, migration.table)
     subscribers = list(subscribers)
@@ -313,6 +344,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
+                           poll_seconds=opts.poll_seconds,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
@@ -323,7 +355,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     finally:
         if on_main:
             signal.signal(signal.SIGTERM, previous)
-    if segments.done:
+    if segments.done and finish:
         spec.finish(ctx, segments)
     shown = recorded_examples(store, migration_id, spec.name, run)[:opts.examples] if opts.examples else []
     return JobResult(spec.name, migration_id, run, segments, budget.consumed(), budget.latest_reason(), shown,

@@ -99,8 +99,10 @@ class ProgressReporter(Subscriber):
     def __init__(self, job: str, migration_id: str, segments: int, workers: int, *,
                  total: Callable[[], tuple[int | None, str]], done_before: Callable[[int], int] = lambda run: 0,
                  say: Callable[[str], None] = print, tty: bool = False, interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 processes: int = 1):
         self.job, self.migration_id, self.segments, self.workers = job, migration_id, segments, workers
+        self.processes = processes
         self.counter = progress_counter(job)
         self._total, self._done_before = total, done_before
         self.say, self.tty, self.interval, self.clock, self.wall = say, tty, interval, clock, wall
@@ -120,7 +122,9 @@ class ProgressReporter(Subscriber):
         self.started = self.last_line = self.clock()
         of = f"; about {self.total:,} items ({self.source})" if self.total else \
             (f"; total unknown ({self.source})" if self.source else "")
-        self.say(f"{self.job} of {self.migration_id}: {self.segments} segments, {self.workers} workers on this "
+        workers = (f"{self.processes} processes × {self.workers} workers" if self.processes > 1
+                   else f"{self.workers} workers")
+        self.say(f"{self.job} of {self.migration_id}: {self.segments} segments, {workers} on this "
                  f"host (run {run.run}){of}")
         if self.tty:
             from tqdm import tqdm

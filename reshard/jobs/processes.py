@@ -1,0 +1,317 @@
+"""``--processes P``: one data job run by P worker processes of this host.
+
+One Python process is bound by its GIL to about one core of client CPU (signing,
+encoding, the event hooks of every request), however many ``--workers`` threads it
+runs. Processes are the way past it, and they need no new coordination: each child runs
+the unchanged per-process machinery (:func:`reshard.jobs.runner.run_job`: its own
+DynamoDB client and lean connections, its own segment engine, workers, ``--concurrency``
+and capacity budget) as one more worker of the same run, exactly as a second host would
+(the KCL pattern: the segment leases in the control table decide who copies what; owner
+ids are ``host:pid:invocation:worker``, so every child is a distinct owner).
+
+The parent
+    * checks every precondition once and chooses the run (:func:`reshard.jobs.runner.choose_run`)
+      before any child starts, so a refusal is one line and every child joins the same run
+      (each child still checks the preconditions itself: it is a worker like any other);
+    * starts the children with the "spawn" start method (forking a process that has
+      threads, as boto3's and the job's do, can copy a lock held by another thread);
+    * turns their progress events into one header and one bar or log line (the command's
+      own subscribers, fed over one pipe per child: a child killed mid-write breaks only
+      its own pipe, never a queue lock the others share);
+    * forwards SIGTERM and SIGINT to every child as one SIGTERM (each finishes its page and
+      releases its leases, as a single process does on Ctrl-C);
+    * reaps a child that dies at once, so its siblings see its pid gone and take its
+      segments over without waiting for the lease to expire (``engine.same_host_dead``),
+      and reports it in one line (exit 1), or else the worst child's error;
+    * calls the job's ``finish`` hook once (cleanup retires an aborted migration).
+
+Budget: until the budget shared through the control table lands, ``--max-wcu`` and
+``--max-rcu`` are split evenly between the processes (each child paces itself at 1/P).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import multiprocessing
+import os
+import resource
+import signal
+import threading
+import time
+from multiprocessing.connection import wait as wait_ready
+from typing import Callable, Iterable
+
+from reshard import errors
+from reshard.aws.dynamo import Dynamo
+from reshard.control.runs import allowed_unmappable, examples as recorded_examples, read_run, segment_records
+from reshard.control.store import ControlStore
+from reshard.core.layout import KeyMapper
+from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, STRIP_JOB, VERIFY_JOB
+from reshard.jobs.budget import CapacityBudget
+from reshard.jobs.engine import RunResult
+from reshard.jobs.runner import JobContext, JobOptions, JobResult, JobSpec, choose_run, run_job
+from reshard.jobs.subscribers import Fanout, Subscriber
+
+#: Where each job's spec lives (a child imports only its own job's module).
+SPECS = {BACKFILL_JOB: ("reshard.jobs.backfill", "BACKFILL"), VERIFY_JOB: ("reshard.jobs.verify", "VERIFY"),
+         CLEANUP_JOB: ("reshard.jobs.cleanup", "CLEANUP"), STRIP_JOB: ("reshard.jobs.strip", "STRIP")}
+
+#: How often a child's idle worker looks at the segments again: at the end of a run it waits
+#: for its siblings' last segments (to take them over if one dies), and the command ends when
+#: the last child does, so this is the tail a run can add (one query of the segment rows each).
+CHILD_POLL_SECONDS = 0.5
+
+#: Exit status of a child stopped by a signal before it had a result (as the CLI's Ctrl-C).
+INTERRUPTED = 130
+
+
+def job_spec(job: str) -> JobSpec:
+    module, name = SPECS[job]
+    return getattr(importlib.import_module(module), name)
+
+
+def default_processes() -> int:
+    """``--processes`` when not given: the cores of this host."""
+    return max(1, os.cpu_count() or 1)
+
+
+def split_budget(value: float | None, processes: int) -> float | None:
+    """Each process's share of a ``--max-wcu``/``--max-rcu`` budget (an even split)."""
+    return None if value is None else value / processes
+
+
+class ProcessFailed(errors.ReshardError):
+    """A child process died, or failed with an error; ``exit_code`` is the worst child's."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --------------------------------------------------------------------------- the child
+
+class _Forward(Subscriber):
+    """A child's only subscriber: every event to the parent, over this child's pipe."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()  # one pipe, many worker threads
+        self.reason: Callable[[], str] = lambda: ""
+
+    def _send(self, *event) -> None:
+        with self.lock:
+            self.conn.send(event)
+
+    def on_budget(self, reason) -> None:
+        self.reason = reason
+
+    def on_run_start(self, run) -> None: self._send("run_start", run)
+    def on_segment_start(self, segment, resumed, reason) -> None: self._send("segment_start", segment, resumed, reason)
+    def on_page(self, segment, counts) -> None: self._send("page", segment, dict(counts), self.reason())
+    def on_segment_done(self, segment, counters) -> None: self._send("segment_done", segment, dict(counters))
+    def on_segment_failed(self, segment, error, attempts, final) -> None:
+        self._send("segment_failed", segment, error, attempts, final)
+    def on_lease_lost(self, segment, reason) -> None: self._send("lease_lost", segment, reason)
+    def on_throttle(self, reason) -> None: self._send("throttle", reason)
+
+
+def _stop_once(signum, frame):
+    # The parent forwards a stop as one SIGTERM; it becomes Ctrl-C here, once (a second
+    # one must not interrupt the release of the leases). run_job installs the same during the run.
+    signal.signal(signum, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: str, job: str, migration_id: str,
+           options: JobOptions, run: int) -> None:
+    """A child process: one more worker process of ``run``, with its own client (spawned, so
+    nothing of the parent's clients, threads or locks comes along)."""
+    # Ctrl-C in a terminal reaches the whole process group: the parent forwards it as
+    # SIGTERM, so each child stops exactly once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop_once)
+    cpu0 = time.process_time()
+    try:
+        dynamo = make_dynamo()
+        store = ControlStore(dynamo, control_table)
+        result = run_job(job_spec(job), dynamo, store, migration_id, options, subscribers=[_Forward(conn)],
+                         run=run, finish=False)
+        conn.send(("result", {"worked": result.worked, "consumed": result.consumed,
+                              "last_throttle": result.last_throttle, "stopped": result.stopped,
+                              "stop_reason": result.stop_reason, "pid": os.getpid(),
+                              "cpu_seconds": time.process_time() - cpu0,
+                              "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+    except KeyboardInterrupt:
+        conn.send(("error", INTERRUPTED, "interrupted"))
+    except errors.ReshardError as e:
+        conn.send(("error", e.exit_code, str(e)))
+    except BaseException as e:  # noqa: BLE001 - a bug of ours: one line in the parent, like the CLI's
+        conn.send(("error", 1, f"internal error: {type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- the parent
+
+@dataclasses.dataclass
+class _Child:
+    index: int
+    process: multiprocessing.process.BaseProcess
+    conn: object | None
+    outcome: tuple | None = None  # ("result", dict) or ("error", code, message)
+
+
+def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, store: ControlStore,
+                  migration_id: str, options: JobOptions, *, subscribers: Iterable[Subscriber] = (),
+                  sleep: Callable[[float], None] = time.sleep, start_method: str = "spawn",
+                  on_started: Callable[[list[int]], None] | None = None) -> JobResult:
+    """Run ``job`` with ``options.processes`` child processes; one :class:`JobResult` for all.
+
+    ``make_dynamo``: how a child builds its own client (picklable: a module-level function
+    or a ``functools.partial`` of one). ``dynamo``/``store``: the parent's, for the
+    preconditions, the result and the finish hook. ``on_started(pids)``: after every child
+    started (tests kill one).
+    """
+    spec = job_spec(job)
+    state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
+    count = max(1, options.processes)
+    child_opts = dataclasses.replace(options, processes=1, max_wcu=split_budget(options.max_wcu, count),
+                                     max_rcu=split_budget(options.max_rcu, count),
+                                     poll_seconds=options.poll_seconds or min(CHILD_POLL_SECONDS,
+                                                                              options.lease_seconds / 4))
+    subs = Fanout(subscribers)
+    mp = multiprocessing.get_context(start_method)
+    started_at = time.monotonic()
+    children: list[_Child] = []
+    for i in range(count):
+        recv, send = mp.Pipe(duplex=False)
+        p = mp.Process(target=_child, name=f"reshard-{job}-{i + 1}",
+                       args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run))
+        p.start()
+        send.close()  # the child's end: EOF here once the child is gone, however it ends
+        children.append(_Child(i, p, recv))
+    if on_started is not None:
+        on_started([c.process.pid for c in children])
+
+    stopping = threading.Event()
+
+    def forward(signum, frame) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            for c in children:
+                if c.process.exitcode is None:
+                    try:
+                        os.kill(c.process.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
+    state_box = {"started": False, "reasons": {}}
+    try:
+        _pump(children, subs, state_box)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return _combine(spec, job, dynamo, store, state, migration_id, options, run, children, subs, state_box,
+                    stopping.is_set(), time.monotonic() - started_at, sleep)
+
+
+def _pump(children: list[_Child], subs: Fanout, box: dict) -> None:
+    """Relay every child's events to ``subs`` until every child has ended and been reaped."""
+    reasons: dict[int, str] = box["reasons"]
+    by_conn = {id(c.conn): c for c in children}
+    subs.on_budget(lambda: next((r for r in reasons.values() if r), ""))
+    while any(c.conn is not None for c in children):
+        ready = wait_ready([c.conn for c in children if c.conn is not None], timeout=0.5)
+        for conn in ready:
+            c = by_conn[id(conn)]
+            try:
+                event = conn.recv()
+            except (EOFError, OSError):
+                # Gone (finished, or killed): reap it now, so its pid no longer exists and
+                # its siblings take its leases over at once (same_host_dead).
+                conn.close()
+                c.conn = None
+                c.process.join(5)
+                continue
+            _relay(c, event, subs, box, reasons)
+    for c in children:
+        c.process.join()
+
+
+def _relay(c: _Child, event: tuple, subs: Fanout, box: dict, reasons: dict) -> None:
+    kind = event[0]
+    if kind == "run_start":
+        if not box["started"]:  # one header for all
+            box["started"] = True
+            subs.on_run_start(event[1])
+    elif kind == "page":
+        reasons[c.index] = event[3]
+        subs.on_page(event[1], event[2])
+    elif kind == "segment_start":
+        subs.on_segment_start(*event[1:])
+    elif kind == "segment_done":
+        subs.on_segment_done(*event[1:])
+    elif kind == "segment_failed":
+        subs.on_segment_failed(*event[1:])
+    elif kind == "lease_lost":
+        subs.on_lease_lost(*event[1:])
+    elif kind == "throttle":
+        subs.on_throttle(event[1])
+    elif kind in ("result", "error"):
+        c.outcome = event
+
+
+def _death(c: _Child, count: int, job: str, migration_id: str) -> str:
+    code = c.process.exitcode
+    how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+           else f"exit status {code}")
+    return (f"{job} process {c.index + 1} of {count} (pid {c.process.pid}) died ({how}); the segments it held "
+            f"are taken over by the other processes, by a re-run (`reshard {job} {migration_id}`) at once on "
+            f"this host, or elsewhere once its lease expires")
+
+
+def _combine(spec: JobSpec, job: str, dynamo: Dynamo, store: ControlStore, state, migration_id: str,
+             options: JobOptions, run: int, children: list[_Child], subs: Fanout, box: dict, stopped: bool,
+             elapsed: float, sleep) -> JobResult:
+    count = len(children)
+    failures: list[tuple[int, str]] = []
+    results: list[dict] = []
+    for c in children:
+        if c.outcome is None:
+            failures.append((1, _death(c, count, job, migration_id)))
+        elif c.outcome[0] == "error":
+            code, message = c.outcome[1], c.outcome[2]
+            if not (stopped and code == INTERRUPTED):
+                failures.append((code, message))
+        else:
+            results.append(c.outcome[1])
+    if failures:
+        code = max(f[0] for f in failures)
+        first = next(m for c_, m in failures if c_ == code)
+        others = len({m for _, m in failures}) - 1
+        raise ProcessFailed(first + (f" (and {others} other process failure(s))" if others else ""), code)
+    info = read_run(store, migration_id, job, run)
+    if info is None:  # stopped before any child reached the run
+        raise ProcessFailed(f"{job} of {migration_id} was stopped before it started; nothing was written",
+                            INTERRUPTED if stopped else 1)
+    records = segment_records(store, migration_id, job, run, options.segments)
+    worked = sorted({s for r in results for s in r["worked"]})
+    reasons = [r["stop_reason"] for r in results if r["stop_reason"]]
+    outcome = RunResult(info, records, worked, elapsed, stopped or any(r["stopped"] for r in results),
+                        reasons[0] if reasons else "")
+    consumed = {k: round(sum(r["consumed"].get(k, 0.0) for r in results), 1) for k in ("rcu", "wcu")}
+    throttles = [r["last_throttle"] for r in results if r["last_throttle"]]
+    if box["started"]:
+        subs.on_run_done(outcome)
+    if outcome.done:
+        m = state.migration()
+        ctx = JobContext(dynamo, store, state, m, KeyMapper(m), run, CapacityBudget(), options, time.time, sleep)
+        spec.finish(ctx, outcome)
+    shown = recorded_examples(store, migration_id, job, run)[:options.examples] if options.examples else []
+    return JobResult(job, migration_id, run, outcome, consumed, throttles[-1] if throttles else "", shown,
+                     allowed_unmappable(store, migration_id),
+                     processes=[{k: r[k] for k in ("pid", "worked", "consumed", "cpu_seconds", "maxrss_kb")}
+                                for r in results])
