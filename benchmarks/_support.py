@@ -67,3 +67,19 @@ def old_items(mapper: KeyMapper, kind: str, n: int, seed: int = 1) -> Iterator[d
     for i in range(n):
         shard = rng.randrange(mapper.old.shards) if mapper.old.random else None
         yield mapper.to_physical(logical(kind, i), mapper.old, shard)
+
+
+def latency_client(endpoint: str, latency_ms: float):
+    """A reshard client whose every request sleeps ``latency_ms`` in ``before-send`` (an emulated
+    network round trip; boto3 and reshard's lean path both emit it). Module-level, so a spawned
+    ``--processes`` child can build its own."""
+    import time
+
+    from reshard.aws.dynamo import Dynamo, RetryPolicy
+
+    # Timeouts within a third of the default lease, so run_job keeps this client (and its hook).
+    d = Dynamo(endpoint_url=endpoint, region="us-east-1", retry=RetryPolicy(base_seconds=0.02), connect_timeout=5,
+               read_timeout=10)
+    if latency_ms > 0:
+        d.client.meta.events.register("before-send.dynamodb", lambda **kw: time.sleep(latency_ms / 1000))
+    return d

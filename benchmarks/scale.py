@@ -35,25 +35,14 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from benchmarks._support import old_items, setup_migration  # noqa: E402
+from benchmarks._support import latency_client, old_items, setup_migration  # noqa: E402
 from reshard import operations  # noqa: E402
-from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
+from reshard.aws.dynamo import Dynamo  # noqa: E402
 from reshard.aws.local import DynaliteServer  # noqa: E402
 from reshard.jobs.runner import JobOptions  # noqa: E402
 from reshard.jobs.subscribers import Subscriber  # noqa: E402
 
 KIND = "invoices"  # random suffix 10 -> hashed 20: about 95 % of the items move
-
-
-def latency_client(endpoint: str, latency_ms: float) -> Dynamo:
-    """A reshard client whose every request sleeps ``latency_ms`` in ``before-send`` (an emulated
-    network round trip). Module-level, so a spawned ``--processes`` child can build its own."""
-    # Timeouts within a third of the default lease, so run_job keeps this client (and its hook).
-    d = Dynamo(endpoint_url=endpoint, region="us-east-1", retry=RetryPolicy(base_seconds=0.02), connect_timeout=5,
-               read_timeout=10)
-    if latency_ms > 0:
-        d.client.meta.events.register("before-send.dynamodb", lambda **kw: time.sleep(latency_ms / 1000))
-    return d
 
 
 def server_cpu(server: DynaliteServer) -> float:

@@ -442,18 +442,33 @@ class SegmentEngine:
         start = time.monotonic()
         info = self.start_run()
         self.subs.on_run_start(info)
-        threads = [threading.Thread(target=self._worker, args=(i,), name=f"{self.job}-worker-{i}", daemon=True)
+        # Each worker says it has ended through its own Event. Not Thread.join: a
+        # KeyboardInterrupt (Ctrl-C, or SIGTERM via the runner) that lands while join() waits
+        # can mark a running thread stopped (CPython 3.11's _wait_for_tstate_lock releases the
+        # thread's own lock on the way out), and then the wait below would return at once,
+        # the process exit mid-page, and the worker's lease stay held instead of released.
+        ended = [threading.Event() for _ in range(self.workers)]
+
+        def work(i: int) -> None:
+            try:
+                self._worker(i)
+            finally:
+                ended[i].set()
+
+        threads = [threading.Thread(target=work, args=(i,), name=f"{self.job}-worker-{i}", daemon=True)
                    for i in range(self.workers)]
         for t in threads:
             t.start()
         try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)
+            for e in ended:
+                while not e.wait(0.2):
+                    pass
         except KeyboardInterrupt:
+            # Finish the page, release the lease: within a lease, after which it may be gone anyway.
             self.stop_event.set()
-            for t in threads:
-                t.join(self.lease_seconds)
+            deadline = time.monotonic() + self.lease_seconds
+            for e in ended:
+                e.wait(max(0.0, deadline - time.monotonic()))
         if self._errors:
             raise self._errors[0]
         # Normally the worker that finished the last segment stamped the run; if that

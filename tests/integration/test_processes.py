@@ -1,0 +1,187 @@
+"""``--processes P`` against dynalite, from the command line (``reshard.cli.main.main`` in this
+process, its children spawned): two processes copy every item once and verify passes with the
+same per-segment counts as one process; a SIGTERM to the parent stops both children with
+their leases released; a child killed mid-run is one line and a non-zero exit, and a re-run
+finishes. Each spawned child costs about a second of imports, so the tables are small and
+the children are slowed (an emulated round trip) only where a test must catch them mid-run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from reshard.cli.main import main
+from reshard.cli.options import Env
+from reshard.control.runs import backfill_progress, read_run, segment_records
+from reshard.control.store import ControlStore
+from reshard.core.leases import FREE
+from reshard.jobs.engine import SegmentEngine
+
+from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
+from tests.process_support import slow_client
+
+SEGMENTS = 4
+
+
+@pytest.fixture
+def table(dynalite, dynalite_server, unique_name):
+    """An invoices table (random suffix: most items move) of ``n`` items, in backfill."""
+    def make(n: int):
+        control = f"{unique_name}-ctl"
+        m, mapper, store = setup_migration(dynalite, "invoices", unique_name, control=control, mid=unique_name)
+        shim = Shim(dynalite, mapper, m.table)
+        phys = []
+        for i in range(n):
+            it = logical("invoices", i)
+            p = mapper.to_physical(it, mapper.old, shim._shard(shim.ident(it)))
+            shim.model[shim.ident(it)] = p
+            phys.append({"PutRequest": {"Item": p}})
+        dynalite.batch_write(m.table, phys)
+        return m, mapper, store, shim
+    return make
+
+
+def cli(capsys, endpoint: str, control: str, *args: str) -> tuple[int, str, str]:
+    code = main(["--endpoint-url", endpoint, "--control-table", control, "--output", "json", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_two_processes_copy_every_item_once_and_verify_matches_one_process(table, dynalite, dynalite_server,
+                                                                            capsys):
+    m, mapper, store, shim = table(240)
+    code, out, err = cli(capsys, dynalite_server.endpoint, store.table, "backfill", m.id, "--segments",
+                         str(SEGMENTS), "--processes", "2", "--page-size", "20")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["processes"] == 2 and summary["finished"]
+    assert summary["worked_here"] == list(range(SEGMENTS)) and summary["pages_redone"] == 0
+    assert summary["copied"] == summary["moved"] > 200 and summary["duplicates"] == 0
+    # Every logical item once per layout, as the old layout has it.
+    assert diff(scan_all(dynalite, m.table), expected_table(mapper, shim.model)) == []
+
+    code, out, err = cli(capsys, dynalite_server.endpoint, store.table, "verify", m.id, "--segments",
+                         str(SEGMENTS), "--processes", "2")
+    assert code == 0, err
+    two = json.loads(out)
+    assert two["passed"] and two["processes"] == 2 and two["run"] == 1
+    # One process, a fresh run over the same table: the same verdict and per-segment counts.
+    code, out, err = cli(capsys, dynalite_server.endpoint, store.table, "verify", m.id, "--segments",
+                         str(SEGMENTS), "--processes", "1")
+    assert code == 0, err
+    one = json.loads(out)
+    assert one["run"] == 2 and one["passed"] and one["counts"] == two["counts"] and one["checked"] == two["checked"]
+
+    def per_segment(run: int) -> list[dict]:
+        return [{k: v for k, v in r.counters.items() if k not in ("rcu", "wcu")}
+                for r in segment_records(store, m.id, "verify", run, SEGMENTS)]
+
+    assert per_segment(1) == per_segment(2)
+    assert per_segment(1)[0]["checked"] > 0
+    runs = [read_run(store, m.id, "verify", r) for r in (1, 2)]
+    assert all(r.finished for r in runs)
+    assert {k: v for k, v in runs[0].totals.items() if k not in ("rcu", "wcu")} == \
+        {k: v for k, v in runs[1].totals.items() if k not in ("rcu", "wcu")}
+
+
+def _owners(store, mid: str) -> dict[int, int]:
+    """segment -> pid of the process holding its lease (held leases only)."""
+    out = {}
+    for s in (backfill_progress(store, mid) or {}).get("segments", []):
+        owner = s.get("owner") or FREE
+        if owner != FREE:
+            out[s["segment"]] = int(owner.split(":")[1])
+    return out
+
+
+def _when_both_hold(store, mid: str, act, timeout: float = 60.0) -> threading.Thread:
+    """A thread that calls ``act(pids)`` once two child processes hold a lease each."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = set(_owners(store, mid).values()) - {os.getpid()}
+            if len(pids) >= 2:
+                act(sorted(pids))
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_sigterm_stops_both_children_and_a_killed_child_is_one_line_then_a_rerun_finishes(
+        table, dynalite, dynalite_server, capsys, monkeypatch):
+    m, mapper, store, shim = table(200)
+    # Children slowed to ~10 ms a request, so the test catches them mid-run.
+    monkeypatch.setattr(Env, "client_factory",
+                        lambda self: functools.partial(slow_client, dynalite_server.endpoint, 0.01))
+    args = ("backfill", m.id, "--segments", str(SEGMENTS), "--processes", "2", "--workers", "1",
+            "--concurrency", "1", "--page-size", "5", "--lease-seconds", "15")
+
+    # 1. SIGTERM to the parent: forwarded, each child finishes its page and releases its lease.
+    seen: list = []
+    watcher = _when_both_hold(store, m.id, lambda pids: (seen.append(pids), os.kill(os.getpid(), signal.SIGTERM)))
+    code, out, err = cli(capsys, dynalite_server.endpoint, store.table, *args)
+    watcher.join(5)
+    assert seen, "the two children never held a lease at once"
+    assert code == 1 and "stopped before every segment was done; re-run to resume" in err, (code, err)
+    after = backfill_progress(store, m.id)
+    assert after["done"] < SEGMENTS
+    assert all(s["owner"] in (FREE, None, "") for s in after["segments"]), \
+        [(s["segment"], s["state"], s["owner"]) for s in after["segments"]]
+
+    # 2. SIGKILL one child mid-run: one line naming it, exit 1; its sibling takes its segment over.
+    killed: list = []
+    watcher = _when_both_hold(store, m.id, lambda pids: (killed.append(pids[0]), os.kill(pids[0], signal.SIGKILL)))
+    code, out, err = cli(capsys, dynalite_server.endpoint, store.table, *args)
+    watcher.join(5)
+    assert killed, "the two children never held a lease at once"
+    lines = [line for line in err.strip().splitlines() if line.startswith("reshard:")]
+    assert code == 1 and len(lines) == 1 and err.strip().endswith(lines[0]) and "Traceback" not in err, err
+    assert lines[0].startswith("reshard: error: backfill process") and f"(pid {killed[0]}) died (killed by " \
+        "SIGKILL)" in lines[0], lines[0]
+
+    # 3. A re-run (one process) finishes; nothing lost, nothing twice.
+    monkeypatch.undo()
+    code, out, err = cli(capsys, dynalite_server.endpoint, store.table, "backfill", m.id, "--segments",
+                         str(SEGMENTS), "--processes", "1")
+    assert code == 0, err
+    assert json.loads(out)["finished"]
+    assert diff(scan_all(dynalite, m.table), expected_table(mapper, shim.model)) == []
+
+
+def test_an_interrupt_while_run_all_waits_for_a_worker_mid_page_still_releases_its_lease(dynalite, unique_name):
+    """Ctrl-C (or SIGTERM through the runner) landing while ``run_all`` waits for its workers.
+
+    CPython 3.11's ``Thread.join`` interrupted there marks the running thread stopped, so an
+    engine that joined its workers returned at once and its process exited mid-page with the
+    lease held (the parent of ``--processes`` saw it on every forwarded SIGTERM). Forced: the
+    page itself sends SIGINT to the main thread and stays in the page for a second after.
+    """
+    store = ControlStore(dynalite, f"{unique_name}-ctl")
+    store.ensure_table()
+    main_thread = threading.main_thread().ident
+    stay = threading.Event()
+
+    def page(ctx, start_key):
+        signal.pthread_kill(main_thread, signal.SIGINT)
+        stay.wait(1.0)  # still mid-page while the main thread handles the interrupt
+        return {"scanned": 1}, {"PK": {"S": "next"}}
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = SegmentEngine(store, unique_name, "backfill", 1, 1, page, workers=1, lease_seconds=10,
+                               max_request_seconds=dynalite.attempt_seconds).run_all()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stay.set()
+    (rec,) = segment_records(store, unique_name, "backfill", 1, 1)
+    assert result.stopped and rec.owner == FREE and rec.checkpoint == {"PK": {"S": "next"}} and not rec.done
