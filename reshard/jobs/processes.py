@@ -297,15 +297,14 @@ def _death(c: _Child, count: int, job: str, migration_id: str) -> str:
             f"this host, or elsewhere once its lease expires")
 
 
-def _combine(spec: JobSpec, job: str, dynamo: Dynamo, store: ControlStore, state, migration_id: str,
-             options: JobOptions, run: int, children: list[_Child], subs: Fanout, box: dict, stopped: bool,
-             elapsed: float, sleep) -> JobResult:
-    count = len(children)
+def verdict(children: list[_Child], stopped: bool, job: str, migration_id: str) -> list[dict]:
+    """The children's results; raises :class:`ProcessFailed` (one line, the worst child's exit
+    status) if one died or failed. A child interrupted because the parent was stopped did not fail."""
     failures: list[tuple[int, str]] = []
     results: list[dict] = []
     for c in children:
         if c.outcome is None:
-            failures.append((1, _death(c, count, job, migration_id)))
+            failures.append((1, _death(c, len(children), job, migration_id)))
         elif c.outcome[0] == "error":
             code, message = c.outcome[1], c.outcome[2]
             if not (stopped and code == INTERRUPTED):
@@ -317,6 +316,13 @@ def _combine(spec: JobSpec, job: str, dynamo: Dynamo, store: ControlStore, state
         first = next(m for c_, m in failures if c_ == code)
         others = len({m for _, m in failures}) - 1
         raise ProcessFailed(first + (f" (and {others} other process failure(s))" if others else ""), code)
+    return results
+
+
+def _combine(spec: JobSpec, job: str, dynamo: Dynamo, store: ControlStore, state, migration_id: str,
+             options: JobOptions, run: int, children: list[_Child], subs: Fanout, box: dict, stopped: bool,
+             elapsed: float, sleep) -> JobResult:
+    results = verdict(children, stopped, job, migration_id)
     info = read_run(store, migration_id, job, run)
     if info is None:  # stopped before any child reached the run
         raise ProcessFailed(f"{job} of {migration_id} was stopped before it started; nothing was written",
