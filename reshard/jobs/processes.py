@@ -207,17 +207,6 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     mp = multiprocessing.get_context(start_method)
     started_at = time.monotonic()
     children: list[_Child] = []
-    for i in range(count):
-        recv, send = mp.Pipe(duplex=False)
-        p = mp.Process(target=_child, name=f"reshard-{job}-{i + 1}",
-                       args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run))
-        with _without_main(make_dynamo):
-            p.start()
-        send.close()  # the child's end: EOF here once the child is gone, however it ends
-        children.append(_Child(i, p, recv))
-    if on_started is not None:
-        on_started([c.process.pid for c in children])
-
     stopping = threading.Event()
 
     def forward(signum, frame) -> None:
@@ -231,13 +220,36 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
                         pass
 
     on_main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
-    state_box = {"started": False, "reasons": {}}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
     try:
+        if on_main:
+            # A child starts with SIGINT ignored (inherited through exec), so a Ctrl-C in the
+            # terminal, which reaches the whole process group, never interrupts its start-up;
+            # the stop comes from here, as one SIGTERM each.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, forward)
+        for i in range(count):
+            recv, send = mp.Pipe(duplex=False)
+            p = mp.Process(target=_child, name=f"reshard-{job}-{i + 1}",
+                           args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run))
+            with _without_main(make_dynamo):
+                p.start()
+            send.close()  # the child's end: EOF here once the child is gone, however it ends
+            children.append(_Child(i, p, recv))
+        if on_main:
+            signal.signal(signal.SIGINT, forward)
+        if on_started is not None:
+            on_started([c.process.pid for c in children])
+        state_box = {"started": False, "reasons": {}}
         _pump(children, subs, state_box)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        alive = [c for c in children if c.process.exitcode is None]
+        for c in alive:  # only if the parent itself failed: stop them (each releases its leases)
+            os.kill(c.process.pid, signal.SIGTERM)
+        for c in alive:
+            c.process.join(options.lease_seconds)
     return _combine(spec, job, dynamo, store, state, migration_id, options, run, children, subs, state_box,
                     stopping.is_set(), time.monotonic() - started_at, sleep)
 
@@ -341,7 +353,8 @@ def _combine(spec: JobSpec, job: str, dynamo: Dynamo, store: ControlStore, state
         ctx = JobContext(dynamo, store, state, m, KeyMapper(m), run, CapacityBudget(), options, time.time, sleep)
         spec.finish(ctx, outcome)
     shown = recorded_examples(store, migration_id, job, run)[:options.examples] if options.examples else []
-    return JobResult(job, migration_id, run, outcome, consumed, throttles[-1] if throttles else "", shown,
-                     allowed_unmappable(store, migration_id),
+    return JobResult(job, migration_id, run, outcome, consumed=consumed,
+                     last_throttle=throttles[-1] if throttles else "", examples=shown,
+                     allowed_unmappable=allowed_unmappable(store, migration_id),
                      processes=[{k: r[k] for k in ("pid", "worked", "consumed", "cpu_seconds", "maxrss_kb")}
                                 for r in results])

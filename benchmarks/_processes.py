@@ -1,0 +1,148 @@
+"""scale.py's "processes" section: ``reshard backfill --processes 2`` against ``--processes 1``.
+
+In one run on one dynalite server, every request paying the same emulated round trip
+(a ``before-send`` sleep that boto3 and reshard's lean path both emit, in every process):
+  * items/s of ``--processes 2``  ÷  ``--processes 1`` (today's in-process job), same table
+    size, segments, workers and concurrency; wall time of the whole job, child start-up
+    included (goal ≥ 1.7× where the client is the bottleneck);
+  * where the CPU went: client CPU (the children's ``process_time`` + the parent's) and the
+    server's (dynalite's utime + stime from /proc), per item, and what that allows: dynalite is
+    one single-threaded node process, so it copies at most 1 / (its CPU per item) items/s,
+    however many client processes send to it;
+  * peak RSS per process (each child's ``ru_maxrss``) at N and at 10×N items (goal ≤ 1.2×).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import resource
+import time
+
+from benchmarks._support import latency_client, old_items, setup_migration
+from reshard import operations
+from reshard.aws.dynamo import Dynamo
+from reshard.aws.local import DynaliteServer
+from reshard.jobs.runner import JobOptions
+from reshard.jobs.subscribers import Subscriber
+
+KIND = "invoices"  # random suffix 10 -> hashed 20: about 95 % of the items move
+
+
+def server_cpu(server: DynaliteServer) -> float:
+    """dynalite's CPU seconds so far (user + system, from /proc; 0 where there is no /proc)."""
+    try:
+        fields = pathlib.Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def prepare(dynamo: Dynamo, name: str, n: int):
+    """A table of n old-layout items and a migration in the backfill phase (own control table)."""
+    m, mapper, store = setup_migration(dynamo, KIND, name, control=f"{name}-ctl", mid=name)
+    batch = []
+    for item in old_items(mapper, KIND, n):
+        batch.append({"PutRequest": {"Item": item}})
+        if len(batch) == 500:
+            dynamo.batch_write(m.table, batch)
+            batch = []
+    if batch:
+        dynamo.batch_write(m.table, batch)
+    return m, store
+
+
+class _Started(Subscriber):
+    """When the run's header would print: every precondition passed, the first worker started."""
+
+    at: float | None = None
+
+    def on_run_start(self, run) -> None:
+        self.at = time.perf_counter()
+
+
+def backfill(server: DynaliteServer, plain: Dynamo, name: str, n: int, processes: int, args) -> dict:
+    """One ``backfill --processes P`` of n fresh items; wall time, CPU on both sides, RSS per process."""
+    m, store = prepare(plain, name, n)
+    factory = functools.partial(latency_client, server.endpoint, args.latency_ms)
+    dynamo = factory()  # --processes 1: the job runs on this client, in this process
+    opts = JobOptions(segments=args.segments, workers=args.workers, page_size=args.page_size,
+                      concurrency=args.concurrency, processes=processes)
+    started = _Started()
+    s0, c0, t0 = server_cpu(server), time.process_time(), time.perf_counter()
+    result = operations.run_data_job("backfill", dynamo, store, m.id, opts, subscribers=[started], client=factory)
+    elapsed = time.perf_counter() - t0
+    parent_cpu, srv = time.process_time() - c0, server_cpu(server) - s0
+    assert result.done and result.totals["copied"] == result.totals["moved"], result.totals
+    children = result.processes
+    client_cpu = parent_cpu + sum(p["cpu_seconds"] for p in children)
+    rss = [p["maxrss_kb"] for p in children] or [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]
+    worked = time.perf_counter() - (started.at or t0)
+    return {"processes": processes, "items": n, "moved": int(result.totals["moved"]), "seconds": round(elapsed, 3),
+            "items_per_s": round(n / elapsed, 1),
+            "seconds_after_start": round(worked, 3), "items_per_s_after_start": round(n / worked, 1),
+            "client_cpu_seconds": round(client_cpu, 3), "server_cpu_seconds": round(srv, 3),
+            "client_cpu_us_per_item": round(client_cpu / n * 1e6, 1),
+            "server_cpu_us_per_item": round(srv / n * 1e6, 1),
+            "segments_per_process": [len(p["worked"]) for p in children], "maxrss_kb": rss}
+
+
+def processes_section(server: DynaliteServer, plain: Dynamo, args) -> dict:
+    """P = 2 vs P = 1 (alternated, best of ``--repeat`` each), then RSS at N and 10×N."""
+    runs = {1: [], 2: []}
+    for r in range(args.repeat):
+        for p in (1, 2):
+            runs[p].append(backfill(server, plain, f"p{p}r{r}", args.items, p, args))
+    best = {p: max(rs, key=lambda x: x["items_per_s"]) for p, rs in runs.items()}
+    rss1 = backfill(server, plain, "rss1", args.rss_items, 2, args)
+    rss10 = backfill(server, plain, "rss10", args.rss_items * 10, 2, args)
+    cores = os.cpu_count() or 1
+    # The server's own ceiling: one core's worth of its CPU per item (the best it did here).
+    server_us = min(r["server_cpu_us_per_item"] for rs in runs.values() for r in rs)
+    ceiling = 1e6 / server_us if server_us else None
+    return {
+        "items_per_s_p1": best[1]["items_per_s"], "items_per_s_p2": best[2]["items_per_s"],
+        "ratio_p2_vs_p1": round(best[2]["items_per_s"] / best[1]["items_per_s"], 3),
+        "ratio_p2_vs_p1_after_start": round(best[2]["items_per_s_after_start"] / best[1]["items_per_s_after_start"], 3),
+        "client_cpu_us_per_item": {"p1": best[1]["client_cpu_us_per_item"], "p2": best[2]["client_cpu_us_per_item"]},
+        "server_cpu_us_per_item": {"p1": best[1]["server_cpu_us_per_item"], "p2": best[2]["server_cpu_us_per_item"]},
+        "server_ceiling_items_per_s": round(ceiling, 1) if ceiling else None,
+        "max_ratio_the_server_allows": round(ceiling / best[1]["items_per_s"], 3) if ceiling else None,
+        # Of the cores' time during the run, how much the client and the server used (the rest:
+        # other processes of the machine, or idle).
+        "cpu_busy_fraction": {f"p{p}": round((b["client_cpu_seconds"] + b["server_cpu_seconds"])
+                                              / (b["seconds"] * cores), 3) for p, b in best.items()},
+        "rss_kb_per_process_1x": rss1["maxrss_kb"], "rss_kb_per_process_10x": rss10["maxrss_kb"],
+        "rss_growth_10x": round(max(rss10["maxrss_kb"]) / max(rss1["maxrss_kb"]), 3), "cores": cores,
+        "loadavg_1min_at_end": os.getloadavg()[0],
+        "params": {k: getattr(args, k) for k in ("items", "rss_items", "segments", "workers", "concurrency",
+                                                 "page_size", "repeat", "latency_ms")},
+        "runs": runs, "rss_runs": [rss1, rss10],
+        "goals": {"ratio_p2_vs_p1": ">= 1.7", "rss_growth_10x": "<= 1.2"},
+    }
+
+
+def rows(out: dict) -> list[tuple[str, str, str]]:
+    """The section's lines of scale.py's table: measure, value, goal."""
+    p, b = out["params"], {n: max(out["runs"][n], key=lambda x: x["items_per_s"]) for n in (1, 2)}
+    rss1, rss10 = max(out["rss_kb_per_process_1x"]), max(out["rss_kb_per_process_10x"])
+    return [
+        ("emulated round trip per request", f"{p['latency_ms']:g} ms", ""),
+        (f"backfill items/s, --processes 1 ({p['items']} items)", f"{b[1]['items_per_s']:.0f}", ""),
+        (f"backfill items/s, --processes 2 ({p['items']} items)", f"{b[2]['items_per_s']:.0f}", ""),
+        ("--processes 2 ÷ --processes 1", f"{out['ratio_p2_vs_p1']:.2f}×", "≥ 1.7×"),
+        ("  the same, from the header on (no spawn)", f"{out['ratio_p2_vs_p1_after_start']:.2f}×", "(information)"),
+        ("client CPU µs/item  P=1 → P=2", f"{b[1]['client_cpu_us_per_item']:.0f} → {b[2]['client_cpu_us_per_item']:.0f}",
+         ""),
+        ("dynalite CPU µs/item  P=1 → P=2", f"{b[1]['server_cpu_us_per_item']:.0f} → {b[2]['server_cpu_us_per_item']:.0f}",
+         ""),
+        ("dynalite ceiling (one core), items/s", f"{out['server_ceiling_items_per_s'] or 0:.0f}",
+         "(its CPU per item)"),
+        ("  = the most P=2 ÷ P=1 this server allows", f"{out['max_ratio_the_server_allows'] or 0:.2f}×",
+         "(information)"),
+        (f"CPU busy of {out['cores']} cores  P=1 → P=2 (load {out['loadavg_1min_at_end']:.1f})",
+         f"{out['cpu_busy_fraction']['p1']:.0%} → {out['cpu_busy_fraction']['p2']:.0%}", "(client + server)"),
+        (f"peak RSS per process {p['rss_items']} → {p['rss_items'] * 10} items",
+         f"{rss1 / 1024:.0f} → {rss10 / 1024:.0f} MB ({out['rss_growth_10x']:.2f}×)", "≤ 1.2×"),
+    ]
