@@ -37,6 +37,7 @@ import dataclasses
 import importlib
 import multiprocessing
 import os
+import pathlib
 import resource
 import signal
 import sys
@@ -46,6 +47,7 @@ import types
 from multiprocessing.connection import wait as wait_ready
 from typing import Callable, Iterable, Iterator
 
+import reshard
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control.runs import allowed_unmappable, examples as recorded_examples, read_run, segment_records
@@ -85,6 +87,32 @@ def context(start_method: str | None = None):
     if method == "forkserver":
         mp.set_forkserver_preload([__name__, *(module for module, _ in SPECS.values())])
     return mp
+
+
+#: The directory this process imported reshard from (a child must run the same code).
+RESHARD_ROOT = str(pathlib.Path(reshard.__file__).resolve().parent.parent)
+
+
+@contextlib.contextmanager
+def _server_imports_ours() -> Iterator[None]:
+    """While the fork server may be starting: make it import this process's reshard.
+
+    The server imports the preloaded modules with its own ``sys.path`` (CPython 3.11 ignores
+    the parent's there), whose first entry would be the working directory: a ``reshard/``
+    checkout there would become the children's code. ``PYTHONSAFEPATH`` drops that entry
+    and ``PYTHONPATH`` puts ours first (only the server's start reads them).
+    """
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    os.environ["PYTHONSAFEPATH"] = "1"
+    os.environ["PYTHONPATH"] = os.pathsep.join([RESHARD_ROOT, *([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])])
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def job_spec(job: str) -> JobSpec:
@@ -145,7 +173,7 @@ def _stop_once(signum, frame):
 
 
 def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: str, job: str, migration_id: str,
-           options: JobOptions, run: int) -> None:
+           options: JobOptions, run: int, root: str) -> None:
     """A child process: one more worker process of ``run``, with its own client (spawned, so
     nothing of the parent's clients, threads or locks comes along)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent forwards it as
@@ -154,6 +182,9 @@ def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: s
     signal.signal(signal.SIGTERM, _stop_once)
     cpu0 = time.process_time()
     try:
+        if RESHARD_ROOT != root:
+            raise errors.ReshardError(f"a worker process imported reshard from {RESHARD_ROOT}, the command from "
+                                      f"{root}: run the command with --processes 1")
         dynamo = make_dynamo()
         store = ControlStore(dynamo, control_table)
         result = run_job(job_spec(job), dynamo, store, migration_id, options, subscribers=[_Forward(conn)],
@@ -249,8 +280,9 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
         for i in range(count):
             recv, send = mp.Pipe(duplex=False)
             p = mp.Process(target=_child, name=f"reshard-{job}-{i + 1}",
-                           args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run))
-            with _without_main(make_dynamo):
+                           args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run,
+                                 RESHARD_ROOT))
+            with _without_main(make_dynamo), _server_imports_ours():
                 p.start()
             send.close()  # the child's end: EOF here once the child is gone, however it ends
             children.append(_Child(i, p, recv))
