@@ -80,7 +80,8 @@ def context(start_method: str | None = None):
     interpreter that imports the job modules once and forks each child from itself, so a
     child starts in milliseconds instead of re-importing boto3 and reshard (about a second
     of CPU each: P of them at once on a many-core host). Children see the environment the
-    server started with (the command's own).
+    server started with: the command's own, plus the two variables of
+    :func:`_server_imports_ours`.
     """
     method = start_method or ("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
     mp = multiprocessing.get_context(method)
@@ -104,7 +105,8 @@ def _server_imports_ours() -> Iterator[None]:
     """
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
     os.environ["PYTHONSAFEPATH"] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join([RESHARD_ROOT, *([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])])
+    os.environ["PYTHONPATH"] = os.pathsep.join([RESHARD_ROOT] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"]
+                                                                 else []))
     try:
         yield
     finally:
@@ -121,8 +123,12 @@ def job_spec(job: str) -> JobSpec:
 
 
 def default_processes() -> int:
-    """``--processes`` when not given: the cores of this host."""
-    return max(1, os.cpu_count() or 1)
+    """``--processes`` when not given: the cores this process may run on (its CPU affinity,
+    which a container's cpuset narrows; a CPU quota is not seen: give --processes there)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
 
 
 def split_budget(value: float | None, processes: int) -> float | None:

@@ -16,10 +16,11 @@ from reshard.jobs.subscribers import ProgressReporter
 
 
 def test_the_default_is_the_cores_and_never_more_processes_than_segments(monkeypatch):
-    monkeypatch.setattr(processes.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(processes.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert resolve_processes(None, 16) == 8
     assert resolve_processes(None, 3) == 3
     assert resolve_processes(2, 16) == 2 and resolve_processes(32, 4) == 4
+    monkeypatch.delattr(processes.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(processes.os, "cpu_count", lambda: None)
     assert resolve_processes(None, 16) == 1
 
