@@ -157,7 +157,7 @@ workers_option = click.option("--workers", type=click.IntRange(1, 256), default=
                               help="Worker threads per process (default: min(segments, 4)).")
 processes_option = click.option(
     "--processes", type=click.IntRange(1, 1024), default=None, envvar="RESHARD_PROCESSES", show_envvar=True,
-    help="Worker processes on this host (default: its cores, at most --segments). Each has its own DynamoDB "
+    help="Worker processes on this host (default: the cores it may use, at most --segments). Each has its own DynamoDB "
          "client, --workers and --concurrency, and joins the run like another host would (the segment leases "
          "decide who does what); 1 runs the job in this process. --max-wcu/--max-rcu are split evenly between "
          "them.")
@@ -176,10 +176,12 @@ concurrency_option = click.option(
          "more hides the round trip, the budget still paces them).")
 segments_option = click.option("--segments", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
                                help="Parallel-scan segments (TotalSegments).")
-max_wcu_option = click.option("--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,
-                              help="Write capacity budget in WCU/s for this job on this host (split evenly between --processes).")
-max_rcu_option = click.option("--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
-                              help="Read capacity budget in RCU/s for this job on this host (split evenly between --processes).")
+max_wcu_option = click.option(
+    "--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="Write capacity budget in WCU/s for this job on this host (split evenly between --processes).")
+max_rcu_option = click.option(
+    "--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="Read capacity budget in RCU/s for this job on this host (split evenly between --processes).")
 
 
 def page_size_option(help: str = "Items per Scan page.") -> Callable:

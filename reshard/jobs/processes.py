@@ -247,8 +247,8 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     """Run ``job`` with ``options.processes`` child processes; one :class:`JobResult` for all.
 
     ``make_dynamo``: how a child builds its own client (picklable: a module-level function
-    or a ``functools.partial`` of one). ``start_method``: None picks :func:`context`'s. ``dynamo``/``store``: the parent's, for the
-    preconditions, the result and the finish hook. ``on_started(pids)``: after every child
+    or a ``functools.partial`` of one). ``start_method``: None picks :func:`context`'s.
+    ``dynamo``/``store``: the parent's, for the preconditions, the result and the finish hook. ``on_started(pids)``: after every child
     started (tests kill one).
     """
     spec = job_spec(job)
