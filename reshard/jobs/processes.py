@@ -248,8 +248,8 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
 
     ``make_dynamo``: how a child builds its own client (picklable: a module-level function
     or a ``functools.partial`` of one). ``start_method``: None picks :func:`context`'s.
-    ``dynamo``/``store``: the parent's, for the preconditions, the result and the finish hook. ``on_started(pids)``: after every child
-    started (tests kill one).
+    ``dynamo``/``store``: the parent's, for the preconditions, the result and the finish hook.
+    ``on_started(pids)``: after every child started.
     """
     spec = job_spec(job)
     state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
