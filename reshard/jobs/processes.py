@@ -242,14 +242,12 @@ class _Child:
 
 def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, store: ControlStore,
                   migration_id: str, options: JobOptions, *, subscribers: Iterable[Subscriber] = (),
-                  sleep: Callable[[float], None] = time.sleep, start_method: str | None = None,
-                  on_started: Callable[[list[int]], None] | None = None) -> JobResult:
+                  sleep: Callable[[float], None] = time.sleep, start_method: str | None = None) -> JobResult:
     """Run ``job`` with ``options.processes`` child processes; one :class:`JobResult` for all.
 
     ``make_dynamo``: how a child builds its own client (picklable: a module-level function
     or a ``functools.partial`` of one). ``start_method``: None picks :func:`context`'s.
     ``dynamo``/``store``: the parent's, for the preconditions, the result and the finish hook.
-    ``on_started(pids)``: after every child started.
     """
     spec = job_spec(job)
     state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
@@ -294,8 +292,6 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
             children.append(_Child(i, p, recv))
         if on_main:
             signal.signal(signal.SIGINT, forward)
-        if on_started is not None:
-            on_started([c.process.pid for c in children])
         state_box = {"started": False, "reasons": {}}
         _pump(children, subs, state_box)
     finally:
