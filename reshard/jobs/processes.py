@@ -180,8 +180,8 @@ def _stop_once(signum, frame):
 
 def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: str, job: str, migration_id: str,
            options: JobOptions, run: int, root: str) -> None:
-    """A child process: one more worker process of ``run``, with its own client (spawned, so
-    nothing of the parent's clients, threads or locks comes along)."""
+    """A child process: one more worker process of ``run``, with its own client (nothing of the
+    parent's clients, threads or locks comes along: it is forked by the fork server, or spawned)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent forwards it as
     # SIGTERM, so each child stops exactly once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
