@@ -376,6 +376,7 @@ class KeyMapper:
     """
 
     def __init__(self, migration: Migration):
+        migration.require_table("re-keying the table")  # index-only files: reshard.core.index
         self.migration = migration
         k = migration.keys
         self.keys = k
