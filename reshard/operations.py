@@ -34,10 +34,11 @@ from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.progress import Progress, progress_counter
-from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
+from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
+from reshard.jobs.index_jobs import index_spec
 from reshard.jobs.runner import JobOptions, JobResult, run_job
 from reshard.jobs.strip import STRIP
 from reshard.jobs.subscribers import Subscriber
@@ -627,10 +628,11 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
     what was left (:attr:`JobResult.sweep`).
     """
     before = store.load_state(migration_id)
-    result = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+    spec = DATA_JOBS[job] if before.migration().changes_table or job == STRIP_JOB else index_spec(DATA_JOBS[job])
+    result = run_job(spec, dynamo, store, migration_id, options, subscribers=subscribers)
     if (job == CLEANUP_JOB and before.phase is Phase.ABORTED and not before.retired and result.finished
             and store.load_state(migration_id).retired):
-        sweep = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+        sweep = run_job(spec, dynamo, store, migration_id, options, subscribers=subscribers)
         result = dataclasses.replace(result, sweep=sweep)
     return result
 
