@@ -226,6 +226,8 @@ class IndexVerifier:
         fresh = self._read(item)  # a shim write may have just fixed it: judge the item as it is now
         if fresh is None or is_tombstone(fresh) or not m.in_index(fresh) or m.is_at(fresh, NEW):
             return None
+        if not m.is_at(fresh, OLD):  # the backfill listed and skipped it: it counts against the allowance
+            raise errors.UnmappableItem("off-layout", f"{m.attr} = {_show(fresh[m.attr])} is a value of neither layout")
         self.example("gsi_value", fresh, m, f"{m.attr} = {_show(fresh.get(m.attr, {'NULL': True}))}, the [to] layout "
                                             f"gives {_show(m.value(m.fields(fresh, NEW), NEW))}")
         return fresh
