@@ -538,7 +538,8 @@ class IamPolicy:
 def iam_policy(m: Migration, role: str, control_table: str, region: str | None = None,
                account: str = "*") -> IamPolicy:
     """The least-privilege policy for ``role`` on ``m``'s table and the control table."""
-    return IamPolicy(role, iam.policy(role, m.table, control_table, region or "*", account, migration_id=m.id))
+    return IamPolicy(role, iam.policy(role, m.table, control_table, region or "*", account, migration_id=m.id,
+                                      indexes=tuple(i.name for i in m.indexes)))
 
 
 

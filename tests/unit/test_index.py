@@ -398,3 +398,17 @@ def test_index_entry_size_by_projection():
     full = index_entry_size(item, m.keys, spec, {"ProjectionType": "ALL"})
     keys_only = index_entry_size(item, m.keys, spec, {"ProjectionType": "KEYS_ONLY"})
     assert full > 600 and keys_only < 200 and keys_only >= 100
+
+
+def test_iam_grants_query_on_the_index_arn():
+    """A Query with IndexName is authorized on table/T/index/NAME: the app's and the worker's Query."""
+    from reshard.core.iam import policy
+    for role in ("app", "worker"):
+        doc = policy(role, "InvoiceTransactions", "ctl", indexes=("ByCountry",))
+        (st,) = [s for s in doc["Statement"] if "dynamodb:Query" in s["Action"] and "InvoiceTransactions" in
+                 s["Resource"][0]]
+        assert st["Resource"][-1] == "arn:aws:dynamodb:*:*:table/InvoiceTransactions/index/ByCountry"
+        # The rewrite's UpdateItem (worker) and the shim's writes (app) on the data table.
+        assert any("dynamodb:UpdateItem" in s["Action"] and s["Resource"][0].endswith("table/InvoiceTransactions")
+                   for s in doc["Statement"])
+    assert all("/index/" not in r for s in policy("app", "T", "ctl")["Statement"] for r in s["Resource"])
