@@ -177,3 +177,24 @@ def test_backfill_verify_repair_and_abort(dynalite, unique_name):
     for i in range(21):
         assert mapper.is_at(_get(dynalite, table, i), "old"), i
     assert _get(dynalite, table, 20)["_rs_v"] == versioned["_rs_v"]
+
+
+def test_the_switch_guards_the_written_value_and_rollback_to_planned_is_refused(dynalite, unique_name):
+    """dual_write -> dual_read changes the value shims write: it goes through the switch (a
+    "switch" history row); backfill -> cutover changes no write of an index-only migration:
+    no switch. Rollback dual_write -> planned is refused (planned reads only old values)."""
+    from reshard import errors
+
+    table = unique_name
+    create_gsi_table(dynalite, table)
+    m, store = setup_index_migration(dynalite, table, table + "-ctl", phases=1)  # dual_write
+    with pytest.raises(errors.RefusedTransition, match="rollback to planned is refused for a sharded-index"):
+        transition(store, m.id, Action.ROLLBACK, allow_no_shims=True)
+    _, after = transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
+    assert after.phase.value == "dual_read" and after.last.action == "switch"
+    transition(store, m.id, Action.ADVANCE, allow_no_shims=True)  # backfill
+    assert operations.run_data_job("backfill", dynalite, store, m.id, JobOptions(segments=1, lease_seconds=15)).done
+    assert operations.run_data_job("verify", dynalite, store, m.id, JobOptions(segments=1, lease_seconds=15)).passed
+    _, after = transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
+    assert after.phase.value == "cutover" and after.last.action == "advance"
+    assert [h.action for h in store.history(m.id)].count("switch") == 1
