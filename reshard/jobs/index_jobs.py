@@ -14,8 +14,11 @@ The rewrite (``reshard backfill``; abort's ``reshard cleanup`` runs it backwards
     newer ``_rs_v`` and fails it too, and that write stays -- in the rewrite's phase shims
     write the destination value themselves (``INDEX_ROUTING``), so nothing is left behind.
     ``_rs_v`` is kept: the content did not change, so a racing shim write still wins its own
-    fence. Counted: ``moved`` (written), ``already`` (at the destination value), ``raced``
-    (the condition failed), ``not_indexed`` (outside a sparse GSI: left alone),
+    fence. After a failed condition the item is read again (consistently): deleted, or now at
+    the destination value, it is left to that write; still at its source value (a write that
+    did not touch the attribute), it is rewritten again under the same kind of condition.
+    Counted: ``moved`` (written), ``already`` (at the destination value), ``raced`` (the
+    condition failed and the item needed nothing more), ``not_indexed`` (outside a sparse GSI: left alone),
     ``unmappable`` (a missing field, or a value of neither layout: listed, left alone).
 
 Verify (``reshard verify``)
@@ -50,6 +53,9 @@ from reshard.jobs.engine import PageContext
 from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, item_writes, scan_page
 
 REWRITE_COUNTERS = ("scanned", "moved", "already", "raced", "not_indexed", "unmappable", "rcu", "wcu")
+
+#: Rewrites of one item whose condition failed (a write since the scan or the last read).
+_TRIES = 3
 
 
 def _projections(dynamo: Dynamo, table: str) -> dict[str, dict]:
@@ -125,7 +131,27 @@ class IndexRewrite:
         return ("already", []) if not changes else ("moved", changes)
 
     def _update(self, guard, work: tuple[dict, list]) -> str:
-        """One UpdateItem, conditioned on the item as scanned (module docstring)."""
+        """The conditioned UpdateItem (module docstring); after a failed condition, the item is
+        re-read and, if it still needs the rewrite (a write that left its GSI value alone,
+        e.g. an UpdateItem of other attributes), rewritten again, conditioned on what was read."""
+        for _ in range(_TRIES):
+            outcome = self._update_once(guard, work)
+            if outcome != "raced":
+                return outcome
+            fresh = self._read(key_of(work[0], self.key_attrs))
+            # Gone (deleted: it stays deleted), or the racing write set the value itself.
+            outcome, changes = self.plan(fresh) if fresh is not None else ("raced", [])
+            if not changes:
+                return "raced"
+            work = (fresh, changes)
+        return "raced"  # kept changing under us: the next verify judges it
+
+    def _read(self, key: dict) -> dict | None:
+        with self.budget.spend("read", 1.0):
+            return self.dynamo.call("get_item", TableName=self.table, Key=key, ConsistentRead=True,
+                                    ReturnConsumedCapacity="TOTAL").get("Item")
+
+    def _update_once(self, guard, work: tuple[dict, list]) -> str:
         item, changes = work
         fence = unchanged(version_of(item), self.keys.partition)
         names = dict(fence.names)

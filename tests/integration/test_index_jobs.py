@@ -130,6 +130,24 @@ def test_a_delete_between_scan_and_update_is_not_resurrected(dynalite, unique_na
     assert got is None
 
 
+def test_a_write_of_other_attributes_between_scan_and_update_is_rewritten_again(dynalite, unique_name):
+    """A shim UpdateItem of ``amount`` (new ``_rs_v``, GSI value untouched) after the scan: the
+    condition fails, the item is re-read, and rewritten under its new version; the write stays."""
+    version = VersionClock("shim").next()
+    key = {"PK": {"S": "InvoiceNumber#121212"}, "SK": {"S": "root"}}
+
+    def racing():
+        dynalite.call("update_item", TableName=unique_name, Key=key, UpdateExpression="SET amount = :a, #v = :v",
+                      ExpressionAttributeNames={"#v": "_rs_v"},
+                      ExpressionAttributeValues={":a": {"N": "777"}, ":v": {"S": version}})
+
+    table, counts = _race(dynalite, unique_name, racing, mutant=False)
+    got = _get(dynalite, table, 0)
+    assert counts["moved"] == 1 and counts["raced"] == 0
+    assert got["amount"] == {"N": "777"} and got["_rs_v"] == {"S": version}
+    assert got["gsi_shard"] == {"N": _new_shard("c-0")}
+
+
 def test_backfill_verify_repair_and_abort(dynalite, unique_name):
     """The rewrite through run_data_job: counts, versions kept; verify finds and repairs a stray
     value; an abort's cleanup rewrites every item back to an old value and retires."""
