@@ -86,14 +86,15 @@ def write_value(im: IndexMapper, item: Mapping[str, Any], side: str, identity: s
     """The GSI partition value a write gives ``item`` (wire) in layout ``side``: None to keep
     what it has.
 
-    Only an item that carries the attribute is in the index (the application decides which
-    items are: a sparse index, like the invoice article's header rows), so an item without
-    it stays without. A value that ``side`` already gives this item is kept (for a random
+    Only an item that carries the attribute and the GSI sort attribute is in the index
+    (``IndexMapper.in_index``; the application decides which items are: a sparse index, like
+    the invoice article's header rows); any other item is left as written, as the backfill
+    leaves it. A value that ``side`` already gives this item is kept (for a random
     layout: any shard in range, so the application's own random pick is not moved again);
     any other is replaced by the computed one. A random layout's value is drawn from the
     item's identity, so rewriting one item never moves it between old partitions.
     """
-    if im.attr not in item:
+    if not im.in_index(item):
         return None
     try:
         if im.is_at(item, side):
