@@ -182,6 +182,13 @@ def cleanup(env: Env, migration, segments, workers, concurrency, delete, enable_
                          ("changed_meanwhile", "changed while we looked (left; re-run to retry)")):
             if c.get(k):
                 lines.append(f"  {c[k]:>8}  {label}")
+        if c.get("index_only"):
+            lines.append("  nothing to expire: an index-only migration keeps every item's key (no copies, no "
+                         "tombstones)")
+        for k, label in (("moved", "items whose GSI value was rewritten back to the old layout"),
+                         ("raced", "written or deleted since the scan (their own write stays)")):
+            if c.get(k):
+                lines.append(f"  {c[k]:>8}  {label}")
         if result.sweep is not None:
             swept = result.sweep.counts
             lines.append(f"retired; after the fleet acknowledged, run {result.sweep.run} swept again: "

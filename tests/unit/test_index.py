@@ -326,3 +326,75 @@ def test_one_direction_moves_never_hide_an_item(phase, partitions):
     # layouts' values differ (with nested "{shard}" values, the wider pass happens to cover it).
     if partitions is DISJOINT:
         assert _hidden(tuple(reversed(r.reads)), source, r.writes, partitions)
+
+
+# ----------------------------------------------------------------------------- plan / start checks
+
+from reshard.core.index_planning import IndexAnalysis, gsi_problems, index_entry_size, index_plan  # noqa: E402
+from reshard.core.versions import VersionClock  # noqa: E402
+
+
+def _desc(projection=None, gsi_type="N", schema=("gsi_shard", "tx_country"), name="ByCountry", status="ACTIVE"):
+    keys = [{"AttributeName": schema[0], "KeyType": "HASH"}] + (
+        [{"AttributeName": schema[1], "KeyType": "RANGE"}] if schema[1] else [])
+    return {"AttributeDefinitions": [{"AttributeName": "PK", "AttributeType": "S"},
+                                     {"AttributeName": "SK", "AttributeType": "S"},
+                                     {"AttributeName": "gsi_shard", "AttributeType": gsi_type},
+                                     {"AttributeName": "tx_country", "AttributeType": "S"}],
+            "GlobalSecondaryIndexes": [{"IndexName": name, "KeySchema": keys, "IndexStatus": status,
+                                        "Projection": projection or {"ProjectionType": "ALL"}}]}
+
+
+@pytest.mark.parametrize("desc,fragment", [
+    (_desc(name="Other"), "has no global secondary index 'ByCountry' (its GSIs: Other)"),
+    (_desc(status="CREATING"), "is CREATING; wait until it is ACTIVE"),
+    (_desc(schema=("gsi_shard", None)), "has partition 'gsi_shard', sort None but the file says"),
+    (_desc(gsi_type="S"), 'has type S but the layouts write N (set type = "S"'),
+    (_desc({"ProjectionType": "KEYS_ONLY"}), "projects KEYS_ONLY"),
+    (_desc({"ProjectionType": "INCLUDE", "NonKeyAttributes": ["amount"]}), "projects INCLUDE without '_rs_v'"),
+])
+def test_gsi_problems_one_line_each(desc, fragment):
+    (problem,) = gsi_problems(desc, migration.parse(INVOICES))
+    assert fragment in problem and "\n" not in problem and problem.startswith("[index.ByCountry]: ")
+
+
+def test_gsi_problems_accept_all_and_include_with_version():
+    m = migration.parse(INVOICES)
+    assert gsi_problems(_desc(), m) == []
+    assert gsi_problems(_desc({"ProjectionType": "INCLUDE", "NonKeyAttributes": ["_rs_v", "amount"]}), m) == []
+
+
+def test_index_analysis_counts_skew_and_rewrite_cost():
+    """Per moved item: the table write plus a GSI delete and a GSI put (each of the index entry)."""
+    m = migration.parse(INVOICES)
+    plan = index_plan(m, _desc({"ProjectionType": "INCLUDE", "NonKeyAttributes": ["_rs_v"]}))
+    a = plan.analyses["ByCountry"]
+    big = "x" * 3000  # a 3 KB attribute: 3 WCU for the table write, not projected into the index
+    new = {}
+    for i in range(40):
+        pk = f"InvoiceNumber#{i}"
+        new[i] = hash_shard(pk, 16, "sha256")
+        shard = str(new[i]) if i < 4 and new[i] < 4 else str(next(s for s in range(4) if s != new[i]))
+        plan.observe(header(pk, shard=shard, blob={"S": big}))
+    plan.observe({"PK": {"S": "InvoiceNumber#1"}, "SK": {"S": "line#1"}})  # not in the index
+    plan.observe(header("InvoiceNumber#99", shard="12"))  # 12 is no old value and not its new one
+    assert plan.scanned == 42 and a.not_indexed == 1 and a.indexed == 41
+    already = sum(1 for i in range(4) if new[i] < 4)
+    assert (a.at_new, a.moves) == (already, 40 - already)
+    assert hash_shard("InvoiceNumber#99", 16, "sha256") != 12 and a.unmappable == {"off-layout": 1}
+    assert a.table_wcu == 3 * a.moves  # ceil(3 KB item / 1 KB)
+    assert a.index_wcu == 2 * a.moves  # a small entry (keys + _rs_v + 100 bytes): 1 WCU each for delete and put
+    assert a.new_distribution().total == 40 and a.old_distribution().total == a.moves
+    cap = plan.capacity(84, max_wcu=10, write_price=1.0, read_price=1.0)
+    assert cap["scale"] == 2.0 and cap["backfill"]["wcu"] == 2 * 5 * a.moves
+    assert "nothing to expire" in cap["cleanup"]
+    assert plan.blockers(0) and not plan.blockers(1)
+
+
+def test_index_entry_size_by_projection():
+    m = migration.parse(INVOICES)
+    spec = m.indexes[0]
+    item = header("InvoiceNumber#1", shard="1", blob={"S": "y" * 500}, _rs_v={"S": VersionClock("w").next()})
+    full = index_entry_size(item, m.keys, spec, {"ProjectionType": "ALL"})
+    keys_only = index_entry_size(item, m.keys, spec, {"ProjectionType": "KEYS_ONLY"})
+    assert full > 600 and keys_only < 200 and keys_only >= 100
