@@ -57,15 +57,19 @@ def test_key_condition_splits_sort_condition_from_partition_equalities(im):
 
 
 def test_write_value_keeps_a_valid_value_replaces_others_and_leaves_items_outside_the_index(im):
-    item = {"PK": {"S": "inv-1"}, "SK": {"S": "h"}, "region": {"S": "eu"}, "source": {"S": "s-1"}}
+    item = {"PK": {"S": "inv-1"}, "SK": {"S": "h"}, "region": {"S": "eu"}, "source": {"S": "s-1"},
+            "tx_country": {"S": "US"}}
     assert write_value(im, item, "new", "inv-1#h") is None  # no attribute: not in the index
+    no_sort = {k: v for k, v in item.items() if k != "tx_country"}
+    assert write_value(im, {**no_sort, "gsi": {"S": "9"}}, "new", "inv-1#h") is None  # no sort key: not either
     assert write_value(im, {**item, "gsi": {"S": "2"}}, "old", "inv-1#h") is None  # a random old value: kept
     drawn = write_value(im, {**item, "gsi": {"S": "eu#2"}}, "old", "inv-1#h")
     assert drawn == write_value(im, {**item, "gsi": {"S": "x"}}, "old", "inv-1#h")  # drawn from the identity
     assert write_value(im, {**item, "gsi": {"S": "2"}}, "new", "inv-1#h") == {"S": f"eu#{hash_shard('s-1', 16)}"}
     assert write_value(im, {**item, "gsi": {"S": f"eu#{hash_shard('s-1', 16)}"}}, "new", "inv-1#h") is None
     with pytest.raises(errors.BadInput, match="lacks field 'source'"):
-        write_value(im, {"PK": {"S": "inv-1"}, "region": {"S": "eu"}, "gsi": {"S": "1"}}, "new", "x")
+        write_value(im, {"PK": {"S": "inv-1"}, "region": {"S": "eu"}, "gsi": {"S": "1"}, "tx_country": {"S": "US"}},
+                    "new", "x")
 
 
 def test_index_routing_of_the_shim_s_phase_names():
