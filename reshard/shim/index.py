@@ -210,7 +210,7 @@ class _Part:
         self.entries: list[tuple[tuple, dict]] = []  # (position, stored item), in read order
         self.lek: dict | None = None
         self.done = False
-        self.started = False
+        self.fetches = 0
 
     def bound(self, sort_attr: str | None) -> Any:
         """The sort value this partition stopped at (_DONE: read whole; _NONE: no sort key,
@@ -280,7 +280,9 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
         kwargs = dict(base)
         kwargs["ExpressionAttributeValues"] = {**vals, ":rs_gp": p.value}
         if limit is not None:
-            kwargs["Limit"] = limit
+            # Doubling on each further page of one partition: a tie group longer than Limit
+            # (or items the key condition drops) is read in a few requests, not one per item.
+            kwargs["Limit"] = min(limit << min(p.fetches, 10), max(limit, 1000))
         if p.lek is not None:
             kwargs["ExclusiveStartKey"] = p.lek
         elif start_sv is not None:
@@ -288,7 +290,7 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
             # table key, so the whole group at the cursor is read again and filtered below.
             # (The sort value last: the GSI sort attribute may also be a table key attribute.)
             kwargs["ExclusiveStartKey"] = {**cursor[2], im.attr: p.value, sort_attr: _sort_to_av(start_sv)}
-        p.started = True
+        p.fetches += 1
         resp = src.query_page(**kwargs)
         p.lek = resp.get("LastEvaluatedKey")
         p.done = not p.lek
@@ -314,7 +316,7 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
 
     def first_pass(p: _Part) -> None:
         # Until the partition is read whole or holds a full page before where it stopped.
-        while not p.done and not (p.started and enough(p, p.bound(sort_attr))):
+        while not p.done and not (p.fetches and enough(p, p.bound(sort_attr))):
             fetch(p)
 
     src.run_all(first_pass, passes[0])
@@ -329,7 +331,7 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
     def later_pass(p: _Part) -> None:
         # Up to the frontier: every position before it, never past it (the first pass has not
         # read past it, and a later page reads it again in both passes, in order).
-        while not p.done and (not p.started or before(p.bound(sort_attr), frontier)):
+        while not p.done and (not p.fetches or before(p.bound(sort_attr), frontier)):
             fetch(p)
 
     for parts in passes[1:]:
