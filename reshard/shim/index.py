@@ -168,9 +168,10 @@ def _equality(im: IndexMapper, allowed: set, eq: dict, field: str, op: str, valu
                               f"every value of it; name the index's logical fields "
                               f"({', '.join(sorted(allowed | {im.sort_attr} - {None})) or 'its sort key'})")
     if field not in allowed:
-        raise errors.BadInput(f"KeyConditionExpression: {field!r} is not a key field of index {im.name} (its sort key "
-                              f"{im.sort_attr!r} and partition fields {', '.join(sorted(allowed)) or '(none)'}); use "
-                              "FilterExpression for other attributes")
+        sort = f"its sort key {im.sort_attr!r}" if im.sort_attr else "it has no sort key"
+        raise errors.BadInput(f"KeyConditionExpression: {field!r} is not a key field of index {im.name} ({sort}; "
+                              f"partition fields: {', '.join(sorted(allowed)) or 'none'}); use FilterExpression for "
+                              "other attributes")
     if op != "=":
         raise errors.BadInput(f"KeyConditionExpression: {field!r} is a partition field of index {im.name}: only = "
                               "is allowed on it")

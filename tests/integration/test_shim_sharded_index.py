@@ -289,3 +289,24 @@ def test_an_update_s_index_value_never_overwrites_a_racing_change_of_its_shard_b
     item = stored(dynalite, table, "inv-1")
     assert item["source"] == {"S": "s-new"} and item["amount"] == {"N": "3"}
     assert item["gsi_shard"] == {"N": str(hash_shard("s-new", 16))}
+
+
+def test_an_index_without_sort_key_pages_by_table_key(dynalite, unique_name):
+    """No GSI sort key: DynamoDB orders a partition value's items by a hash of the table key,
+    so each page reads its partitions whole and merges by table key; pages still never
+    repeat or skip an item."""
+    text = FILE.format(table=unique_name, shard_by="PK").replace('sort = "tx_country"\n', "")
+    dynalite.call("create_table", TableName=unique_name, BillingMode="PAY_PER_REQUEST",
+                  KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
+                  AttributeDefinitions=[{"AttributeName": a, "AttributeType": t} for a, t in
+                                        (("PK", "S"), ("SK", "S"), ("gsi_shard", "N"))],
+                  GlobalSecondaryIndexes=[{"IndexName": "ByCountry", "Projection": {"ProjectionType": "ALL"},
+                                           "KeySchema": [{"AttributeName": "gsi_shard", "KeyType": "HASH"}]}])
+    t = shim(parse(text), dynalite)
+    t._pin_phase("backfill")
+    for i in range(7):
+        t.put_item(Item={"PK": f"inv-{i}", "SK": "header", "gsi_shard": 0})
+    got = query_all(t, Limit=3)
+    assert [i["PK"] for i in got] == [f"inv-{i}" for i in range(7)]
+    with pytest.raises(errors.BadInput, match="it has no sort key"):
+        t.query(IndexName="ByCountry", KeyConditionExpression=Key("tx_country").eq("US"))
