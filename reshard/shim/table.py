@@ -35,6 +35,14 @@ Random-suffix old layouts
     brand-new item goes to a shard derived from its identity, so two racing creators
     pick the same key.
 
+Sharded GSIs (``[index.NAME]`` migrations)
+    ``query(IndexName=...)`` fans out over the index's partition values
+    (``reshard/shim/index.py``); writes give the GSI attribute of items in the index the
+    value of the layout the phase writes (a put: computed; an update: from its result, by
+    one more conditional UpdateItem when it differs). An index-only migration keeps items at
+    their keys: the table is one identity layout here (:func:`_table_view`), no copies, no
+    tombstones.
+
 Phase
     Every request asks the instance's :class:`~reshard.shim.phase_cache.PhaseCache` for
     the phase to act on (never the control table) and tells it when it is done, so a
@@ -878,6 +886,10 @@ class ShardedTable:
         evaluated, ``LastEvaluatedKey`` is the logical key of the last one (pass it back as
         ``ExclusiveStartKey``). Returns ``{"Items", "Count", "ScannedCount",
         "LastEvaluatedKey"?}`` (no ``Items`` with ``Select="COUNT"``).
+
+        ``IndexName``: one of the migration's sharded GSIs (``[index.NAME]``), queried over its
+        logical fields (the GSI sort key, partition template and ``shard_by`` fields) by the
+        fan-out of ``reshard/shim/index.py``; ``ConsistentRead=True`` is refused there, as by DynamoDB.
         """
         if IndexName is not None:
             return self._query_index(IndexName, KeyConditionExpression, Key=Key, SortKeyCondition=SortKeyCondition,
