@@ -301,8 +301,14 @@ class Transitioned:
     next: str = ""  # the ``next:`` hint after the move
 
 
+#: How often ``advance --wait`` re-reads the census: a census is a couple of small control-table
+#: reads, and a shim acknowledges within one refresh, so a short poll ends the wait soon after.
+ACK_POLL_SECONDS = 0.25
+
+
 def transition(store: ControlStore, migration_id: str, action: Action, *, wait: float | None = None,
-               from_phase: str | None = None, who: str | None = None, poll: float = 1.0, say: Say = _quiet,
+               from_phase: str | None = None, who: str | None = None, poll: float = ACK_POLL_SECONDS,
+               say: Say = _quiet,
                on_lagging: Callable[[MigrationState, Census], None] | None = None,
                allow_no_shims: bool = False) -> Transitioned:
     """Apply one transition; with ``wait``, wait for the fleet before and after it.
