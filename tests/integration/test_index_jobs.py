@@ -1,6 +1,6 @@
 """Index-only migrations on dynalite: the in-place GSI rewrite, its races, verify, abort.
 
-The forced interleavings run the rewrite's page on its own client and do the racing
+The forced interleavings run the rewrite's page and do the racing
 write from a botocore ``before-send`` hook on that client's first UpdateItem: after the
 page was scanned and the update built, before it reaches the server. Each also runs
 once against a *mutant* whose UpdateItem carries no condition, and asserts the harm the
@@ -61,11 +61,13 @@ def _unconditioned(dynamo: Dynamo) -> None:
     dynamo.call = mutant
 
 
-def _race(dynalite, unique_name, racing, mutant: bool):
+def _race(dynalite, unique_name, racing, mutant: bool, state: dict | None = None):
     """Seed one pre-migration header, scan it, run ``racing`` just before the rewrite's UpdateItem."""
     table = unique_name
     create_gsi_table(dynalite, table)
     m, store = setup_index_migration(dynalite, table, table + "-ctl")
+    if state is not None:
+        state["m"] = m
     dynalite.call("put_item", TableName=table, Item=header(0, shard=_first_not_new("c-0"), customer="c-0"))
     job = dynalite  # the racing write is sent from inside the hook, on the same client (a PutItem/DeleteItem)
     fired = []
@@ -95,25 +97,36 @@ def _first_not_new(customer: str) -> int:
 
 @pytest.mark.parametrize("mutant", [False, True], ids=["fenced", "mutant-unconditioned"])
 def test_a_shim_write_between_scan_and_update_stays(dynalite, unique_name, mutant):
-    """A shim (backfill phase: it writes the new GSI value) changes the item's customer after the scan.
+    """A real shim (ShardedTable, backfill phase: it writes the new GSI value) re-puts the invoice
+    with another customer after the rewrite scanned it.
 
     Its value is hash(new customer); the rewrite computed hash(old customer) from the scan.
-    Fenced: the update fails its condition (raced) and the shim's write stays whole.
-    Mutant: the stale value overwrites the shim's, and the item sits under the wrong GSI shard.
+    Fenced: the update fails its condition, the re-read finds the item at its new value
+    (raced) and the shim's write stays whole. Mutant: the stale value overwrites the shim's,
+    and the item sits under the wrong GSI shard.
     """
-    version = VersionClock("shim").next()
-    shim_item = dict(header(0, shard=0, customer="c-moved"), _rs_v={"S": version})
-    shim_item["gsi_shard"] = {"N": _new_shard("c-moved")}
-    assert _new_shard("c-moved") != _new_shard("c-0")  # the two values differ: a stale write is visible
+    from reshard.core.phases import Phase
+    from tests.shim_helpers import shim
 
-    table, counts = _race(dynalite, unique_name,
-                          lambda: dynalite.call("put_item", TableName=unique_name, Item=shim_item), mutant)
+    assert _new_shard("c-moved") != _new_shard("c-0")  # the two values differ: a stale write is visible
+    state = {}
+
+    def racing():
+        m = state["m"]
+        t = shim(m, dynalite, phase=Phase.BACKFILL)
+        t.put_item(Item={"PK": "InvoiceNumber#121212", "SK": "root", "tx_country": "USA", "customer": "c-moved",
+                         "amount": 555, "gsi_shard": 0})
+        state["shim"] = t
+
+    table, counts = _race(dynalite, unique_name, racing, mutant, state)
+    state["shim"].close()
     got = _get(dynalite, table, 0)
     if mutant:
         assert got["gsi_shard"] == {"N": _new_shard("c-0")}  # the harm the condition prevents
         return
     assert counts["raced"] == 1 and counts["moved"] == 0
-    assert got == shim_item
+    assert got["gsi_shard"] == {"N": _new_shard("c-moved")} and got["amount"] == {"N": "555"}
+    assert got["customer"] == {"S": "c-moved"} and "_rs_v" in got
 
 
 @pytest.mark.parametrize("mutant", [False, True], ids=["fenced", "mutant-unconditioned"])
