@@ -412,3 +412,43 @@ def test_iam_grants_query_on_the_index_arn():
         assert any("dynamodb:UpdateItem" in s["Action"] and s["Resource"][0].endswith("table/InvoiceTransactions")
                    for s in doc["Statement"])
     assert all("/index/" not in r for s in policy("app", "T", "ctl")["Statement"] for r in s["Resource"])
+
+
+def test_one_conditioned_update_rewrites_every_index_of_an_item():
+    """Two [index.NAME] tables: one UpdateItem sets both attributes, conditioned on the version
+    and on each value scanned (never a blind write)."""
+    import contextlib
+
+    from reshard.core.index import mappers
+    from reshard.jobs.index_jobs import IndexRewrite
+
+    second = INVOICES.split("[index.ByCountry]")[1].replace("[index.ByCountry.", "[index.ByRegion.")
+    second = second.replace('partition = "gsi_shard"', 'partition = "gsi_region"').replace("tx_country", "region")
+    m = migration.parse(INVOICES + "[index.ByRegion]" + second)
+    calls = []
+
+    class Dynamo:
+        def call(self, op, guard=None, **kw):
+            calls.append((op, kw))
+            return {}
+
+    class Budget:
+        def spend(self, kind, units):
+            return contextlib.nullcontext()
+
+    rw = IndexRewrite(Dynamo(), None, m.id, "backfill", mappers(m.indexes), m.keys, "T", Budget(), "new", {})
+    version = VersionClock("w").next()
+    pk = "InvoiceNumber#7"
+    item = header(pk, shard="1", gsi_region={"N": "2"}, region={"S": "EU"}, _rs_v={"S": version})
+    want = str(hash_shard(pk, 16, "sha256"))
+    assert want not in ("1", "2")
+    outcome, changes = rw.plan(item)
+    assert outcome == "moved" and [c[0].name for c in changes] == ["ByCountry", "ByRegion"]
+    assert rw._update(lambda: None, (item, changes)) == "moved"
+    (op, kw), = calls
+    assert op == "update_item" and kw["UpdateExpression"] == "SET #g0 = :g0, #g1 = :g1"
+    assert kw["ConditionExpression"] == "(#rs_v = :rs_v) AND #g0 = :seen0 AND #g1 = :seen1"
+    assert kw["ExpressionAttributeValues"][":rs_v"] == {"S": version}
+    assert (kw["ExpressionAttributeValues"][":g0"], kw["ExpressionAttributeValues"][":g1"]) == ({"N": want},) * 2
+    assert (kw["ExpressionAttributeValues"][":seen0"], kw["ExpressionAttributeValues"][":seen1"]) == (
+        {"N": "1"}, {"N": "2"})
