@@ -406,7 +406,7 @@ def plan_index_text(r: dict) -> str:
         for ex in it["unmappable_examples"]:
             key = ", ".join(f"{k}={v!r}" for k, v in ex["key"].items())
             add(f"    e.g. {key}: {ex['reason']}: {ex['detail']}")
-        for name, label in (("old", "now (items still at an old value)"), ("new", "after (every item at its new value)")):
+        for name, label in (("old", "now"), ("new", "after (every item at its new value)")):
             d = ix["distribution"][name]
             dist = planning.Distribution(tuple(d["counts"]))
             hot = f"hottest GSI shard {d['hottest_shard']} holds {d['hottest_pct']:.1f}%" if d["total"] else "no items"

@@ -123,6 +123,8 @@ class IndexAnalysis:
             if m.is_at(item, "new"):
                 self.at_new += 1
                 self.new_shards.append(new_shard)
+                if m.is_at(item, "old"):  # "{shard}" on both sides: its value is an old shard too
+                    self.old_shards.append(m.shard_of(item[m.attr], "old"))
                 return
             if not m.is_at(item, "old"):
                 raise UnmappableItem("off-layout", f"{m.attr} = {_show(item[m.attr])} is a value of neither "
@@ -146,7 +148,7 @@ class IndexAnalysis:
         return sum(self.unmappable.values())
 
     def old_distribution(self) -> Distribution:
-        """Items per GSI shard as stored now (the items still at an old value)."""
+        """Items per GSI shard as stored now (every item whose value is an old-layout value)."""
         return distribution(self.old_shards, self.mapper.old.shards)
 
     def new_distribution(self) -> Distribution:
