@@ -86,7 +86,7 @@ def context(start_method: str | None = None):
     method = start_method or ("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
     mp = multiprocessing.get_context(method)
     if method == "forkserver":
-        mp.set_forkserver_preload([__name__, *(module for module, _ in SPECS.values())])
+        mp.set_forkserver_preload([__name__, "reshard.jobs.index_jobs", *(module for module, _ in SPECS.values())])
     return mp
 
 
@@ -117,9 +117,14 @@ def _server_imports_ours() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def job_spec(job: str) -> JobSpec:
+def job_spec(job: str, index_only: bool = False) -> JobSpec:
+    """The spec of ``job`` (``index_only``: its variant for a migration of a GSI only)."""
     module, name = SPECS[job]
-    return getattr(importlib.import_module(module), name)
+    spec = getattr(importlib.import_module(module), name)
+    if index_only:
+        from reshard.jobs.index_jobs import index_spec
+        spec = index_spec(spec)
+    return spec
 
 
 def default_processes() -> int:
@@ -179,7 +184,7 @@ def _stop_once(signum, frame):
 
 
 def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: str, job: str, migration_id: str,
-           options: JobOptions, run: int, root: str) -> None:
+           options: JobOptions, run: int, root: str, index_only: bool = False) -> None:
     """A child process: one more worker process of ``run``, with its own client (nothing of the
     parent's clients, threads or locks comes along: it is forked by the fork server, or spawned)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent forwards it as
@@ -193,7 +198,7 @@ def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: s
                                       f"{root}: run the command with --processes 1")
         dynamo = make_dynamo()
         store = ControlStore(dynamo, control_table)
-        result = run_job(job_spec(job), dynamo, store, migration_id, options, subscribers=[_Forward(conn)],
+        result = run_job(job_spec(job, index_only), dynamo, store, migration_id, options, subscribers=[_Forward(conn)],
                          run=run, finish=False)
         conn.send(("result", {"worked": result.worked, "consumed": result.consumed,
                               "last_throttle": result.last_throttle, "stopped": result.stopped,
@@ -242,14 +247,16 @@ class _Child:
 
 def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, store: ControlStore,
                   migration_id: str, options: JobOptions, *, subscribers: Iterable[Subscriber] = (),
-                  sleep: Callable[[float], None] = time.sleep, start_method: str | None = None) -> JobResult:
+                  sleep: Callable[[float], None] = time.sleep, start_method: str | None = None,
+                  index_only: bool = False) -> JobResult:
     """Run ``job`` with ``options.processes`` child processes; one :class:`JobResult` for all.
 
     ``make_dynamo``: how a child builds its own client (picklable: a module-level function
     or a ``functools.partial`` of one). ``start_method``: None picks :func:`context`'s.
+    ``index_only``: the jobs' variant for a migration of a GSI only (:func:`job_spec`).
     ``dynamo``/``store``: the parent's, for the preconditions, the result and the finish hook.
     """
-    spec = job_spec(job)
+    spec = job_spec(job, index_only)
     state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
     count = max(1, options.processes)
     child_opts = dataclasses.replace(options, processes=1, max_wcu=split_budget(options.max_wcu, count),
@@ -285,7 +292,7 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
             recv, send = mp.Pipe(duplex=False)
             p = mp.Process(target=_child, name=f"reshard-{job}-{i + 1}",
                            args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run,
-                                 RESHARD_ROOT))
+                                 RESHARD_ROOT, index_only))
             with _without_main(make_dynamo), _server_imports_ours():
                 p.start()
             send.close()  # the child's end: EOF here once the child is gone, however it ends
