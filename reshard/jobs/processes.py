@@ -409,7 +409,8 @@ def _combine(spec: JobSpec, job: str, dynamo: Dynamo, store: ControlStore, state
         subs.on_run_done(outcome)
     if outcome.done:
         m = state.migration()
-        ctx = JobContext(dynamo, store, state, m, KeyMapper(m), run, CapacityBudget(), options, time.time, sleep)
+        mapper = KeyMapper(m) if m.changes_table else None  # None: an index-only migration, as run_job does
+        ctx = JobContext(dynamo, store, state, m, mapper, run, CapacityBudget(), options, time.time, sleep)
         spec.finish(ctx, outcome)
     shown = recorded_examples(store, migration_id, job, run)[:options.examples] if options.examples else []
     return JobResult(job, migration_id, run, outcome, consumed=consumed,

@@ -26,6 +26,8 @@ from reshard.core.leases import FREE
 from reshard.jobs.engine import SegmentEngine
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
+from tests.conftest import ROOT
+from tests.index_support import create_gsi_table, header, setup_index_migration
 from tests.process_support import slow_client
 
 SEGMENTS = 4
@@ -196,3 +198,21 @@ def test_an_interrupt_while_run_all_waits_for_a_worker_mid_page_still_releases_i
         stay.set()
     (rec,) = segment_records(store, unique_name, "backfill", 1, 1)
     assert result.stopped and rec.owner == FREE and rec.checkpoint == {"PK": {"S": "next"}} and not rec.done
+
+
+def test_two_processes_rewrite_an_index_only_migration(dynalite, dynalite_server, unique_name, capsys):
+    """An index-only migration's jobs are other specs (reshard.jobs.index_jobs): the children run
+    those, and the parent's finish has no table layouts to map."""
+    table, control = f"{unique_name}-gsi", f"{unique_name}-ctl"
+    create_gsi_table(dynalite, table)
+    dynalite.batch_write(table, [{"PutRequest": {"Item": header(i, i % 4)}} for i in range(40)])
+    text = (ROOT / "migrations" / "0005_invoices_gsi.toml").read_text().replace(
+        'table = "InvoiceTransactions"', f'table = "{table}"')
+    m, store = setup_index_migration(dynalite, table, control, text=text)
+    code, out, err = cli(capsys, dynalite_server.endpoint, control, "backfill", m.id, "--segments", str(SEGMENTS),
+                         "--processes", "2")
+    assert code == 0, err
+    assert json.loads(out)["processes"] == 2
+    code, out, err = cli(capsys, dynalite_server.endpoint, control, "verify", m.id, "--segments", str(SEGMENTS),
+                         "--processes", "1")
+    assert code == 0 and json.loads(out)["passed"], err
