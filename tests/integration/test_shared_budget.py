@@ -1,0 +1,122 @@
+"""One --max-wcu for every process of a run: the budget row on dynalite (short windows).
+
+Members are driven refresh by refresh (no background thread) so each step is deterministic;
+the end-to-end test runs the CLI in-process with the thread.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from reshard import errors
+from reshard.control import budget as rows
+from reshard.control.budget import BudgetMembership
+from reshard.control.store import ControlStore
+from reshard.jobs.budget import CapacityBudget
+
+LIVENESS, REQUEST = 0.5, 0.2
+
+
+@pytest.fixture
+def control(dynalite, unique_name):
+    store = ControlStore(dynalite, unique_name)
+    store.ensure_table()
+    return store
+
+
+def member(store, name: str, total: float | None = 100.0) -> BudgetMembership:
+    return BudgetMembership(store, "mig", "backfill", 1, CapacityBudget(total), {"write": total} if total else None,
+                            member=name, request_seconds=REQUEST, refresh_seconds=0.1, liveness_seconds=LIVENESS)
+
+
+def row_of(store):
+    return rows.read_shares(store, "mig", "backfill", 1)
+
+
+def test_two_members_split_the_budget_and_a_silent_ones_share_goes_back(control):
+    a, b = member(control, "host-a:1:x"), member(control, "host-b:1:y")
+    assert a.refresh() and a.budget.share("write") == 100
+    assert b.refresh() and b.budget.share("write") == 0            # all of it is a's until a shrinks
+    assert "no share of the run's budget is free yet" in b.budget.throttle_reason()
+    assert a.refresh() and a.budget.share("write") == 50
+    assert b.refresh() and b.budget.share("write") == 50
+    r = row_of(control)
+    assert r.total["write"] == 100 and r.shares == {"host-a:1:x": {"write": 50.0}, "host-b:1:y": {"write": 50.0}}
+
+    # b stops beating (crashed or stalled). a keeps b's share until it watched b's beat
+    # unchanged for b's liveness window + one request, on a's own clock.
+    a.refresh()
+    a.refresh()
+    assert a.budget.share("write") == 50
+    time.sleep(LIVENESS + REQUEST + 0.05)
+    # By now b itself stopped pacing: its last beat is older than its liveness window.
+    assert b.budget.clock() > b.budget.valid_until
+    assert "lapsed" in b.budget.throttle_reason()
+    assert a.refresh() and a.budget.share("write") == 100
+    assert set(row_of(control).shares) == {"host-a:1:x"}
+
+    # b comes back: it rejoins with what is free (nothing) and never paces at its old share.
+    assert b.refresh() and b.budget.share("write") == 0
+
+
+def test_a_member_that_leaves_gives_its_share_back_at_once(control):
+    a, c = member(control, "host-a:1:x"), member(control, "host-c:1:z", total=None)  # c joins the run's budget
+    a.refresh(), c.refresh(), a.refresh(), c.refresh()
+    assert (a.budget.share("write"), c.budget.share("write")) == (50, 50)
+    c.leave()
+    assert c.budget.clock() > c.budget.valid_until                 # sends nothing more
+    assert set(row_of(control).shares) == {"host-a:1:x"}
+    assert [m.member for m in rows.read_members(control, "mig", "backfill", 1)] == ["host-a:1:x"]  # its beat row too
+    assert a.refresh() and a.budget.share("write") == 100           # no liveness window to wait out
+
+
+def test_two_members_rebalancing_at_once_never_overwrite_each_other(control, monkeypatch):
+    """Forced interleaving: b grows its share between a's read of the row and a's write.
+    a's write is conditional on the version it read, so it fails, a reads again and b's
+    share stays. A blind write would record b at 0 while b paces at 50: the next newcomer
+    would take those 50 too and the run would spend 150 of a 100 budget."""
+    a, b, c = member(control, "host-a:1:x"), member(control, "host-b:1:y"), member(control, "host-c:1:z")
+    a.refresh(), b.refresh(), a.refresh()                           # a 50, b 0 (b grows at its next refresh)
+    c.refresh()                                                     # c joins with what is free ...
+    rows.forget(control, "mig", "backfill", 1, "host-c:1:z")        # ... and is gone: a will drop it (a write)
+    assert row_of(control).shares == {"host-a:1:x": {"write": 50.0}, "host-b:1:y": {"write": 0.0},
+                                      "host-c:1:z": {"write": 33.333}}
+    real = rows.read_shares
+    forced = []
+
+    def read_then_b_refreshes(*args):
+        found = real(*args)
+        if not forced:
+            forced.append(1)
+            assert b.refresh() and b.budget.share("write") == 50    # b's write lands under a's feet
+        return found
+    monkeypatch.setattr(rows, "read_shares", read_then_b_refreshes)
+    assert a.refresh()
+    assert forced
+    assert row_of(control).shares == {"host-a:1:x": {"write": 50.0}, "host-b:1:y": {"write": 50.0}}
+
+
+def test_backfill_processes_share_one_budget_end_to_end(dynalite, dynalite_server, unique_name, capsys):
+    """`reshard backfill --max-wcu --host-id` paces at its share, reports it, and leaves the
+    run's budget row with no member when it is done."""
+    from reshard.cli.main import main
+    from tests.backfill_support import logical, setup_migration
+
+    m, mapper, store = setup_migration(dynalite, "invoices", unique_name, control=unique_name + "-c", mid=unique_name)
+    items = [logical("invoices", i) for i in range(60)]
+    dynalite.batch_write(m.table, [{"PutRequest": {"Item": mapper.to_physical(it, mapper.old, i % mapper.old.shards)}}
+                                   for i, it in enumerate(items)])
+    base = ["--endpoint-url", dynalite_server.endpoint, "--control-table", store.table, "--output", "json"]
+    assert main([*base, "backfill", m.id, "--segments", "2", "--max-wcu", "400", "--host-id", "pod-0"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["budget"] == {"members": 1, "max_wcu": 400.0, "share_wcu": 400.0}, summary
+    assert summary["moved"] > 0
+    r = rows.read_shares(store, m.id, "backfill", 1)
+    assert r is not None and r.total["write"] == 400 and r.shares == {}
+    assert rows.read_members(store, m.id, "backfill", 1) == []
+    with pytest.raises(errors.ForeignControlRow):                  # the row check knows B rows' job
+        from reshard.control.records import check_row
+        check_row({"pk": {"S": f"J#{m.id}#backfill"}, "sk": {"S": "B#verify#000001"}})
