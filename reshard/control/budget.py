@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 from reshard import errors
 from reshard.control.records import check_row
@@ -223,8 +224,10 @@ class BudgetMembership:
                 if decided.write:
                     # Lower before the write lands, raise only after: the shares in use never
                     # add up to more than the row's.
-                    self._apply({k: min(v, self.budget.share(k) or 0.0) if v is not None else None
-                                 for k, v in decided.shares.items()}, decided.totals)
+                    drain = self._apply({k: min(v, self.budget.share(k) or 0.0) if v is not None else None
+                                         for k, v in decided.shares.items()}, decided.totals)
+                    if drain > 0:  # requests reserved at the larger share go out first
+                        time.sleep(min(drain, self.refresh_seconds))
                     try:
                         write_shares(self.store, self.migration_id, self.job, self.run, row, decided)
                     except errors.ConditionalCheckFailed:
@@ -235,10 +238,16 @@ class BudgetMembership:
                 return True
             return False
 
-    def _apply(self, shares: dict, totals: dict) -> None:
+    def _apply(self, shares: dict, totals: dict) -> float:
+        """Pace at ``shares``; returns how long requests reserved at a larger share may still go out."""
+        drain = 0.0
         for kind, share in shares.items():
             if share is not None and totals.get(kind) is not None:
-                self.budget.set_share(kind, share, totals[kind])
+                before = self.budget.share(kind)
+                waited = self.budget.set_share(kind, share, totals[kind])
+                if before is not None and share < before:
+                    drain = max(drain, waited)
+        return drain
 
     def describe(self) -> dict:
         """For the job's result: the run's budget and this process's share of it."""

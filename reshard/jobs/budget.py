@@ -92,14 +92,23 @@ class CapacityBudget:
         self.hold_poll = 0.05
 
     # -- a share of a run's budget (BudgetMembership calls these)
-    def set_share(self, kind: str, share: float, total: float) -> None:
-        """Pace ``kind`` at ``share`` units/s of the run's ``total`` (0: send nothing until a share comes)."""
+    def set_share(self, kind: str, share: float, total: float) -> float:
+        """Pace ``kind`` at ``share`` units/s of the run's ``total`` (0: send nothing until a share comes).
+
+        Returns how long requests already reserved at the previous rate may still be sent
+        (the bucket's debt at that rate): a member writes a smaller share into the run's
+        row only after that, so the shares in use never add up to more than the row's.
+        """
         lane = self.lanes[kind]
         with self._lock:
+            bucket = lane.bucket
+            bucket._refill()
+            drain = max(0.0, -bucket.tokens / bucket.rate) if bucket.rate else 0.0
             lane.total = total
             lane.budget = share
             lane.aimd.set_budget(share)
-            lane.bucket.set_rate(lane.aimd.rate)
+            bucket.set_rate(lane.aimd.rate)
+            return drain
 
     def share(self, kind: str) -> float | None:
         """This process's share of ``kind`` (None when the lane is not a shared budget)."""
