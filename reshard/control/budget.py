@@ -62,18 +62,19 @@ def read_members(store: ControlStore, migration_id: str, job: str, run: int) -> 
     for i in store.query(store.jpk(migration_id, job), member_prefix(job, run)):
         check_row(i)
         out.append(Member(get_s(i, "member"), int(get_n(i, "beat", 0)), float(get_n(i, "liveness_seconds", 0)),
-                          float(get_n(i, "request_seconds", 0)), get_s(i, "host", "?"), int(get_n(i, "pid", 0))))
+                          float(get_n(i, "request_seconds", 0)), get_s(i, "host", "?"), int(get_n(i, "pid", 0)),
+                          frozenset(v["S"] for v in i.get("idle", {}).get("L", []))))
     return out
 
 
 def beat(store: ControlStore, migration_id: str, job: str, run: int, member: str, count: int,
-         liveness_seconds: float, request_seconds: float, host: str | None = None) -> None:
+         liveness_seconds: float, request_seconds: float, host: str | None = None, idle: frozenset = frozenset()) -> None:
     """Write this member's beat (unconditional: a member owns its row; ``count`` must change
-    with every call, it is what other members watch)."""
+    with every call, it is what other members watch; ``idle``: the lanes it has no demand on)."""
     store.put({"pk": S(store.jpk(migration_id, job)), "sk": S(member_sk(job, run, member)), "job": S(job),
                "run": N(run), "member": S(member), "beat": N(count), "liveness_seconds": N(float(liveness_seconds)),
                "request_seconds": N(float(request_seconds)), "host": S(host or socket.gethostname()),
-               "pid": N(os.getpid()), "at": N(store.clock())})
+               "pid": N(os.getpid()), "at": N(store.clock()), "idle": {"L": [S(k) for k in sorted(idle)]}})
 
 
 def forget(store: ControlStore, migration_id: str, job: str, run: int, member: str) -> None:
@@ -161,6 +162,8 @@ class BudgetMembership:
             raise errors.BadInput(f"the budget's liveness window ({self.liveness_seconds:g}s) must exceed two "
                                   f"refreshes ({self.refresh_seconds:g}s each)")
         self.live_members = 0
+        #: This member holds less than the even split of some lane (it waits for others to shrink).
+        self.below_split = False
         self.last_error = ""
         self._beat = 0
         self._watch = LeaseWatch()
@@ -195,7 +198,10 @@ class BudgetMembership:
             self.last_error = str(e)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.refresh_seconds):
+        # Below its even split (it joined, or another member left), a member refreshes five
+        # times as often: the others shrink at their own refresh, and what they free is
+        # unused until this member takes it.
+        while not self._stop.wait(self.refresh_seconds / 5 if self.below_split else self.refresh_seconds):
             try:
                 self.refresh()
             except Exception as e:  # noqa: BLE001 - retried next refresh; the share lapses meanwhile
@@ -208,8 +214,10 @@ class BudgetMembership:
         with self._lock:
             sent = self.budget.clock()  # before sending: the share lapses counting from here
             self._beat += 1
+            # Lanes without demand for two refreshes: aim at 0, the active members share the budget.
+            idle = frozenset(k for k in LANES if self.budget.idle(k, 2 * self.refresh_seconds))
             beat(self.store, self.migration_id, self.job, self.run, self.member, self._beat,
-                      self.liveness_seconds, self.request_seconds, self.host)
+                 self.liveness_seconds, self.request_seconds, self.host, idle)
             for _ in range(attempts):
                 # The row before the members: a member in the row beat before it was written
                 # into it, so the member query that follows sees its beat (never dropped unseen).
@@ -218,9 +226,11 @@ class BudgetMembership:
                     return False  # the run has no budget (nothing to share)
                 members = read_members(self.store, self.migration_id, self.job, self.run)
                 now = self.budget.clock()
-                live = [m.member for m in members
-                        if self._watch.observe(m.member, m.beat, now) <= silence_bound(m)]
-                decided = rebalance(row or Shares(self.totals or {}), self.member, live, self.totals)
+                judged = [m for m in members if self._watch.observe(m.member, m.beat, now) <= silence_bound(m)]
+                live = [m.member for m in judged]
+                resting = {k: {m.member for m in judged if k in m.idle and m.member != self.member}
+                           | ({self.member} if k in idle else set()) for k in LANES}
+                decided = rebalance(row or Shares(self.totals or {}), self.member, live, self.totals, resting)
                 if decided.write:
                     # Lower before the write lands, raise only after: the shares in use never
                     # add up to more than the row's.
@@ -234,6 +244,7 @@ class BudgetMembership:
                         continue  # another member rebalanced first: read and decide again
                 self._apply(decided.shares, decided.totals)
                 self.live_members = len(set(live) | {self.member})
+                self.below_split = decided.below_target
                 self.budget.valid_until = sent + self.liveness_seconds
                 return True
             return False

@@ -7,13 +7,20 @@ partition, :mod:`reshard.control.budget`): the row holds the total and every mem
 
 The invariant: the shares written in the row never add up to more than the total
     A member only ever changes its own share, with a compare-and-set on the row's
-    version, to :func:`next_share`: the even split ``total / live members`` when that is
-    a decrease, and at most what the other live members leave free when it is an
-    increase. It lowers its pacing *before* it writes a decrease and raises it only
-    *after* an increase was written, so the rates in use never add up to more than the
-    row's shares. A newcomer therefore starts at what is free (often 0) and reaches its
-    even split once the others shrank, at their next refresh: joining costs up to two
-    refresh intervals of the newcomer's speed, never an overshoot of the budget.
+    version, to :func:`next_share`: its target when that is a decrease, and at most what
+    the other live members leave free when it is an increase. It lowers its pacing
+    *before* it writes a decrease (once requests already scheduled at the larger share
+    went out) and raises it only *after* an increase was written, so the rates in use
+    never add up to more than the row's shares. A newcomer therefore starts at what is
+    free (often 0) and reaches its target once the others shrank, at their next refresh:
+    joining costs the newcomer up to about a refresh of its speed, never an overshoot.
+
+Targets follow demand
+    A member's target is ``total / active members``, where *active* means live and with
+    demand on that lane (a request waited for the budget within the last refreshes). A
+    member whose workers have nothing to do (every segment left is leased elsewhere)
+    aims at 0 and gives its share to the others instead of holding it idle; once it has
+    demand again it takes what is free, as a newcomer does.
 
 Liveness, judged on the judge's own clock (as the shim census and the segment leases)
     A member bumps ``beat`` in its own member row every refresh. Another member calls it
@@ -59,6 +66,7 @@ class Member:
     request_seconds: float = 0.0
     host: str = ""
     pid: int = 0
+    idle: frozenset = frozenset()  # lanes it had no demand on when it beat
 
 
 def silence_bound(m: Member) -> float:
@@ -92,25 +100,25 @@ class Shares:
         return sum(self.share(m, lane) for m in members)
 
 
-def even_split(total: float, live_members: int) -> float:
-    """Every live member's target: the total divided evenly (the member itself counts)."""
-    return total / max(1, live_members)
+def even_split(total: float, members: int) -> float:
+    """Every active member's target: the total divided evenly (the member itself counts)."""
+    return total / max(1, members)
 
 
-def next_share(total: float | None, others_held: float, live_members: int) -> float | None:
+def next_share(total: float | None, others_held: float, target: float) -> float | None:
     """The share a member writes for one lane; None for a lane without a budget.
 
-    ``others_held``: what the *live* others hold in
-    the row (a member judged gone holds nothing: its share is dropped in the same
-    write); ``live_members``: the live members, itself included. The result never makes
-    the row's sum exceed ``total`` (:func:`row_sum_ok` holds after the write if it held before).
+    ``others_held``: what the *live* others hold in the row (a member judged gone holds
+    nothing: its share is dropped in the same write); ``target``: this member's even split
+    (0 while it has no demand). The result never makes the row's sum exceed ``total``
+    (:func:`row_sum_ok` holds after the write if it held before).
     """
     if total is None:
         return None
-    # A decrease is the even split; an increase takes no more than the others leave free
+    # A decrease is the target; an increase takes no more than the others leave free
     # (they shrink at their own refresh, then this member grows at its next one).
     # Rounded down, so a sum of written shares never exceeds the total by a rounding.
-    return math.floor(max(0.0, min(even_split(total, live_members), total - others_held)) * 1000) / 1000
+    return math.floor(max(0.0, min(target, total - others_held)) * 1000) / 1000
 
 
 def row_sum_ok(row: Shares, lane: str, members: Iterable[str] | None = None) -> bool:
@@ -127,33 +135,45 @@ class Rebalance:
     """What one refresh of ``member`` decided: its new shares, who to drop, whether to write."""
 
     member: str
-    shares: dict[str, float | None]  # lane -> units/s (None: no budget on that lane)
-    drop: tuple[str, ...]            # members judged gone: their shares leave the row
-    write: bool                      # the row changes (the shares, the totals, or a drop)
+    shares: dict[str, float | None]   # lane -> units/s (None: no budget on that lane)
+    drop: tuple[str, ...]             # members judged gone: their shares leave the row
+    write: bool                       # the row changes (the shares, the totals, or a drop)
     totals: dict[str, float | None]
+    targets: dict[str, float | None]  # lane -> the even split this member aims at
 
-    def lowers(self, current: Mapping[str, float | None]) -> bool:
-        """Some lane goes down: pace lower *before* the write lands."""
-        return any(v is not None and current.get(k) is not None and v < current[k] - EPSILON
+    @property
+    def below_target(self) -> bool:
+        """Some lane is short of its target: the others have not shrunk yet."""
+        return any(v is not None and self.targets[k] is not None and v < self.targets[k] - EPSILON
                    for k, v in self.shares.items())
 
 
-def rebalance(row: Shares, member: str, live: Iterable[str], totals: Mapping[str, float | None] | None = None) -> Rebalance:
+def rebalance(row: Shares, member: str, live: Iterable[str], totals: Mapping[str, float | None] | None = None,
+              idle: Mapping[str, Iterable[str]] | None = None) -> Rebalance:
     """One member's refresh, decided from the row it read and the members it judged live.
 
     ``totals``: the budget this member was started with; a lane it gives replaces the
     row's, a lane it leaves out (None) keeps the row's. The member counts itself live.
-    Members of the row it did not judge live are dropped.
+    Members of the row it did not judge live are dropped. ``idle``: lane -> the live
+    members (this one included, if so) without demand on that lane (nothing to send: its
+    workers wait for segments others hold); they aim at 0, the active ones at the total
+    divided among the active.
     """
     live_set = set(live) | {member}
+    idle = idle or {}
     new_totals = {lane: row.total.get(lane) for lane in LANES}
     new_totals.update({lane: v for lane, v in (totals or {}).items() if v is not None})
     drop = tuple(sorted(m for m in row.shares if m not in live_set))
     others = [m for m in row.shares if m in live_set and m != member]
     shares: dict[str, float | None] = {}
+    targets: dict[str, float | None] = {}
     for lane in LANES:
-        shares[lane] = next_share(new_totals.get(lane), row.held(lane, others), len(live_set))
+        total = new_totals.get(lane)
+        resting = set(idle.get(lane, ())) & live_set
+        targets[lane] = None if total is None else 0.0 if member in resting else \
+            even_split(total, len(live_set - resting))
+        shares[lane] = next_share(total, row.held(lane, others), targets[lane] or 0.0)
     current = row.shares.get(member)
     changed = (current is None or drop or new_totals != {lane: row.total.get(lane) for lane in LANES}
                or any(abs((shares[k] or 0.0) - float(current.get(k, 0.0))) > EPSILON for k in LANES))
-    return Rebalance(member, shares, drop, bool(changed), new_totals)
+    return Rebalance(member, shares, drop, bool(changed), new_totals, targets)

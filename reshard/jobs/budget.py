@@ -57,6 +57,9 @@ class _Lane:
         self.budget = budget
         #: The run's budget when ``budget`` is this process's share of it (None: not shared).
         self.total: float | None = None
+        #: Demand: requests inside spend() now, and when one last entered or left it.
+        self.waiting = 0
+        self.demand_at = clock()
 
     def observed_rate(self, now: float, window: float = 5.0) -> float:
         while self.recent and self.recent[0][0] < now - window:
@@ -115,6 +118,13 @@ class CapacityBudget:
         lane = self.lanes[kind]
         return lane.budget if lane.total is not None else None
 
+    def idle(self, kind: str, after: float) -> bool:
+        """No request of ``kind`` wanted capacity for ``after`` seconds (none waits now either):
+        this process's share of the run's budget is better given to the others."""
+        lane = self.lanes[kind]
+        with self._lock:
+            return lane.waiting == 0 and self.clock() - lane.demand_at > after
+
     def _held_back(self, lane: _Lane) -> str | None:
         """Why a request of ``lane`` may not be paced now (None: it may)."""
         if lane.total is None:
@@ -142,6 +152,34 @@ class CapacityBudget:
         reported the estimate stands as the charge.
         """
         lane = self.lanes[kind]
+        with self._lock:
+            lane.waiting += 1  # demand (CapacityBudget.idle): held, or sleeping for the bucket
+            lane.demand_at = self.clock()
+        try:
+            wait = self._admit(lane, estimate)
+            if wait > 0:
+                lane.paced_at = self.clock()
+                self.sleep(wait)
+        finally:
+            with self._lock:
+                lane.waiting -= 1
+                lane.demand_at = self.clock()
+        local = self._local
+        local.kind, local.observed = kind, 0.0
+        try:
+            yield
+        finally:
+            observed = local.observed
+            local.kind = None
+            with self._lock:
+                if observed > 0:
+                    lane.bucket.adjust(-estimate)  # refund: the actual units were charged already
+                else:
+                    self._record(lane, estimate)
+            self._page_add(kind, observed if observed > 0 else estimate)
+
+    def _admit(self, lane: _Lane, estimate: float) -> float:
+        """Reserve ``estimate`` units (returns how long to sleep), once the lane may pace at all."""
         held_since = None
         while True:
             with self._lock:
@@ -161,22 +199,7 @@ class CapacityBudget:
                 raise errors.BudgetUnavailable(f"waited {self.hold_limit:g}s for capacity: {why}")
             lane.paced_at = now
             self.sleep(self.hold_poll)
-        if wait > 0:
-            lane.paced_at = self.clock()
-            self.sleep(wait)
-        local = self._local
-        local.kind, local.observed = kind, 0.0
-        try:
-            yield
-        finally:
-            observed = local.observed
-            local.kind = None
-            with self._lock:
-                if observed > 0:
-                    lane.bucket.adjust(-estimate)  # refund: the actual units were charged already
-                else:
-                    self._record(lane, estimate)
-            self._page_add(kind, observed if observed > 0 else estimate)
+        return wait
 
     def _on_capacity(self, table: str, units: float) -> None:
         kind = getattr(self._local, "kind", None)

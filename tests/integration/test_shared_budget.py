@@ -27,9 +27,12 @@ def control(dynalite, unique_name):
     return store
 
 
-def member(store, name: str, total: float | None = 100.0) -> BudgetMembership:
-    return BudgetMembership(store, "mig", "backfill", 1, CapacityBudget(total), {"write": total} if total else None,
-                            member=name, request_seconds=REQUEST, refresh_seconds=0.1, liveness_seconds=LIVENESS)
+def member(store, name: str, total: float | None = 100.0, demand: bool = True) -> BudgetMembership:
+    m = BudgetMembership(store, "mig", "backfill", 1, CapacityBudget(total), {"write": total} if total else None,
+                         member=name, request_seconds=REQUEST, refresh_seconds=0.1, liveness_seconds=LIVENESS)
+    if demand:
+        m.budget.lanes["write"].waiting = 1  # a worker waits for write capacity the whole test
+    return m
 
 
 def row_of(store):
@@ -71,6 +74,21 @@ def test_a_member_that_leaves_gives_its_share_back_at_once(control):
     assert set(row_of(control).shares) == {"host-a:1:x"}
     assert [m.member for m in rows.read_members(control, "mig", "backfill", 1)] == ["host-a:1:x"]  # its beat row too
     assert a.refresh() and a.budget.share("write") == 100           # no liveness window to wait out
+
+
+def test_a_member_without_demand_gives_its_share_to_the_busy_ones(control):
+    """Targets follow demand: a process whose workers wait for segments others hold aims at 0."""
+    a, b = member(control, "host-a:1:x"), member(control, "host-b:1:y")
+    a.refresh(), b.refresh(), a.refresh(), b.refresh()
+    assert (a.budget.share("write"), b.budget.share("write")) == (50, 50)
+    b.budget.lanes["write"].waiting = 0                             # b's workers have nothing to copy ...
+    time.sleep(0.25)                                                # ... for two refreshes
+    assert b.refresh() and b.budget.share("write") == 0
+    assert a.refresh() and a.budget.share("write") == 100
+    b.budget.lanes["write"].waiting = 1                             # b claims a segment again
+    assert b.refresh() and b.budget.share("write") == 0 and b.below_split   # a still holds it all ...
+    assert a.refresh() and a.budget.share("write") == 50
+    assert b.refresh() and b.budget.share("write") == 50            # ... until a shrank
 
 
 def test_two_members_rebalancing_at_once_never_overwrite_each_other(control, monkeypatch):

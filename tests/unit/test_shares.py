@@ -59,9 +59,9 @@ def test_a_new_budget_replaces_the_lanes_it_names_and_keeps_the_others():
 
 
 def test_shares_are_rounded_down():
-    assert next_share(100.0, 0.0, 3) == 33.333
-    assert 3 * next_share(100.0, 0.0, 3) <= 100
-    assert next_share(None, 0.0, 2) is None and even_split(10.0, 0) == 10.0
+    assert next_share(100.0, 0.0, even_split(100.0, 3)) == 33.333
+    assert 3 * next_share(100.0, 0.0, even_split(100.0, 3)) <= 100
+    assert next_share(None, 0.0, 50.0) is None and even_split(10.0, 0) == 10.0
 
 
 def test_liveness_bounds():
@@ -70,17 +70,27 @@ def test_liveness_bounds():
     assert beat_valid_until(100.0, 10.0) == 110.0
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.sets(st.integers(0, 4))), min_size=1, max_size=40),
+def apply_idle(row: Shares, member: str, live, idle) -> Shares:
+    d = rebalance(row, member, live, None, {"write": idle})
+    if not d.write:
+        return row
+    shares = {m: dict(v) for m, v in row.shares.items() if m not in d.drop}
+    shares[member] = {k: v for k, v in d.shares.items() if v is not None}
+    return Shares(d.totals, shares, row.version + 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.sets(st.integers(0, 4)), st.sets(st.integers(0, 4))),
+                min_size=1, max_size=30),
        st.floats(1.0, 10_000.0))
 def test_no_sequence_of_refreshes_makes_the_row_exceed_the_budget(steps, total):
-    """Whatever order members refresh in and whoever each judges live, the written shares
-    never add up to more than the total; once everyone agrees, the split is even."""
+    """Whatever order members refresh in, whoever each judges live and idle, the written
+    shares never add up to more than the total; once everyone agrees, the split is even."""
     row = Shares({"write": total})
-    for who, live in steps:
-        row = apply(row, f"m{who}", [f"m{i}" for i in live])
+    for who, live, idle in steps:
+        row = apply_idle(row, f"m{who}", [f"m{i}" for i in live], {f"m{i}" for i in idle})
         assert row_sum_ok(row, "write")
-    everyone = sorted({f"m{w}" for w, _ in steps})
+    everyone = sorted({f"m{w}" for w, _, _ in steps})
     for _ in range(2):                                            # two rounds of agreeing refreshes
         for m in everyone:
             row = apply(row, m, everyone)
@@ -97,6 +107,32 @@ class FakeClock:
 
     def sleep(self, s: float) -> None:
         self.t += s
+
+
+def test_targets_follow_demand():
+    row = Shares({"write": 90.0}, {"a": {"write": 30.0}, "b": {"write": 30.0}, "c": {"write": 30.0}}, 1)
+    d = rebalance(row, "c", ["a", "b", "c"], None, {"write": {"c"}})
+    assert d.targets["write"] == 0 and d.shares["write"] == 0 and not d.below_target   # idle: gives it all back
+    row = apply_idle(row, "c", ["a", "b", "c"], {"c"})
+    d = rebalance(row, "a", ["a", "b", "c"], None, {"write": {"c"}})
+    assert d.targets["write"] == 45 and d.shares["write"] == 45                         # the busy two split it
+    row = apply_idle(apply_idle(row, "a", ["a", "b", "c"], {"c"}), "b", ["a", "b", "c"], {"c"})
+    d = rebalance(row, "c", ["a", "b", "c"])                                            # c busy again
+    assert d.shares["write"] == 0 and d.below_target                                    # waits for a and b to shrink
+
+
+def test_a_budget_idles_only_without_demand():
+    clock = FakeClock()
+    b = CapacityBudget(100.0, None, clock=clock, sleep=clock.sleep)
+    assert not b.idle("write", 2.0)                                # a new process counts as busy
+    clock.t += 3
+    assert b.idle("write", 2.0)
+    with b.spend("write", 1.0):
+        pass
+    assert not b.idle("write", 2.0)
+    b.lanes["write"].waiting = 1                                   # a request waits (held or sleeping)
+    clock.t += 10
+    assert not b.idle("write", 2.0)
 
 
 def test_a_budget_without_a_share_sends_nothing_then_gives_up():
