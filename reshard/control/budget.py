@@ -231,34 +231,43 @@ class BudgetMembership:
                 resting = {k: {m.member for m in judged if k in m.idle and m.member != self.member}
                            | ({self.member} if k in idle else set()) for k in LANES}
                 decided = rebalance(row or Shares(self.totals or {}), self.member, live, self.totals, resting)
+                self.live_members = len(set(live) | {self.member})
                 if decided.write:
                     # Lower before the write lands, raise only after: the shares in use never
                     # add up to more than the row's.
-                    drain = self._apply({k: min(v, self.budget.share(k) or 0.0) if v is not None else None
-                                         for k, v in decided.shares.items()}, decided.totals)
-                    if drain > 0:  # requests reserved at the larger share go out first
-                        time.sleep(min(drain, self.refresh_seconds))
+                    self._apply({k: min(v, self.budget.share(k) or 0.0) if v is not None else None
+                                 for k, v in decided.shares.items()}, decided.totals)
+                    shrinks = [k for k, v in decided.shares.items()
+                               if v is not None and row is not None and v < row.share(self.member, k)]
+                    # Requests reserved at the larger share are still going out on its schedule:
+                    # the row keeps the larger share until the last of them has.
+                    pending = max((self.budget.larger_share_until(k) for k in shrinks), default=-1e18) \
+                        - self.budget.clock()
+                    if pending > self.refresh_seconds:
+                        break  # write it at a later refresh; pace at the smaller share meanwhile
+                    if pending > 0:
+                        time.sleep(pending)
                     try:
                         write_shares(self.store, self.migration_id, self.job, self.run, row, decided)
                     except errors.ConditionalCheckFailed:
                         continue  # another member rebalanced first: read and decide again
                 self._apply(decided.shares, decided.totals)
-                self.live_members = len(set(live) | {self.member})
                 self.below_split = decided.below_target
                 self.budget.valid_until = sent + self.liveness_seconds
                 return True
-            return False
+            else:
+                return False
+            # A shrink not written yet: this process paces at the smaller share, which the
+            # row's larger one covers, so it may go on sending.
+            self.below_split = False
+            self.budget.valid_until = sent + self.liveness_seconds
+            return True
 
-    def _apply(self, shares: dict, totals: dict) -> float:
-        """Pace at ``shares``; returns how long requests reserved at a larger share may still go out."""
-        drain = 0.0
+    def _apply(self, shares: dict, totals: dict) -> None:
+        """Pace at ``shares`` (lanes with a budget)."""
         for kind, share in shares.items():
             if share is not None and totals.get(kind) is not None:
-                before = self.budget.share(kind)
-                waited = self.budget.set_share(kind, share, totals[kind])
-                if before is not None and share < before:
-                    drain = max(drain, waited)
-        return drain
+                self.budget.set_share(kind, share, totals[kind])
 
     def describe(self) -> dict:
         """For the job's result: the run's budget and this process's share of it."""

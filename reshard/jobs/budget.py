@@ -57,6 +57,8 @@ class _Lane:
         self.budget = budget
         #: The run's budget when ``budget`` is this process's share of it (None: not shared).
         self.total: float | None = None
+        #: When the last request reserved before the share shrank goes out (set_share).
+        self.larger_until = -1e18
         #: Demand: requests inside spend() now, and when one last entered or left it.
         self.waiting = 0
         self.demand_at = clock()
@@ -95,23 +97,28 @@ class CapacityBudget:
         self.hold_poll = 0.05
 
     # -- a share of a run's budget (BudgetMembership calls these)
-    def set_share(self, kind: str, share: float, total: float) -> float:
+    def set_share(self, kind: str, share: float, total: float) -> None:
         """Pace ``kind`` at ``share`` units/s of the run's ``total`` (0: send nothing until a share comes).
 
-        Returns how long requests already reserved at the previous rate may still be sent
-        (the bucket's debt at that rate): a member writes a smaller share into the run's
-        row only after that, so the shares in use never add up to more than the row's.
+        A smaller share leaves the requests already reserved at the larger one on their
+        schedule: :attr:`_Lane.larger_until` says when the last of them goes out, and the
+        member writes the smaller share into the run's row only after that, so the shares
+        in use never add up to more than the row's.
         """
         lane = self.lanes[kind]
         with self._lock:
             bucket = lane.bucket
             bucket._refill()
-            drain = max(0.0, -bucket.tokens / bucket.rate) if bucket.rate else 0.0
+            if lane.budget is not None and share < lane.budget and bucket.rate:
+                lane.larger_until = max(lane.larger_until, self.clock() + max(0.0, -bucket.tokens / bucket.rate))
             lane.total = total
             lane.budget = share
             lane.aimd.set_budget(share)
             bucket.set_rate(lane.aimd.rate)
-            return drain
+
+    def larger_share_until(self, kind: str) -> float:
+        """When the last request reserved at a larger share of ``kind`` than now is sent (``clock``)."""
+        return self.lanes[kind].larger_until
 
     def share(self, kind: str) -> float | None:
         """This process's share of ``kind`` (None when the lane is not a shared budget)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import pytest
 
@@ -20,15 +21,29 @@ from reshard.jobs.budget import CapacityBudget
 LIVENESS, REQUEST = 0.5, 0.2
 
 
-@pytest.fixture
-def control(dynalite, unique_name):
-    store = ControlStore(dynalite, unique_name)
+@pytest.fixture(scope="module")
+def control_table(dynalite_server):
+    """One control table for the module (each test has its own migration id in it)."""
+    from reshard.aws.dynamo import Dynamo, RetryPolicy
+    dynamo = Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1",
+                    retry=RetryPolicy(max_attempts=5, base_seconds=0.01), connect_timeout=1, read_timeout=4)
+    store = ControlStore(dynamo, f"shared-budget-{uuid.uuid4().hex[:6]}")
     store.ensure_table()
     return store
 
 
+@pytest.fixture
+def control(control_table, unique_name):
+    MIG[0] = unique_name
+    return control_table
+
+
+#: The migration id of the running test (its rows in the shared control table); set by `control`.
+MIG = ["mig"]
+
+
 def member(store, name: str, total: float | None = 100.0, demand: bool = True) -> BudgetMembership:
-    m = BudgetMembership(store, "mig", "backfill", 1, CapacityBudget(total), {"write": total} if total else None,
+    m = BudgetMembership(store, MIG[0], "backfill", 1, CapacityBudget(total), {"write": total} if total else None,
                          member=name, request_seconds=REQUEST, refresh_seconds=0.1, liveness_seconds=LIVENESS)
     if demand:
         m.budget.lanes["write"].waiting = 1  # a worker waits for write capacity the whole test
@@ -36,7 +51,7 @@ def member(store, name: str, total: float | None = 100.0, demand: bool = True) -
 
 
 def row_of(store):
-    return rows.read_shares(store, "mig", "backfill", 1)
+    return rows.read_shares(store, MIG[0], "backfill", 1)
 
 
 def test_two_members_split_the_budget_and_a_silent_ones_share_goes_back(control):
@@ -72,7 +87,7 @@ def test_a_member_that_leaves_gives_its_share_back_at_once(control):
     c.leave()
     assert c.budget.clock() > c.budget.valid_until                 # sends nothing more
     assert set(row_of(control).shares) == {"host-a:1:x"}
-    assert [m.member for m in rows.read_members(control, "mig", "backfill", 1)] == ["host-a:1:x"]  # its beat row too
+    assert [m.member for m in rows.read_members(control, MIG[0], "backfill", 1)] == ["host-a:1:x"]  # its beat row too
     assert a.refresh() and a.budget.share("write") == 100           # no liveness window to wait out
 
 
@@ -91,6 +106,19 @@ def test_a_member_without_demand_gives_its_share_to_the_busy_ones(control):
     assert b.refresh() and b.budget.share("write") == 50            # ... until a shrank
 
 
+def test_a_shrinking_member_keeps_its_larger_share_in_the_row_until_its_reserved_requests_went_out(control):
+    a, b = member(control, "host-a:1:x"), member(control, "host-b:1:y")
+    a.refresh()
+    a.budget.lanes["write"].bucket.reserve(30)                      # 30 requests scheduled at 100/s: 0.3 s
+    b.refresh()
+    assert a.refresh() and a.budget.share("write") == 50            # a paces at 50 at once ...
+    assert row_of(control).share("host-a:1:x", "write") == 100      # ... the row still covers the 30 in flight
+    assert b.refresh() and b.budget.share("write") == 0
+    time.sleep(0.35)
+    assert a.refresh() and row_of(control).share("host-a:1:x", "write") == 50
+    assert b.refresh() and b.budget.share("write") == 50
+
+
 def test_two_members_rebalancing_at_once_never_overwrite_each_other(control, monkeypatch):
     """Forced interleaving: b grows its share between a's read of the row and a's write.
     a's write is conditional on the version it read, so it fails, a reads again and b's
@@ -99,7 +127,7 @@ def test_two_members_rebalancing_at_once_never_overwrite_each_other(control, mon
     a, b, c = member(control, "host-a:1:x"), member(control, "host-b:1:y"), member(control, "host-c:1:z")
     a.refresh(), b.refresh(), a.refresh()                           # a 50, b 0 (b grows at its next refresh)
     c.refresh()                                                     # c joins with what is free ...
-    rows.forget(control, "mig", "backfill", 1, "host-c:1:z")        # ... and is gone: a will drop it (a write)
+    rows.forget(control, MIG[0], "backfill", 1, "host-c:1:z")        # ... and is gone: a will drop it (a write)
     assert row_of(control).shares == {"host-a:1:x": {"write": 50.0}, "host-b:1:y": {"write": 0.0},
                                       "host-c:1:z": {"write": 33.333}}
     real = rows.read_shares

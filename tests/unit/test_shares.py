@@ -135,6 +135,18 @@ def test_a_budget_idles_only_without_demand():
     assert not b.idle("write", 2.0)
 
 
+def test_a_smaller_share_knows_when_requests_reserved_at_the_larger_one_are_sent():
+    clock = FakeClock()
+    b = CapacityBudget(100.0, None, clock=clock, sleep=clock.sleep)
+    b.set_share("write", 100.0, 100.0)
+    b.lanes["write"].bucket.reserve(50)                           # 50 units scheduled over 0.5 s at 100/s
+    b.set_share("write", 20.0, 100.0)
+    assert b.larger_share_until("write") == pytest.approx(clock() + 0.5)
+    assert b.lanes["write"].bucket.reserve(0) == pytest.approx(50 / 20)   # new ones queue behind, at 20/s
+    b.set_share("write", 40.0, 100.0)                             # growing never moves it
+    assert b.larger_share_until("write") == pytest.approx(clock() + 0.5)
+
+
 def test_a_budget_without_a_share_sends_nothing_then_gives_up():
     clock = FakeClock()
     b = CapacityBudget(100.0, None, clock=clock, sleep=clock.sleep)
