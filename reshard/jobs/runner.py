@@ -328,8 +328,9 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
-    membership = shared_budget(lease_store, migration_id, spec.name, run, budget, opts, engine)
+    membership = None
     try:
+        membership = shared_budget(lease_store, migration_id, spec.name, run, budget, opts, engine)
         if membership:
             membership.join()
         segments = engine.run_all()
