@@ -163,6 +163,8 @@ def test_backfill_processes_share_one_budget_end_to_end(dynalite, dynalite_serve
     r = rows.read_shares(store, m.id, "backfill", 1)
     assert r is not None and r.total["write"] == 400 and r.shares == {}
     assert rows.read_members(store, m.id, "backfill", 1) == []
+    from reshard.control.runs import describe
+    assert describe(store, m.id, "backfill", 1)["budget"] == {"max_wcu": 400.0, "max_rcu": None, "shares": {}}
     with pytest.raises(errors.ForeignControlRow):                  # the row check knows B rows' job
         from reshard.control.records import check_row
         check_row({"pk": {"S": f"J#{m.id}#backfill"}, "sk": {"S": "B#verify#000001"}})
