@@ -79,7 +79,7 @@ def apply_idle(row: Shares, member: str, live, idle) -> Shares:
     return Shares(d.totals, shares, row.version + 1)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.sets(st.integers(0, 4)), st.sets(st.integers(0, 4))),
                 min_size=1, max_size=30),
        st.floats(1.0, 10_000.0))
