@@ -49,6 +49,12 @@ Lease protocol (KCL-style)
     one invocation the segment is marked ``failed`` (shown by status, exit 1) and the
     next invocation (another ``failed_by``) retries it.
 
+A join segment (``join=True``, verify)
+    The run's last segment is claimed only once every other segment is done (verify joins
+    there what its scan segments recorded). A worker with nothing claimable but the join
+    waits like any worker (polls, or returns when the rest is its own process's); a scan
+    segment failed for good in this invocation leaves the join unclaimed here.
+
 Why a kill redoes at most one page
     The checkpoint is written only after the page function returned, i.e. after all
     of that page's writes are durable. A worker killed anywhere leaves the checkpoint

@@ -6,11 +6,14 @@ with a missing copy."""
 
 from __future__ import annotations
 
+import threading
+
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import SegmentEngine
 from reshard.jobs.runner import JobOptions, run_job
 from reshard.jobs.verify import VERIFY, Verifier
 
+from tests.backfill_support import setup_migration
 from tests.integration.test_interleavings_verify import _with_a_missing_copy
 
 
@@ -48,3 +51,35 @@ def test_the_join_on_another_host_scans_again_what_it_lacks(dynalite, unique_nam
     assert result.checked == first.totals["checked"]  # the rescan records; it does not count twice
     assert len(scans) >= first.totals["pages"]  # every page of both segments, read again
     assert list((tmp_path / "host-b").rglob("run-*")) == []  # the run's records are gone with its join
+
+
+def test_a_join_segment_is_claimed_only_after_every_other_and_never_after_a_failed_one(dynalite, unique_name):
+    """The engine's ``join=True`` (verify's last segment): two workers, three scan segments; the
+    join runs once, after every scan page. A scan segment that fails for good in this
+    invocation leaves the join unclaimed, and the run returns (it does not wait for ever)."""
+    m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=f"{unique_name}-ctl")
+    seen, lock = [], threading.Lock()
+
+    def page(ctx, key):
+        with lock:
+            seen.append(ctx.segment)
+        return {"n": 1}, None
+
+    engine = SegmentEngine(store, m.id, "verify", 1, 4, page, workers=2, lease_seconds=30, join=True,
+                           max_request_seconds=1, sleep=lambda s: None)
+    result = engine.run_all()
+    assert result.done and seen[-1] == 3 and sorted(seen) == [0, 1, 2, 3]
+
+    def failing(ctx, key):
+        with lock:
+            seen.append(ctx.segment)
+        if ctx.segment == 1:
+            raise RuntimeError("this segment fails")
+        return {"n": 1}, None
+
+    seen.clear()
+    engine = SegmentEngine(store, m.id, "verify", 2, 4, failing, workers=2, lease_seconds=30, join=True,
+                           max_request_seconds=1, max_attempts=1, sleep=lambda s: None)
+    result = engine.run_all()
+    assert not result.done and 3 not in seen and sorted(set(seen)) == [0, 1, 2]
+    assert [r.segment for r in result.failed] == [1]
