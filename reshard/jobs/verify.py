@@ -248,8 +248,9 @@ class Verifier:
 
     def _join_page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         """The run's last segment, claimable once every scan segment is done: join the records
-        (first page), then re-read and judge the suspects, ``page_size`` per page, in
-        identity-hash order (the checkpoint is the last one judged)."""
+        (first page), and re-read and judge the suspects, ``page_size`` per page, in
+        identity-hash order (the checkpoint is the last one judged). A page redone on a host
+        without the join file builds it again (the counts of the first page are not redone)."""
         directory = self._records_dir()
         counts = _zero_counts()
         join = Join(directory)
@@ -259,8 +260,8 @@ class Verifier:
                 if start_key is None:
                     counts["old_copies"] += built["old_copies"]
                     counts["suspects"] = built["suspects"]
-                    return counts, {JOIN_ATTR: {"S": ""}}
-            batch = join.suspects(bytes.fromhex(start_key[JOIN_ATTR]["S"]), self.opts.page_size)
+            after = bytes.fromhex(start_key[JOIN_ATTR]["S"]) if start_key else b""
+            batch = join.suspects(after, self.opts.page_size)
         finally:
             join.close()
         checks = []
