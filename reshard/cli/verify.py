@@ -43,7 +43,8 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
                    "do not say; 0 with no shim. Only suspect items wait, a page's together.")
 @click.option("--records-dir", type=click.Path(file_okay=False), default=None, envvar="RESHARD_VERIFY_DIR",
               help="Where this host keeps the scan's records (key, side, version, digest per item; about 200 "
-                   "bytes each) until the join: per run, removed when the run's join finished. A segment scanned "
+                   "bytes each) until the join: per run, removed when the run's join finished here (else a week later, "
+                   "when another run starts here). A segment scanned "
                    "elsewhere (another host, a lost disk) is scanned again by the join. Default: "
                    "$RESHARD_VERIFY_DIR or ~/.cache/reshard/verify (--no-record: a temporary directory).")
 @max_rcu_option

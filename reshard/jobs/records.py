@@ -20,8 +20,9 @@ was started) keeps a re-created control table's run 1 apart from an older run 1.
 
 Memory: rows stream through SQLite (bounded page cache, sorts spilled to temporary
 files); nothing holds all records in Python. Disk: about 200 bytes per scanned item,
-removed when the join finished (a directory left by a run killed for good goes a week
-later, when another run of the migration starts on this host).
+removed by the host that ran the join when it finished (a directory another host's join
+made useless, or a run killed for good, left goes a week later, when another run of the
+migration starts on this host).
 """
 
 from __future__ import annotations
