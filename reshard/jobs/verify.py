@@ -70,6 +70,7 @@ from reshard.control.runs import allowed_unmappable, backfill_run, read_run
 from reshard.control.store import ControlStore
 from reshard.aws.inspect import ttl_status
 from reshard.core.compare import INFO, KINDS, Difference, Judgement, differences, judge, passes
+from reshard.core.index import mappers
 from reshard.core.join import MISPLACED, NEW, OLD, Record, Recorder, fields_from_text, verdict
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
 from reshard.core.migration import SHARD
@@ -79,6 +80,7 @@ from reshard.core.versions import fence_for, unchanged, version_of
 from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
+from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.records import END, Join, SegmentFiles, run_dir
 from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, phase_guard,
@@ -641,8 +643,12 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
     migration = state.migration()
     dynamo.describe_table(migration.table)  # a clear error if the table is missing
     budget = CapacityBudget(None, opts.max_rcu).attach(dynamo, migration.table)
-    verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
-                        ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)
+    if migration.changes_table:
+        verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
+                            ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)
+    else:
+        verifier = IndexVerifier(dynamo, store, migration_id, 0, mappers(migration.indexes), migration.keys,
+                                 migration.table, budget, opts, sleep)
     verifier.collected = []
     # Stop at the next page once the migration left verify's phases, as a recorded run does.
     guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)
@@ -668,13 +674,15 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
             totals[k] = totals.get(k, 0) + v
         reasons.extend([why] if why else [])
 
+    join = migration.changes_table  # an index-only migration's verify judges item by item: no join
     with tempfile.TemporaryDirectory(prefix="reshard-verify-") as tmp:
-        verifier.records_dir = pathlib.Path(tmp)
-        verifier.remove_records = False
+        if join:
+            verifier.records_dir = pathlib.Path(tmp)
+            verifier.remove_records = False
         with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
-            for counts, why in pool.map(lambda i: pages(i, opts.segments + 1), range(opts.segments)):
+            for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
                 add(counts, why)
-        if not reasons:  # every segment's records are here: the join
+        if join and not reasons:  # every segment's records are here: the join
             add(*pages(opts.segments, opts.segments + 1))
     shown = verifier.collected[:opts.examples] if opts.examples else []
     return ReadOnlyVerify(VERIFY_JOB, migration_id, totals, not reasons, allowed_unmappable(store, migration_id),
