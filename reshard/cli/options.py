@@ -234,7 +234,8 @@ def job_progress(env: "Env", job: str, mid: str, options) -> list:
     except ValueError:
         raise errors.BadInput(f"${PROGRESS_SECONDS_ENV} must be a number of seconds") from None
     store, dynamo = env.store(), env.dynamo()
-    return [ProgressReporter(job, mid, options.segments, options.worker_count,
+    segments = options.segments + (job == "verify")  # verify's last segment is its join
+    return [ProgressReporter(job, mid, segments, options.worker_count,
                              total=lambda: operations.progress_total(dynamo, store.load_state(mid)),
                              done_before=lambda run: operations.done_items(store, mid, job, run),
                              say=env.info, tty=is_tty() and not env.machine, interval=interval)]

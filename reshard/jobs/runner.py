@@ -82,6 +82,9 @@ class JobOptions:
     #: How long verify must see a difference unchanged before it reports it (None: the
     #: largest write bound the migration's shims publish; see ``reshard.core.settle``).
     settle_seconds: float | None = None
+    #: Where verify keeps its records between the scan and the join on this host (None:
+    #: ``$RESHARD_VERIFY_DIR`` or ``~/.cache/reshard/verify``; see ``reshard.jobs.records``).
+    records_dir: str | None = None
     # cleanup
     delete: bool = False
     enable_ttl: bool = False
@@ -118,6 +121,8 @@ class JobSpec:
     ``prepare(ctx)``: a last check against the data table before the first write.
     ``finish(ctx, result)``: what to do once every segment is done (cleanup retires an
     aborted migration).
+    ``join``: the run has one segment more than ``--segments``, its last, which no worker
+    claims before every other segment is done (verify joins what the scan recorded there).
     """
 
     name: str
@@ -126,6 +131,7 @@ class JobSpec:
     fresh: bool = False
     prepare: Callable[[JobContext], None] = lambda ctx: None
     finish: Callable[[JobContext, RunResult], None] = lambda ctx, result: None
+    join: bool = False
 
 
 @dataclass
@@ -321,12 +327,13 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     mapper = KeyMapper(migration) if migration.changes_table else None
     ctx = JobContext(dynamo, store, state, migration, mapper, run, budget, opts, clock, sleep)
     spec.prepare(ctx)
-    engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
+    engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments + spec.join, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
-                           guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
+                           guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
+                           join=spec.join)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None
