@@ -5,11 +5,17 @@ Sections (``--section``, default all that exist here):
     emulated round trip on every request (goal ≥ 1.7× where the client is the bottleneck),
     client and server CPU per item, peak RSS per process at N and 10×N items (goal ≤ 1.2×).
     See benchmarks/_processes.py.
+  * hosts: 1, 2 and 4 ``reshard backfill`` processes started as separate hosts (distinct
+    ``--host-id``) on one run under one ``--max-wcu`` set below what one host copies
+    unpaced; consumed WCU per 10 s window, counted by a proxy in front of dynalite
+    (goal: every window of the first --hosts-seconds within ±5 % of the budget, ≥ 90 % used;
+    the run's ending is shown after them). See benchmarks/_hosts.py.
 
 Prints a table with the goals and writes JSON to benchmarks/results/scale.json.
 
-    PYTHONPATH=. python3 benchmarks/scale.py                      # about a minute on an idle machine
+    PYTHONPATH=. python3 benchmarks/scale.py                      # about 7 minutes
     PYTHONPATH=. python3 benchmarks/scale.py --section processes --items 20000 --latency-ms 5
+    PYTHONPATH=. python3 benchmarks/scale.py --section hosts --max-wcu 200 --hosts-seconds 30
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from benchmarks import _processes  # noqa: E402
+from benchmarks import _hosts, _processes  # noqa: E402
 from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
 from reshard.aws.local import DynaliteServer  # noqa: E402
 
-SECTIONS = ("processes",)
+SECTIONS = ("processes", "hosts")
 
 
 def print_table(rows: list[tuple[str, str, str]]) -> None:
@@ -54,6 +60,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="processes: runs of each P (alternated; the best counts)")
     ap.add_argument("--latency-ms", type=float, default=3.0,
                     help="processes: emulated round trip per request (dynalite on loopback answers in ~1 ms)")
+    ap.add_argument("--max-wcu", type=float, default=100,
+                    help="hosts: the run's budget (WCU/s); below what one process copies unpaced on a loaded "
+                         "2-core machine (about 200 WCU/s through the proxy)")
+    ap.add_argument("--hosts-seconds", type=float, default=60,
+                    help="hosts: seconds of copying at the budget per host count (plus a tail)")
+    ap.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4], help="hosts: the host counts")
     args = ap.parse_args()
     sections = args.section or list(SECTIONS)
     results: dict = {"params": vars(args)}
@@ -64,6 +76,10 @@ def main() -> None:
         if "processes" in sections:
             results["processes"] = _processes.processes_section(server, dynamo, args)
             table += _processes.rows(results["processes"])
+        if "hosts" in sections:
+            results["hosts"] = _hosts.hosts_section(dynamo, server.endpoint, max_wcu=args.max_wcu,
+                                                    seconds=args.hosts_seconds, counts=tuple(args.hosts))
+            table += _hosts.rows(results["hosts"])
     print_table(table)
     out = ROOT / "benchmarks" / "results" / "scale.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,9 @@ The parent
       and reports it in one line (exit 1), or else the worst child's error;
     * calls the job's ``finish`` hook once (cleanup retires an aborted migration).
 
-Budget: until the budget shared through the control table lands, ``--max-wcu`` and
-``--max-rcu`` are split evenly between the processes (each child paces itself at 1/P).
+Budget: each child is a member of the run's budget row (``--max-wcu``/``--max-rcu`` hold
+for the whole run, :mod:`reshard.control.budget`), exactly like a process of another host;
+each passes the whole budget and paces at the share the row gives it.
 """
 
 from __future__ import annotations
@@ -136,11 +137,6 @@ def default_processes() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def split_budget(value: float | None, processes: int) -> float | None:
-    """Each process's share of a ``--max-wcu``/``--max-rcu`` budget (an even split)."""
-    return None if value is None else value / processes
-
-
 class ProcessFailed(errors.ReshardError):
     """A child process died, or failed with an error; ``exit_code`` is the worst child's."""
 
@@ -203,6 +199,7 @@ def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: s
         conn.send(("result", {"worked": result.worked, "consumed": result.consumed,
                               "last_throttle": result.last_throttle, "stopped": result.stopped,
                               "stop_reason": result.stop_reason, "pid": os.getpid(),
+                              "shared_budget": result.shared_budget,
                               "cpu_seconds": time.process_time() - cpu0,
                               "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
     except KeyboardInterrupt:
@@ -259,8 +256,8 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     spec = job_spec(job, index_only)
     state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
     count = max(1, options.processes)
-    child_opts = dataclasses.replace(options, processes=1, max_wcu=split_budget(options.max_wcu, count),
-                                     max_rcu=split_budget(options.max_rcu, count),
+    # Each child passes the run's whole budget: the budget row shares it between the members.
+    child_opts = dataclasses.replace(options, processes=1,
                                      poll_seconds=options.poll_seconds or min(CHILD_POLL_SECONDS,
                                                                               options.lease_seconds / 4))
     subs = Fanout(subscribers)
@@ -413,8 +410,10 @@ def _combine(spec: JobSpec, job: str, dynamo: Dynamo, store: ControlStore, state
         ctx = JobContext(dynamo, store, state, m, mapper, run, CapacityBudget(), options, time.time, sleep)
         spec.finish(ctx, outcome)
     shown = recorded_examples(store, migration_id, job, run)[:options.examples] if options.examples else []
+    budgets = [r["shared_budget"] for r in results if r["shared_budget"]]
     return JobResult(job, migration_id, run, outcome, consumed=consumed,
                      last_throttle=throttles[-1] if throttles else "", examples=shown,
+                     shared_budget=budgets[-1] if budgets else {},
                      allowed_unmappable=allowed_unmappable(store, migration_id),
                      processes=[{k: r[k] for k in ("pid", "worked", "consumed", "cpu_seconds", "maxrss_kb")}
                                 for r in results])

@@ -10,7 +10,7 @@ import pytest
 from reshard.cli.main import main
 from reshard.cli.options import resolve_processes
 from reshard.jobs import processes
-from reshard.jobs.processes import ProcessFailed, _Child, split_budget, verdict
+from reshard.jobs.processes import ProcessFailed, _Child, verdict
 from reshard.jobs.runner import JobOptions
 from reshard.jobs.subscribers import ProgressReporter
 
@@ -23,11 +23,6 @@ def test_the_default_is_the_cores_and_never_more_processes_than_segments(monkeyp
     monkeypatch.delattr(processes.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(processes.os, "cpu_count", lambda: None)
     assert resolve_processes(None, 16) == 1
-
-
-def test_the_budget_is_split_evenly_between_the_processes():
-    assert split_budget(1000.0, 4) == 250.0
-    assert split_budget(None, 4) is None
 
 
 def test_the_header_names_processes_and_workers():
