@@ -142,6 +142,37 @@ def test_a_silent_shim_fails_closed():
     assert r.schedules > 20
 
 
+def shim_frozen_in_flight(w: World) -> Fleet:
+    """B began its request on ``planned`` (the liveness check at the start passed) and froze just
+    before the attempt of its write for 46 s (a GC or VM pause): past its liveness window, so the
+    census stops counting it and the operator advances to backfill, where C copies. B must fail
+    closed at the check before the attempt: acting on ``planned`` it would write the old layout
+    only, behind the copy, and the layouts would never converge."""
+    f = sensor_fleet(w, "planned")
+    f.shim_actor("B", ("add", "k"))
+    f.operator("op", "advance", "advance", "advance")
+    f.copier("C")
+    return f
+
+
+def census_then_freeze(actor: str, seconds: float = 46.0):
+    """The operator's census looks once (see ``silence``); ``actor`` runs to just before the
+    per-attempt check of its first guarded write and freezes there for ``seconds``."""
+    def drive(w: World) -> None:
+        from reshard.control import fleet as fleet_module
+        f = w.fleet
+        fleet_module.census(f.store, f.m.id, f.store.load_state(f.m.id).phase_version)
+        freeze_at(actor, "guard", seconds)(w)
+    return drive
+
+
+def test_a_shim_frozen_before_its_write_attempt_fails_closed():
+    r = explore(scenario(shim_frozen_in_flight), preemption_bound=1, drive=census_then_freeze("B"))
+    print(describe_bounds(r))
+    r.assert_ok()
+    assert r.schedules > 5
+
+
 # ----------------------------------------------------------------------------- issue 12's bugs
 
 def authority_switch(ops_a, ops_b, start="backfill", action="advance"):

@@ -179,6 +179,15 @@ def test_without_the_liveness_time_fence(monkeypatch):
     must_find(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
 
 
+def test_without_the_shim_per_attempt_liveness_check(monkeypatch):
+    """Only the check before every attempt of an authoritative write goes (the one at the start
+    of a request stays): a shim frozen in flight on `planned` writes the old layout only, behind the copy."""
+    from reshard.shim.phase_cache import PhaseCache
+    monkeypatch.setattr(PhaseCache, "check_live", lambda self: None)
+    must_find(scenario(spec_tests.shim_frozen_in_flight), preemption_bound=1,
+              drive=spec_tests.census_then_freeze("B"))
+
+
 def disarm(monkeypatch, expression_starts: str) -> None:
     """``ControlStore.update`` with an always-true condition (``<condition> OR attribute_exists(pk)
     OR attribute_not_exists(pk)``: every placeholder still used) for the update expressions that
