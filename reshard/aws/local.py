@@ -180,14 +180,11 @@ class DynaliteServer:
     """A dynalite process on 127.0.0.1 persisting to ``path`` (survives kill -9 of clients).
 
     ``restart()`` keeps the same port and data directory, for crash/resume tests.
-    ``persist=False`` keeps the tables in memory (dynalite without ``--path``: no LevelDB
-    files, less server CPU per request), for servers that are never restarted.
     """
 
-    def __init__(self, path: pathlib.Path | str, port: int | None = None, persist: bool = True):
+    def __init__(self, path: pathlib.Path | str, port: int | None = None):
         self.path = pathlib.Path(path)
         self.port = port or free_port()
-        self.persist = persist
         self.proc: subprocess.Popen | None = None
         self.log = self.path / "dynalite.log"
 
@@ -198,8 +195,7 @@ class DynaliteServer:
     def start(self, timeout: float = 20.0) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         data = self.path / "data"
-        cmd = ["node", str(DYNALITE_CLI), "--host", "127.0.0.1", "--port", str(self.port),
-               *(["--path", str(data)] if self.persist else []),
+        cmd = ["node", str(DYNALITE_CLI), "--host", "127.0.0.1", "--port", str(self.port), "--path", str(data),
                "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
