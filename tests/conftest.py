@@ -15,6 +15,7 @@ import pathlib
 import pytest
 
 from reshard.aws.local import DynaliteServer, dynalite_available
+from reshard.aws.moto_speedups import install as install_moto_speedups
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -24,6 +25,10 @@ for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
     os.environ.pop(var, None)
 os.environ["AWS_ACCESS_KEY_ID"] = "testing"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
+
+# moto's per-request costs that grow with the table (Query and Scan sort every item) and its
+# serializer, cut for every test of the session alike (same answers; reshard/aws/moto_speedups.py).
+install_moto_speedups()
 
 
 #: Tests of ~30 s and more: started first, so the parallel workers do not end on one of them

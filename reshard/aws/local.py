@@ -30,76 +30,14 @@ def free_port() -> int:
 
 
 #: The embedded server's process: moto's threaded server until its stdin closes (so it never
-#: outlives the demo, even one that is killed), werkzeug's per-request log off.
-#: Three of moto's per-request costs, made to the demo's scale (the rest of moto runs
-#: unchanged; measured with a stack sampler in this process during `reshard demo`):
-#: * every request looked for its backend under one lock, listing and stat-ing moto's ~200
-#:   package folders twice and trying every service's URL pattern (most of the server's
-#:   time, requests queued on that lock): a DynamoDB request goes to the DynamoDB app once
-#:   that app exists;
-#: * its Scan sorts every item of the table on every page, comparing DynamoType objects
-#:   (each comparison re-parses both values): the same order, sorted on each key's parsed
-#:   value computed once per item;
-#: * its Query reads and sorts every item of the table on every call (~180 ms a query at
-#:   2,000 items): a query of the table itself is handed only its partition's items;
-#: * its response serializer walks the ten members of every attribute value through generic
-#:   attribute pickers (~4 ms an item): an attribute value, already in wire form, is written
-#:   as it is (binaries base64-encoded, as the serializer does).
+#: outlives the demo, even one that is killed), werkzeug's per-request log off, moto's
+#: per-request costs cut (reshard/aws/moto_speedups.py; argv[2] is where reshard is).
 _MOTO_CHILD = """
-import base64, logging, sys, threading
+import logging, sys
+sys.path.insert(0, sys.argv[2])
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication
-_get_application = DomainDispatcherApplication.get_application
-def get_application(self, environ):
-    if (environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB_20120810.")
-            and "/dynamodb/aws4_request" in environ.get("HTTP_AUTHORIZATION", "")):
-        app = self.app_instances.get("dynamodb")
-        if app is not None:
-            return app
-    return _get_application(self, environ)
-DomainDispatcherApplication.get_application = get_application
-from moto.core.serialize import BaseJSONSerializer
-_structure = BaseJSONSerializer._serialize_type_structure
-def _wire(v):
-    (t, x), = v.items()
-    if t == "B":
-        return {t: base64.b64encode(x).decode() if isinstance(x, bytes) else x}
-    if t == "BS":
-        return {t: [base64.b64encode(b).decode() if isinstance(b, bytes) else b for b in x]}
-    if t == "M":
-        return {t: {k: _wire(e) for k, e in x.items()}}
-    if t == "L":
-        return {t: [_wire(e) for e in x]}
-    return v
-def structure(self, serialized, value, shape, key):
-    if shape.name == "AttributeValue" and isinstance(value, dict) and len(value) == 1:
-        self._default_serialize(serialized, _wire(value), shape, key)
-    else:
-        _structure(self, serialized, value, shape, key)
-BaseJSONSerializer._serialize_type_structure = structure
-from moto.dynamodb.models.table import Table
-_query, _here = Table.query, threading.local()
-def _order(item):
-    return (item.hash_key.cast_value, item.range_key.cast_value) if item.range_key else (item.hash_key.cast_value,)
-def all_items(self):
-    part = getattr(_here, "partition", None)
-    if part is None or part[0] is not self:
-        every = [i for h in self.items.values() for i in h.values()] if self.range_key_attr else list(self.items.values())
-        return sorted(every, key=_order)
-    got = self.items.get(part[1])
-    if got is None:
-        return []
-    return sorted(got.values(), key=_order) if self.range_key_attr else [got]
-def query(self, hash_key, *args, **kwargs):
-    index = args[6] if len(args) > 6 else kwargs.get("index_name")
-    if index or hash_key is None:
-        return _query(self, hash_key, *args, **kwargs)
-    _here.partition = (self, hash_key)
-    try:
-        return _query(self, hash_key, *args, **kwargs)
-    finally:
-        _here.partition = None
-Table.all_items, Table.query = all_items, query
+from reshard.aws.moto_speedups import install
+install()
 from moto.server import ThreadedMotoServer
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
 server.start()
@@ -133,7 +71,8 @@ class EmbeddedDynamoDB:
                                   "python3 -m pip install -e '.[demo]' (or pass --endpoint-url)")
         import tempfile
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server never blocks on it
-        self.proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD, str(self.port)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD, str(self.port),
+                                      str(pathlib.Path(__file__).resolve().parents[2])], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=self._err)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
