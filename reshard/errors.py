@@ -100,7 +100,8 @@ class SwitchInProgress(ShimUnavailable):
 
 class ScanInterrupted(ReshardError):
     """A paged shim scan was resumed after the migration changed the layouts it reads: the
-    pages would designate different copies (an item twice or missed). Restart the scan."""
+    pages would designate different copies (an item twice or missed). Restart the scan.
+    Also a paged query of a sharded GSI resumed under other index layouts (``_rs_reads``)."""
 
     retryable = True
 

@@ -30,13 +30,15 @@ from reshard.control.runs import (allowed_unmappable, backfill_run, describe, it
                                   segment_records, sum_counters, unmappable_items, verify_verdict)
 from reshard.control.store import ControlStore, resolve
 from reshard.core import capacity, hints, iam, planning
+from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.progress import Progress, progress_counter
-from reshard.core.phases import CLEANUP_JOB, Action, Decision, Phase, decide
+from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase, decide
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
+from reshard.jobs.index_jobs import index_spec
 from reshard.jobs.runner import JobOptions, JobResult, run_job
 from reshard.jobs.strip import STRIP
 from reshard.jobs.subscribers import Subscriber
@@ -78,12 +80,13 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
     (:func:`count_items`) and store the total for progress and ETA.
     """
     desc = inspect.check_keys(dynamo, m)
+    refuse_combined(m)
     existing = store.load_state(m.id, missing_ok=True) if store.exists() else None
     if existing is not None and existing.file_hash != m.content_hash:
         store.register(m)  # refuses a changed file under a registered id, with a summary of the changes
     analysis = None
     if existing is None:
-        analysis = analyse(dynamo, m, sample=sample, segments=segments)
+        analysis = analyse(dynamo, m, sample=sample, segments=segments, desc=desc)
         problems = start_problems(desc, m, analysis, allow_unmappable)
         if problems:
             raise errors.BadInput(f"start refused: {len(problems)} problem(s) with {m.path} on table {m.table!r} "
@@ -109,8 +112,19 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
                    next=hints.next_step(state.id, state.phase) if created else next_hint(store, state))
 
 
-def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis, allow_unmappable: int) -> list[str]:
+def refuse_combined(m: Migration) -> None:
+    """One line for a file that re-keys the table and a GSI at once (not supported yet)."""
+    if m.changes_table and m.indexes:
+        raise errors.BadInput(f"{m.path}: a file that changes the table's keys and [index.NAME] layouts at once is "
+                              "not supported yet: migrate the index(es) with an index-only file (no [from]/[to]), "
+                              "then the table")
+
+
+def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis | IndexPlan,
+                   allow_unmappable: int) -> list[str]:
     """Everything ``start`` refuses, one sentence each; ``plan`` shows the same list."""
+    if not m.changes_table:
+        return gsi_problems(desc, m) + analysis.blockers(allow_unmappable)
     problems = []
     key_problem = inspect.string_key_problem(desc, m)
     if key_problem:
@@ -119,10 +133,16 @@ def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis, 
 
 
 def analyse(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE, segments: int = 8,
-            say: Say = _quiet) -> planning.SampleAnalysis:
-    """Scan ``sample`` items over ``segments`` parallel-scan segments (0: all) through the layouts."""
+            say: Say = _quiet, desc: dict | None = None) -> planning.SampleAnalysis | IndexPlan:
+    """Scan ``sample`` items over ``segments`` parallel-scan segments (0: all) through the layouts.
+
+    An index-only migration gets an :class:`~reshard.core.index_planning.IndexPlan` (``desc``:
+    the DescribeTable answer whose GSI projections size the index writes)."""
     full = sample == 0
-    analysis = planning.SampleAnalysis(KeyMapper(m), full_scan=full)
+    if m.changes_table:
+        analysis = planning.SampleAnalysis(KeyMapper(m), full_scan=full)
+    else:
+        analysis = index_plan(m, desc if desc is not None else dynamo.describe_table(m.table), full_scan=full)
     if full:
         say(f"scanning all of {m.table} ({segments} segments) ...")
 
@@ -281,8 +301,14 @@ class Transitioned:
     next: str = ""  # the ``next:`` hint after the move
 
 
+#: How often ``advance --wait`` re-reads the census: a census is a couple of small control-table
+#: reads, and a shim acknowledges within one refresh, so a short poll ends the wait soon after.
+ACK_POLL_SECONDS = 0.25
+
+
 def transition(store: ControlStore, migration_id: str, action: Action, *, wait: float | None = None,
-               from_phase: str | None = None, who: str | None = None, poll: float = 1.0, say: Say = _quiet,
+               from_phase: str | None = None, who: str | None = None, poll: float = ACK_POLL_SECONDS,
+               say: Say = _quiet,
                on_lagging: Callable[[MigrationState, Census], None] | None = None,
                allow_no_shims: bool = False) -> Transitioned:
     """Apply one transition; with ``wait``, wait for the fleet before and after it.
@@ -380,6 +406,10 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
     ``blockers`` is what ``start`` would refuse (:func:`start_problems`, no allowance).
     """
     check_plan_options(peak_writes_per_sec, item_kb)
+    refuse_combined(m)
+    if not m.changes_table:
+        return plan_index(dynamo, m, sample=sample, segments=segments, max_wcu=max_wcu, write_price=write_price,
+                          read_price=read_price, count=count, max_rcu=max_rcu, say=say)
     table = inspect.check_plannable(dynamo, m)
     ttl = inspect.ttl_report(dynamo, m.table)
     analysis = analyse(dynamo, m, sample=sample, segments=segments, say=say)
@@ -406,6 +436,58 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
                         "so the estimates may be too low; plan --count counts the items exactly")
     return Plan(m, table, ttl, analysis, est, rec, sample, segments, table_items, warnings,
                 count_source=source, blockers=start_problems(table, m, analysis, 0))
+
+
+@dataclass(frozen=True)
+class IndexPlanReport:
+    """``plan`` of an index-only migration: the GSI checks, shard skew before/after, the rewrite's cost."""
+
+    migration: Migration
+    table: dict  # DescribeTable
+    analysis: IndexPlan
+    sample: int
+    segments: int
+    table_items: int
+    count_source: str
+    capacity: dict
+    warnings: list[str]
+    blockers: list[str]
+
+
+def plan_index(dynamo: Dynamo, m: Migration, *, sample: int, segments: int, max_wcu: float | None,
+               write_price: float, read_price: float, count: bool, max_rcu: float | None,
+               say: Say = _quiet) -> IndexPlanReport:
+    """:func:`plan` for an index-only migration (reads only): items keep their keys, one
+    attribute per item is rewritten; the table write and the GSI's delete + put are counted."""
+    table = inspect.check_keys(dynamo, m)
+    analysis = analyse(dynamo, m, sample=sample, segments=segments, say=say, desc=table)
+    full = sample == 0
+    item_count = int(table.get("ItemCount", 0) or 0)
+    if count:
+        table_items, source = count_items(dynamo, m.table, segments=segments, max_rcu=max_rcu, say=say), \
+            COUNT_SOURCES["count"]
+    elif full:
+        table_items, source = analysis.scanned, COUNT_SOURCES["full scan"]
+    else:
+        table_items, source = max(item_count, analysis.scanned), COUNT_SOURCES["DescribeTable"]
+    warnings = []
+    for name, a in analysis.analyses.items():
+        new = a.new_distribution()
+        if new.total and new.skew > 2:
+            noise = " (few sampled items per shard: part of that is sampling noise)" if new.mean < 20 else ""
+            warnings.append(f"[index.{name}] new layout is skewed: the hottest GSI shard holds {new.hottest_pct:.1f}% "
+                            f"(skew {new.skew:.2f}); check shard_by has enough distinct values{noise}")
+        if a.indexed == 0 and analysis.scanned:
+            warnings.append(f"[index.{name}]: no sampled item is in GSI {name!r} (none has {a.mapper.attr!r}"
+                            + (f" and {a.mapper.sort_attr!r}" if a.mapper.sort_attr else "") + ")")
+    if analysis.scanned == 0:
+        warnings.append(f"{m.table} looks empty: nothing to sample, estimates are zero")
+    if not (count or full) and item_count < analysis.scanned:
+        warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
+                        "items: the count is stale; plan --count counts the items exactly")
+    cap = analysis.capacity(table_items, max_wcu=max_wcu, write_price=write_price, read_price=read_price)
+    return IndexPlanReport(m, table, analysis, sample, segments, table_items, source, cap, warnings,
+                           start_problems(table, m, analysis, 0))
 
 
 def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,
@@ -462,7 +544,8 @@ class IamPolicy:
 def iam_policy(m: Migration, role: str, control_table: str, region: str | None = None,
                account: str = "*") -> IamPolicy:
     """The least-privilege policy for ``role`` on ``m``'s table and the control table."""
-    return IamPolicy(role, iam.policy(role, m.table, control_table, region or "*", account, migration_id=m.id))
+    return IamPolicy(role, iam.policy(role, m.table, control_table, region or "*", account, migration_id=m.id,
+                                      indexes=tuple(i.name for i in m.indexes)))
 
 
 
@@ -552,10 +635,11 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
     what was left (:attr:`JobResult.sweep`).
     """
     before = store.load_state(migration_id)
-    result = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+    spec = DATA_JOBS[job] if before.migration().changes_table or job == STRIP_JOB else index_spec(DATA_JOBS[job])
+    result = run_job(spec, dynamo, store, migration_id, options, subscribers=subscribers)
     if (job == CLEANUP_JOB and before.phase is Phase.ABORTED and not before.retired and result.finished
             and store.load_state(migration_id).retired):
-        sweep = run_job(DATA_JOBS[job], dynamo, store, migration_id, options, subscribers=subscribers)
+        sweep = run_job(spec, dynamo, store, migration_id, options, subscribers=subscribers)
         result = dataclasses.replace(result, sweep=sweep)
     return result
 

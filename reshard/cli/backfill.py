@@ -8,6 +8,7 @@ from reshard import errors, operations
 from reshard.cli.options import (command, concurrency_option, job_progress, lease_seconds_option, max_rcu_option,
                                  max_wcu_option, migration_argument, page_size_option, segments_option, workers_option)
 from reshard.jobs.backfill import COUNTERS
+from reshard.jobs.index_jobs import REWRITE_COUNTERS
 from reshard.jobs.runner import JobOptions
 
 #: What the backfill counts (its totals, less the capacity units), in the order shown.
@@ -21,6 +22,13 @@ def copy_summary_lines(t: dict) -> list[str]:
             f"  of the moved: copied {t['copied']}, fenced {t['fenced']} (a newer write was already at the new "
             f"key and stays), duplicates {t['duplicates']} (same content already there), "
             f"collisions {t['collisions']} (not copied)"]
+
+
+def rewrite_summary_lines(t: dict) -> list[str]:
+    """The counters of an index-only migration's rewrite (reshard.jobs.index_jobs)."""
+    return [f"  scanned {t['scanned']}: rewritten {t['moved']} (GSI value set to the [to] layout's), already new "
+            f"{t['already']}, raced {t['raced']} (written or deleted since the scan: that write stays), "
+            f"not in the index {t['not_indexed']}, unmappable {t['unmappable']}"]
 
 
 def report_pointer_lines(mid: str, t: dict) -> list[str]:
@@ -48,6 +56,12 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
                       "segment over.")
 def backfill_command(env, migration, segments, workers, concurrency, max_wcu, max_rcu, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
+
+    \b
+    An index-only migration ([index.NAME]) copies nothing: each item in the GSI gets its
+    new GSI partition value with one UpdateItem conditioned on the version scanned (and
+    on the value scanned); an item written or deleted since the scan is left to that
+    write (counted as raced), never re-created.
 
     \b
     Resumable: a kill redoes at most one page per segment. Run it on several hosts at
@@ -82,6 +96,8 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
                                                   "error": r.last_error} for r in result.failed],
         # The counters of reshard.jobs.backfill.COUNTERS (the run's totals over every host).
         **{k: int(t.get(k, 0)) for k in COPY_COUNTERS},
+        # An index-only migration's rewrite counts these instead (reshard.jobs.index_jobs).
+        **({k: int(t.get(k, 0)) for k in REWRITE_COUNTERS if k not in ("rcu", "wcu")} if "already" in t else {}),
         "pages_redone": sum(r.takeovers for r in result.segments),
         "consumed_here": result.consumed, "consumed_total": {"rcu": round(t.get("rcu", 0), 1),
                                                                "wcu": round(t.get("wcu", 0), 1)},
@@ -92,7 +108,7 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
     def text() -> str:
         lines = [f"backfill {mid}: {summary['done']}/{segments} segments done "
                  f"({len(result.worked)} by this process) in {summary['elapsed_seconds']} s",
-                 *copy_summary_lines(summary),
+                 *(rewrite_summary_lines(summary) if "already" in summary else copy_summary_lines(summary)),
                  f"  consumed here {result.consumed['rcu']} RCU / {result.consumed['wcu']} WCU; "
                  f"pages redone after takeovers: {summary['pages_redone']}"]
         lines += report_pointer_lines(mid, summary)

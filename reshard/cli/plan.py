@@ -56,6 +56,12 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     On-demand prices default to us-east-1 list prices: check yours.
 
     \b
+    An index-only file ([index.NAME], no [from]/[to]) checks the GSI (it exists, its key
+    schema and partition type match, its projection carries _rs_v), and shows the items
+    per GSI shard before and after and the rewrite's WCU (the table write plus the GSI's
+    delete and put of each rewritten item).
+
+    \b
     "start will refuse" lists what `reshard start` refuses (it runs the same checks):
     key types, templates that match no item, unmappable or too-large items (unless
     `start --allow-unmappable N`), new-key collisions.
@@ -73,6 +79,10 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
                              peak_writes_per_sec=peak_writes_per_sec, item_kb=item_kb, headroom=headroom,
                              write_price=write_price, read_price=read_price, count=count, max_rcu=max_rcu,
                              say=env.info)
+    if isinstance(result, operations.IndexPlanReport):
+        report = render.plan_index_data(result, file, _global_prefix(env))
+        env.emit(report, lambda: render.plan_index_text(report))
+        return
     report = render.plan_data(result, file, _global_prefix(env))
     env.emit(report, lambda: render.plan_text(report, result.analysis))
 

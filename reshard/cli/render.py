@@ -14,7 +14,7 @@ from reshard.control.fleet import Census
 from reshard.core import planning
 from reshard.core.progress import describe as describe_progress, duration
 from reshard.core.phases import TERMINAL, Phase
-from reshard.operations import Listed, Plan, Started, Status, Transitioned
+from reshard.operations import IndexPlanReport, Listed, Plan, Started, Status, Transitioned
 
 
 def fleet_summary(census: Census) -> dict:
@@ -315,6 +315,132 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
         "start_refuses": list(p.blockers),
         "next": next_commands(p, file, prefix),
     }
+
+
+def plan_index_data(p: IndexPlanReport, file: str, prefix: str = "") -> dict:
+    """``plan`` of an index-only migration as plain data (the JSON output; the text is rendered from it)."""
+    m, table = p.migration, p.table
+
+    def layout(spec) -> dict:
+        return {"partition": spec.partition_text, "shards": spec.shards,
+                "shard_by": "random" if spec.random else list(spec.shard_by),
+                "hash": spec.hash, "shard_function": spec.shard_function}
+
+    billing = (table.get("BillingModeSummary") or {}).get("BillingMode", "PROVISIONED")
+    scale = p.capacity["scale"]
+    return {
+        "migration": {"id": m.id, "file": file, "table": m.table, "description": m.description,
+                      "keys": {"partition": m.keys.partition, "sort": m.keys.sort}, "changes_table": False,
+                      "indexes": [{"name": i.name, "partition": i.partition, "sort": i.sort, "type": i.partition_type,
+                                   "from": layout(i.source), "to": layout(i.target)} for i in m.indexes]},
+        "table": {"name": m.table, "status": table.get("TableStatus"), "billing_mode": billing,
+                  "item_count": int(table.get("ItemCount", 0) or 0),
+                  "size_bytes": int(table.get("TableSizeBytes", 0) or 0)},
+        "sample": {"requested": p.sample, "full_scan": p.sample == 0, "segments": p.segments,
+                   "scanned": p.analysis.scanned, "scale": scale},
+        "items": {"table": p.table_items, "table_source": p.count_source},
+        "indexes": [a.as_dict(scale) for a in p.analysis.analyses.values()],
+        "capacity": p.capacity,
+        "warnings": list(p.warnings),
+        "start_refuses": list(p.blockers),
+        "next": next_commands_index(m.id, file, prefix, p.capacity.get("max_wcu")),
+    }
+
+
+def next_commands_index(mid: str, file: str, prefix: str = "", max_wcu: float | None = None) -> list[str]:
+    """The session of an index-only migration (cleanup has nothing to expire but records its pass)."""
+    budget = f" --max-wcu {max_wcu:g}" if max_wcu else ""
+    return [
+        f"reshard{prefix} start {shlex.quote(file)}",
+        f"reshard{prefix} advance {mid}            # dual_write: deploy the shim first (queries read both layouts)",
+        f"reshard{prefix} advance {mid}            # dual_read: shims write the new GSI values (a switch)",
+        f"reshard{prefix} advance {mid}            # backfill",
+        f"reshard{prefix} backfill {mid}{budget}   # rewrites the GSI attribute in place",
+        f"reshard{prefix} verify {mid}",
+        f"reshard{prefix} advance {mid}            # cutover: queries read the new GSI values only",
+        f"reshard{prefix} advance {mid}            # cleanup",
+        f"reshard{prefix} cleanup {mid}            # nothing to expire: items keep their keys",
+        f"reshard{prefix} advance {mid}            # complete",
+    ]
+
+
+def plan_index_text(r: dict) -> str:
+    """The text form of :func:`plan_index_data` (same content as the JSON)."""
+    m, t, s, cap = r["migration"], r["table"], r["sample"], r["capacity"]
+    out = []
+    add = out.append
+    add(f"Migration {m['id']}  ({m['file']})  index-only: the table's keys do not change")
+    if m["description"]:
+        add(f"  {m['description']}")
+    for ix in m["indexes"]:
+        add(f"  index {ix['name']}: partition {ix['partition']!r} ({ix['type']}, rewritten in place)"
+            + (f", sort {ix['sort']!r} (kept)" if ix["sort"] else ""))
+        for side in ("from", "to"):
+            lay = ix[side]
+            if lay["shard_by"] == "random":
+                rule = "random"
+            elif lay["hash"] == "jump":
+                rule = f"jump(sha256({' # '.join(lay['shard_by'])})[:8], {lay['shards']})"
+            else:
+                rule = f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
+            add(f"    {side:<4} {lay['partition']!r}, {lay['shards']} shards, shard = {rule}")
+    add("")
+    add(f"Table {t['name']}: {t['status']}, {t['billing_mode']}, ItemCount {t['item_count']} (DescribeTable), "
+        f"{t['size_bytes']} bytes")
+    how = "full scan" if s["full_scan"] else f"sample of up to {s['requested']}"
+    add(f"Scanned {s['scanned']} items ({how}, {s['segments']} segments); estimates scaled x{s['scale']:g} "
+        f"to {r['items']['table']} items, {r['items']['table_source']}")
+    for ix in r["indexes"]:
+        it = ix["items"]
+        add("")
+        add(f"Index {ix['name']} (projection {ix['projection']})")
+        add(f"  in the index      {it['indexed']:>8}")
+        add(f"  not in the index  {it['not_indexed']:>8}  (no {ix['partition']!r}"
+            + (f" or no {ix['sort']!r}" if ix["sort"] else "") + ": left alone)")
+        add(f"  rewritten         {it['moves']:>8}  ({it['moves_pct']:.1f}% of mappable; ~{it['estimated_moves']} "
+            "in the table)")
+        add(f"  already new       {it['already_new']:>8}")
+        add(f"  unmappable        {it['unmappable']:>8}" + (
+            "  (" + ", ".join(f"{k}: {v}" for k, v in it["unmappable_by_reason"].items()) + ")"
+            if it["unmappable"] else ""))
+        for ex in it["unmappable_examples"]:
+            key = ", ".join(f"{k}={v!r}" for k, v in ex["key"].items())
+            add(f"    e.g. {key}: {ex['reason']}: {ex['detail']}")
+        for name, label in (("old", "now"), ("new", "after (every item at its new value)")):
+            d = ix["distribution"][name]
+            dist = planning.Distribution(tuple(d["counts"]))
+            hot = f"hottest GSI shard {d['hottest_shard']} holds {d['hottest_pct']:.1f}%" if d["total"] else "no items"
+            add(f"  Items per GSI shard, {label}, {d['shards']} shards: skew {d['skew']:.2f} (max/mean), {hot}")
+            add(planning.histogram(dist, width=30, label="gsi"))
+        w = ix["rewrite_wcu"]
+        add(f"  rewrite: {w['total']:,.1f} WCU = table {w['table']:,.1f} + GSI {w['index']:,.1f} "
+            "(an UpdateItem that changes a GSI key also deletes and puts the index entry)")
+    bf, od = cap["backfill"], cap["on_demand"]
+    add("")
+    add("Capacity (whole table)")
+    add(f"  backfill  {bf['scan_rcu']:>12,.1f} RCU (scan)  {bf['wcu']:>12,.1f} WCU (table {bf['table_wcu']:,.1f} + "
+        f"GSI {bf['index_wcu']:,.1f})")
+    add(f"  cleanup   {cap['cleanup']}")
+    if cap["max_wcu"]:
+        add(f"  at --max-wcu {cap['max_wcu']:g}: backfill {planning.human_seconds(cap['backfill_seconds'])}")
+    else:
+        add("  (give --max-wcu N for the time at a write budget)")
+    add(f"  on-demand cost: backfill ${od['backfill_usd']:,.4f}  (at ${od['write_price_per_million']:g}/M WRU, "
+        f"${od['read_price_per_million']:g}/M RRU: us-east-1 list prices, check yours)")
+    if r["warnings"]:
+        add("")
+        for w in r["warnings"]:
+            add(f"warning: {w}")
+    if r["start_refuses"]:
+        add("")
+        add(f"start will refuse ({len(r['start_refuses'])} problem(s)):")
+        for b in r["start_refuses"]:
+            add(f"  - {b}")
+    add("")
+    add("Next:" if not r["start_refuses"] else "Next (once start's problems are fixed):")
+    for c in r["next"]:
+        add(f"  {c}")
+    return "\n".join(out)
 
 
 def plan_text(r: dict, a: planning.SampleAnalysis) -> str:

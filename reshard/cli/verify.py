@@ -63,6 +63,12 @@ def verify(env: Env, migration, segments, workers, repair, no_record, examples, 
     `start --allow-unmappable N` allowance count as differences), 2 bad input or refused.
 
     \b
+    An index-only migration ([index.NAME]): every item in the GSI must hold its [to]
+    value (gsi_value), and per page one item must come back exactly once from the
+    fan-out query over the new GSI values (gsi_query); --repair rewrites a wrong value
+    with the backfill's conditioned UpdateItem.
+
+    \b
     Example:
       reshard verify migrations/0001_sensor_events.toml --segments 16
       reshard verify 0001_sensor_events --no-record     # look only: writes nothing
@@ -143,6 +149,8 @@ def cleanup(env: Env, migration, segments, workers, concurrency, delete, enable_
     had not seen it yet left behind. Waits first for stalled backfill/verify workers
     (lease + longest request, watched on this host's clock).
     Resumable and budgeted like the backfill.
+    An index-only migration ([index.NAME]) has nothing to expire (the pass only records
+    itself); aborted, its cleanup rewrites every GSI value back to the old layout.
 
     \b
     --strip-bookkeeping (after complete): the items keep reshard's _rs_v (write
@@ -180,6 +188,13 @@ def cleanup(env: Env, migration, segments, workers, concurrency, delete, enable_
                          ("unmoved", "items that did not move (untouched)"),
                          ("untouched", "live items left alone"), ("unmappable", "unmappable items left alone"),
                          ("changed_meanwhile", "changed while we looked (left; re-run to retry)")):
+            if c.get(k):
+                lines.append(f"  {c[k]:>8}  {label}")
+        if c.get("index_only"):
+            lines.append("  nothing to expire: an index-only migration keeps every item's key (no copies, no "
+                         "tombstones)")
+        for k, label in (("moved", "items whose GSI value was rewritten back to the old layout"),
+                         ("raced", "written or deleted since the scan (their own write stays)")):
             if c.get(k):
                 lines.append(f"  {c[k]:>8}  {label}")
         if result.sweep is not None:

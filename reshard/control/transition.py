@@ -18,6 +18,7 @@ from reshard.control.gates import gate_facts
 from reshard.control.records import MigrationState
 from reshard.control.store import ControlStore, operator_name
 from reshard.control.runs import await_no_writers
+from reshard.core.index import changes_index_writes, index_transition_refusal
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Action, Facts, Phase, changes_authority, decide
 
 #: How often the operator re-reads the census while the fleet switches authority.
@@ -39,6 +40,21 @@ def facts(store: ControlStore, state: MigrationState, census: fleet.Census, gate
                  **gates(store, state))
 
 
+def needs_switch(state: MigrationState, frm: Phase, to: Phase) -> bool:
+    """Whether ``frm`` -> ``to`` goes through the fleet-wide switch.
+
+    A table migration switches when the authoritative layout changes (backfill <-> cutover).
+    An index-only one switches when the GSI value shims write changes (dual_write <->
+    dual_read, an abort from dual_read or backfill): one shim writing old values while
+    another writes new ones could move an item back and forth between two passes of a
+    fan-out query (see :mod:`reshard.core.index`). Its backfill -> cutover changes no write.
+    """
+    m = state.migration()
+    if not m.changes_table:
+        return changes_index_writes(frm, to)
+    return changes_authority(frm, to) or (bool(m.indexes) and changes_index_writes(frm, to))
+
+
 #: The jobs that write the data table: while one of their leases may still be used, no
 #: gate that relies on "no job is writing" opens (``verify`` counts: ``--repair`` writes).
 WRITING_JOBS = (BACKFILL_JOB, VERIFY_JOB)
@@ -55,7 +71,8 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
     no live shim reports for the table (refused otherwise: fail closed). ``lease_wait``: how
     long cutover may watch held job leases go quiet (:func:`reshard.control.runs.await_no_writers`).
 
-    A move that changes authority (backfill <-> cutover) is a *switch* of two
+    A move that changes authority (backfill <-> cutover; for a sharded GSI, the value
+    written: :func:`needs_switch`) is a *switch* of two
     compare-and-sets: first "switching to the target" (shims that see it hold every
     request), then, once every live shim acknowledged that version -- none is still
     acting on the old authority, none has a request in flight under it -- the target
@@ -89,10 +106,14 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
         # still be able to write (a stalled one stops at its own deadline; we wait it out).
         found = replace(found, writers=await_no_writers(store, migration_id, WRITING_JOBS, lease_wait))
     decision = decide(action, state.phase, found)
+    index_refusal = index_transition_refusal(action, state.phase, decision.target) \
+        if state.migration().indexes else None
+    if index_refusal:
+        decision = replace(decision, refusals=(*decision.refusals, index_refusal))
     if not decision.allowed:
         raise errors.RefusedTransition(f"{action.value} refused for {migration_id!r} in {state.phase}: "
                                        + "; ".join(decision.refusals))
-    if changes_authority(state.phase, decision.target):
+    if needs_switch(state, state.phase, decision.target):
         held = store.set_phase(state, decision.target, action.value, who, switching=True)
         return state, finish_switch(store, held, who, switch_wait, sleep)
     after = store.set_phase(state, decision.target, action.value, who)
@@ -136,7 +157,7 @@ def finish_switch(store: ControlStore, held: MigrationState, who: str, switch_wa
 def abandon_switch(store: ControlStore, held: MigrationState, who: str, why: str) -> MigrationState:
     """Put the phase back to where the switch started (shims stop holding, on the old authority)."""
     back = Phase(held.last.from_phase) if held.last and held.last.from_phase else None
-    if back is None or not changes_authority(held.phase, back):
+    if back is None or not needs_switch(held, held.phase, back):
         raise errors.RefusedTransition(f"cannot undo the switch of {held.id!r}: its previous phase is unknown")
     return store.set_phase(held, back, "switch-abandoned", who, switching=False)
 

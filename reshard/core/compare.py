@@ -58,6 +58,9 @@ KINDS = {
     "collision": "several live old copies of one item, none newer, with different content",
     "too_large": "the new-layout copy would exceed DynamoDB's 400 KB item limit",
     "unmappable": "an old item the layouts cannot map (bad key, missing field)",
+    # An index-only migration ([index.NAME], reshard.jobs.index_jobs):
+    "gsi_value": "an item's GSI partition value is not the one the [to] layout gives it",
+    "gsi_query": "the fan-out query over the new GSI values did not return an item exactly once",
 }
 
 #: What the operator does about each kind the repair cannot fix (shown by the gate).
@@ -68,6 +71,9 @@ GUIDANCE = {
                  "the shim, which gives it a version), then verify again",
     "unmappable": "fix the items or the [from] template (a template that matches no item makes every item "
                   "unmappable); `reshard status` lists the backfill's unmappable items",
+    "gsi_value": "run `reshard verify --repair` in the backfill phase (it rewrites each such item's GSI value, "
+                 "conditioned on its version like the backfill), then verify again",
+    "gsi_query": "check the GSI is ACTIVE and projects _rs_v; the index is eventually consistent, so verify again",
     "new_only": "run `reshard verify --repair` in the backfill phase: it copies these shim writes to the old "
                 "layout (fenced, never deleting them)",
 }

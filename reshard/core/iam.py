@@ -116,8 +116,12 @@ def grants(role: str, migration_id: str, data_table: str) -> dict[tuple[str, str
 
 
 def policy(role: str, data_table: str, control_table: str, region: str = "*", account: str = "*",
-           migration_id: str = "*") -> dict:
-    """The IAM policy document for ``role`` (``app``, ``observer``, ``worker`` or ``operator``)."""
+           migration_id: str = "*", indexes: tuple[str, ...] = ()) -> dict:
+    """The IAM policy document for ``role`` (``app``, ``observer``, ``worker`` or ``operator``).
+
+    ``indexes``: GSIs of a sharded-index migration; a Query of one is authorized on the
+    index's own ARN (``table/T/index/NAME``), so statements granting Query name those too.
+    """
     statements: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for (table, action), parts in grants(role, migration_id, data_table).items():
         statements.setdefault((table, parts), []).append(f"dynamodb:{action}")
@@ -127,6 +131,8 @@ def policy(role: str, data_table: str, control_table: str, region: str = "*", ac
         # Sids must be unique within a policy.
         st = {"Sid": f"Reshard{table.capitalize()}Table{'Partitions' if parts else ''}{n}", "Effect": "Allow",
               "Action": sorted(actions), "Resource": [arns[table]]}
+        if table == DATA and "dynamodb:Query" in actions:
+            st["Resource"] += [f"{arns[table]}/index/{name}" for name in indexes]
         if parts:
             # Every item a request touches must be in one of these partitions. Only item
             # actions carry keys: a Scan here would pass (ForAllValues of nothing is true).

@@ -288,6 +288,7 @@ class Layout:
             self._shard_fn = lambda s, n: hash_shard(s, n, algorithm)
         templ = [*self.partition.fields, *(self.sort.fields if self.sort else [])]
         self.template_fields = list(dict.fromkeys(f for f in templ if f != SHARD))
+        self.template_fields_all = set(templ)
         # The fields an item must supply (stored or parsed) to compute this layout's key.
         needed: list[str] = []
         for f in self.template_fields:
@@ -364,6 +365,8 @@ class Layout:
                     raise UnmappableItem("unparseable-key", f"field {k!r} differs between partition and sort key")
                 values[k] = v
         shard = values.get(SHARD)
+        if shard is None and self.shards == 1 and SHARD not in self.template_fields_all:
+            shard = values[SHARD] = 0  # a one-shard layout without {shard} (an index-only migration's table)
         if shard is None or not 0 <= shard < self.shards:
             raise UnmappableItem("bad-shard", f"shard {shard!r} is outside 0..{self.shards - 1}")
         return values
@@ -376,6 +379,7 @@ class KeyMapper:
     """
 
     def __init__(self, migration: Migration):
+        migration.require_table("re-keying the table")  # index-only files: reshard.core.index
         self.migration = migration
         k = migration.keys
         self.keys = k

@@ -5,7 +5,13 @@ Pure module (tomllib + stdlib only). Every mistake raises
 file, the key and the problem; the CLI turns it into exit status 2.
 
 The result is an immutable :class:`Migration`; :mod:`reshard.core.layout` turns its
-two :class:`LayoutSpec` into key functions.
+two :class:`LayoutSpec` into key functions, :mod:`reshard.core.index` turns each
+:class:`IndexSpec` (an ``[index.NAME]`` table: a sharded GSI partition key rewritten in
+place) into an :class:`~reshard.core.index.IndexMapper`.
+
+A file changes the table's key layout (``[from]``/``[to]``), one or more GSI partition
+keys (``[index.NAME]``), or both. An *index-only* file has no ``[from]``/``[to]``: items
+keep their keys, ``Migration.source``/``target`` are None and ``changes_table`` is False.
 """
 
 from __future__ import annotations
@@ -48,9 +54,14 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 #: except for what the template syntax itself uses ({}, [] and ':'/'!' for specs) and
 #: surrounding blanks (invisible in a template).
 _FIELD_RE = re.compile(r"^(?!\s)[^{}\[\]:!]+(?<!\s)\Z")
-_TOP_KEYS = {"id", "table", "description", "keys", "from", "to", "cleanup"}
+_TOP_KEYS = {"id", "table", "description", "keys", "from", "to", "cleanup", "index"}
+_INDEX_KEYS = {"partition", "sort", "type", "from", "to"}
 _KEYS_KEYS = {"partition", "sort"}
 _LAYOUT_KEYS = {"partition", "sort", "shards", "shard_by", "hash", "shard_function", "fields"}
+#: An index layout has a partition template only: the GSI sort key is never rewritten.
+_INDEX_LAYOUT_KEYS = _LAYOUT_KEYS - {"sort"}
+#: DynamoDB's rule for table and index names.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
 _CLEANUP_KEYS = {"ttl_attribute", "retain_hours"}
 _DERIVED_KEYS = {"from", "format"}
 
@@ -120,18 +131,63 @@ class Cleanup:
 
 
 @dataclass(frozen=True)
+class IndexSpec:
+    """One ``[index.NAME]`` table: a GSI whose partition key attribute is sharded.
+
+    ``partition`` is the GSI's partition key attribute, rewritten in place on every
+    item (``[from]`` value -> ``[to]`` value); ``sort`` the GSI's sort key attribute, never
+    rewritten. ``partition_type`` is the attribute's DynamoDB type ("S" or "N"); only a
+    template that is exactly ``{shard}`` may be "N" (`start` checks it against the table).
+    ``source``/``target`` carry a partition template only (``sort`` is None).
+    """
+
+    name: str
+    partition: str
+    sort: str | None
+    partition_type: str
+    source: LayoutSpec
+    target: LayoutSpec
+
+
+@dataclass(frozen=True)
 class Migration:
-    """A validated migration file."""
+    """A validated migration file.
+
+    ``source``/``target`` are the table's ``[from]``/``[to]`` layouts, or None for an
+    index-only file (``changes_table`` False: items keep their keys and only
+    ``indexes`` move). Code that handles only table layouts asks :meth:`require_table`.
+    """
 
     id: str
     table: str
     description: str
     keys: Keys
-    source: LayoutSpec  # the [from] layout
-    target: LayoutSpec  # the [to] layout
+    source: LayoutSpec | None  # the [from] layout (None: the table's keys do not change)
+    target: LayoutSpec | None  # the [to] layout
     cleanup: Cleanup
     text: str
     path: str
+    indexes: tuple[IndexSpec, ...] = ()
+
+    @property
+    def changes_table(self) -> bool:
+        """Whether the table's own keys change (False for an index-only migration)."""
+        return self.source is not None
+
+    def index(self, name: str) -> IndexSpec | None:
+        """The ``[index.NAME]`` spec of GSI ``name``, or None."""
+        return next((i for i in self.indexes if i.name == name), None)
+
+    def require_table(self, what: str) -> None:
+        """Refuse, in one line, ``what`` on a migration whose table keys do not change.
+
+        The guard of every code path that knows only table layouts: an index-only file
+        reaching it would otherwise fail deep inside with an AttributeError.
+        """
+        if self.source is None:
+            names = ", ".join(i.name for i in self.indexes)
+            raise MigrationFileError(self.path, None, f"{what} needs the table's [from]/[to] layouts; this file is "
+                                                      f"index-only (it rewrites GSI {names} in place)")
 
     @property
     def content_hash(self) -> str:
@@ -189,12 +245,12 @@ class _Validator:
         return value
 
     def migration(self, doc: dict, text: str) -> Migration:
-        self.table(doc, "", _TOP_KEYS, {"id", "table", "keys", "from", "to"})
+        self.table(doc, "", _TOP_KEYS, {"id", "table", "keys"})
         mid = self.string(doc["id"], "id")
         if not _ID_RE.match(mid):
             self.fail("id", f"must be 1-100 characters of letters, digits, '.', '_' or '-' (got {mid!r})")
         table = self.string(doc["table"], "table")
-        if not re.match(r"^[A-Za-z0-9_.-]{3,255}$", table):
+        if not _NAME_RE.match(table):
             self.fail("table", f"not a valid DynamoDB table name: {table!r}")
         description = self.string(doc.get("description", ""), "description", empty_ok=True)
 
@@ -208,17 +264,20 @@ class _Validator:
             if name and name.startswith(RESERVED_PREFIX):
                 self.fail(k, f"names starting with {RESERVED_PREFIX!r} are reserved for reshard's bookkeeping")
 
-        source = self.layout(doc["from"], "from", keys)
-        target = self.layout(doc["to"], "to", keys)
-        if target.random:
-            self.fail("to.shard_by", '"random" is refused in [to]: the new layout must be deterministic, '
-                      "so the shim and the backfill write the same logical item to the same key")
-        if (source.partition_text, source.sort_text, source.shards, source.shard_by, source.hash,
-                source.shard_function, dict(source.fields)) == (
-                target.partition_text, target.sort_text, target.shards, target.shard_by, target.hash,
-                target.shard_function, dict(target.fields)):
-            self.fail("to", "is identical to [from]: nothing would move")
-        self.suppliable(source, target, keys)
+        for side, other in (("from", "to"), ("to", "from")):
+            if side in doc and other not in doc:
+                self.fail(other, f"missing: [{side}] needs [{other}] (a file without both keeps the table's "
+                                 "keys and changes only [index.NAME] layouts)")
+        source = target = None
+        if "from" in doc:
+            source = self.layout(doc["from"], "from", keys)
+            target = self.layout(doc["to"], "to", keys)
+            self.deterministic_and_different(source, target, "")
+            self.suppliable(source, target, keys)
+        indexes = self.indexes(doc.get("index", {}), keys, changes_table=source is not None)
+        if source is None and not indexes:
+            self.fail(None, "changes nothing: a migration file needs [from] and [to] (the table's layout), "
+                            "[index.NAME] tables (a GSI's layout), or both")
 
         cdoc = self.table(doc.get("cleanup", {}), "cleanup", _CLEANUP_KEYS, set())
         ttl = self.string(cdoc["ttl_attribute"], "cleanup.ttl_attribute") if "ttl_attribute" in cdoc else None
@@ -227,25 +286,89 @@ class _Validator:
         retain = cdoc.get("retain_hours", 168)
         if isinstance(retain, bool) or not isinstance(retain, (int, float)) or not 0 <= retain <= 24 * 366:
             self.fail("cleanup.retain_hours", f"must be a number of hours from 0 to 8784 (got {_describe(retain)})")
-        return Migration(mid, table, description, keys, source, target, Cleanup(ttl, float(retain)), text, self.path)
+        return Migration(mid, table, description, keys, source, target, Cleanup(ttl, float(retain)), text, self.path,
+                         indexes)
 
-    def layout(self, doc: Any, side: str, keys: Keys) -> LayoutSpec:
-        self.table(doc, side, _LAYOUT_KEYS, {"partition", "shards"})
-        ptext = self.string(doc["partition"], f"{side}.partition")
-        partition = self.template(ptext, f"{side}.partition")
+    def deterministic_and_different(self, source: LayoutSpec, target: LayoutSpec, where: str) -> None:
+        if target.random:
+            self.fail(f"{where}to.shard_by", '"random" is refused in [to]: the new layout must be deterministic, '
+                      "so the shim and the backfill write the same logical item to the same key")
+        if (source.partition_text, source.sort_text, source.shards, source.shard_by, source.hash,
+                source.shard_function, dict(source.fields)) == (
+                target.partition_text, target.sort_text, target.shards, target.shard_by, target.hash,
+                target.shard_function, dict(target.fields)):
+            self.fail(f"{where}to", "is identical to [from]: nothing would move")
+
+    def indexes(self, doc: Any, keys: Keys, changes_table: bool) -> tuple[IndexSpec, ...]:
+        """The ``[index.NAME]`` tables, each a GSI partition key's ``from``/``to`` layouts."""
+        if not isinstance(doc, dict):
+            self.fail("index", "must be a table of [index.NAME] tables, one per GSI")
+        out: list[IndexSpec] = []
+        for name, idoc in doc.items():
+            where = f"index.{name}"
+            if not _NAME_RE.match(name):
+                self.fail(where, f"not a valid DynamoDB index name: {name!r}")
+            self.table(idoc, where, _INDEX_KEYS, {"partition", "from", "to"})
+            attr = self.string(idoc["partition"], f"{where}.partition")
+            sort = self.string(idoc["sort"], f"{where}.sort") if "sort" in idoc else None
+            for k, a in ((f"{where}.partition", attr), (f"{where}.sort", sort)):
+                if a and a.startswith(RESERVED_PREFIX):
+                    self.fail(k, f"names starting with {RESERVED_PREFIX!r} are reserved for reshard's bookkeeping")
+            if attr in (keys.partition, keys.sort):
+                self.fail(f"{where}.partition", f"{attr!r} is a key attribute of the table; the GSI partition "
+                                                "attribute is rewritten in place, and an item's keys cannot be")
+            if sort == attr:
+                self.fail(f"{where}.sort", "must differ from the index's partition attribute")
+            for prev in out:
+                if prev.partition == attr:
+                    self.fail(f"{where}.partition", f"{attr!r} is already the partition attribute of "
+                                                    f"[index.{prev.name}]: one attribute has one layout")
+            source = self.layout(idoc["from"], "from", None, where=f"{where}.from")
+            target = self.layout(idoc["to"], "to", None, where=f"{where}.to")
+            self.deterministic_and_different(source, target, f"{where}.")
+            exact_shard = {"from": source.partition_text == "{" + SHARD + "}",
+                           "to": target.partition_text == "{" + SHARD + "}"}
+            ptype = idoc.get("type", "N" if all(exact_shard.values()) else "S")
+            if ptype not in ("S", "N"):
+                self.fail(f"{where}.type", f'must be "S" or "N" (the GSI partition attribute\'s type), got {_describe(ptype)}')
+            if ptype == "N":
+                for side, exact in exact_shard.items():
+                    if not exact:
+                        self.fail(f"{where}.{side}.partition", 'only a template that is exactly "{shard}" can '
+                                                               'make a number; this one makes a string (type = "S")')
+            for side, spec in (("from", source), ("to", target)):
+                for f in (*spec.template_fields(), *(spec.shard_by or ()),
+                          *(d.source for d in spec.fields.values())):
+                    if f == attr:
+                        self.fail(f"{where}.{side}", f"the layout uses {attr!r}, the attribute it rewrites")
+                    if changes_table and f in (keys.partition, keys.sort):
+                        # The table's keys differ between an item's old and new copies;
+                        # the GSI value must be the same function of the logical item.
+                        self.fail(f"{where}.{side}", f"field {f!r} is a key attribute of the table, whose "
+                                                     "value changes in this migration; name an application field")
+            out.append(IndexSpec(name, attr, sort, ptype, source, target))
+        return tuple(out)
+
+    def layout(self, doc: Any, side: str, keys: Keys | None, where: str | None = None) -> LayoutSpec:
+        """One ``from``/``to`` layout; ``keys`` None for an index layout (``where`` names its table)."""
+        where = where or side
+        self.table(doc, where, _LAYOUT_KEYS if keys else _INDEX_LAYOUT_KEYS, {"partition", "shards"})
+        ptext = self.string(doc["partition"], f"{where}.partition")
+        partition = self.template(ptext, f"{where}.partition")
         if "sort" in doc:
             if keys.sort is None:
-                self.fail(f"{side}.sort", "the table has no sort key ([keys] sort is not set)")
-            stext = self.string(doc["sort"], f"{side}.sort")
-            sort = self.template(stext, f"{side}.sort")
+                self.fail(f"{where}.sort", "the table has no sort key ([keys] sort is not set)")
+            stext = self.string(doc["sort"], f"{where}.sort")
+            sort = self.template(stext, f"{where}.sort")
         else:
             stext, sort = None, None
-        for k, parts in ((f"{side}.partition", partition), (f"{side}.sort", sort or ())):
+        for k, parts in ((f"{where}.partition", partition), (f"{where}.sort", sort or ())):
             for p in parts:
                 # A bare ``{PK}`` in the partition (``{SK}`` in the sort) keeps that key as is: a
                 # field under its own name. Any other use of a key attribute's name is a mistake.
-                own = keys.sort if k.endswith(".sort") else keys.partition
-                if p.field is not None and p.field in (keys.partition, keys.sort) \
+                own = keys and (keys.sort if k.endswith(".sort") else keys.partition)
+                # An index layout reads stored attributes, the table's keys included.
+                if keys and p.field is not None and p.field in (keys.partition, keys.sort) \
                         and not (len(parts) == 1 and p.field == own):
                     self.fail(k, f"field {{{p.field}}} is a physical key attribute name; "
                                  "templates name the application's fields")
@@ -253,54 +376,54 @@ class _Validator:
                     self.fail(k, f"field {{{p.field}}} uses the reserved prefix {RESERVED_PREFIX!r}")
         shard_uses = [p for p in (*partition, *(sort or ())) if p.field == SHARD]
         if len(shard_uses) != 1:
-            self.fail(f"{side}.partition", "must contain {shard} exactly once (in the partition or the sort template)"
+            self.fail(f"{where}.partition", "must contain {shard} exactly once (in the partition or the sort template)"
                       if not shard_uses else "{shard} may appear only once across the templates")
 
         shards = doc["shards"]
         if isinstance(shards, bool) or not isinstance(shards, int):
-            self.fail(f"{side}.shards", f"must be an integer, got {_describe(shards)}")
+            self.fail(f"{where}.shards", f"must be an integer, got {_describe(shards)}")
         if not 1 <= shards <= MAX_SHARDS:
-            self.fail(f"{side}.shards", f"must be an integer from 1 to {MAX_SHARDS} (got {shards})")
+            self.fail(f"{where}.shards", f"must be an integer from 1 to {MAX_SHARDS} (got {shards})")
 
-        fields = self.derived(doc.get("fields", {}), side)
+        fields = self.derived(doc.get("fields", {}), where)
         if SHARD in fields:
-            self.fail(f"{side}.fields.{SHARD}", "'shard' is computed by the layout and cannot be derived")
+            self.fail(f"{where}.fields.{SHARD}", "'shard' is computed by the layout and cannot be derived")
 
         sb = doc.get("shard_by")
         hash_name = doc.get("hash")
         fn = doc.get("shard_function")
         if sb is None:
-            self.fail(f"{side}.shard_by", 'missing: a list of fields to hash, or "random"')
+            self.fail(f"{where}.shard_by", 'missing: a list of fields to hash, or "random"')
         if sb == "random":
             shard_by = None
             if shards > MAX_RANDOM_SHARDS:
-                self.fail(f"{side}.shards", f"a random-suffix layout is limited to {MAX_RANDOM_SHARDS} shards "
+                self.fail(f"{where}.shards", f"a random-suffix layout is limited to {MAX_RANDOM_SHARDS} shards "
                                             "(a read needs every shard's key in one BatchGetItem)")
             if hash_name is not None or fn is not None:
-                self.fail(f"{side}.hash", 'has no meaning with shard_by = "random"')
+                self.fail(f"{where}.hash", 'has no meaning with shard_by = "random"')
         else:
             if isinstance(sb, str):
                 sb = [sb]
             if not isinstance(sb, list) or not sb or not all(isinstance(x, str) and x for x in sb):
-                self.fail(f"{side}.shard_by", f'must be a non-empty list of field names or "random" (got {_describe(sb)})')
+                self.fail(f"{where}.shard_by", f'must be a non-empty list of field names or "random" (got {_describe(sb)})')
             for f_ in sb:
                 if not _FIELD_RE.match(f_):
-                    self.fail(f"{side}.shard_by", f"{f_!r} is not a valid field name")
+                    self.fail(f"{where}.shard_by", f"{f_!r} is not a valid field name")
                 if f_ == SHARD:
-                    self.fail(f"{side}.shard_by", "cannot hash the shard number itself")
+                    self.fail(f"{where}.shard_by", "cannot hash the shard number itself")
             shard_by = tuple(sb)
             if fn is not None:
                 if hash_name is not None:
-                    self.fail(f"{side}.shard_function", "set either hash or shard_function, not both")
-                self.string(fn, f"{side}.shard_function")
+                    self.fail(f"{where}.shard_function", "set either hash or shard_function, not both")
+                self.string(fn, f"{where}.shard_function")
                 if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", fn):
-                    self.fail(f"{side}.shard_function", f"must look like 'package.module:function' (got {fn!r})")
-                resolve_function(fn, self.path, f"{side}.shard_function")
+                    self.fail(f"{where}.shard_function", f"must look like 'package.module:function' (got {fn!r})")
+                resolve_function(fn, self.path, f"{where}.shard_function")
             else:
                 if hash_name is None:
                     hash_name = "sha256"
                 if hash_name not in HASHES:
-                    self.fail(f"{side}.hash", f"unknown hash {hash_name!r} (known: {', '.join(HASHES)})")
+                    self.fail(f"{where}.hash", f"unknown hash {hash_name!r} (known: {', '.join(HASHES)})")
         return LayoutSpec(side, partition, ptext, sort, stext, shards, shard_by,
                           hash_name if shard_by is not None and fn is None else None,
                           fn if shard_by is not None else None, fields)

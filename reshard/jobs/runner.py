@@ -92,7 +92,7 @@ class JobContext:
     store: ControlStore
     state: MigrationState
     migration: Migration
-    mapper: KeyMapper
+    mapper: KeyMapper | None  # None for an index-only migration (reshard.jobs.index_jobs)
     run: int
     budget: CapacityBudget
     options: JobOptions
@@ -308,7 +308,8 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
     for s in subscribers:
         s.on_budget(budget.throttle_reason)
-    ctx = JobContext(dynamo, store, state, migration, KeyMapper(migration), run, budget, opts, clock, sleep)
+    mapper = KeyMapper(migration) if migration.changes_table else None
+    ctx = JobContext(dynamo, store, state, migration, mapper, run, budget, opts, clock, sleep)
     spec.prepare(ctx)
     engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,

@@ -98,7 +98,9 @@ class Stripper:
 
 
 def _make_page(ctx: JobContext):
-    return Stripper(ctx.dynamo, ctx.migration.table, ctx.mapper.old.key_attrs, ctx.budget, ctx.options).page
+    keys = ctx.migration.keys  # the key attribute names, whatever the layouts (an index-only file has none)
+    return Stripper(ctx.dynamo, ctx.migration.table, [keys.partition] + ([keys.sort] if keys.sort else []),
+                    ctx.budget, ctx.options).page
 
 
 #: ``reshard cleanup --strip-bookkeeping``: a fresh pass per invocation (resumes an unfinished one).

@@ -67,6 +67,7 @@ from reshard.control.runs import allowed_unmappable, backfill_run, read_run
 from reshard.control.store import ControlStore
 from reshard.aws.inspect import ttl_status
 from reshard.core.compare import INFO, KINDS, Difference, Judgement, differences, judge, passes
+from reshard.core.index import mappers
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
 from reshard.core.migration import SHARD
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, job_rule
@@ -75,6 +76,7 @@ from reshard.core.versions import fence_for, unchanged, version_of
 from reshard.core.wire import S, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
+from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, phase_guard,
                                  require_phase_and_ack, scan_page)
 
@@ -569,8 +571,12 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
     migration = state.migration()
     dynamo.describe_table(migration.table)  # a clear error if the table is missing
     budget = CapacityBudget(None, opts.max_rcu).attach(dynamo, migration.table)
-    verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
-                        ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)
+    if migration.changes_table:
+        verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
+                            ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)
+    else:
+        verifier = IndexVerifier(dynamo, store, migration_id, 0, mappers(migration.indexes), migration.keys,
+                                 migration.table, budget, opts, sleep)
     verifier.collected = []
     # Stop at the next page once the migration left verify's phases, as a recorded run does.
     guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)

@@ -243,7 +243,7 @@ def _pk_name(pk: Mapping[str, Any]) -> str:
 
 def _partition_keys(layout, fields: Mapping[str, Any]) -> list[dict]:
     """Every physical partition key value of ``layout`` under the query's key fields."""
-    if SHARD not in layout.partition.fields:
+    if SHARD not in layout.partition.fields and (layout.shards != 1 or SHARD in layout.template_fields_all):
         raise errors.BadInput(f"query: the {layout.side} partition template {layout.partition.text!r} has no "
                               "{shard}; only layouts sharded in the partition key can be queried")
     allowed = set(layout.partition.fields) | set(layout.shard_by or ()) | {d.source for d in layout.derived.values()}

@@ -35,6 +35,14 @@ Random-suffix old layouts
     brand-new item goes to a shard derived from its identity, so two racing creators
     pick the same key.
 
+Sharded GSIs (``[index.NAME]`` migrations)
+    ``query(IndexName=...)`` fans out over the index's partition values
+    (``reshard/shim/index.py``); writes give the GSI attribute of items in the index the
+    value of the layout the phase writes (a put: computed; an update: from its result, by
+    one more conditional UpdateItem when it differs). An index-only migration keeps items at
+    their keys: the table is one identity layout here (:func:`_table_view`), no copies, no
+    tombstones.
+
 Phase
     Every request asks the instance's :class:`~reshard.shim.phase_cache.PhaseCache` for
     the phase to act on (never the control table) and tells it when it is done, so a
@@ -66,6 +74,7 @@ Sizes
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import logging
 import threading
@@ -78,17 +87,19 @@ from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 
 from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
+from reshard.core.index import IndexMapper
 from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout,
                                  hash_shard, is_tombstone, item_size)
-from reshard.core.migration import RESERVED_PREFIX, Migration, load
+from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
-from reshard.core.phases import Phase
+from reshard.core.phases import Phase, Routing
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
 from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
+from reshard.shim.index import IndexSource, index_key_condition, index_routing, run_index_query, write_value
 from reshard.shim.query import QuerySource, logical_key_condition, run_query
 from reshard.shim.scan import ScanSource, run_scan
 
@@ -166,7 +177,18 @@ class ShardedTable:
                  switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], None] = time.sleep):
         self.migration = migration
-        self.mapper = KeyMapper(migration)
+        if migration.indexes and migration.changes_table:
+            # The GSI value would have to follow each copy (old copies the old value, new
+            # copies the new one) and the fan-out keep the copy the phase designates: not built.
+            raise errors.BadInput(f"migration {migration.id!r} changes the table's keys and index "
+                                  f"{', '.join(i.name for i in migration.indexes)} at once; the shim supports one or "
+                                  "the other: split it into two migrations")
+        self.mapper = KeyMapper(_table_view(migration))
+        #: The migration's sharded GSIs by IndexName (reshard/shim/index.py).
+        self._indexes = {spec.name: IndexMapper(spec) for spec in migration.indexes}
+        # An index-only migration keeps every item at its key: one physical item, one layout.
+        self._index_only = not migration.changes_table
+        self._single = {}  # the table routing of an index-only migration, per phase routing
         self.table = migration.table
         self.dynamo = dynamo
         self.instance_id = writer_id or uuid.uuid4().hex[:12]
@@ -182,6 +204,8 @@ class ShardedTable:
                                          to_app=self._to_app)
         self._scan_source = ScanSource(mapper=self.mapper, scan_page=self._scan_page, batch_get=self._lookup,
                                        to_app=self._to_app)
+        self._index_source = IndexSource(key_attrs=tuple(self.mapper.old.key_attrs), query_page=self._query_page,
+                                         run_all=self._run_all, to_app=self._to_app)
         m = self.mapper
         self._key_attrs = set(m.old.key_attrs)
         self._kept = m._kept_key_attrs
@@ -255,7 +279,18 @@ class ShardedTable:
     def _begin(self) -> PhaseState:
         # Every request brackets its work with _begin/_end: the phase cache must know
         # which phase versions still have requests running before it acknowledges a newer one.
-        return self._phases.begin()
+        st = self._phases.begin()
+        if self._index_only:
+            # Items keep their keys: one layout, no copies, so no tombstones (a delete is a plain
+            # delete: nothing can bring the item back, the index rewrite never creates an item).
+            # Writes stay fenced and stamped as the phase says.
+            r = st.routing
+            single = self._single.get(r)
+            if single is None:
+                single = self._single[r] = Routing(("old",), ("old",), tombstones=False, fenced=r.fenced,
+                                                   hold=r.hold)
+            st = dataclasses.replace(st, routing=single)
+        return st
 
     def _end(self, st: PhaseState) -> None:
         self._phases.end(st)
@@ -570,6 +605,7 @@ class ShardedTable:
                                                                  ExpressionAttributeValues)
         st = self._begin()
         try:
+            logical = self._with_index_values(st, logical, fields)
             resp = self._put_through(st, self._write_keys(st, fields), logical, condition, app_names,
                                      app_values, return_old=ReturnValues == "ALL_OLD")
         finally:
@@ -684,8 +720,10 @@ class ShardedTable:
             # The app's condition sees a tombstone as the absent item it stands for.
             condition, _ = tombstone_aware(ConditionExpression)
             internal_rv = rv
-            if mirrors and rv in ("NONE", "UPDATED_NEW"):
-                internal_rv = "ALL_NEW"  # the mirror needs the whole new item: get it from the update itself
+            need_result = bool(mirrors or self._indexes)
+            if need_result and rv in ("NONE", "UPDATED_NEW"):
+                # The mirror (and an index value) needs the whole new item: get it from the update itself.
+                internal_rv = "ALL_NEW"
 
             def attempt(version, condition, names, values):
                 kwargs: dict[str, Any] = {"TableName": self.table, "Key": keys[0], "UpdateExpression": expression,
@@ -702,7 +740,7 @@ class ShardedTable:
 
             _, resp = self._authoritative(st, keys[0], condition, attempt)
             attrs = resp.get("Attributes")
-            if mirrors:
+            if need_result:
                 if internal_rv == "ALL_NEW":
                     full = attrs
                 else:
@@ -711,7 +749,11 @@ class ShardedTable:
                     # newer and the mirror is fenced by its own version.
                     full = self.dynamo.call("get_item", TableName=self.table, Key=keys[0],
                                             ConsistentRead=True).get("Item")
-                if full:  # None: the item was removed in between; nothing left to mirror
+                if full and self._indexes:
+                    fixed = self._fix_index_values(st, keys[0], full)
+                    if fixed and internal_rv == "ALL_NEW" and attrs:
+                        attrs = {**attrs, **{a: v for a, v in fixed.items() if a in attrs}}
+                if full and mirrors:  # None: the item was removed in between; nothing left to mirror
                     self._mirror_to(mirrors, full)
         finally:
             self._end(st)
@@ -727,6 +769,64 @@ class ShardedTable:
             attrs = None
         out = self._strip(attrs)
         return {"Attributes": out, **meta} if out else meta
+
+    # ------------------------------------------------------------------ sharded GSIs
+    def _with_index_values(self, st: PhaseState, item: dict, fields: Mapping[str, Any]) -> dict:
+        """``item`` (wire) with each sharded GSI attribute it carries set to the value of the
+        layout this phase writes (``reshard.shim.index.write_value``)."""
+        if not self._indexes:
+            return item
+        side = index_routing(st.phase).writes
+        for im in self._indexes.values():
+            value = write_value(im, item, side, self._identity_text(fields))
+            if value is not None:
+                item = {**item, im.attr: value}
+        return item
+
+    def _fix_index_values(self, st: PhaseState, key: dict, full: Mapping[str, Any]) -> dict:
+        """After an update: give each GSI attribute of the resulting item ``full`` the value of
+        the layout this phase writes, when it has another one. Returns what it set.
+
+        An UpdateExpression may change a ``shard_by`` field in ways the shim cannot evaluate
+        beforehand (``SET f = if_not_exists(...)``), and a field it does not name may not be in
+        the request at all, so the value is computed from the update's result. One more
+        UpdateItem, only when the value differs: conditional on the GSI value and every field
+        it is computed from being as read -- a write in between computed its own value, and a
+        deleted item is never re-created. ``_rs_v`` is kept (the item's content did not change).
+        """
+        if is_tombstone(full):
+            return {}
+        side = index_routing(st.phase).writes
+        fixed: dict = {}
+        for im in self._indexes.values():
+            try:
+                value = write_value(im, full, side, self._identity_text(self.mapper.logical_fields(full)))
+            except (errors.BadInput, errors.UnmappableItem) as e:
+                # The update removed a field the value needs: the item stays where it is
+                # (verify lists it); the write itself was the application's to make.
+                log.warning("reshard shim %s: index %s value of %s not recomputed: %s", self.instance_id, im.name,
+                            key, e)
+                continue
+            if value is None:
+                continue
+            names = {"#rs_g": im.attr}
+            values = {":rs_g": value, ":rs_was": full[im.attr]}
+            cond = ["#rs_g = :rs_was"]
+            for i, f in enumerate(im.layout(side).needed_fields):
+                names[f"#rs_f{i}"] = f
+                if f in full:
+                    values[f":rs_f{i}"] = full[f]
+                    cond.append(f"#rs_f{i} = :rs_f{i}")
+                else:
+                    cond.append(f"attribute_not_exists(#rs_f{i})")
+            try:
+                self.dynamo.call("update_item", guard=self._phases.check_live, TableName=self.table, Key=key,
+                                 UpdateExpression="SET #rs_g = :rs_g", ConditionExpression=" AND ".join(cond),
+                                 ExpressionAttributeNames=names, ExpressionAttributeValues=values)
+            except errors.ConditionalCheckFailed:
+                continue  # changed since: that write computed the value from what it wrote
+            fixed[im.attr] = value
+        return fixed
 
     def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any]) -> dict:
         """A write's answer in boto3's shape: ``{"Attributes"?, "ResponseMetadata"}``."""
@@ -786,11 +886,18 @@ class ShardedTable:
         evaluated, ``LastEvaluatedKey`` is the logical key of the last one (pass it back as
         ``ExclusiveStartKey``). Returns ``{"Items", "Count", "ScannedCount",
         "LastEvaluatedKey"?}`` (no ``Items`` with ``Select="COUNT"``).
+
+        ``IndexName``: one of the migration's sharded GSIs (``[index.NAME]``), queried over its
+        logical fields (the GSI sort key, partition template and ``shard_by`` fields) by the
+        fan-out of ``reshard/shim/index.py``; ``ConsistentRead=True`` is refused there, as by DynamoDB.
         """
         if IndexName is not None:
-            raise errors.BadInput("query: IndexName is not supported by ShardedTable yet (secondary indexes of a "
-                                  "sharded table are the sharded-GSI issue); query the index with "
-                                  "table.meta.client.query(TableName=..., IndexName=...) meanwhile")
+            return self._query_index(IndexName, KeyConditionExpression, Key=Key, SortKeyCondition=SortKeyCondition,
+                                     FilterExpression=FilterExpression, ProjectionExpression=ProjectionExpression,
+                                     ExpressionAttributeNames=ExpressionAttributeNames,
+                                     ExpressionAttributeValues=ExpressionAttributeValues, Select=Select,
+                                     ScanIndexForward=ScanIndexForward, Limit=Limit,
+                                     ExclusiveStartKey=ExclusiveStartKey, ConsistentRead=ConsistentRead)
         names, values = dict(ExpressionAttributeNames or {}), dict(ExpressionAttributeValues or {})
         builder = ConditionExpressionBuilder()  # one per request: placeholders stay distinct, as in boto3
         kce = self._built(builder, KeyConditionExpression, names, values, True, "KeyConditionExpression")
@@ -823,6 +930,41 @@ class ShardedTable:
             del resp["Items"]
         return resp
 
+    def _query_index(self, index_name: str, KeyConditionExpression, *, Key, SortKeyCondition, FilterExpression,
+                     ProjectionExpression, ExpressionAttributeNames, ExpressionAttributeValues, Select,
+                     ScanIndexForward, Limit, ExclusiveStartKey, ConsistentRead) -> dict:
+        """``query(IndexName=...)`` of one of the migration's sharded GSIs: the fan-out of
+        ``reshard/shim/index.py`` over the partition values of every layout the phase reads."""
+        im = self._indexes.get(index_name)
+        if im is None:
+            raise errors.BadInput(f"query: IndexName {index_name!r} is not a sharded index of migration "
+                                  f"{self.migration.id!r} (its [index.NAME] tables: "
+                                  f"{', '.join(self._indexes) or 'none'}); ShardedTable queries only those; query "
+                                  "another index with table.meta.client.query(TableName=..., IndexName=...)")
+        if ConsistentRead:
+            raise errors.BadInput("Consistent reads are not supported on global secondary indexes")
+        if SortKeyCondition is not None:
+            raise errors.BadInput("query: SortKeyCondition is for the table's sort key; with IndexName use "
+                                  f"KeyConditionExpression (Key({im.sort_attr!r}).eq(...))")
+        names, values = dict(ExpressionAttributeNames or {}), dict(ExpressionAttributeValues or {})
+        builder = ConditionExpressionBuilder()
+        kce = self._built(builder, KeyConditionExpression, names, values, True, "KeyConditionExpression")
+        filt = self._built(builder, FilterExpression, names, values, False, "FilterExpression")
+        check_placeholders(names, values)
+        ctx = expressions.Context(names, to_wire(values) if values else {})
+        node = expressions.parse_condition(kce, ctx, "KeyConditionExpression") if kce is not None else None
+        eq, condition = index_key_condition(im, node, Key)
+        post = self._post(filt, ProjectionExpression, Select, ctx, index=True)
+        st = self._begin()
+        try:
+            resp = run_index_query(self._index_source, im, index_routing(st.phase), eq, condition, Limit,
+                                   ScanIndexForward, ExclusiveStartKey, Select, post)
+        finally:
+            self._end(st)
+        if Select == "COUNT":
+            del resp["Items"]
+        return resp
+
     @staticmethod
     def _built(builder: ConditionExpressionBuilder, expression: Any, names: dict, values: dict, is_key: bool,
                what: str) -> str | None:
@@ -840,8 +982,13 @@ class ShardedTable:
 
     @staticmethod
     def _post(filt: str | None, projection: str | None, select: str | None,
-              ctx: "expressions.Context") -> Callable[[dict], dict | None] | None:
+              ctx: "expressions.Context", index: bool = False) -> Callable[[dict], dict | None] | None:
         """What a read returns for an evaluated application item: filtered, projected (None: dropped)."""
+        if index and select == "ALL_PROJECTED_ATTRIBUTES":
+            if projection:
+                raise errors.BadInput("Cannot specify the ProjectionExpression when choosing to get "
+                                      "ALL_PROJECTED_ATTRIBUTES")
+            select = None
         if select not in (None, "ALL_ATTRIBUTES", "COUNT", "SPECIFIC_ATTRIBUTES"):
             raise errors.BadInput(f"Select {select!r}: ALL_PROJECTED_ATTRIBUTES needs an index (IndexName is not "
                                   "supported yet); use ALL_ATTRIBUTES, SPECIFIC_ATTRIBUTES or COUNT")
@@ -872,6 +1019,13 @@ class ShardedTable:
         """boto3's ``Table.scan``: every live logical item once, whatever layout holds it
         (``reshard/shim/scan.py``). Filter and projection apply to the newest copy;
         ``LastEvaluatedKey`` is the physical position, to pass back unchanged."""
+        if IndexName is not None and IndexName in self._indexes:
+            # A physical scan of the index would see an item twice or miss it while the
+            # migration moves it between partition values (the scan's order is by value).
+            raise errors.BadInput(f"scan: IndexName {IndexName!r} is a sharded index of migration "
+                                  f"{self.migration.id!r}: scan the table instead (every item of the index is an "
+                                  f"item of the table; FilterExpression=Attr({self._indexes[IndexName].attr!r}).exists() "
+                                  "keeps the index's items), or query the index")
         if IndexName is not None:
             raise errors.BadInput("scan: IndexName is not supported by ShardedTable yet (the sharded-GSI issue); "
                                   "scan the index with table.meta.client.scan(TableName=..., IndexName=...)")
@@ -978,6 +1132,20 @@ class ShardedTable:
     @property
     def name(self) -> str:
         return self.table
+
+
+def _table_view(m: Migration) -> Migration:
+    """The migration as :class:`KeyMapper` sees the table: an index-only migration keeps every
+    item at its key, so both table layouts are the identity (one shard, no ``{shard}``)."""
+    if m.changes_table:
+        return m
+    k = m.keys
+
+    def spec(side: str) -> LayoutSpec:
+        return LayoutSpec(side=side, partition=(TemplatePart(field=k.partition),),
+                          partition_text="{" + k.partition + "}", sort=None, sort_text=None, shards=1, shard_by=(),
+                          hash=None, shard_function=None)
+    return dataclasses.replace(m, source=spec("from"), target=spec("to"))
 
 
 def _metadata(resp: Mapping[str, Any]) -> dict:
@@ -1095,8 +1263,9 @@ class BatchWriter:
                 for kind, body in ops:
                     if kind == "put":
                         logical = t._logical_item(body)
-                        key = layout.key(t._fields(logical))
-                        item = dict(logical)
+                        fields = t._fields(logical)
+                        key = layout.key(fields)
+                        item = t._with_index_values(st, logical, fields)
                         item.update(key)
                         if st.stamps:  # cleanup/complete: versions keep growing, as for single puts
                             item[VERSION_ATTR] = {"S": t.versions.next()}

@@ -1,0 +1,71 @@
+"""Test helpers for index-only migrations ([index.NAME]): a table with a sharded GSI, the file, the phases."""
+
+from __future__ import annotations
+
+from reshard.aws.local import wait_active
+from reshard.control.store import ControlStore
+from reshard.control.transition import transition
+from reshard.core.migration import parse
+from reshard.core.phases import Action
+
+from tests.conftest import ROOT
+
+INVOICES_GSI = ROOT / "migrations" / "0005_invoices_gsi.toml"
+
+#: The invoice article's index, hashed on a non-key field in [to] (``customer``): a shim write
+#: that changes it changes the item's new GSI value, so a stale rewrite would be visible.
+BY_CUSTOMER = """\
+id = "{mid}"
+table = "{table}"
+
+[keys]
+partition = "PK"
+sort = "SK"
+
+[index.ByCountry]
+partition = "gsi_shard"
+sort = "tx_country"
+
+[index.ByCountry.from]
+partition = "{{shard}}"
+shards = 4
+shard_by = "random"
+
+[index.ByCountry.to]
+partition = "{{shard}}"
+shards = 16
+shard_by = ["customer"]
+"""
+
+
+def create_gsi_table(dynamo, table: str, projection: dict | None = None, partition_type: str = "N",
+                     index: str = "ByCountry") -> None:
+    """PK/SK table with GSI ``index`` (gsi_shard, tx_country), on-demand, ACTIVE on return."""
+    dynamo.call("create_table", TableName=table, BillingMode="PAY_PER_REQUEST",
+                AttributeDefinitions=[{"AttributeName": a, "AttributeType": t} for a, t in
+                                      (("PK", "S"), ("SK", "S"), ("gsi_shard", partition_type), ("tx_country", "S"))],
+                KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
+                GlobalSecondaryIndexes=[{"IndexName": index, "KeySchema": [
+                    {"AttributeName": "gsi_shard", "KeyType": "HASH"},
+                    {"AttributeName": "tx_country", "KeyType": "RANGE"}],
+                    "Projection": projection or {"ProjectionType": "ALL"}}])
+    wait_active(dynamo, table)
+
+
+def header(i: int, shard: int, country: str = "USA", customer: str | None = None) -> dict:
+    """An invoice header row (wire) as the application wrote it before the migration."""
+    return {"PK": {"S": f"InvoiceNumber#{121212 + i}"}, "SK": {"S": "root"}, "tx_country": {"S": country},
+            "customer": {"S": customer or f"c-{i}"}, "amount": {"N": str(100 + i)}, "gsi_shard": {"N": str(shard)}}
+
+
+def setup_index_migration(dynamo, table: str, control: str, text: str | None = None, mid: str = "gsi-mig",
+                          phases: int = 3):
+    """Register the index-only migration and advance it ``phases`` times (3: to backfill; no shims)."""
+    text = text or BY_CUSTOMER.format(mid=mid, table=table)
+    m = parse(text, "<gsi>")
+    store = ControlStore(dynamo, control)
+    store.ensure_table()
+    store.register(m)
+    for _ in range(phases):
+        transition(store, m.id, Action.ADVANCE, allow_no_shims=True)
+    return m, store

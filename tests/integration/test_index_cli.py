@@ -1,0 +1,44 @@
+"""``reshard plan`` / ``start`` for an index-only migration on dynalite: what they refuse, in one line each."""
+
+from __future__ import annotations
+
+import json
+
+from reshard.cli.main import main
+
+from tests.index_support import BY_CUSTOMER, create_gsi_table, header
+
+
+def test_plan_and_start_refuse_a_keys_only_gsi_and_a_combined_file(dynalite, dynalite_server, unique_name,
+                                                                    tmp_path, capsys):
+    create_gsi_table(dynalite, unique_name, projection={"ProjectionType": "KEYS_ONLY"})
+    for i in range(6):
+        dynalite.call("put_item", TableName=unique_name, Item=header(i, shard=i % 4))
+    path = tmp_path / "gsi.toml"
+    path.write_text(BY_CUSTOMER.format(mid="gsi-cli", table=unique_name))
+    glob = ["--endpoint-url", dynalite_server.endpoint, "--control-table", unique_name + "-ctl"]
+
+    assert main([*glob, "plan", str(path), "--output", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    (ix,) = r["indexes"]
+    assert ix["items"]["indexed"] == 6 and ix["items"]["moves"] + ix["items"]["already_new"] == 6
+    assert sum(ix["distribution"]["new"]["counts"]) == 6 and ix["distribution"]["new"]["shards"] == 16
+    # Small items, KEYS_ONLY entries: 1 WCU table write + 1 GSI delete + 1 GSI put per rewritten item.
+    assert ix["rewrite_wcu"] == {"table": ix["items"]["moves"], "index": 2 * ix["items"]["moves"],
+                                 "total": 3 * ix["items"]["moves"]}
+    (refusal,) = r["start_refuses"]
+    assert refusal.startswith("[index.ByCountry]: GSI 'ByCountry' projects KEYS_ONLY")
+
+    assert main([*glob, "start", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "projects KEYS_ONLY" in err and "Traceback" not in err
+
+    combined = tmp_path / "both.toml"
+    combined.write_text(BY_CUSTOMER.format(mid="gsi-both", table=unique_name).replace(
+        "[index.ByCountry]\n", '[from]\npartition = "{invoice}#{shard}"\nshards = 2\nshard_by = ["invoice"]\n'
+        '[to]\npartition = "{invoice}#{shard}"\nshards = 4\nshard_by = ["invoice"]\n[index.ByCountry]\n', 1))
+    for verb in ("plan", "start"):
+        assert main([*glob, verb, str(combined)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "changes the table's keys and [index.NAME] layouts at once is not supported" \
+            in err, err
