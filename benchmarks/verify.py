@@ -1,24 +1,33 @@
-"""Verify benchmark on dynalite (starts its own server).
+"""Verify benchmark on dynalite (starts its own server): verify at scan cost (issue 16, goal 4).
 
-Measures, in one process run on one server and one backfilled table:
+Measures, in one process run on one server, for a calculated (sensor, 16 -> 32) and a random
+(invoices, random 10 -> hashed 20) old layout, each on one backfilled table:
+
   * items/s of ``reshard verify``  ÷  a plain parallel Scan of the same table with the same
-    segments and threads (the floor: reading every item once, comparing nothing).
+    segments and threads (reading every item once, comparing nothing);        goal >= 0.5
+  * RCU per logical item of verify  ÷  that of the plain eventually consistent Scan
+    (DynamoDB's ConsumedCapacity as the server reports it);                   goal <= 2.0
+  * peak RSS of a verify process at N and at 10 N items (subprocesses, random layout);
+    goal: bounded (<= 1.2x at 10x the items).
 
-Verify reads every item (both layouts live in the table) and, per moved logical item, one
-counterpart in a BatchGetItem; differences (none here) get consistent re-reads.
+Verify scans every item once, records (key, side, version, digest) per item in SQLite files,
+joins them by logical item and re-reads only items whose records disagree (none here).
 
-Prints a table and writes JSON to benchmarks/results/verify-KIND.json.
+Prints a table with the goals beside the figures and writes JSON to benchmarks/results/verify.json.
 
-    PYTHONPATH=. python3 benchmarks/verify.py              # default: 6000 items, about a minute
-    PYTHONPATH=. python3 benchmarks/verify.py --items 20000 --rounds 3
+    PYTHONPATH=. python3 benchmarks/verify.py              # 6000 items per table, about two minutes
+    PYTHONPATH=. python3 benchmarks/verify.py --items 20000 --rounds 3 --rss-items 3000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -30,22 +39,25 @@ sys.path.insert(0, str(ROOT))
 import benchmarks.backfill as backfill_bench  # noqa: E402
 from benchmarks.backfill import client, prepare  # noqa: E402
 from reshard.aws.local import DynaliteServer  # noqa: E402
+from reshard.control.store import ControlStore  # noqa: E402
+from reshard.jobs.backfill import BACKFILL  # noqa: E402
+from reshard.jobs.runner import JobOptions, run_job  # noqa: E402
+from reshard.jobs.verify import VERIFY  # noqa: E402
+
+GOALS = {"items_per_s_ratio": 0.5, "rcu_per_item_ratio": 2.0, "rss_ratio_10x": 1.2}
 
 
-from reshard.jobs.runner import run_job
-from reshard.jobs.runner import JobOptions
-from reshard.jobs.backfill import BACKFILL
-from reshard.jobs.verify import VERIFY
-
-
-def plain_scan(dynamo, table: str, segments: int, page_size: int) -> int:
-    counts = [0] * segments
+def plain_scan(dynamo, table: str, segments: int, page_size: int) -> tuple[int, float]:
+    """A plain parallel, eventually consistent Scan: (items, RCU consumed)."""
+    counts, units = [0] * segments, [0.0] * segments
 
     def seg(s: int) -> None:
-        kw = {"TableName": table, "Segment": s, "TotalSegments": segments, "Limit": page_size}
+        kw = {"TableName": table, "Segment": s, "TotalSegments": segments, "Limit": page_size,
+              "ReturnConsumedCapacity": "TOTAL"}
         while True:
             resp = dynamo.call("scan", **kw)
             counts[s] += len(resp.get("Items", []))
+            units[s] += float(resp.get("ConsumedCapacity", {}).get("CapacityUnits", 0.0))
             if not resp.get("LastEvaluatedKey"):
                 return
             kw["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -55,47 +67,106 @@ def plain_scan(dynamo, table: str, segments: int, page_size: int) -> int:
         t.start()
     for t in threads:
         t.join()
-    return sum(counts)
+    return sum(counts), sum(units)
+
+
+def opts(args, records_dir: str) -> JobOptions:
+    return JobOptions(segments=args.segments, workers=args.segments, page_size=args.page_size,
+                      records_dir=records_dir)
+
+
+def measure(server, args, kind: str, records_dir: str) -> dict:
+    backfill_bench.KIND = kind
+    d = client(server.endpoint)
+    name = f"bv{kind}"
+    m, mapper, store = prepare(d, name, args.items)
+    run_job(BACKFILL, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
+                                                 page_size=args.page_size))
+    scan_rates, verify_rates, scan_rcu, verify_rcu, scanned = [], [], [], [], 0
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        scanned, units = plain_scan(d, m.table, args.segments, args.page_size)
+        scan_rates.append(scanned / (time.perf_counter() - t0))
+        scan_rcu.append(units)
+        t0 = time.perf_counter()
+        result = run_job(VERIFY, d, store, m.id, opts(args, records_dir))
+        verify_rates.append(result.checked / (time.perf_counter() - t0))
+        assert result.passed, result.counts
+        verify_rcu.append(result.consumed["rcu"])
+    ratio = statistics.median(verify_rates) / statistics.median(scan_rates)
+    per_item_scan = statistics.median(scan_rcu) / args.items
+    per_item_verify = statistics.median(verify_rcu) / args.items
+    return {"migration": kind, "logical_items": args.items, "items_in_table": scanned,
+            "plain_scan_items_per_s": round(statistics.median(scan_rates), 1),
+            "verify_items_per_s": round(statistics.median(verify_rates), 1),
+            "items_per_s_ratio": round(ratio, 3),
+            "plain_scan_rcu_per_item": round(per_item_scan, 4), "verify_rcu_per_item": round(per_item_verify, 4),
+            "rcu_per_item_ratio": round(per_item_verify / per_item_scan, 3) if per_item_scan else None}
+
+
+def rss_child(endpoint: str, name: str, segments: int, page_size: int, records_dir: str) -> None:
+    """Run in a subprocess: verify one backfilled migration, print peak RSS."""
+    d = client(endpoint)
+    d.describe_table(f"{name}")  # every module and client loaded: the peak before verify's own work
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = run_job(VERIFY, d, ControlStore(d, f"{name}-ctl"), name,
+                     JobOptions(segments=segments, workers=segments, page_size=page_size, records_dir=records_dir))
+    assert result.passed, result.counts
+    print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "before_kb": before,
+                      "checked": result.checked}))
+
+
+def rss(server, args, n: int, records_dir: str) -> dict:
+    backfill_bench.KIND = "invoices"
+    d = client(server.endpoint)
+    name = f"bvrss{n}"
+    m, _, store = prepare(d, name, n)
+    run_job(BACKFILL, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
+                                                 page_size=args.page_size))
+    out = subprocess.run([sys.executable, __file__, "--rss-child", server.endpoint, name, str(args.segments),
+                          str(args.page_size), records_dir], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rss-child":
+        endpoint, name, segments, page_size, records_dir = sys.argv[2:7]
+        rss_child(endpoint, name, int(segments), int(page_size), records_dir)
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--items", type=int, default=6000)
+    ap.add_argument("--items", type=int, default=6000, help="logical items per table")
     ap.add_argument("--segments", type=int, default=4)
     ap.add_argument("--page-size", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of each (median is reported)")
-    ap.add_argument("--kind", choices=["sensor", "invoices", "hourly"], default="sensor",
-                    help="which example migration: sensor (calculated suffix, 16 -> 32) reads one counterpart "
-                         "per item; invoices (random suffix) reads every old shard from the new side")
-    ap.add_argument("--out", default=None, help="default benchmarks/results/verify-KIND.json")
+    ap.add_argument("--rss-items", type=int, default=2000, help="N of the RSS check (verify at N and 10 N)")
+    ap.add_argument("--kinds", default="sensor,invoices")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "verify.json"))
     args = ap.parse_args()
-    backfill_bench.KIND = args.kind
-    with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp)) as server:
-        d = client(server.endpoint)
-        m, mapper, store = prepare(d, "benchverify", args.items)
-        run_job(BACKFILL, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
-                                                     page_size=args.page_size))
-        scan_rates, verify_rates, scanned = [], [], 0
-        for r in range(args.rounds):
-            t0 = time.perf_counter()
-            scanned = plain_scan(d, m.table, args.segments, args.page_size)
-            scan_rates.append(scanned / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
-            result = run_job(VERIFY, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
-                                                              page_size=args.page_size))
-            assert result.passed, result.counts
-            verify_rates.append(result.checked / (time.perf_counter() - t0))
-    out = {"migration": args.kind, "items_seeded": args.items, "items_in_table": scanned, "segments": args.segments,
-           "plain_scan_items_per_s": round(statistics.median(scan_rates), 1),
-           "verify_items_per_s": round(statistics.median(verify_rates), 1),
-           "ratio_verify_to_plain_scan": round(statistics.median(verify_rates) / statistics.median(scan_rates), 3),
-           "rounds": args.rounds}
-    print(f"{'measure':<34}{'value':>12}")
-    for k, v in out.items():
-        print(f"{k:<34}{v!s:>12}")
-    path = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"verify-{args.kind}.json")
+    with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp) / "db") as server:
+        rows = [measure(server, args, kind, str(pathlib.Path(tmp) / "records")) for kind in args.kinds.split(",")]
+        small = rss(server, args, args.rss_items, str(pathlib.Path(tmp) / "records"))
+        large = rss(server, args, 10 * args.rss_items, str(pathlib.Path(tmp) / "records"))
+    memory = {"items": [args.rss_items, 10 * args.rss_items], "peak_rss_kb": [small["maxrss_kb"], large["maxrss_kb"]],
+              "peak_before_verify_kb": [small["before_kb"], large["before_kb"]],
+              "physical_items_checked": [small["checked"], large["checked"]],
+              "rss_ratio_10x": round(large["maxrss_kb"] / small["maxrss_kb"], 3)}
+    out = {"goals": GOALS, "segments": args.segments, "page_size": args.page_size, "rounds": args.rounds,
+           "layouts": rows, "memory": memory}
+    print(f"{'layout':<10}{'scan it/s':>11}{'verify it/s':>13}{'ratio':>8}{'goal':>7}"
+          f"{'scan RCU/it':>13}{'verify RCU/it':>15}{'ratio':>8}{'goal':>7}")
+    for r in rows:
+        print(f"{r['migration']:<10}{r['plain_scan_items_per_s']:>11}{r['verify_items_per_s']:>13}"
+              f"{r['items_per_s_ratio']:>8}{'>=' + str(GOALS['items_per_s_ratio']):>7}"
+              f"{r['plain_scan_rcu_per_item']:>13}{r['verify_rcu_per_item']:>15}"
+              f"{r['rcu_per_item_ratio']!s:>8}{'<=' + str(GOALS['rcu_per_item_ratio']):>7}")
+    print(f"peak RSS of verify (random layout): {memory['peak_rss_kb'][0]} KB at {memory['items'][0]} items, "
+          f"{memory['peak_rss_kb'][1]} KB at {memory['items'][1]}: x{memory['rss_ratio_10x']} "
+          f"(goal <= x{GOALS['rss_ratio_10x']}); before verify: {memory['peak_before_verify_kb'][0]} and "
+          f"{memory['peak_before_verify_kb'][1]} KB")
+    path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
+    path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
 
 

@@ -106,6 +106,12 @@ class ScanInterrupted(ReshardError):
     retryable = True
 
 
+class BudgetUnavailable(ReshardError):
+    """A process could not hold its share of a run's capacity budget (the budget row in the
+    control table was unreachable for longer than its liveness window allows): it sends
+    nothing rather than risk the run's budget. The page fails and is retried."""
+
+
 class AWSError(ReshardError):
     """A DynamoDB call failed after retries. Carries the AWS error code and request id."""
 

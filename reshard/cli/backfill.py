@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 from reshard import errors, operations
-from reshard.cli.options import (command, concurrency_option, job_progress, lease_seconds_option, max_rcu_option,
-                                 max_wcu_option, migration_argument, page_size_option, segments_option, workers_option)
+from reshard.cli.options import (command, concurrency_option, host_id_option, job_progress, lease_seconds_option,
+                                 max_rcu_option, max_wcu_option, migration_argument, page_size_option, segments_option,
+                                 workers_option)
 from reshard.jobs.backfill import COUNTERS
 from reshard.jobs.index_jobs import REWRITE_COUNTERS
 from reshard.jobs.runner import JobOptions
@@ -51,10 +52,12 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
 @concurrency_option
 @max_wcu_option
 @max_rcu_option
+@host_id_option
 @page_size_option("Items per Scan page (the unit of work redone after a kill).")
 @lease_seconds_option("How long a segment lease lasts without a renewal before another worker may take the "
                       "segment over.")
-def backfill_command(env, migration, segments, workers, concurrency, max_wcu, max_rcu, page_size, lease_seconds):
+def backfill_command(env, migration, segments, workers, concurrency, max_wcu, max_rcu, host_id, page_size,
+                     lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
     \b
@@ -65,7 +68,9 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
 
     \b
     Resumable: a kill redoes at most one page per segment. Run it on several hosts at
-    once to share the segments. Exit 0 when every segment is done, 1 when segments
+    once to share the segments (leases in the control table coordinate them) and one
+    --max-wcu/--max-rcu budget (each process paces at its share of it). Exit 0 when
+    every segment is done, 1 when segments
     failed (listed; re-run to retry them) or when more items could not be mapped than
     `start --allow-unmappable N` allowed, 2 when refused (wrong phase, lagging shims,
     --segments different from the started run).
@@ -81,11 +86,12 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
     Example:
       reshard backfill --segments 16 --max-wcu 2000
       reshard backfill migrations/0001_sensor_events.toml --segments 16 --workers 4
+      reshard backfill 0001_sensor_events --segments 64 --max-wcu 2000 --host-id "$JOB_COMPLETION_INDEX"
     """
     mid = env.migration_id(migration)
     store = env.store()
     opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
-                      lease_seconds=lease_seconds, concurrency=concurrency)
+                      lease_seconds=lease_seconds, concurrency=concurrency, host_id=host_id)
     subs = job_progress(env, "backfill", mid, opts)
     start = time.monotonic()
     result = operations.run_data_job("backfill", env.dynamo(), store, mid, opts, subscribers=subs)
@@ -103,6 +109,7 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
                                                                "wcu": round(t.get("wcu", 0), 1)},
         "elapsed_seconds": round(time.monotonic() - start, 2), "finished": result.done,
         "last_throttle": result.last_throttle or None,
+        "budget": result.shared_budget or None,
     }
 
     def text() -> str:
@@ -112,6 +119,11 @@ def backfill_command(env, migration, segments, workers, concurrency, max_wcu, ma
                  f"  consumed here {result.consumed['rcu']} RCU / {result.consumed['wcu']} WCU; "
                  f"pages redone after takeovers: {summary['pages_redone']}"]
         lines += report_pointer_lines(mid, summary)
+        if result.shared_budget:
+            b = result.shared_budget
+            shown = ", ".join(f"{b[f'share_{u}']:g} of {b[f'max_{u}']:g} {u.upper()}/s" for u in ("wcu", "rcu")
+                              if f"max_{u}" in b)
+            lines.append(f"  run budget shared by {b['members']} live process(es); this one's last share: {shown}")
         if summary["last_throttle"]:
             lines.append(f"  last budget decision: {summary['last_throttle']}")
         for f in summary["failed"]:

@@ -157,10 +157,18 @@ concurrency_option = click.option(
          "more hides the round trip, the budget still paces them).")
 segments_option = click.option("--segments", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
                                help="Parallel-scan segments (TotalSegments).")
-max_wcu_option = click.option("--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,
-                              help="Write capacity budget in WCU/s for this job (per host).")
-max_rcu_option = click.option("--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
-                              help="Read capacity budget in RCU/s for this job (per host).")
+max_wcu_option = click.option(
+    "--max-wcu", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="Write capacity budget in WCU/s for the whole job run, however many processes and hosts run it: "
+         "each paces at its share (budget / live members, kept in the run's budget row in the control "
+         "table). A process started without it joins the run's budget. See docs/deploy.md.")
+max_rcu_option = click.option(
+    "--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="Read capacity budget in RCU/s for the whole job run, shared like --max-wcu.")
+host_id_option = click.option(
+    "--host-id", default=None, envvar="RESHARD_HOST_ID", show_envvar=True, metavar="NAME",
+    help="This process's name in the run's budget row (default: the host name), e.g. a Kubernetes "
+         "completion index or an AWS Batch array index. Names only: leases still identify the host by name.")
 
 
 def page_size_option(help: str = "Items per Scan page.") -> Callable:
@@ -226,7 +234,8 @@ def job_progress(env: "Env", job: str, mid: str, options) -> list:
     except ValueError:
         raise errors.BadInput(f"${PROGRESS_SECONDS_ENV} must be a number of seconds") from None
     store, dynamo = env.store(), env.dynamo()
-    return [ProgressReporter(job, mid, options.segments, options.worker_count,
+    segments = options.segments + (job == "verify")  # verify's last segment is its join
+    return [ProgressReporter(job, mid, segments, options.worker_count,
                              total=lambda: operations.progress_total(dynamo, store.load_state(mid)),
                              done_before=lambda run: operations.done_items(store, mid, job, run),
                              say=env.info, tty=is_tty() and not env.machine, interval=interval)]

@@ -126,6 +126,14 @@ def _render_job(j: dict) -> list[str]:
     if j.get("last_throttle"):
         label = "last budget decision" if j["finished_at"] else "throttling"
         lines.append(f"    {label}: {j['last_throttle']}")
+    if j.get("budget") and not j["finished_at"]:
+        b = j["budget"]
+        units = [(lane, unit.upper(), b[f"max_{unit}"]) for lane, unit in (("write", "wcu"), ("read", "rcu"))
+                 if b.get(f"max_{unit}")]
+        total = ", ".join(f"{limit:g} {u}/s" for _, u, limit in units)
+        shares = "; ".join(f"{m} " + ", ".join(f"{v.get(lane, 0):g} {u}/s" for lane, u, _ in units)
+                           for m, v in b["shares"].items()) or "none held"
+        lines.append(f"    budget for the whole run: {total}; shares: {shares}")
     if not j["latest"] or j["finished_at"]:
         return lines  # older or finished runs: the summary is enough
     for seg in j["segments"]:

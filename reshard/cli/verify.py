@@ -41,21 +41,30 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
                    "alarm. Default: the longest a write can take as the migration's shims publish it in their "
                    "heartbeats (one attempt + every retry of the mirror), or an assumed bound for shims that "
                    "do not say; 0 with no shim. Only suspect items wait, a page's together.")
+@click.option("--records-dir", type=click.Path(file_okay=False), default=None, envvar="RESHARD_VERIFY_DIR",
+              help="Where this host keeps the scan's records (key, side, version, digest per item; about 200 "
+                   "bytes each) until the join: per run, removed when the run's join finished here (else a week later, "
+                   "when another run starts here). A segment scanned "
+                   "elsewhere (another host, a lost disk) is scanned again by the join. Default: "
+                   "$RESHARD_VERIFY_DIR or ~/.cache/reshard/verify (--no-record: a temporary directory).")
 @max_rcu_option
 @max_wcu_option
 @page_size_option()
 @lease_seconds_option()
-def verify(env: Env, migration, segments, workers, repair, no_record, examples, settle_seconds, max_rcu, max_wcu,
-           page_size, lease_seconds):
+def verify(env: Env, migration, segments, workers, repair, no_record, examples, settle_seconds, records_dir, max_rcu,
+           max_wcu, page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
 
     \b
     Each logical item is judged over every old copy (a random-suffix layout may hold
     several; the newest wins) against its new copy. Differences: missing, stale,
     diverged, extra, new_only, resurrected, duplicate, collision, too_large,
-    unmappable. Each is re-read consistently, and reported only once it stayed
-    unchanged for the settle window (--settle-seconds), so in-flight shim writes are
-    not false alarms. Resumable, and several hosts may share one run. The verdict is recorded in
+    unmappable. Verify costs one scan: each segment records every item compactly
+    (--records-dir), a last "join" segment joins the records by item once every
+    segment is scanned, and only items whose records disagree are re-read
+    consistently, then reported only once they stayed unchanged for the settle window
+    (--settle-seconds), so in-flight shim writes are not false alarms. Resumable, and
+    several hosts may share one run. The verdict is recorded in
     the control table: `reshard advance` to cutover needs a passing verify that started
     after the backfill finished. --no-record writes nothing and so opens no gate: use it
     to look (the observer IAM role may run only this verify).
@@ -79,7 +88,7 @@ def verify(env: Env, migration, segments, workers, repair, no_record, examples, 
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, repair=repair, max_rcu=max_rcu,
                          max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds,
-                         settle_seconds=settle_seconds)
+                         settle_seconds=settle_seconds, records_dir=records_dir)
     if no_record:
         result = operations.verify_read_only(env.dynamo(), env.store(), mid, opts)
         data = result.as_dict()

@@ -13,6 +13,9 @@ and sort key ``sk``, both strings)::
     J#<id>#<job>    J#<job>#<run:06d>#<seg:05d> a job segment: lease, checkpoint worker
     J#<id>#<job>    U#<job>#<digest>            an unmappable item found        worker
     J#<id>#<job>    D#<job>#<run:06d>#<digest>  an example difference (verify)  worker
+    J#<id>#<job>    B#<job>#<run:06d>           the run's capacity budget and   worker
+                                                each member's share
+    J#<id>#<job>    B#<job>#<run:06d>#<member>  a budget member's beat          worker
     T#<table>       ACTIVE                      which migration owns the table  operator
 
 The partition says who may write a row: IAM's ``dynamodb:LeadingKeys`` condition sees
@@ -130,7 +133,7 @@ def check_row(item: dict) -> None:
         pass
     elif kind == "J":
         mid, _, job = rest.rpartition("#")
-        if not mid or not sk.startswith(tuple(f"{p}#{job}#" for p in "RJUD")):
+        if not mid or not sk.startswith(tuple(f"{p}#{job}#" for p in "RJUDB")):
             raise errors.ForeignControlRow(f"{where}: a job row that names another job than its partition's "
                                            f"({job!r}): refusing to act on it")
         if "job" in item:

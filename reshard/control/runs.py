@@ -12,6 +12,7 @@ import json
 import time
 from typing import Callable, Iterable
 
+from reshard.control.budget import read_shares
 from reshard.control.records import (META, RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
 from reshard.control.store import ControlStore
 from reshard.core.compare import differences, failing, passes
@@ -95,11 +96,15 @@ def describe(store: ControlStore, migration_id: str, job: str, run: int,
     recs = segment_records(store, migration_id, job, run, info.total_segments)
     now = clock()
     throttles = [r.last_throttle for r in recs if r.last_throttle]
+    shared = read_shares(store, migration_id, job, run)
+    budget = None if shared is None else {
+        **{f"max_{u}": shared.total.get(lane) for lane, u in (("write", "wcu"), ("read", "rcu"))},
+        "shares": {m: dict(v) for m, v in sorted(shared.shares.items())}}
     return {"job": job, "run": run, "total_segments": info.total_segments, "started_at": info.started_at,
             "finished_at": info.finished_at, "done": sum(r.done for r in recs),
             "failed": [r.segment for r in recs if r.failed and not r.done],
             "totals": sum_counters(recs), "last_throttle": throttles[-1] if throttles else None,
-            "segments": [r.as_dict(now) for r in recs]}
+            "budget": budget, "segments": [r.as_dict(now) for r in recs]}
 
 
 def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now: float) -> list[str]:

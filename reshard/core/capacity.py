@@ -159,6 +159,15 @@ class Aimd:
         return Decision(now, self.unit, self.rate,
                         f"throttled on {op}: rate {_fmt(before)} → {_fmt(self.rate)} {self.unit}/s")
 
+    def set_budget(self, budget: float) -> None:
+        """A new budget (this process's share of a run's budget changed): a rate backing off
+        after a throttle keeps its fraction of the budget, otherwise it is the new budget."""
+        if self.budget and self.rate is not None and self.ceiling is not None and self.rate < self.ceiling:
+            self.rate = self.rate * budget / self.budget
+        else:
+            self.rate = budget
+        self.budget = self.ceiling = budget
+
     def tick(self) -> Decision | None:
         """Additive increase for the time since the last tick; a Decision when back at the ceiling."""
         now = self.clock()

@@ -1,7 +1,9 @@
 """Capacity budget: token buckets for ``--max-wcu`` / ``--max-rcu`` with AIMD on throttling.
 
 The budget is client-side, so it works the same on provisioned and on-demand tables.
-Each host running a job enforces its own budget (the options say "per host").
+It is the whole run's: every process of a run (on any host) is a member of the run's
+budget row and paces at its *share* (:class:`reshard.control.budget.BudgetMembership`, the rules in
+:mod:`reshard.core.shares`); AIMD below works within that share.
 
 How a request is paced
     Before a request, the caller *reserves* an estimate of its cost (from item sizes,
@@ -36,6 +38,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from reshard import errors
 from reshard.core.capacity import UNIT, Aimd, Decision, TokenBucket
 
 WRITE_OPERATIONS = frozenset({"batch_write_item", "put_item", "delete_item", "update_item"})
@@ -52,6 +55,13 @@ class _Lane:
         self.consumed = 0.0
         self.paced_at = -1e18  # when a request last waited for the bucket (at the budget)
         self.budget = budget
+        #: The run's budget when ``budget`` is this process's share of it (None: not shared).
+        self.total: float | None = None
+        #: When the last request reserved before the share shrank goes out (set_share).
+        self.larger_until = -1e18
+        #: Demand: requests inside spend() now, and when one last entered or left it.
+        self.waiting = 0
+        self.demand_at = clock()
 
     def observed_rate(self, now: float, window: float = 5.0) -> float:
         while self.recent and self.recent[0][0] < now - window:
@@ -79,6 +89,58 @@ class CapacityBudget:
         self._lock = threading.Lock()
         self._local = threading.local()
         self.table: str | None = None
+        #: A member of a shared budget paces nothing after this instant of ``clock`` (its
+        #: last beat's liveness window; :class:`BudgetMembership` sets it). None: not shared.
+        self.valid_until: float | None = None
+        #: How long a request waits for a share before the page fails (BudgetUnavailable).
+        self.hold_limit = 60.0
+        self.hold_poll = 0.05
+
+    # -- a share of a run's budget (BudgetMembership calls these)
+    def set_share(self, kind: str, share: float, total: float) -> None:
+        """Pace ``kind`` at ``share`` units/s of the run's ``total`` (0: send nothing until a share comes).
+
+        A smaller share leaves the requests already reserved at the larger one on their
+        schedule: :attr:`_Lane.larger_until` says when the last of them goes out, and the
+        member writes the smaller share into the run's row only after that, so the shares
+        in use never add up to more than the row's.
+        """
+        lane = self.lanes[kind]
+        with self._lock:
+            bucket = lane.bucket
+            bucket._refill()
+            if lane.budget is not None and share < lane.budget and bucket.rate:
+                lane.larger_until = max(lane.larger_until, self.clock() + max(0.0, -bucket.tokens / bucket.rate))
+            lane.total = total
+            lane.budget = share
+            lane.aimd.set_budget(share)
+            bucket.set_rate(lane.aimd.rate)
+
+    def larger_share_until(self, kind: str) -> float:
+        """When the last request reserved at a larger share of ``kind`` than now is sent (``clock``)."""
+        return self.lanes[kind].larger_until
+
+    def share(self, kind: str) -> float | None:
+        """This process's share of ``kind`` (None when the lane is not a shared budget)."""
+        lane = self.lanes[kind]
+        return lane.budget if lane.total is not None else None
+
+    def idle(self, kind: str, after: float) -> bool:
+        """No request of ``kind`` wanted capacity for ``after`` seconds (none waits now either):
+        this process's share of the run's budget is better given to the others."""
+        lane = self.lanes[kind]
+        with self._lock:
+            return lane.waiting == 0 and self.clock() - lane.demand_at > after
+
+    def _held_back(self, lane: _Lane) -> str | None:
+        """Why a request of ``lane`` may not be paced now (None: it may)."""
+        if lane.total is None:
+            return None
+        if self.valid_until is not None and self.clock() > self.valid_until:
+            return "this process's share of the run's budget lapsed (its budget row could not be refreshed)"
+        if not lane.budget or lane.aimd.rate is None or lane.aimd.rate <= 0:
+            return "no share of the run's budget is free yet (the other members shrink at their next refresh)"
+        return None
 
     # -- glue
     def attach(self, dynamo, table: str) -> "CapacityBudget":
@@ -98,14 +160,17 @@ class CapacityBudget:
         """
         lane = self.lanes[kind]
         with self._lock:
-            decision = lane.aimd.tick()
-            if decision:
-                lane.bucket.set_rate(lane.aimd.rate)
-                self._decided(decision)
-            wait = lane.bucket.reserve(estimate)
-        if wait > 0:
-            lane.paced_at = self.clock()
-            self.sleep(wait)
+            lane.waiting += 1  # demand (CapacityBudget.idle): held, or sleeping for the bucket
+            lane.demand_at = self.clock()
+        try:
+            wait = self._admit(lane, estimate)
+            if wait > 0:
+                lane.paced_at = self.clock()
+                self.sleep(wait)
+        finally:
+            with self._lock:
+                lane.waiting -= 1
+                lane.demand_at = self.clock()
         local = self._local
         local.kind, local.observed = kind, 0.0
         try:
@@ -119,6 +184,29 @@ class CapacityBudget:
                 else:
                     self._record(lane, estimate)
             self._page_add(kind, observed if observed > 0 else estimate)
+
+    def _admit(self, lane: _Lane, estimate: float) -> float:
+        """Reserve ``estimate`` units (returns how long to sleep), once the lane may pace at all."""
+        held_since = None
+        while True:
+            with self._lock:
+                why = self._held_back(lane)
+                if why is None:
+                    decision = lane.aimd.tick()
+                    if decision:
+                        lane.bucket.set_rate(lane.aimd.rate)
+                        self._decided(decision)
+                    wait = lane.bucket.reserve(estimate)
+                    break
+            # A member without a share (or whose share lapsed) sends nothing: the sum of the
+            # shares in use stays within the run's budget (reshard.core.shares).
+            now = self.clock()
+            held_since = now if held_since is None else held_since
+            if now - held_since > self.hold_limit:
+                raise errors.BudgetUnavailable(f"waited {self.hold_limit:g}s for capacity: {why}")
+            lane.paced_at = now
+            self.sleep(self.hold_poll)
+        return wait
 
     def _on_capacity(self, table: str, units: float) -> None:
         kind = getattr(self._local, "kind", None)
@@ -172,7 +260,12 @@ class CapacityBudget:
                 if aimd.rate is not None and aimd.ceiling is not None and aimd.rate < aimd.ceiling:
                     return (f"AIMD backing off after DynamoDB throttled: {kind}s at {aimd.rate:.0f} of "
                             f"{aimd.ceiling:.0f} {aimd.unit}/s, climbing back")
+                if lane.total is not None and (why := self._held_back(lane)):
+                    return f"at {option} {lane.total:g} for the whole run: {why}"
                 if lane.budget is not None and now - lane.paced_at <= recent:
+                    if lane.total is not None:
+                        return (f"at {option} {lane.total:g} for the whole run: this process's share "
+                                f"{lane.budget:g} {UNIT[kind]}/s; requests wait for it")
                     return f"at {option} {lane.budget:g}: requests wait for the budget"
             return self.decisions[-1].reason if self.decisions else ""
 
@@ -193,3 +286,4 @@ class CapacityBudget:
         usage = getattr(self._local, "usage", None) or {"read": 0.0, "write": 0.0}
         self._local.usage = {"read": 0.0, "write": 0.0}
         return {"rcu": usage["read"], "wcu": usage["write"]}
+

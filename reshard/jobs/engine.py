@@ -49,6 +49,12 @@ Lease protocol (KCL-style)
     one invocation the segment is marked ``failed`` (shown by status, exit 1) and the
     next invocation (another ``failed_by``) retries it.
 
+A join segment (``join=True``, verify)
+    The run's last segment is claimed only once every other segment is done (verify joins
+    there what its scan segments recorded). A worker with nothing claimable but the join
+    waits like any worker (polls, or returns when the rest is its own process's); a scan
+    segment failed for good in this invocation leaves the join unclaimed here.
+
 Why a kill redoes at most one page
     The checkpoint is written only after the page function returned, i.e. after all
     of that page's writes are durable. A worker killed anywhere leaves the checkpoint
@@ -216,8 +222,10 @@ class SegmentEngine:
                  poll_seconds: float | None = None, throttle_reason: Callable[[], str] = lambda: "",
                  invocation: str | None = None, host: str | None = None,
                  is_dead: Callable[[str], bool] | None = None,
-                 guard: Callable[[], str | None] | None = None):
+                 guard: Callable[[], str | None] | None = None, join: bool = False):
         self.store = store
+        #: The last segment is a join: claimed only once every other segment is done.
+        self.join = join
         #: Checked before every page: a reason to stop (e.g. the phase moved on), or None.
         self.guard = guard
         self.stop_reason = ""
@@ -269,8 +277,8 @@ class SegmentEngine:
         if info.total_segments != self.total:
             raise errors.BadInput(
                 f"{self.job} run {self.run} of {self.migration_id!r} was started with --segments "
-                f"{info.total_segments}; a scan split differently would skip or repeat items. "
-                f"Re-run with --segments {info.total_segments}")
+                f"{info.total_segments - self.join}; a scan split differently would skip or repeat items. "
+                f"Re-run with --segments {info.total_segments - self.join}")
         return info
 
     def _owner_prefix(self) -> str:
@@ -486,19 +494,30 @@ class SegmentEngine:
             while not self.stop_event.is_set():
                 recs = self.records()
                 open_ = [r for r in recs if not r.done and not (r.failed and r.failed_by == self.invocation)]
+                ready = open_
+                if self.join:
+                    last = self.total - 1
+                    scans = [r for r in recs if r.segment != last]
+                    if any(not r.done and r.failed and r.failed_by == self.invocation for r in scans):
+                        open_ = ready = [r for r in open_ if r.segment != last]  # no join in this invocation
+                    elif any(not r.done for r in scans):
+                        ready = [r for r in open_ if r.segment != last]  # the join waits for every scan
                 if not open_:
                     return
                 # Start at a different place per worker so workers rarely race for one segment.
-                rng.shuffle(open_)
+                ready = list(ready)
+                rng.shuffle(ready)
                 claimed = None
-                for rec in open_:
+                for rec in ready:
                     claimed = self.claim(rec, me)
                     if claimed:
                         break
                 if not claimed:
                     mine = f"{self._owner_prefix()}:"
-                    if all(r.owner.startswith(mine) for r in open_):
-                        return  # the rest is in this process's hands: its workers finish or release it
+                    if all(r.owner.startswith(mine) for r in ready):
+                        # The rest is in this process's hands (the join too: the worker that
+                        # finishes the last scan takes it): its workers finish or release it.
+                        return
                     # Some is leased by live workers elsewhere: wait for them to finish, or for
                     # their leases to expire (then we take over).
                     self.sleep(self.poll_seconds)

@@ -359,5 +359,5 @@ def index_spec(spec: JobSpec) -> JobSpec:
     if spec.name not in make:
         raise errors.BadInput(f"{spec.name} does not apply to an index-only migration")
     # cleanup's TTL check (prepare) has nothing to do: nothing expires.
-    return replace(spec, make_page=make[spec.name],
+    return replace(spec, make_page=make[spec.name], join=False,  # item by item: no join segment
                    prepare=(lambda ctx: None) if spec.name == "cleanup" else spec.prepare)

@@ -17,6 +17,7 @@ way for all three:
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -37,6 +38,7 @@ from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.phases import VERIFY_JOB, Phase, job_rule
 from reshard.core.versions import Fence
+from reshard.control.budget import BudgetMembership, read_shares
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, PageContext, PageFn, RunResult, SegmentEngine
 from reshard.jobs.subscribers import Subscriber
@@ -67,6 +69,11 @@ class JobOptions:
     lease_wait: float | None = None
     #: Per-item writes of a page in flight at once, per worker (:func:`item_writes`).
     concurrency: int = DEFAULT_CONCURRENCY
+    #: This process's name in the run's budget row (``--host-id``; default the host name).
+    host_id: str | None = None
+    #: The shared budget's refresh and liveness windows (None: reshard.core.shares' defaults).
+    budget_refresh_seconds: float | None = None
+    budget_liveness_seconds: float | None = None
     # verify
     repair: bool = False
     examples: int = 20
@@ -75,6 +82,9 @@ class JobOptions:
     #: How long verify must see a difference unchanged before it reports it (None: the
     #: largest write bound the migration's shims publish; see ``reshard.core.settle``).
     settle_seconds: float | None = None
+    #: Where verify keeps its records between the scan and the join on this host (None:
+    #: ``$RESHARD_VERIFY_DIR`` or ``~/.cache/reshard/verify``; see ``reshard.jobs.records``).
+    records_dir: str | None = None
     # cleanup
     delete: bool = False
     enable_ttl: bool = False
@@ -111,6 +121,8 @@ class JobSpec:
     ``prepare(ctx)``: a last check against the data table before the first write.
     ``finish(ctx, result)``: what to do once every segment is done (cleanup retires an
     aborted migration).
+    ``join``: the run has one segment more than ``--segments``, its last, which no worker
+    claims before every other segment is done (verify joins what the scan recorded there).
     """
 
     name: str
@@ -119,6 +131,7 @@ class JobSpec:
     fresh: bool = False
     prepare: Callable[[JobContext], None] = lambda ctx: None
     finish: Callable[[JobContext, RunResult], None] = lambda ctx, result: None
+    join: bool = False
 
 
 @dataclass
@@ -132,6 +145,8 @@ class JobResult:
     consumed: dict = field(default_factory=dict)
     last_throttle: str = ""
     examples: list = field(default_factory=list)
+    #: The run's shared budget as this process last saw it (members, totals, its share); {} without one.
+    shared_budget: dict = field(default_factory=dict)
 
     @property
     def info(self) -> RunInfo:
@@ -215,6 +230,7 @@ class JobResult:
                            for r in self.failed],
                 "pages_redone": sum(r.takeovers for r in self.segments),
                 "consumed_here": self.consumed, "last_throttle": self.last_throttle or None,
+                "budget": self.shared_budget or None,
                 "stop_reason": self.stop_reason or None,
                 "started_at": info.started_at, "finished_at": info.finished_at,
                 "elapsed_seconds": round(self.outcome.elapsed, 2)}
@@ -311,24 +327,50 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     mapper = KeyMapper(migration) if migration.changes_table else None
     ctx = JobContext(dynamo, store, state, migration, mapper, run, budget, opts, clock, sleep)
     spec.prepare(ctx)
-    engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments, spec.make_page(ctx),
+    engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments + spec.join, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
-                           guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases))
+                           guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
+                           join=spec.join)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+    membership = None
     try:
+        membership = shared_budget(lease_store, migration_id, spec.name, run, budget, opts, engine)
+        if membership:
+            membership.join()
         segments = engine.run_all()
     finally:
+        if membership:
+            membership.leave()
         if on_main:
             signal.signal(signal.SIGTERM, previous)
     if segments.done:
         spec.finish(ctx, segments)
     shown = recorded_examples(store, migration_id, spec.name, run)[:opts.examples] if opts.examples else []
     return JobResult(spec.name, migration_id, run, segments, budget.consumed(), budget.latest_reason(), shown,
-                     allowed_unmappable(store, migration_id))
+                     membership.describe() if membership else {}, allowed_unmappable(store, migration_id))
+
+
+def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, budget: CapacityBudget,
+                  opts: JobOptions, engine: SegmentEngine) -> BudgetMembership | None:
+    """This process's membership of the run's budget row: when it was given ``--max-wcu`` /
+    ``--max-rcu``, or when the run already has a budget (a process started without one must
+    not spend outside the run's budget). None: the run has no budget at all."""
+    totals = {"write": opts.max_wcu, "read": opts.max_rcu}
+    if opts.max_wcu is None and opts.max_rcu is None:
+        if read_shares(store, migration_id, job, run) is None:
+            return None
+        totals = None
+    # Named after the host (or --host-id) and pid; the invocation keeps a restarted process
+    # with a recycled pid (pid 1 in a container) apart from its predecessor.
+    member = f"{opts.host_id or engine.host}:{os.getpid()}:{engine.invocation}"
+    return BudgetMembership(store, migration_id, job, run, budget, totals, member=member,
+                            request_seconds=engine.max_request_seconds,
+                            refresh_seconds=opts.budget_refresh_seconds,
+                            liveness_seconds=opts.budget_liveness_seconds, host=engine.host)
 
 
 # --------------------------------------------------------------------------- data-table writes jobs share

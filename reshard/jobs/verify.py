@@ -53,8 +53,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pathlib
+import shutil
+import tempfile
+import threading
 import time
-from collections import ChainMap
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -68,19 +71,40 @@ from reshard.control.store import ControlStore
 from reshard.aws.inspect import ttl_status
 from reshard.core.compare import INFO, KINDS, Difference, Judgement, differences, judge, passes
 from reshard.core.index import mappers
+from reshard.core.join import MISPLACED, NEW, OLD, Record, Recorder, fields_from_text, verdict
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
 from reshard.core.migration import SHARD
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, job_rule
 from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import fence_for, unchanged, version_of
-from reshard.core.wire import S, key_of
+from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
 from reshard.jobs.index_jobs import IndexVerifier
+from reshard.jobs.records import END, Join, SegmentFiles, run_dir
+from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, phase_guard,
                                  require_phase_and_ack, scan_page)
 
 DIFFERENCE_KINDS = tuple(KINDS)
+#: The join segment's checkpoint: the identity hash (hex) of the last suspect judged.
+JOIN_ATTR = "join"
+
+
+def _zero_counts() -> dict[str, float]:
+    counts: dict[str, float] = {"checked": 0, "unmoved": 0, "new_copies": 0, "settled": 0,
+                                "repaired": 0, "unrepaired": 0}
+    for k in (*DIFFERENCE_KINDS, *INFO):
+        counts[k] = 0
+    return counts
+
+
+class _Slice(NamedTuple):
+    """What ``scan_page`` reads of a page context: the scan's segment and segment count (the
+    engine counts one segment more: the join)."""
+
+    segment: int
+    total_segments: int
 
 
 def _kid(key: dict) -> tuple:
@@ -89,13 +113,12 @@ def _kid(key: dict) -> tuple:
 
 
 class Check(NamedTuple):
-    """One scanned physical item to judge: which layout it was scanned as, every old
-    candidate key of its logical item, and its new-layout key."""
+    """One logical item to re-read and judge: every old candidate key, its new-layout key."""
 
-    side: str  # "old": an unmarked old-layout item; "new": a marked new-layout copy
+    side: str  # "join": a suspect of the join
     candidates: list
     new_key: dict
-    scanned: dict
+    scanned: dict | None
     identity: tuple
 
 
@@ -105,7 +128,7 @@ class Verifier:
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, mapper: KeyMapper,
                  table: str, budget: CapacityBudget, opts: JobOptions,
                  sleep: Callable[[float], None] = time.sleep, *, ttl_attribute: str | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, records_dir: pathlib.Path | None = None):
         self.dynamo = dynamo
         self.store = store
         self.migration_id = migration_id
@@ -121,6 +144,13 @@ class Verifier:
         #: A read-only verify (``--no-record``) keeps its examples here instead of writing
         #: them to the control table (None: a recorded run writes them).
         self.collected: list[dict] | None = None
+        self.recorder = Recorder(mapper, ttl_attribute)
+        #: Where this run's records are kept on this host (None: the run's directory under
+        #: ``opts.records_dir``, found at the first page); removed once the join finished.
+        self.records_dir = records_dir
+        self.remove_records = records_dir is None
+        self._segment_files: SegmentFiles | None = None
+        self._files_lock = threading.Lock()
 
     def _key(self, item: dict) -> dict:
         return key_of(item, self.key_attrs)
@@ -135,91 +165,149 @@ class Verifier:
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
-        counts: dict[str, float] = {"checked": 0, "unmoved": 0, "new_copies": 0, "settled": 0,
-                                    "repaired": 0, "unrepaired": 0}
-        for k in (*DIFFERENCE_KINDS, *INFO):
-            counts[k] = 0
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
-        items = resp.get("Items", [])
+        """A scan segment's page (records), or a page of the join (the run's last segment)."""
+        if ctx.segment >= self.opts.segments:
+            return self._join_page(ctx, start_key)
+        counts = _zero_counts()
+        resp = scan_page(self.dynamo, self.budget, self.table, _Slice(ctx.segment, self.opts.segments), start_key,
+                         self.opts.page_size)
+        records = self._records(resp.get("Items", []), ctx, counts)
+        next_key = resp.get("LastEvaluatedKey")
+        # Kept before the page returns, i.e. before the engine checkpoints it: a kill redoes this page.
+        ctx.check_deadline()
+        self._files().write_page(ctx.segment, dump_key(start_key) if start_key else END,
+                                 dump_key(next_key) if next_key else END, records)
+        usage = self.budget.take_usage()
+        counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
+        return counts, next_key
 
-        checks: list[Check] = []
+    def _records(self, items: list[dict], ctx: PageContext, counts: dict | None) -> list[Record]:
+        """The records of a page's items; with ``counts``, the scan's own findings are counted
+        and reported too (unmappable items, misplaced copies: no join needed); without, the
+        page is only recorded again (the join re-scanning a segment this host lacks)."""
+        out = []
+        rec = self.recorder
         for item in items:
-            counts["checked"] += 1
+            if counts is not None:
+                counts["checked"] += 1
             if self.mapper.is_new_copy(item):
-                counts["new_copies"] += 1
+                if counts is not None:
+                    counts["new_copies"] += 1
                 try:
                     fields = self.mapper.fields(item, self.mapper.new)
                     misplaced = self.mapper.new.key(fields) != self._key(item)
                     detail = "a new-layout copy at a key its fields do not map to"
-                    candidates = self.mapper.old.candidate_keys(fields) if not misplaced else []
                 except errors.UnmappableItem as e:
                     fields, misplaced = None, True
                     detail = f"a new-layout copy whose key does not map: {e}"
-                if misplaced:
-                    # Nothing reads a copy at a key its own fields do not map to: garbage
-                    # (from a bug or a hand edit). Repair deletes it if it is still the same.
+                if not misplaced:
+                    out.append(rec.record(item, NEW, fields))
+                    continue
+                # Nothing reads a copy at a key its own fields do not map to: garbage
+                # (from a bug or a hand edit). Repair deletes it if it is still the same.
+                fixed = False
+                if counts is not None:
                     if self.opts.repair:
                         fixed = self._delete_copy(ctx, item, self._key(item))
                         counts["repaired" if fixed else "unrepaired"] += 1
                         detail += "; repaired" if fixed else ""
                     ident = self.mapper.identity(fields) if fields else ()
                     self._report(counts, "duplicate", ident, None, self._key(item), None, item, detail)
-                    continue
-                checks.append(Check("new", candidates, self._key(item), item, self.mapper.identity(fields)))
+                if not fixed:  # it still sits at its key: another item's judge would see it there
+                    out.append(rec.record(item, MISPLACED, fields))
                 continue
             try:
                 fields = self.mapper.fields(item, self.mapper.old)
                 new_key = self.mapper.new.key(fields)
-                candidates = self.mapper.old.candidate_keys(fields)
             except errors.UnmappableItem as e:
                 # Never a pass: an item verify cannot map is an item it cannot prove copied
                 # (a template that matches nothing would otherwise pass with every item skipped).
-                self._report(counts, "unmappable", (), self._key(item), None, item, None, f"{e.reason}: {e.detail}")
+                if counts is not None:
+                    self._report(counts, "unmappable", (), self._key(item), None, item, None,
+                                 f"{e.reason}: {e.detail}")
+                out.append(rec.record(item, OLD, None))
                 continue
-            if new_key == self._key(item):
-                counts["unmoved"] += 1
-                if not self.mapper.old.random:
-                    continue  # one physical item serving both layouts, and the only old copy
-                # A random layout may hold other, newer copies of it under other shards.
-            checks.append(Check("old", candidates, new_key, item, self.mapper.identity(fields)))
+            if counts is not None and new_key == self._key(item):
+                counts["unmoved"] += 1  # one physical item serving both layouts
+            out.append(rec.record(item, OLD, fields, new_key))
+        return out
 
-        self._settle(ctx, counts, self._first_look(counts, checks))
+    # ---------------------------------------------------------------- the join
+    def _records_dir(self) -> pathlib.Path:
+        """This run's record directory on this host (the run record names it, so a re-created
+        control table's run of the same number is another directory)."""
+        if self.records_dir is None:
+            info = read_run(self.store, self.migration_id, VERIFY_JOB, self.run)
+            token = repr(info.started_at) if info is not None else "?"
+            self.records_dir = run_dir(self.opts.records_dir, self.store.table, self.migration_id, self.run, token)
+        return self.records_dir
+
+    def _files(self) -> SegmentFiles:
+        with self._files_lock:
+            if self._segment_files is None:
+                self._segment_files = SegmentFiles(self._records_dir())
+            return self._segment_files
+
+    def _join_page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
+        """The run's last segment, claimable once every scan segment is done: join the records
+        (first page), and re-read and judge the suspects, ``page_size`` per page, in
+        identity-hash order (the checkpoint is the last one judged). A page redone on a host
+        without the join file builds it again (the counts of the first page are not redone)."""
+        directory = self._records_dir()
+        counts = _zero_counts()
+        join = Join(directory)
+        try:
+            if start_key is None or not join.built():
+                built = self._build(ctx, join)
+                if start_key is None:
+                    counts["old_copies"] += built["old_copies"]
+                    counts["suspects"] = built["suspects"]
+            after = bytes.fromhex(start_key[JOIN_ATTR]["S"]) if start_key else b""
+            batch = join.suspects(after, self.opts.page_size)
+        finally:
+            join.close()
+        checks = []
+        for _ident, fields, _why in batch:
+            values = fields_from_text(fields)
+            checks.append(Check("join", self.mapper.old.candidate_keys(values), self.mapper.new.key(values), None,
+                                self.mapper.identity(values)))
+        self._settle(ctx, counts, checks)
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
-        return counts, resp.get("LastEvaluatedKey")
+        if len(batch) < self.opts.page_size:
+            self._files().close()
+            if self.remove_records:
+                shutil.rmtree(directory, ignore_errors=True)  # the verdict is in; the records are not needed
+            return counts, None
+        return counts, {JOIN_ATTR: {"S": batch[-1][0].hex()}}
 
-    def _first_look(self, counts: dict, checks: list[Check]) -> list[Check]:
-        """Eventually consistent reads of what each check needs; returns the checks this
-        scan reports on (see :meth:`_reporter`) that look different.
+    def _build(self, ctx: PageContext, join: Join) -> dict:
+        """Every scan segment's records on this host (scanning again any segment whose records
+        are not all here: scanned elsewhere, or lost), joined."""
+        directory = self._records_dir()
+        for s in range(self.opts.segments):
+            if not records_complete(directory, s):
+                self._files().forget(s)
+                self._rescan(ctx, s)
+        now = self.clock()
+        ttl = bool(self.ttl_attribute)
+        return join.build(self.opts.segments, lambda recs: verdict(recs, ttl=ttl, now=now),
+                          tick=ctx.ensure_lease)
 
-        An old item whose new key holds a marked copy needs only that read: the copy
-        reports the item (it reads every candidate itself). Otherwise the old side reads
-        every candidate, since a random layout may hold a newer copy elsewhere.
-        """
-        asked = {_kid(c.new_key): c.new_key for c in checks if c.side == "old"}
-        asked.update({_kid(k): k for c in checks if c.side == "new" for k in c.candidates})
-        found = self._read(list(asked.values()), consistent=False)
-        more = {}
-        for c in checks:
-            if c.side == "old" and not self._marked_mine(c, found.get(_kid(c.new_key))):
-                more.update({_kid(k): k for k in c.candidates if _kid(k) not in asked})
-        found.update(self._read(list(more.values()), consistent=False))
-        suspects = []
-        for c in checks:
-            view = ChainMap({_kid(self._key(c.scanned)): c.scanned}, found)  # the scanned item is its own read
-            if self._reporter(c, view) != _kid(self._key(c.scanned)):
-                continue  # another physical item of this logical item reports it
-            j = self._judge(c, view)
-            if j.kind is not None:
-                suspects.append(c)
-            elif j.old_copies > 1:
-                counts["old_copies"] += 1
-        return suspects
-
-    def _marked_mine(self, c: Check, item: dict | None) -> bool:
-        """Whether ``item`` is a marked new copy of ``c``'s own logical item (a copy of another
-        item at the same new key reports only its own item: this one is judged here)."""
-        return item is not None and self.mapper.is_new_copy(item) and self._item_identity(item) == c.identity
+    def _rescan(self, ctx: PageContext, segment: int) -> None:
+        """Record ``segment`` again from its start (records only: its counts and reports were
+        made by the worker that scanned it)."""
+        key = None
+        while True:
+            ctx.ensure_lease()
+            resp = scan_page(self.dynamo, self.budget, self.table, _Slice(segment, self.opts.segments), key,
+                             self.opts.page_size)
+            nxt = resp.get("LastEvaluatedKey")
+            self._files().write_page(segment, dump_key(key) if key else END, dump_key(nxt) if nxt else END,
+                                     self._records(resp.get("Items", []), ctx, None))
+            if not nxt:
+                return
+            key = nxt
 
     def _olds(self, c: Check, view: dict) -> list[dict]:
         """The old copies present among the candidates (tombstones included), in candidate order.
@@ -232,19 +320,6 @@ class Verifier:
             if item is not None and not self.mapper.is_new_copy(item):
                 out.append(item)
         return out
-
-    def _reporter(self, c: Check, view: dict) -> tuple | None:
-        """Which physical item of a logical item reports it, so an item seen from several
-        physical items (its old copies, its new copy) is counted once: the marked copy at
-        the new key if there is one, else the newest old copy (the first in candidate
-        order among equals). Every one of them is scanned, so exactly one reports."""
-        if self._marked_mine(c, view.get(_kid(c.new_key))):
-            return _kid(c.new_key)
-        olds = self._olds(c, view)
-        if not olds:
-            return None
-        top = max(version_of(o) for o in olds)
-        return _kid(self._key(next(o for o in olds if version_of(o) == top)))
 
     def _judge(self, c: Check, view: dict) -> Judgement:
         foreign = self._foreign(c, view)
@@ -317,9 +392,6 @@ class Verifier:
                 window = self._window()
             waiting, due = [], []
             for c, w in watches:
-                if self._reporter(c, found) != _kid(self._key(c.scanned)):
-                    counts["settled"] += 1  # the item changed: another physical item reports it now
-                    continue
                 j = self._judge(c, found)
                 if j.kind is None:
                     counts["settled"] += 1  # an in-flight write, now landed
@@ -486,8 +558,8 @@ def _make_page(ctx: JobContext):
 
 
 #: ``reshard verify``: a fresh run each time (a finished run is a verdict), joined by
-#: other hosts while it is unfinished.
-VERIFY = JobSpec(VERIFY_JOB, _make_page, check=_after_backfill, fresh=True)
+#: other hosts while it is unfinished. Its last segment is the join (``join=True``).
+VERIFY = JobSpec(VERIFY_JOB, _make_page, check=_after_backfill, fresh=True, join=True)
 
 
 # --------------------------------------------------------------------------- read-only verify
@@ -581,14 +653,14 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
     # Stop at the next page once the migration left verify's phases, as a recorded run does.
     guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)
 
-    def segment(index: int) -> tuple[dict, str]:
+    def pages(index: int, total: int) -> tuple[dict, str]:
         counts: dict = {}
         key = None
         while True:
             why = guard()
             if why:
                 return counts, why
-            page, key = verifier.page(_Segment(index, opts.segments, monotonic), key)
+            page, key = verifier.page(_Segment(index, total, monotonic), key)
             for k, v in page.items():
                 counts[k] = counts.get(k, 0) + v
             if not key:
@@ -596,11 +668,22 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
 
     totals: dict = {}
     reasons = []
-    with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
-        for counts, why in pool.map(segment, range(opts.segments)):
-            for k, v in counts.items():
-                totals[k] = totals.get(k, 0) + v
-            reasons += [why] if why else []
+
+    def add(counts: dict, why: str) -> None:
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
+        reasons.extend([why] if why else [])
+
+    join = migration.changes_table  # an index-only migration's verify judges item by item: no join
+    with tempfile.TemporaryDirectory(prefix="reshard-verify-") as tmp:
+        if join:
+            verifier.records_dir = pathlib.Path(tmp)
+            verifier.remove_records = False
+        with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
+            for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
+                add(counts, why)
+        if join and not reasons:  # every segment's records are here: the join
+            add(*pages(opts.segments, opts.segments + 1))
     shown = verifier.collected[:opts.examples] if opts.examples else []
     return ReadOnlyVerify(VERIFY_JOB, migration_id, totals, not reasons, allowed_unmappable(store, migration_id),
                           shown, monotonic() - started, reasons[0] if reasons else "")

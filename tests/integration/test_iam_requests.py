@@ -111,7 +111,7 @@ def record_every_role(dynalite_server, tmp_path_factory):
         for _ in range(3):  # dual_write, dual_read, backfill
             run("operator", "advance", m.id, "--allow-no-shims")
             with_shim()
-        run("worker", "backfill", m.id, "--segments", "2")
+        run("worker", "backfill", m.id, "--segments", "2", "--max-wcu", "1000", "--host-id", "pod-0")  # + the budget rows
         run("worker", "verify", m.id, "--segments", "2", "--repair")
         run("observer", "verify", m.id, "--segments", "2", "--no-record")
         run("worker", "verify", m.id, "--segments", "2")  # the recorded run the cutover gate needs

@@ -375,8 +375,9 @@ def _repair_worker(dynalite_server, store, m, mapper, freezer_point: str, lease:
     a_budget = freezer.budget(CapacityBudget().attach(a_data, m.table))
     opts = JobOptions(segments=1, workers=1, page_size=100, rechecks=2, recheck_pause=0.0, repair=True)
     page = Verifier(a_data, a_store, m.id, 1, mapper, m.table, a_budget, opts, sleep=lambda s: None).page
-    engine = SegmentEngine(a_store, m.id, "verify", 1, 1, page, workers=1, lease_seconds=lease,
-                           max_request_seconds=a_data.attempt_seconds, invocation="A", **engine_kw)
+    # One scan segment and the join (the run's last segment, where differences are judged and repaired).
+    engine = SegmentEngine(a_store, m.id, "verify", 1, 2, page, workers=1, lease_seconds=lease,
+                           max_request_seconds=a_data.attempt_seconds, invocation="A", join=True, **engine_kw)
     thread, out = _start(engine)
     return freezer, thread, out, a_data
 

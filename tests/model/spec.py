@@ -405,10 +405,11 @@ class Fleet:
                      sleep=lambda s: None)
         # run_job's phase guard, read before every page (afresh after every claim).
         guard = phase_guard(self.store, self.m.id, VERIFY_JOB, job_rule(VERIFY_JOB, repair).phases, min_interval=0.0)
-        engine = SegmentEngine(self.store, self.m.id, VERIFY_JOB, run, 1, v.page, workers=1, clock=self.w.clock,
+        # One scan segment and the join (the run's last segment), as run_job runs VERIFY.
+        engine = SegmentEngine(self.store, self.m.id, VERIFY_JOB, run, 2, v.page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=lambda s: None, host=host, invocation=host,
-                               is_dead=lambda owner: False, guard=guard)
+                               is_dead=lambda owner: False, guard=guard, join=True)
         engine.work_inline()
         totals = sum_counters(engine.records())
         diffs = {k: int(n) for k, n in differences(totals).items() if n}

@@ -390,8 +390,10 @@ def test_random_suffix_counters_across_switches_with_stalled_backfill(tmp_path):
         lc.move(Action.ADVANCE, dwell=0.3)          # dual_read
         lc.move(Action.ADVANCE, dwell=0.3)          # backfill
         stalled = lc.start_stalled_backfill()
+        # --max-wcu: the budget is the run's; without one this process would join the stalled
+        # one's 10 WCU/s. A larger one raises the run's budget (the last process started sets it).
         other = lc.cli("--output", "json", "backfill", lc.m.id, *BACKFILL, "--workers", "4", "--page-size", "50",
-                       timeout=60)
+                       "--max-wcu", "1000", timeout=60)
         lc.log(f"second backfill: exit {other.returncode}, {json.loads(other.stdout).get('elapsed_seconds')} s")
         assert other.returncode == 0, f"{other.stdout[-2000:]} {other.stderr[-2000:]}"
         summary = json.loads(other.stdout)

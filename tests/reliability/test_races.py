@@ -95,7 +95,7 @@ def test_two_backfills_and_a_verify_at_once(dynalite, dynalite_server, unique_na
         reqs.append({"PutRequest": {"Item": p}})
     dynalite.batch_write(m.table, reqs)
     backfill = _cli(dynalite_server.endpoint, ctl, "--output", "json", "backfill", m.id, "--segments", "8",
-                    "--workers", "2", "--page-size", "50", "--max-wcu", "60")
+                    "--workers", "2", "--page-size", "50", "--max-wcu", "120")  # the run's: 60 each
     verify = _cli(dynalite_server.endpoint, ctl, "--output", "json", "verify", m.id, "--segments", "4")
     procs = [subprocess.Popen(backfill, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]

@@ -1,0 +1,170 @@
+"""verify's join (core/join.py rules, jobs/records.py files): which logical items the records
+alone clear, and which are re-read and judged -- every kind of difference, from literal records.
+
+The join must be conservative: every item the judge would call different on a quiet table
+is a suspect (a false suspect only costs a consistent re-read).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from reshard.core.join import MISPLACED, NEW, OLD, Record, Recorder, digest, verdict
+from reshard.core.layout import NEW_COPY_ATTR, KeyMapper
+from reshard.core.migration import load
+from reshard.jobs.records import END, Join, complete, forget, write_page
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOW = 1_800_000_000.0
+V1, V2 = "1700000000000.000000.a", "1700000000001.000000.b"
+A, B = digest({"amount": {"N": "1"}}), digest({"amount": {"N": "2"}})
+
+
+def rec(key, ident, side=OLD, version="", content=A, *, live=True, nkey=None, slot=None, kslot=None, ttl=None,
+        flag=False):
+    """A literal record: keys, identities and slots are short byte strings."""
+    slot = slot if slot is not None else b"slot-" + (ident or key)
+    return Record(key, ident, side, version, live, content if live else None, ttl, nkey, slot,
+                  kslot if kslot is not None else (slot if side == OLD else None), flag, "[]")
+
+
+def cases() -> dict[bytes, tuple[list[Record], str | None]]:
+    """Per logical item: its records, and what the join must say (None: cleared, no re-read)."""
+    return {
+        b"clean": ([rec(b"o1", b"clean", nkey=b"n1"), rec(b"n1", b"clean", NEW, nkey=b"n1")], None),
+        b"unmoved": ([rec(b"u1", b"unmoved", nkey=b"u1")], None),
+        b"missing": ([rec(b"o2", b"missing", nkey=b"n2")], "missing"),
+        b"stale": ([rec(b"o3", b"stale", version=V2, content=B, nkey=b"n3"),
+                    rec(b"n3", b"stale", NEW, V1, A, nkey=b"n3")], "stale"),
+        b"diverged": ([rec(b"o4", b"diverged", version=V1, nkey=b"n4"),
+                       rec(b"n4", b"diverged", NEW, V2, B, nkey=b"n4")], "diverged"),
+        # extra and new_only look alike in records (the judge tells them apart by version).
+        b"extra": ([rec(b"n5", b"extra", NEW, nkey=b"n5")], "extra"),
+        b"new_only": ([rec(b"n6", b"new_only", NEW, V2, nkey=b"n6")], "extra"),
+        b"resurrected": ([rec(b"o7", b"resurrected", version=V2, live=False, nkey=b"n7"),
+                          rec(b"n7", b"resurrected", NEW, V1, nkey=b"n7")], "resurrected"),
+        # Two old copies of a random layout tie with different content.
+        b"tie": ([rec(b"o8a", b"tie", nkey=b"n8"), rec(b"o8b", b"tie", content=B, nkey=b"n8"),
+                  rec(b"n8", b"tie", NEW, nkey=b"n8")], "collision"),
+        # Several old copies, the newest copied: information only (old_copies), no re-read.
+        b"copies": ([rec(b"o9a", b"copies", nkey=b"n9"), rec(b"o9b", b"copies", version=V1, content=B, nkey=b"n9"),
+                     rec(b"n9", b"copies", NEW, V1, B, nkey=b"n9")], None),
+        # ... an older copy copied: stale against the newest.
+        b"older": ([rec(b"o10a", b"older", nkey=b"n10"), rec(b"o10b", b"older", version=V1, content=B, nkey=b"n10"),
+                    rec(b"n10", b"older", NEW, "", A, nkey=b"n10")], "stale"),
+        # Deleted on both sides (tombstones), or only a new tombstone: nothing live, agrees.
+        b"gone": ([rec(b"o11", b"gone", version=V1, live=False, nkey=b"n11"),
+                   rec(b"n11", b"gone", NEW, V1, live=False, nkey=b"n11")], None),
+        # TTL: the old copy expired (counts as absent) and its new copy was deleted first.
+        b"expired": ([rec(b"o12", b"expired", nkey=b"n12", ttl=str(int(NOW) - 60))], None),
+        # ... a live one (TTL in the future) whose new copy is gone: missing.
+        b"ttl-live": ([rec(b"o13", b"ttl-live", nkey=b"n13", ttl=str(int(NOW) + 60))], "missing"),
+        # A copy misplaced at a key its fields do not map to (reported as duplicate by the scan)
+        # is no copy of its item: the item has none at its new key.
+        b"misplaced": ([rec(b"o14", b"misplaced", nkey=b"n14"), rec(b"x14", b"misplaced", MISPLACED, nkey=b"n14")],
+                       "missing"),
+        b"flagged": ([rec(b"o15", b"flagged", nkey=b"o15", flag=True)], "flagged"),
+    }
+
+
+def test_verdict_of_each_items_own_records():
+    for ident, (records, want) in cases().items():
+        kind, _ = verdict(records, ttl=True, now=NOW)
+        assert kind == want, (ident, kind, want)
+    assert verdict(cases()[b"copies"][0], ttl=True, now=NOW) == (None, 2)
+    # TTL off: an expired copy is a copy like any other.
+    assert verdict(cases()[b"expired"][0], ttl=False, now=NOW)[0] == "missing"
+
+
+def build(tmp_path, records: list[Record], segments: int = 2) -> tuple[dict, dict[bytes, str]]:
+    """Write the records as two segments' pages, join them; (counts, suspects: ident -> why)."""
+    for s in range(segments):
+        write_page(tmp_path, s, END, END, records[s::segments])
+    join = Join(tmp_path)
+    try:
+        counts = join.build(segments, lambda recs: verdict(recs, ttl=True, now=NOW))
+        return counts, {i: why for i, _f, why in join.suspects(b"", 10_000)}
+    finally:
+        join.close()
+
+
+def test_the_join_re_reads_exactly_the_items_whose_records_disagree(tmp_path):
+    all_records = [r for records, _ in cases().values() for r in records]
+    counts, suspects = build(tmp_path, all_records)
+    want = {ident: kind for ident, (_, kind) in cases().items() if kind is not None}
+    assert suspects == want
+    assert counts == {"old_copies": 1, "suspects": len(want)}
+
+
+def test_another_item_at_an_items_keys_makes_it_a_suspect(tmp_path):
+    """What the judge sees besides an item's own copies: another item's copy (or an unmappable
+    item) at its new key or at one of its old candidate keys -- a collision, or a wrong copy."""
+    records = [
+        # I's new key holds J's unmarked old item (two events, one key after re-sharding).
+        rec(b"oI", b"I", nkey=b"oJ"), rec(b"oJ", b"J", nkey=b"nJ"), rec(b"nJ", b"J", NEW, nkey=b"nJ"),
+        # K's new key holds an item nobody can map.
+        rec(b"oK", b"K", nkey=b"nK"), rec(b"nK", None, OLD, slot=b"slot-x"),
+        # L's slot (its old candidates) holds M's new copy: M's copy sits at one of L's old keys.
+        rec(b"oL", b"L", nkey=b"nL", slot=b"sL"), rec(b"nL", b"L", NEW, nkey=b"nL", slot=b"sL"),
+        rec(b"oM", b"M", nkey=b"nM", slot=b"sM"), rec(b"nM", b"M", NEW, nkey=b"nM", slot=b"sM", kslot=b"sL"),
+        # N's slot holds an unmappable old item (a random layout's copy missing a field).
+        rec(b"oN", b"N", nkey=b"nN", slot=b"sN"), rec(b"nN", b"N", NEW, nkey=b"nN", slot=b"sN"),
+        rec(b"oN2", None, OLD, slot=b"-", kslot=b"sN"),
+        # P and Q share nothing: cleared.
+        rec(b"oP", b"P", nkey=b"nP"), rec(b"nP", b"P", NEW, nkey=b"nP"),
+    ]
+    _, suspects = build(tmp_path, records)
+    assert suspects == {b"I": "new key", b"K": "new key", b"L": "old key", b"N": "old key"}
+
+
+def test_a_redone_page_replaces_its_first_attempt_and_a_segment_counts_only_when_whole(tmp_path):
+    first = [rec(b"o1", b"X", nkey=b"n1"), rec(b"gone", b"Y", nkey=b"nY")]
+    write_page(tmp_path, 0, END, '{"k":1}', first)
+    assert not complete(tmp_path, 0)  # a later page is missing
+    # The page is redone (a kill before its checkpoint): the item deleted meanwhile goes too.
+    write_page(tmp_path, 0, END, '{"k":1}', [rec(b"o1", b"X", nkey=b"n1")])
+    write_page(tmp_path, 0, '{"k":1}', END, [rec(b"n1", b"X", NEW, nkey=b"n1")])
+    assert complete(tmp_path, 0) and not complete(tmp_path, 1)
+    write_page(tmp_path, 1, END, END, [])
+    _, suspects = build_existing(tmp_path, 2)
+    assert suspects == {}  # Y's stale record would have been "missing"
+    forget(tmp_path, 0)
+    assert not complete(tmp_path, 0)
+
+
+def build_existing(tmp_path, segments):
+    join = Join(tmp_path)
+    try:
+        counts = join.build(segments, lambda recs: verdict(recs, ttl=True, now=NOW))
+        return counts, {i: why for i, _f, why in join.suspects(b"", 10_000)}
+    finally:
+        join.close()
+
+
+@pytest.fixture(scope="module")
+def invoices():
+    return KeyMapper(load(ROOT / "migrations" / "0002_invoices.toml"))
+
+
+def test_records_of_real_items_random_layout(invoices, tmp_path):
+    """The recorder on a random-suffix layout: an item's old copies (any shard) and its new copy
+    share its identity, its new key and its slot; a copy of content that differs shows."""
+    m = invoices
+    r = Recorder(m, ttl_attribute="expires_at")
+    item = {"invoice_number": {"S": "121212"}, "line": {"S": "3"}, "amount": {"N": "5"}}
+    fields = m.logical_fields(item)
+    old2, old7 = m.to_physical(item, m.old, 2), m.to_physical(dict(item, amount={"N": "6"}), m.old, 7)
+    new = m.remap(old2)[0]
+    assert m.remap(old2)[1] and new[NEW_COPY_ATTR]
+    a, b, n = r.record(old2, OLD, fields), r.record(old7, OLD, fields), r.record(new, NEW, fields)
+    assert a.ident == b.ident == n.ident and a.nkey == b.nkey == n.nkey == n.key
+    assert a.cslot == b.cslot == n.cslot == a.kslot == b.kslot
+    assert a.digest == n.digest != b.digest
+    assert verdict([a, n], ttl=False, now=NOW) == (None, 1)
+    assert verdict([a, b, n], ttl=False, now=NOW)[0] == "collision"  # unversioned, different content
+    # Another line of the same invoice is another slot: its copies never meet these.
+    other = r.record(m.to_physical(dict(item, line={"S": "4"}), m.old, 2), OLD,
+                     m.logical_fields(dict(item, line={"S": "4"})))
+    assert other.cslot != a.cslot and other.ident != a.ident
