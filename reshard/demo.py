@@ -111,7 +111,7 @@ class DemoOptions:
     refresh_seconds: float = 0.5
     #: Seconds the traffic runs in each phase before the next transition (so every phase
     #: serves real requests, also the short ones).
-    dwell_seconds: float = 1.0
+    dwell_seconds: float = 0.5
     #: Pause between two operations of one app thread (the traffic's rate).
     op_pause: float = 0.01
     ack_timeout: float = 30.0

@@ -16,6 +16,7 @@ import tempfile
 import pytest
 
 from reshard.aws.local import DynaliteServer, dynalite_available
+from reshard.aws.moto_speedups import install as install_moto_speedups
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -30,6 +31,10 @@ os.environ.setdefault("RESHARD_VERIFY_DIR", tempfile.mkdtemp(prefix="reshard-ver
 # The data jobs' --processes defaults to the cores; a spawned process costs ~1 s of imports, so
 # the tests run jobs in-process unless they ask for processes (tests/integration/test_processes.py).
 os.environ["RESHARD_PROCESSES"] = "1"
+
+# moto's per-request costs that grow with the table (Query and Scan sort every item) and its
+# serializer, cut for every test of the session alike (same answers; reshard/aws/moto_speedups.py).
+install_moto_speedups()
 
 
 #: Tests of ~30 s and more: started first, so the parallel workers do not end on one of them

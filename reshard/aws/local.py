@@ -30,10 +30,14 @@ def free_port() -> int:
 
 
 #: The embedded server's process: moto's threaded server until its stdin closes (so it never
-#: outlives the demo, even one that is killed), werkzeug's per-request log off.
+#: outlives the demo, even one that is killed), werkzeug's per-request log off, moto's
+#: per-request costs cut (reshard/aws/moto_speedups.py; argv[2] is where reshard is).
 _MOTO_CHILD = """
 import logging, sys
+sys.path.insert(0, sys.argv[2])
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
+from reshard.aws.moto_speedups import install
+install()
 from moto.server import ThreadedMotoServer
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
 server.start()
@@ -67,7 +71,8 @@ class EmbeddedDynamoDB:
                                   "python3 -m pip install -e '.[demo]' (or pass --endpoint-url)")
         import tempfile
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server never blocks on it
-        self.proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD, str(self.port)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD, str(self.port),
+                                      str(pathlib.Path(__file__).resolve().parents[2])], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=self._err)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
