@@ -199,15 +199,20 @@ class Join:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "join.sqlite"
         self.directory = directory
-        self.con = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
-        self.con.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-        self.con.execute("PRAGMA temp_store = FILE")
-        # Rebuilt from the segment files whenever it is not known whole: no journal, no sync.
-        self.con.execute("PRAGMA journal_mode = OFF")
-        self.con.execute("PRAGMA synchronous = OFF")
-        self.con.executescript(
+        self.con = self._open(self.path)
+
+    @staticmethod
+    def _open(path: pathlib.Path) -> sqlite3.Connection:
+        con = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
+        con.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        con.execute("PRAGMA temp_store = FILE")
+        # Built in a file of its own and renamed into place whole (``build``): no journal, no sync.
+        con.execute("PRAGMA journal_mode = OFF")
+        con.execute("PRAGMA synchronous = OFF")
+        con.executescript(
             "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);"
             "CREATE TABLE IF NOT EXISTS sus (ident BLOB PRIMARY KEY, fields TEXT, why TEXT) WITHOUT ROWID;")
+        return con
 
     def close(self) -> None:
         self.con.close()
@@ -222,7 +227,13 @@ class Join:
         ``tick()`` is called every few seconds of work, also from inside long SQL statements
         (the caller renews its lease there; what it raises stops the build).
         """
-        con = self.con
+        # Built in a file only this build writes, renamed over ``join.sqlite`` once whole: a
+        # build killed part-way (no journal: its file may hold anything) or a stale builder
+        # of this host (a process whose lease was taken over by another of the same host,
+        # woken from a pause) never touches the join file a live holder reads its suspects from.
+        shared = self.con
+        private = self.directory / f"join.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}.sqlite"
+        con = self.con = self._open(private)
         failure: list[BaseException] = []
         last = [time.monotonic()]
 
@@ -238,8 +249,8 @@ class Join:
             return 0
 
         con.set_progress_handler(progress, 100_000)
+        done = False
         try:
-            con.execute("DELETE FROM meta")  # not "built" until the end
             self._merge(segments)
             con.execute("BEGIN")  # one transaction for the rest: nothing to sync statement by statement
             try:
@@ -248,6 +259,7 @@ class Join:
                 con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
+            done = True
             return out
         except sqlite3.OperationalError:
             if failure:
@@ -255,6 +267,15 @@ class Join:
             raise
         finally:
             con.set_progress_handler(None, 0)
+            con.close()
+            if done:
+                shared.close()
+                os.replace(private, self.path)
+                self.con = self._open(self.path)
+            else:
+                self.con = shared
+                for suffix in ("", "-journal", "-wal", "-shm"):
+                    pathlib.Path(str(private) + suffix).unlink(missing_ok=True)
 
     def _merge(self, segments: int) -> None:
         """Every segment file's records into ``rec`` (outside a transaction: DETACH needs that)."""
