@@ -165,6 +165,21 @@ def write_page(directory: pathlib.Path, segment: int, start: str, nxt: str, reco
         files.close()
 
 
+def _chain(pages: Iterable[tuple[str, int, str]]) -> list[int] | None:
+    """The ids of the pages that chain from a segment's start to its end (``(start, id, next)``
+    rows), or None when they do not."""
+    chain = {start: (page, nxt) for start, page, nxt in pages}
+    at, out = END, []
+    while len(out) <= len(chain):
+        if at not in chain:
+            return None
+        page, at = chain[at]
+        out.append(page)
+        if at == END:
+            return out
+    return None
+
+
 def complete(directory: pathlib.Path, segment: int) -> bool:
     """Whether this host holds the records of every page of ``segment``, start to end."""
     path = segment_path(directory, segment)
@@ -172,18 +187,9 @@ def complete(directory: pathlib.Path, segment: int) -> bool:
         return False
     con = _connect(path)
     try:
-        chain = dict(con.execute("SELECT start, next FROM pages"))
+        return _chain(con.execute("SELECT start, id, next FROM pages")) is not None
     finally:
         con.close()
-    at, steps = END, 0
-    while steps <= len(chain):
-        if at not in chain:
-            return False
-        at = chain[at]
-        if at == END:
-            return True
-        steps += 1
-    return False
 
 
 def forget(directory: pathlib.Path, segment: int) -> None:
@@ -288,7 +294,16 @@ class Join:
         for s in range(segments):
             con.execute("ATTACH DATABASE ? AS seg", (str(segment_path(self.directory, s)),))
             try:
-                con.execute(f"INSERT INTO rec ({_COLS}) SELECT {_COLS} FROM seg.rec")
+                # Only the pages on the segment's chain: a page off it (a stale writer's, written
+                # late) is no observation of the segment as it was scanned.
+                chain = _chain(con.execute("SELECT start, id, next FROM seg.pages"))
+                if chain is None:
+                    raise RuntimeError(f"segment {s}'s records do not chain from its start to its end")
+                con.execute("CREATE TEMP TABLE IF NOT EXISTS chain (id INTEGER PRIMARY KEY)")
+                con.execute("DELETE FROM temp.chain")
+                con.executemany("INSERT INTO temp.chain VALUES (?)", [(i,) for i in chain])
+                con.execute(f"INSERT INTO rec ({_COLS}) SELECT {_COLS} FROM seg.rec WHERE page IN "
+                            "(SELECT id FROM temp.chain)")
             finally:
                 con.execute("DETACH DATABASE seg")
 

@@ -216,3 +216,18 @@ def test_a_stale_builder_on_the_same_host_cannot_empty_the_join_another_built(tm
             assert len(b.suspects(checkpoint[0], 100_000)) == 19_999
     finally:
         b.close()
+
+
+def test_only_the_pages_of_a_segments_chain_count(tmp_path):
+    """A segment file's pages chain from its start to its end; a page off that chain is no
+    observation of the segment as scanned (a stale writer of this host -- paused after its
+    deadline check, its lease taken over by another process of this host that scanned the
+    range again with other page boundaries -- wrote it late). Its records must not count: here
+    an off-chain record of X's new copy would hide that X's new copy is missing."""
+    write_page(tmp_path, 0, END, '{"k":1}', [rec(b"oX", b"X", nkey=b"nX")])
+    write_page(tmp_path, 0, '{"k":1}', END, [])
+    write_page(tmp_path, 0, '{"k":0}', END, [rec(b"nX", b"X", NEW, nkey=b"nX")])  # off the chain
+    write_page(tmp_path, 1, END, END, [])
+    assert complete(tmp_path, 0)
+    _, suspects = build_existing(tmp_path, 2)
+    assert suspects == {b"X": "missing"}
