@@ -42,7 +42,7 @@ from reshard.core.join import COLUMNS, NEW, OLD, Record, from_row
 # No index: rows are only appended, read whole by the join, and deleted by page on a redo (rare).
 SCHEMA = ("CREATE TABLE IF NOT EXISTS rec (key BLOB, ident BLOB, side INT, version TEXT, live INT, "
           "digest BLOB, ttl TEXT, nkey BLOB, cslot BLOB, kslot BLOB, flag INT, fields TEXT, page INT);"
-          "CREATE TABLE IF NOT EXISTS pages (start TEXT PRIMARY KEY, id INTEGER, next TEXT);")
+          "CREATE TABLE IF NOT EXISTS pages (start TEXT PRIMARY KEY, id INTEGER, next TEXT, token INTEGER);")
 _COLS = ", ".join(COLUMNS)
 _INSERT = f"INSERT INTO rec ({_COLS}, page) VALUES ({', '.join('?' * len(COLUMNS))}, ?)"
 #: SQLite's page cache per connection (KiB, as a negative cache_size): the join's memory bound.
@@ -52,6 +52,12 @@ STALE_SECONDS = 7 * 24 * 3600
 #: How often a long join calls back (its caller renews the lease there).
 TICK_SECONDS = 2.0
 END = ""  # a page's ``next`` when the segment ended; a segment's first page starts at ""
+#: The token of the join's own re-scan of a segment (after ``forget``): above any lease's.
+RESCAN_TOKEN = 1 << 62
+
+
+class StaleWrite(Exception):
+    """A page write fenced off: a later lease holder of the segment already wrote this file."""
 
 
 def default_base() -> pathlib.Path:
@@ -121,12 +127,23 @@ class SegmentFiles:
                 con = self._cons[segment] = _connect(segment_path(self.directory, segment))
             return con
 
-    def write_page(self, segment: int, start: str, nxt: str, records: Iterable[Record]) -> None:
+    def write_page(self, segment: int, start: str, nxt: str, records: Iterable[Record],
+                   token: int | None = None) -> None:
         """Keep one scanned page's records (replacing a previous attempt at the same page),
-        committed when this returns."""
+        committed when this returns.
+
+        ``token``: the segment lease's fencing token (it only grows, renewals too). A write
+        under a token below one this file already holds is refused with :class:`StaleWrite`:
+        a worker of this host paused past its lease (after its deadline check) must not put
+        its older observations over the pages a later holder of this host wrote.
+        """
         con = self._con(segment)
         con.execute("BEGIN IMMEDIATE")
         try:
+            if token is not None:
+                top = con.execute("SELECT MAX(token) FROM pages").fetchone()[0]
+                if top is not None and top > token:
+                    raise StaleWrite(f"segment {segment}: token {token} is below this file's {top}")
             row = con.execute("SELECT id FROM pages WHERE start = ?", (start,)).fetchone()
             if row is not None:
                 page = row[0]
@@ -135,7 +152,8 @@ class SegmentFiles:
             else:
                 page = con.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM pages").fetchone()[0]
             con.executemany(_INSERT, [r.row() + (page,) for r in records])
-            con.execute("INSERT OR REPLACE INTO pages (start, id, next) VALUES (?, ?, ?)", (start, page, nxt))
+            con.execute("INSERT OR REPLACE INTO pages (start, id, next, token) VALUES (?, ?, ?, ?)",
+                        (start, page, nxt, token))
         except BaseException:
             con.execute("ROLLBACK")
             raise
@@ -156,11 +174,12 @@ class SegmentFiles:
             con.close()
 
 
-def write_page(directory: pathlib.Path, segment: int, start: str, nxt: str, records: Iterable[Record]) -> None:
+def write_page(directory: pathlib.Path, segment: int, start: str, nxt: str, records: Iterable[Record],
+               token: int | None = None) -> None:
     """:meth:`SegmentFiles.write_page` on a connection of its own."""
     files = SegmentFiles(directory)
     try:
-        files.write_page(segment, start, nxt, records)
+        files.write_page(segment, start, nxt, records, token)
     finally:
         files.close()
 

@@ -231,3 +231,17 @@ def test_only_the_pages_of_a_segments_chain_count(tmp_path):
     assert complete(tmp_path, 0)
     _, suspects = build_existing(tmp_path, 2)
     assert suspects == {b"X": "missing"}
+
+
+def test_a_stale_page_write_of_this_host_is_fenced_by_the_lease_token(tmp_path):
+    """A worker of this host paused between its deadline check and its page write, its lease
+    taken over by another process of this host (a higher token), which scanned the same page
+    again and went on: the stale write is refused, the later holder's records stay."""
+    from reshard.jobs.records import StaleWrite
+    write_page(tmp_path, 0, END, '{"k":1}', [rec(b"oX", b"X", nkey=b"nX")], token=7)  # the later holder
+    with pytest.raises(StaleWrite):
+        write_page(tmp_path, 0, END, '{"k":1}', [rec(b"oX", b"X", version=V1, nkey=b"nX")], token=5)
+    write_page(tmp_path, 0, '{"k":1}', END, [], token=8)  # its renewed token: fine
+    write_page(tmp_path, 1, END, END, [])
+    _, suspects = build_existing(tmp_path, 2)
+    assert suspects == {b"X": "missing"}
