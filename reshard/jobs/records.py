@@ -42,7 +42,7 @@ from reshard.core.join import COLUMNS, NEW, OLD, Record, from_row
 # No index: rows are only appended, read whole by the join, and deleted by page on a redo (rare).
 SCHEMA = ("CREATE TABLE IF NOT EXISTS rec (key BLOB, ident BLOB, side INT, version TEXT, live INT, "
           "digest BLOB, ttl TEXT, nkey BLOB, cslot BLOB, kslot BLOB, flag INT, fields TEXT, page INT);"
-          "CREATE TABLE IF NOT EXISTS pages (start TEXT PRIMARY KEY, id INTEGER, next TEXT);")
+          "CREATE TABLE IF NOT EXISTS pages (start TEXT PRIMARY KEY, id INTEGER, next TEXT, token INTEGER);")
 _COLS = ", ".join(COLUMNS)
 _INSERT = f"INSERT INTO rec ({_COLS}, page) VALUES ({', '.join('?' * len(COLUMNS))}, ?)"
 #: SQLite's page cache per connection (KiB, as a negative cache_size): the join's memory bound.
@@ -52,6 +52,12 @@ STALE_SECONDS = 7 * 24 * 3600
 #: How often a long join calls back (its caller renews the lease there).
 TICK_SECONDS = 2.0
 END = ""  # a page's ``next`` when the segment ended; a segment's first page starts at ""
+#: The token of the join's own re-scan of a segment (after ``forget``): above any lease's.
+RESCAN_TOKEN = 1 << 62
+
+
+class StaleWrite(Exception):
+    """A page write fenced off: a later lease holder of the segment already wrote this file."""
 
 
 def default_base() -> pathlib.Path:
@@ -121,12 +127,23 @@ class SegmentFiles:
                 con = self._cons[segment] = _connect(segment_path(self.directory, segment))
             return con
 
-    def write_page(self, segment: int, start: str, nxt: str, records: Iterable[Record]) -> None:
+    def write_page(self, segment: int, start: str, nxt: str, records: Iterable[Record],
+                   token: int | None = None) -> None:
         """Keep one scanned page's records (replacing a previous attempt at the same page),
-        committed when this returns."""
+        committed when this returns.
+
+        ``token``: the segment lease's fencing token (it only grows, renewals too). A write
+        under a token below one this file already holds is refused with :class:`StaleWrite`:
+        a worker of this host paused past its lease (after its deadline check) must not put
+        its older observations over the pages a later holder of this host wrote.
+        """
         con = self._con(segment)
         con.execute("BEGIN IMMEDIATE")
         try:
+            if token is not None:
+                top = con.execute("SELECT MAX(token) FROM pages").fetchone()[0]
+                if top is not None and top > token:
+                    raise StaleWrite(f"segment {segment}: token {token} is below this file's {top}")
             row = con.execute("SELECT id FROM pages WHERE start = ?", (start,)).fetchone()
             if row is not None:
                 page = row[0]
@@ -135,7 +152,8 @@ class SegmentFiles:
             else:
                 page = con.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM pages").fetchone()[0]
             con.executemany(_INSERT, [r.row() + (page,) for r in records])
-            con.execute("INSERT OR REPLACE INTO pages (start, id, next) VALUES (?, ?, ?)", (start, page, nxt))
+            con.execute("INSERT OR REPLACE INTO pages (start, id, next, token) VALUES (?, ?, ?, ?)",
+                        (start, page, nxt, token))
         except BaseException:
             con.execute("ROLLBACK")
             raise
@@ -156,13 +174,29 @@ class SegmentFiles:
             con.close()
 
 
-def write_page(directory: pathlib.Path, segment: int, start: str, nxt: str, records: Iterable[Record]) -> None:
+def write_page(directory: pathlib.Path, segment: int, start: str, nxt: str, records: Iterable[Record],
+               token: int | None = None) -> None:
     """:meth:`SegmentFiles.write_page` on a connection of its own."""
     files = SegmentFiles(directory)
     try:
-        files.write_page(segment, start, nxt, records)
+        files.write_page(segment, start, nxt, records, token)
     finally:
         files.close()
+
+
+def _chain(pages: Iterable[tuple[str, int, str]]) -> list[int] | None:
+    """The ids of the pages that chain from a segment's start to its end (``(start, id, next)``
+    rows), or None when they do not."""
+    chain = {start: (page, nxt) for start, page, nxt in pages}
+    at, out = END, []
+    while len(out) <= len(chain):
+        if at not in chain:
+            return None
+        page, at = chain[at]
+        out.append(page)
+        if at == END:
+            return out
+    return None
 
 
 def complete(directory: pathlib.Path, segment: int) -> bool:
@@ -172,18 +206,9 @@ def complete(directory: pathlib.Path, segment: int) -> bool:
         return False
     con = _connect(path)
     try:
-        chain = dict(con.execute("SELECT start, next FROM pages"))
+        return _chain(con.execute("SELECT start, id, next FROM pages")) is not None
     finally:
         con.close()
-    at, steps = END, 0
-    while steps <= len(chain):
-        if at not in chain:
-            return False
-        at = chain[at]
-        if at == END:
-            return True
-        steps += 1
-    return False
 
 
 def forget(directory: pathlib.Path, segment: int) -> None:
@@ -199,15 +224,20 @@ class Join:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "join.sqlite"
         self.directory = directory
-        self.con = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
-        self.con.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-        self.con.execute("PRAGMA temp_store = FILE")
-        # Rebuilt from the segment files whenever it is not known whole: no journal, no sync.
-        self.con.execute("PRAGMA journal_mode = OFF")
-        self.con.execute("PRAGMA synchronous = OFF")
-        self.con.executescript(
+        self.con = self._open(self.path)
+
+    @staticmethod
+    def _open(path: pathlib.Path) -> sqlite3.Connection:
+        con = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
+        con.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        con.execute("PRAGMA temp_store = FILE")
+        # Built in a file of its own and renamed into place whole (``build``): no journal, no sync.
+        con.execute("PRAGMA journal_mode = OFF")
+        con.execute("PRAGMA synchronous = OFF")
+        con.executescript(
             "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);"
             "CREATE TABLE IF NOT EXISTS sus (ident BLOB PRIMARY KEY, fields TEXT, why TEXT) WITHOUT ROWID;")
+        return con
 
     def close(self) -> None:
         self.con.close()
@@ -222,7 +252,13 @@ class Join:
         ``tick()`` is called every few seconds of work, also from inside long SQL statements
         (the caller renews its lease there; what it raises stops the build).
         """
-        con = self.con
+        # Built in a file only this build writes, renamed over ``join.sqlite`` once whole: a
+        # build killed part-way (no journal: its file may hold anything) or a stale builder
+        # of this host (a process whose lease was taken over by another of the same host,
+        # woken from a pause) never touches the join file a live holder reads its suspects from.
+        shared = self.con
+        private = self.directory / f"join.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}.sqlite"
+        con = self.con = self._open(private)
         failure: list[BaseException] = []
         last = [time.monotonic()]
 
@@ -238,8 +274,8 @@ class Join:
             return 0
 
         con.set_progress_handler(progress, 100_000)
+        done = False
         try:
-            con.execute("DELETE FROM meta")  # not "built" until the end
             self._merge(segments)
             con.execute("BEGIN")  # one transaction for the rest: nothing to sync statement by statement
             try:
@@ -248,6 +284,7 @@ class Join:
                 con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
+            done = True
             return out
         except sqlite3.OperationalError:
             if failure:
@@ -255,6 +292,15 @@ class Join:
             raise
         finally:
             con.set_progress_handler(None, 0)
+            con.close()
+            if done:
+                shared.close()
+                os.replace(private, self.path)
+                self.con = self._open(self.path)
+            else:
+                self.con = shared
+                for suffix in ("", "-journal", "-wal", "-shm"):
+                    pathlib.Path(str(private) + suffix).unlink(missing_ok=True)
 
     def _merge(self, segments: int) -> None:
         """Every segment file's records into ``rec`` (outside a transaction: DETACH needs that)."""
@@ -267,7 +313,16 @@ class Join:
         for s in range(segments):
             con.execute("ATTACH DATABASE ? AS seg", (str(segment_path(self.directory, s)),))
             try:
-                con.execute(f"INSERT INTO rec ({_COLS}) SELECT {_COLS} FROM seg.rec")
+                # Only the pages on the segment's chain: a page off it (a stale writer's, written
+                # late) is no observation of the segment as it was scanned.
+                chain = _chain(con.execute("SELECT start, id, next FROM seg.pages"))
+                if chain is None:
+                    raise RuntimeError(f"segment {s}'s records do not chain from its start to its end")
+                con.execute("CREATE TEMP TABLE IF NOT EXISTS chain (id INTEGER PRIMARY KEY)")
+                con.execute("DELETE FROM temp.chain")
+                con.executemany("INSERT INTO temp.chain VALUES (?)", [(i,) for i in chain])
+                con.execute(f"INSERT INTO rec ({_COLS}) SELECT {_COLS} FROM seg.rec WHERE page IN "
+                            "(SELECT id FROM temp.chain)")
             finally:
                 con.execute("DETACH DATABASE seg")
 

@@ -79,9 +79,9 @@ from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import fence_for, unchanged, version_of
 from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import PageContext
+from reshard.jobs.engine import LeaseLost, PageContext
 from reshard.jobs.index_jobs import IndexVerifier
-from reshard.jobs.records import END, Join, SegmentFiles, run_dir
+from reshard.jobs.records import END, RESCAN_TOKEN, Join, SegmentFiles, StaleWrite, run_dir
 from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, phase_guard,
                                  require_phase_and_ack, scan_page)
@@ -175,8 +175,12 @@ class Verifier:
         next_key = resp.get("LastEvaluatedKey")
         # Kept before the page returns, i.e. before the engine checkpoints it: a kill redoes this page.
         ctx.check_deadline()
-        self._files().write_page(ctx.segment, dump_key(start_key) if start_key else END,
-                                 dump_key(next_key) if next_key else END, records)
+        try:
+            self._files().write_page(ctx.segment, dump_key(start_key) if start_key else END,
+                                     dump_key(next_key) if next_key else END, records,
+                                     getattr(ctx.lease, "token", None))
+        except StaleWrite as e:  # paused past the deadline check: a later holder of this host wrote here
+            raise LeaseLost(str(e)) from None
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         return counts, next_key
@@ -304,7 +308,7 @@ class Verifier:
                              self.opts.page_size)
             nxt = resp.get("LastEvaluatedKey")
             self._files().write_page(segment, dump_key(key) if key else END, dump_key(nxt) if nxt else END,
-                                     self._records(resp.get("Items", []), ctx, None))
+                                     self._records(resp.get("Items", []), ctx, None), RESCAN_TOKEN)
             if not nxt:
                 return
             key = nxt

@@ -168,3 +168,80 @@ def test_records_of_real_items_random_layout(invoices, tmp_path):
     other = r.record(m.to_physical(dict(item, line={"S": "4"}), m.old, 2), OLD,
                      m.logical_fields(dict(item, line={"S": "4"})))
     assert other.cslot != a.cslot and other.ident != a.ident
+
+
+def test_a_stale_builder_on_the_same_host_cannot_empty_the_join_another_built(tmp_path, monkeypatch):
+    """Two processes of one host share the run directory. The join's holder A stalls (a VM
+    pause) inside its build, after it cleared ``meta``; its lease expires; B takes the join
+    over, builds, judges its first page of suspects. A wakes, carries on its build (which
+    empties ``sus`` and drops ``rec``) until its next tick finds the lease lost. B's next
+    page must still see every suspect after its checkpoint -- not a ``built`` file with no
+    suspects left (the run would pass with them never judged)."""
+    import reshard.jobs.records as records_mod
+
+    records = [rec(b"o%d" % i, b"I%05d" % i, nkey=b"n%d" % i) for i in range(20_000)]  # every one missing
+    for s in range(2):
+        write_page(tmp_path, s, END, END, records[s::2])
+    rule = lambda recs: verdict(recs, ttl=True, now=NOW)  # noqa: E731
+    checkpoint: list[bytes] = []
+
+    class LeaseLost(Exception):
+        pass
+
+    a = Join(tmp_path)
+    real_merge = Join._merge
+
+    def paused_merge(self, segments):
+        # A is paused here; meanwhile B takes the join over and judges a first page.
+        b = Join(tmp_path)
+        try:
+            assert b.build(segments, rule)["suspects"] == 20_000
+            checkpoint.append(b.suspects(b"", 1)[-1][0])
+        finally:
+            b.close()
+        real_merge(self, segments)
+
+    def lost():
+        raise LeaseLost()
+
+    monkeypatch.setattr(a, "_merge", paused_merge.__get__(a))
+    monkeypatch.setattr(records_mod, "TICK_SECONDS", 0.0)
+    with pytest.raises(LeaseLost):
+        a.build(2, rule, tick=lost)
+    a.close()
+    # B's next page, on the same host: the join file is reused when it says it is built.
+    b = Join(tmp_path)
+    try:
+        if b.built():
+            assert len(b.suspects(checkpoint[0], 100_000)) == 19_999
+    finally:
+        b.close()
+
+
+def test_only_the_pages_of_a_segments_chain_count(tmp_path):
+    """A segment file's pages chain from its start to its end; a page off that chain is no
+    observation of the segment as scanned (a stale writer of this host -- paused after its
+    deadline check, its lease taken over by another process of this host that scanned the
+    range again with other page boundaries -- wrote it late). Its records must not count: here
+    an off-chain record of X's new copy would hide that X's new copy is missing."""
+    write_page(tmp_path, 0, END, '{"k":1}', [rec(b"oX", b"X", nkey=b"nX")])
+    write_page(tmp_path, 0, '{"k":1}', END, [])
+    write_page(tmp_path, 0, '{"k":0}', END, [rec(b"nX", b"X", NEW, nkey=b"nX")])  # off the chain
+    write_page(tmp_path, 1, END, END, [])
+    assert complete(tmp_path, 0)
+    _, suspects = build_existing(tmp_path, 2)
+    assert suspects == {b"X": "missing"}
+
+
+def test_a_stale_page_write_of_this_host_is_fenced_by_the_lease_token(tmp_path):
+    """A worker of this host paused between its deadline check and its page write, its lease
+    taken over by another process of this host (a higher token), which scanned the same page
+    again and went on: the stale write is refused, the later holder's records stay."""
+    from reshard.jobs.records import StaleWrite
+    write_page(tmp_path, 0, END, '{"k":1}', [rec(b"oX", b"X", nkey=b"nX")], token=7)  # the later holder
+    with pytest.raises(StaleWrite):
+        write_page(tmp_path, 0, END, '{"k":1}', [rec(b"oX", b"X", version=V1, nkey=b"nX")], token=5)
+    write_page(tmp_path, 0, '{"k":1}', END, [], token=8)  # its renewed token: fine
+    write_page(tmp_path, 1, END, END, [])
+    _, suspects = build_existing(tmp_path, 2)
+    assert suspects == {b"X": "missing"}
