@@ -12,9 +12,12 @@ from tests.conftest import ROOT
 
 INVOICES_GSI = ROOT / "migrations" / "0005_invoices_gsi.toml"
 
-#: The invoice article's index, hashed on a non-key field in [to] (``customer``): a shim write
-#: that changes it changes the item's new GSI value, so a stale rewrite would be visible.
-BY_CUSTOMER = """\
+def gsi_migration(mid: str = "gsi-mig", table: str = "InvoiceTransactions", *, old_shards: int = 4,
+                  new_shards: int = 16, shard_by: str = "customer", new_partition: str = "{shard}") -> str:
+    """An index-only migration of the invoice article's ByCountry index (random ``old_shards`` ->
+    ``hash(shard_by) % new_shards``). The default hashes a non-key field (``customer``): a shim
+    write that changes it changes the item's new GSI value, so a stale rewrite would be visible."""
+    return f"""\
 id = "{mid}"
 table = "{table}"
 
@@ -28,13 +31,13 @@ sort = "tx_country"
 
 [index.ByCountry.from]
 partition = "{{shard}}"
-shards = 4
+shards = {old_shards}
 shard_by = "random"
 
 [index.ByCountry.to]
-partition = "{{shard}}"
-shards = 16
-shard_by = ["customer"]
+partition = "{new_partition}"
+shards = {new_shards}
+shard_by = ["{shard_by}"]
 """
 
 
@@ -61,7 +64,7 @@ def header(i: int, shard: int, country: str = "USA", customer: str | None = None
 def setup_index_migration(dynamo, table: str, control: str, text: str | None = None, mid: str = "gsi-mig",
                           phases: int = 3):
     """Register the index-only migration and advance it ``phases`` times (3: to backfill; no shims)."""
-    text = text or BY_CUSTOMER.format(mid=mid, table=table)
+    text = text or gsi_migration(mid, table)
     m = parse(text, "<gsi>")
     store = ControlStore(dynamo, control)
     store.ensure_table()

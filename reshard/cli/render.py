@@ -435,6 +435,12 @@ def plan_index_text(r: dict) -> str:
         add("  (give --max-wcu N for the time at a write budget)")
     add(f"  on-demand cost: backfill ${od['backfill_usd']:,.4f}  (at ${od['write_price_per_million']:g}/M WRU, "
         f"${od['read_price_per_million']:g}/M RRU: us-east-1 list prices, check yours)")
+    _plan_ending(add, r)
+    return "\n".join(out)
+
+
+def _plan_ending(add, r: dict) -> None:
+    """What every plan text ends with: warnings, what start will refuse, the next commands."""
     if r["warnings"]:
         add("")
         for w in r["warnings"]:
@@ -448,7 +454,6 @@ def plan_index_text(r: dict) -> str:
     add("Next:" if not r["start_refuses"] else "Next (once start's problems are fixed):")
     for c in r["next"]:
         add(f"  {c}")
-    return "\n".join(out)
 
 
 def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
@@ -529,19 +534,7 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
             f"[to] has {rec['to_shards']}")
     else:
         add("Recommended shards: give --peak-writes-per-sec N (and --item-kb K) for a recommendation")
-    if r["warnings"]:
-        add("")
-        for w in r["warnings"]:
-            add(f"warning: {w}")
-    if r["start_refuses"]:
-        add("")
-        add(f"start will refuse ({len(r['start_refuses'])} problem(s)):")
-        for b in r["start_refuses"]:
-            add(f"  - {b}")
-    add("")
-    add("Next:" if not r["start_refuses"] else "Next (once start's problems are fixed):")
-    for c in r["next"]:
-        add(f"  {c}")
+    _plan_ending(add, r)
     return "\n".join(out)
 
 

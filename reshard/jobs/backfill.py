@@ -58,7 +58,7 @@ from reshard.core.versions import copy_fence, copy_outcome, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, item_writes, scan_page
+from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, count_writes, scan_page
 
 COUNTERS = ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
             "unmappable", "rcu", "wcu")
@@ -121,13 +121,7 @@ class Backfill:
             moving.append((item, new_item))
 
         # One fenced PutItem per moved item, several in flight (see runner.item_writes).
-        outcomes, used = item_writes(ctx, self.budget, self._copy, moving, self.concurrency)
-        for outcome in outcomes:
-            if outcome:
-                counts[outcome] += 1
-        usage = self.budget.take_usage()
-        counts["rcu"] = round(usage["rcu"] + used["rcu"], 2)
-        counts["wcu"] = round(usage["wcu"] + used["wcu"], 2)
+        count_writes(ctx, self.budget, self._copy, moving, self.concurrency, counts)
         return counts, next_key
 
     def _copy(self, guard, pair: tuple[dict, dict]) -> str:

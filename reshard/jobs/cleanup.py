@@ -53,7 +53,7 @@ from reshard.core.versions import parse_version, unchanged, version_of
 from reshard.core.wire import N, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
-from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, item_writes, scan_page
+from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, count_writes, scan_page
 
 
 def check_ttl(dynamo: Dynamo, migration: Migration, enable: bool) -> None:
@@ -117,13 +117,7 @@ class Cleaner:
             else:
                 writes.append((action, item))
         # One conditional request per item, several in flight (runner.item_writes).
-        outcomes, used = item_writes(ctx, self.budget, self._write, writes, self.concurrency)
-        for outcome in outcomes:
-            if outcome:
-                counts[outcome] += 1
-        usage = self.budget.take_usage()
-        counts["rcu"] = round(usage["rcu"] + used["rcu"], 2)
-        counts["wcu"] = round(usage["wcu"] + used["wcu"], 2)
+        count_writes(ctx, self.budget, self._write, writes, self.concurrency, counts)
         return counts, resp.get("LastEvaluatedKey")
 
     def _write(self, guard, work: tuple[str, dict]) -> str:

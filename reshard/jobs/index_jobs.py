@@ -50,7 +50,7 @@ from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, item_writes, scan_page
+from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, count_writes, scan_page
 
 REWRITE_COUNTERS = ("scanned", "moved", "already", "raced", "not_indexed", "unmappable", "rcu", "wcu")
 
@@ -96,13 +96,7 @@ class IndexRewrite:
                 work.append((item, changes))
             else:
                 counts[outcome] += 1
-        outcomes, used = item_writes(ctx, self.budget, self._update, work, self.concurrency)
-        for outcome in outcomes:
-            if outcome:
-                counts[outcome] += 1
-        usage = self.budget.take_usage()
-        counts["rcu"] = round(usage["rcu"] + used["rcu"], 2)
-        counts["wcu"] = round(usage["wcu"] + used["wcu"], 2)
+        count_writes(ctx, self.budget, self._update, work, self.concurrency, counts)
         return counts, resp.get("LastEvaluatedKey")
 
     def plan(self, item: dict) -> tuple[str, list]:

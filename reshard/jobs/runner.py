@@ -525,3 +525,18 @@ def item_writes(ctx: PageContext, budget: CapacityBudget, write: Callable[[Calla
     if first is not None:
         raise first
     return results, total
+
+
+def count_writes(ctx: PageContext, budget: CapacityBudget, write: Callable[[Callable[[], None], Any], Any],
+                 items: Sequence, concurrency: int, counts: dict) -> dict:
+    """A page's per-item writes (:func:`item_writes`), each outcome added to its counter in
+    ``counts``, and the page's capacity (its own reads and writes plus the writes') in
+    ``counts["rcu"]``/``counts["wcu"]``: the ending every data job's page shares."""
+    outcomes, used = item_writes(ctx, budget, write, items, concurrency)
+    for outcome in outcomes:
+        if outcome:
+            counts[outcome] += 1
+    usage = budget.take_usage()
+    counts["rcu"] = round(usage["rcu"] + used["rcu"], 2)
+    counts["wcu"] = round(usage["wcu"] + used["wcu"], 2)
+    return counts

@@ -63,7 +63,7 @@ from reshard.core.index import INDEX_RETIRED, INDEX_ROUTING, IndexMapper, IndexR
 from reshard.core.layout import is_tombstone, item_size, scalar
 from reshard.core.phases import Phase
 from reshard.core.versions import newest
-from reshard.shim.query import PAGE_BYTES, _just_before, _plain, _satisfies, _sort_to_av
+from reshard.shim.query import PAGE_BYTES, conjuncts, _just_before, _plain, _satisfies, _sort_to_av
 
 #: The reserved attribute of an index query's LastEvaluatedKey: the layouts it read, in pass order.
 READS_ATTR = "_rs_reads"
@@ -117,17 +117,7 @@ def index_key_condition(im: IndexMapper, node: tuple | None, key: Mapping[str, A
     fields) take equalities, which pick the partition values to read; the partition
     attribute itself cannot be named: the shim fans out over it.
     """
-    leaves: list[tuple] = []
-
-    def flatten(n: tuple) -> None:
-        if n[0] == "and":
-            flatten(n[1])
-            flatten(n[2])
-        else:
-            leaves.append(n)
-
-    if node is not None:
-        flatten(node)
+    leaves = conjuncts(node)
     allowed = im.partition_fields() | set(im.old.shard_by or ()) | set(im.new.shard_by or ())
     eq: dict[str, Any] = {}
     sort: tuple | None = None

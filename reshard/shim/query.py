@@ -272,6 +272,15 @@ def _partition_keys(layout, fields: Mapping[str, Any]) -> list[dict]:
     return out
 
 
+def conjuncts(node: tuple | None) -> list[tuple]:
+    """The leaves of a key condition's ``AND`` tree (the only connective a key condition has)."""
+    if node is None:
+        return []
+    if node[0] == "and":
+        return conjuncts(node[1]) + conjuncts(node[2])
+    return [node]
+
+
 def logical_key_condition(m: KeyMapper, layouts: list[Layout], node: tuple) -> tuple[dict, tuple | None]:
     """(partition fields, physical sort condition) of a parsed KeyConditionExpression over
     logical fields (``sensor_id = :s AND ts BETWEEN :a AND :b``).
@@ -281,16 +290,7 @@ def logical_key_condition(m: KeyMapper, layouts: list[Layout], node: tuple) -> t
     condition applies to the next field, which must be the template's last (else the
     rendered text would not order like the field).
     """
-    leaves: list[tuple] = []
-
-    def flatten(n: tuple) -> None:
-        if n[0] == "and":
-            flatten(n[1])
-            flatten(n[2])
-        else:
-            leaves.append(n)
-
-    flatten(node)
+    leaves = conjuncts(node)
     eq: dict[str, Any] = {}
     ranged: list[tuple[str, str, list]] = []
     for leaf in leaves:

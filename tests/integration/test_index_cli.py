@@ -6,7 +6,7 @@ import json
 
 from reshard.cli.main import main
 
-from tests.index_support import BY_CUSTOMER, create_gsi_table, header
+from tests.index_support import gsi_migration, create_gsi_table, header
 
 
 def test_plan_and_start_refuse_a_keys_only_gsi_and_a_combined_file(dynalite, dynalite_server, unique_name,
@@ -15,7 +15,7 @@ def test_plan_and_start_refuse_a_keys_only_gsi_and_a_combined_file(dynalite, dyn
     for i in range(6):
         dynalite.call("put_item", TableName=unique_name, Item=header(i, shard=i % 4))
     path = tmp_path / "gsi.toml"
-    path.write_text(BY_CUSTOMER.format(mid="gsi-cli", table=unique_name))
+    path.write_text(gsi_migration("gsi-cli", unique_name))
     glob = ["--endpoint-url", dynalite_server.endpoint, "--control-table", unique_name + "-ctl"]
 
     assert main([*glob, "plan", str(path), "--output", "json"]) == 0
@@ -34,7 +34,7 @@ def test_plan_and_start_refuse_a_keys_only_gsi_and_a_combined_file(dynalite, dyn
     assert "projects KEYS_ONLY" in err and "Traceback" not in err
 
     combined = tmp_path / "both.toml"
-    combined.write_text(BY_CUSTOMER.format(mid="gsi-both", table=unique_name).replace(
+    combined.write_text(gsi_migration("gsi-both", unique_name).replace(
         "[index.ByCountry]\n", '[from]\npartition = "{invoice}#{shard}"\nshards = 2\nshard_by = ["invoice"]\n'
         '[to]\npartition = "{invoice}#{shard}"\nshards = 4\nshard_by = ["invoice"]\n[index.ByCountry]\n', 1))
     for verb in ("plan", "start"):

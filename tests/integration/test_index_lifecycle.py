@@ -23,7 +23,7 @@ from reshard.core.index import IndexMapper
 from reshard.core.migration import parse
 from reshard.shim.table import ShardedTable
 
-from tests.index_support import BY_CUSTOMER, create_gsi_table, header
+from tests.index_support import gsi_migration, create_gsi_table, header
 from tests.integration.test_lifecycle import cli
 
 COUNTRIES = ("USA", "FRA", "DEU")
@@ -126,7 +126,7 @@ def test_gsi_4_random_to_16_hashed_from_the_command_line_with_live_queries(dynal
     table = unique_name[:60]
     control = f"{table}-ctl"
     path = tmp_path / "gsi.toml"
-    path.write_text(BY_CUSTOMER.format(mid="invoices-gsi-e2e", table=table))
+    path.write_text(gsi_migration("invoices-gsi-e2e", table))
     m = parse(path.read_text(), str(path))
     create_gsi_table(dynalite, table)
     rng = random.Random(5)

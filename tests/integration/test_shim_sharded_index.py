@@ -19,30 +19,13 @@ from reshard.core.index import IndexMapper
 from reshard.core.layout import VERSION_ATTR, hash_shard
 from reshard.core.migration import parse
 from reshard.shim.index import READS_ATTR
+from tests.index_support import gsi_migration
 from tests.shim_helpers import shim
 
-FILE = """
-id = "invoices-gsi-4-to-16"
-table = "{table}"
-[keys]
-partition = "PK"
-sort = "SK"
-[index.ByCountry]
-partition = "gsi_shard"
-sort = "tx_country"
-[index.ByCountry.from]
-partition = "{{shard}}"
-shards = 4
-shard_by = "random"
-[index.ByCountry.to]
-partition = "{{shard}}"
-shards = 16
-shard_by = ["{shard_by}"]
-"""
 
 
 def index_migration(table: str, shard_by: str = "PK"):
-    return parse(FILE.format(table=table, shard_by=shard_by))
+    return parse(gsi_migration("invoices-gsi-4-to-16", table, shard_by=shard_by))
 
 
 def create_gsi_table(dynamo, table: str) -> None:
@@ -295,7 +278,7 @@ def test_an_index_without_sort_key_pages_by_table_key(dynalite, unique_name):
     """No GSI sort key: DynamoDB orders a partition value's items by a hash of the table key,
     so each page reads its partitions whole and merges by table key; pages still never
     repeat or skip an item."""
-    text = FILE.format(table=unique_name, shard_by="PK").replace('sort = "tx_country"\n', "")
+    text = gsi_migration("invoices-gsi-4-to-16", unique_name, shard_by="PK").replace('sort = "tx_country"\n', "")
     dynalite.call("create_table", TableName=unique_name, BillingMode="PAY_PER_REQUEST",
                   KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
                   AttributeDefinitions=[{"AttributeName": a, "AttributeType": t} for a, t in

@@ -26,30 +26,13 @@ from reshard.core.phases import Phase
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.index_jobs import IndexRewrite
 from reshard.shim.table import ShardedTable
-from tests.index_support import create_gsi_table
+from tests.index_support import create_gsi_table, gsi_migration
 from tests.model.explore import World, explore
 
 TABLE = "Invoices"
-MIGRATION = """\
-id = "gsi-2-to-4"
-table = "Invoices"
-[keys]
-partition = "PK"
-sort = "SK"
-[index.ByCountry]
-partition = "gsi_shard"
-sort = "tx_country"
-[index.ByCountry.from]
-partition = "{shard}"
-shards = 2
-shard_by = "random"
-[index.ByCountry.to]
-partition = "{shard}"
-shards = 4
-shard_by = ["customer"]
-"""
+MIGRATION = gsi_migration("gsi-2-to-4", TABLE, old_shards=2, new_shards=4)
 #: The same move to values that share none with the old ones (``n0``..``n3``, a string attribute).
-DISJOINT = MIGRATION.replace('partition = "{shard}"\nshards = 4', 'partition = "n{shard}"\nshards = 4')
+DISJOINT = gsi_migration("gsi-2-to-4", TABLE, old_shards=2, new_shards=4, new_partition="n{shard}")
 
 #: (invoice, customer, old shard): new shard = sha256(customer) % 4. "b": old 1 -> new 1 (stays);
 #: "d": old 1 -> new 0 (moves to a value the first pass read *before* its old one); "g": old 0 -> new 1
