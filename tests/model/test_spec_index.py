@@ -175,3 +175,40 @@ def test_with_the_passes_in_the_wrong_order(monkeypatch):
     wrong = type(routing)(routing.writes, (NEW, OLD))
     monkeypatch.setitem(shim_index.INDEX_ROUTING, Phase.BACKFILL, wrong)
     must_find(scenario(None, movers=("2",), writer=None, text=DISJOINT))
+
+
+def rewrite_racing_a_put(w: World):
+    """R scanned "1" (customer d, old 1) and rewrites it to its new value; W puts "1" again with
+    customer b, whose new value (1) equals the scanned old one, so only the version tells the
+    rewrite that the item changed. Either order must leave "1" at the new value of what W wrote."""
+    m = world_with_items(w, MIGRATION)
+    rw = rewriter(w, m)
+    scanned = wire("1", "d", 1)
+    outcome, changes = rw.plan(scanned)
+    assert outcome == "moved"
+    w.actor("R", lambda: rw._update_once(None, (scanned, changes)))
+    wt = shim(w, m, "writer")
+    w.actor("W", lambda: wt.put_item(Item={"PK": "InvoiceNumber#1", "SK": "root", "tx_country": "USA",
+                                           "customer": "b", "gsi_shard": 1}))
+
+    def check(w: World):
+        im = IndexMapper(m.indexes[0])
+        item = next(i for i in w.db.items(TABLE) if i["PK"]["S"] == "InvoiceNumber#1")
+        assert item["customer"] == {"S": "b"}
+        assert im.is_at(item, NEW), f"invariant: the rewrite overwrote a newer write: {item['gsi_shard']} for customer b"
+    return check
+
+
+def test_the_rewrite_never_overwrites_a_newer_shim_write():
+    r = explore(rewrite_racing_a_put)
+    r.assert_ok()
+    assert r.schedules >= 2, r
+
+
+def test_without_the_rewrites_version_fence(monkeypatch):
+    """The rewrite's UpdateItem without its version condition (the scanned-value condition
+    stays): W's put lands first, the rewrite still matches the value and writes d's new value."""
+    import reshard.jobs.index_jobs as index_jobs
+    from tests.model.test_spec_mutations import disabled_in
+    disabled_in(index_jobs, "unchanged", "_update_once", monkeypatch)
+    must_find(rewrite_racing_a_put)
