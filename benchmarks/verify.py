@@ -33,6 +33,9 @@ import tempfile
 import threading
 import time
 
+import boto3
+import botocore.config
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -47,15 +50,16 @@ from reshard.jobs.verify import VERIFY  # noqa: E402
 GOALS = {"items_per_s_ratio": 0.5, "rcu_per_item_ratio": 2.0, "rss_ratio_10x": 1.2}
 
 
-def plain_scan(dynamo, table: str, segments: int, page_size: int) -> tuple[int, float]:
-    """A plain parallel, eventually consistent Scan: (items, RCU consumed)."""
+def plain_scan(boto, table: str, segments: int, page_size: int) -> tuple[int, float]:
+    """A plain parallel, eventually consistent Scan through boto3 (what a user would run; not
+    reshard's lean path): (items, RCU consumed)."""
     counts, units = [0] * segments, [0.0] * segments
 
     def seg(s: int) -> None:
         kw = {"TableName": table, "Segment": s, "TotalSegments": segments, "Limit": page_size,
               "ReturnConsumedCapacity": "TOTAL"}
         while True:
-            resp = dynamo.call("scan", **kw)
+            resp = boto.scan(**kw)
             counts[s] += len(resp.get("Items", []))
             units[s] += float(resp.get("ConsumedCapacity", {}).get("CapacityUnits", 0.0))
             if not resp.get("LastEvaluatedKey"):
@@ -83,9 +87,11 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
     run_job(BACKFILL, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
                                                  page_size=args.page_size))
     scan_rates, verify_rates, scan_rcu, verify_rcu, scanned = [], [], [], [], 0
+    boto = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name="us-east-1",
+                        config=botocore.config.Config(max_pool_connections=args.segments))
     for _ in range(args.rounds):
         t0 = time.perf_counter()
-        scanned, units = plain_scan(d, m.table, args.segments, args.page_size)
+        scanned, units = plain_scan(boto, m.table, args.segments, args.page_size)
         scan_rates.append(scanned / (time.perf_counter() - t0))
         scan_rcu.append(units)
         t0 = time.perf_counter()

@@ -187,3 +187,32 @@ def test_unprocessed_keys_come_back_as_bytes_and_are_asked_again(dynalite_server
     assert len(bodies) == 2 and bodies[1] == bodies[0]  # the same key, re-encoded from bytes
     resp = d.call("batch_get_item", RequestItems={table: {"Keys": [item]}})
     assert resp["UnprocessedKeys"] == {table: {"Keys": [item]}}  # bytes, as botocore parses them
+
+
+def test_a_scan_page_answers_what_botocore_answers(dynalite_server, btable):
+    """Scan on the lean path (the jobs' pages): items of every value type, the binary
+    LastEvaluatedKey a next page starts from, Count and ConsumedCapacity, as botocore parses them."""
+    table = btable
+    d = _lean(dynalite_server.endpoint)
+    plain = Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1")
+    plain._lean = None
+    sent, send = [], d._lean.send
+    d._lean.send = lambda op, kw: sent.append(op) or send(op, kw)
+    items = [{"PK": {"S": f"s{i}"}, "SK": {"B": bytes([i, 0xff])}, "n": {"N": str(i)}, "bs": {"BS": [b"\x01"]},
+              "M": {"M": {"x": {"L": [{"B": b"\x02"}, {"BOOL": True}, {"NULL": True}]}}}} for i in range(5)]
+    items.append({"PK": {"S": "plain"}, "SK": {"B": b"\x00"}, "t": {"BOOL": False}, "s": {"S": 'a "B": b'}})
+    for item in items:
+        plain.call("put_item", TableName=table, Item=item)
+    kw = {"TableName": table, "Limit": 2, "ReturnConsumedCapacity": "TOTAL"}
+    seen = []
+    while True:
+        got, want = d.call("scan", **kw), plain.call("scan", **kw)
+        for name in ("Items", "Count", "ScannedCount", "LastEvaluatedKey", "ConsumedCapacity"):
+            assert got.get(name) == want.get(name), name
+        seen.extend(got["Items"])
+        if not got.get("LastEvaluatedKey"):
+            break
+        assert isinstance(got["LastEvaluatedKey"]["SK"]["B"], bytes)
+        kw["ExclusiveStartKey"] = got["LastEvaluatedKey"]  # bytes, sent back as base64
+    assert sorted(seen, key=repr) == sorted(items, key=repr) and sent.count("scan") == len(sent) >= 3
+    assert d.stats.consumed[table] > 0
