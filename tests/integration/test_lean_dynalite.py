@@ -216,3 +216,17 @@ def test_a_scan_page_answers_what_botocore_answers(dynalite_server, btable):
         kw["ExclusiveStartKey"] = got["LastEvaluatedKey"]  # bytes, sent back as base64
     assert sorted(seen, key=repr) == sorted(items, key=repr) and sent.count("scan") == len(sent) >= 3
     assert d.stats.consumed[table] > 0
+
+
+def test_numbers_written_in_other_forms_read_back_alike_and_digest_alike(dynalite_server, table):
+    """verify's content digest compares numbers as DynamoDB returns them: normalised, so ``1.0``
+    and ``1``, ``01.50`` and ``1.5`` are one number (and ``1`` and ``2`` are not)."""
+    from reshard.core.join import digest
+    d = _lean(dynalite_server.endpoint)
+    forms = {"a": ("1.0", "01.50", ["2", "1.0"]), "b": ("1", "1.5", ["2", "1"]), "c": ("2", "1.5", ["2", "1"])}
+    for pk, (n, m, ns) in forms.items():
+        d.call("put_item", TableName=table, Item={"PK": {"S": pk}, "SK": {"S": "1"}, "n": {"N": n},
+                                                    "doc": {"M": {"m": {"N": m}}}, "ns": {"NS": ns}})
+    read = {i["PK"]["S"]: {k: v for k, v in i.items() if k not in ("PK", "SK")}
+            for i in d.call("scan", TableName=table)["Items"]}
+    assert digest(read["a"]) == digest(read["b"]) != digest(read["c"])
