@@ -135,6 +135,14 @@ def rss(server, args, n: int, records_dir: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def loadavg() -> str:
+    """This machine's load average (the benchmark shares its cores with whatever else runs)."""
+    try:
+        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rss-child":
         endpoint, name, segments, page_size, records_dir = sys.argv[2:7]
@@ -149,6 +157,7 @@ def main() -> None:
     ap.add_argument("--kinds", default="sensor,invoices")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "verify.json"))
     args = ap.parse_args()
+    load_before = loadavg()
     with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp) / "db") as server:
         rows = [measure(server, args, kind, str(pathlib.Path(tmp) / "records")) for kind in args.kinds.split(",")]
         small = rss(server, args, args.rss_items, str(pathlib.Path(tmp) / "records"))
@@ -157,7 +166,7 @@ def main() -> None:
               "peak_before_verify_kb": [small["before_kb"], large["before_kb"]],
               "physical_items_checked": [small["checked"], large["checked"]],
               "rss_ratio_10x": round(large["maxrss_kb"] / small["maxrss_kb"], 3)}
-    out = {"goals": GOALS, "segments": args.segments, "page_size": args.page_size, "rounds": args.rounds,
+    out = {"goals": GOALS, "loadavg": [load_before, loadavg()], "segments": args.segments, "page_size": args.page_size, "rounds": args.rounds,
            "layouts": rows, "memory": memory}
     print(f"{'layout':<10}{'scan it/s':>11}{'verify it/s':>13}{'ratio':>8}{'goal':>7}"
           f"{'scan RCU/it':>13}{'verify RCU/it':>15}{'ratio':>8}{'goal':>7}")
@@ -170,6 +179,7 @@ def main() -> None:
           f"{memory['peak_rss_kb'][1]} KB at {memory['items'][1]}: x{memory['rss_ratio_10x']} "
           f"(goal <= x{GOALS['rss_ratio_10x']}); before verify: {memory['peak_before_verify_kb'][0]} and "
           f"{memory['peak_before_verify_kb'][1]} KB")
+    print(f"load average (1, 5, 15 min): {out['loadavg'][0]} before, {out['loadavg'][1]} after")
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
