@@ -13,6 +13,9 @@ Measures, in one process run on one server, for a calculated (sensor, 16 -> 32) 
 Verify scans every item once, records (key, side, version, digest) per item in SQLite files,
 joins them by logical item and re-reads only items whose records disagree (none here).
 
+Also the client's CPU (``process_time``) per scanned item of each: on a shared machine the
+items/s ratio moves with the load, the CPU far less.
+
 Prints a table with the goals beside the figures and writes JSON to benchmarks/results/verify.json.
 
     PYTHONPATH=. python3 benchmarks/verify.py              # 6000 items per table, about two minutes
@@ -87,16 +90,19 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
     run_job(BACKFILL, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
                                                  page_size=args.page_size))
     scan_rates, verify_rates, scan_rcu, verify_rcu, scanned = [], [], [], [], 0
+    scan_cpu, verify_cpu = [], []  # client CPU (process_time) per scanned item, µs
     boto = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name="us-east-1",
                         config=botocore.config.Config(max_pool_connections=args.segments))
     for _ in range(args.rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         scanned, units = plain_scan(boto, m.table, args.segments, args.page_size)
         scan_rates.append(scanned / (time.perf_counter() - t0))
+        scan_cpu.append((time.process_time() - c0) / scanned * 1e6)
         scan_rcu.append(units)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = run_job(VERIFY, d, store, m.id, opts(args, records_dir))
         verify_rates.append(result.checked / (time.perf_counter() - t0))
+        verify_cpu.append((time.process_time() - c0) / result.checked * 1e6)
         assert result.passed, result.counts
         verify_rcu.append(result.consumed["rcu"])
     ratio = statistics.median(verify_rates) / statistics.median(scan_rates)
@@ -106,6 +112,8 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
             "plain_scan_items_per_s": round(statistics.median(scan_rates), 1),
             "verify_items_per_s": round(statistics.median(verify_rates), 1),
             "items_per_s_ratio": round(ratio, 3),
+            "plain_scan_client_cpu_us_per_item": round(statistics.median(scan_cpu), 1),
+            "verify_client_cpu_us_per_item": round(statistics.median(verify_cpu), 1),
             "plain_scan_rcu_per_item": round(per_item_scan, 4), "verify_rcu_per_item": round(per_item_verify, 4),
             "rcu_per_item_ratio": round(per_item_verify / per_item_scan, 3) if per_item_scan else None}
 
@@ -169,12 +177,13 @@ def main() -> None:
     out = {"goals": GOALS, "loadavg": [load_before, loadavg()], "segments": args.segments, "page_size": args.page_size, "rounds": args.rounds,
            "layouts": rows, "memory": memory}
     print(f"{'layout':<10}{'scan it/s':>11}{'verify it/s':>13}{'ratio':>8}{'goal':>7}"
-          f"{'scan RCU/it':>13}{'verify RCU/it':>15}{'ratio':>8}{'goal':>7}")
+          f"{'scan RCU/it':>13}{'verify RCU/it':>15}{'ratio':>8}{'goal':>7}{'client CPU µs/it scan, verify':>31}")
     for r in rows:
         print(f"{r['migration']:<10}{r['plain_scan_items_per_s']:>11}{r['verify_items_per_s']:>13}"
               f"{r['items_per_s_ratio']:>8}{'>=' + str(GOALS['items_per_s_ratio']):>7}"
               f"{r['plain_scan_rcu_per_item']:>13}{r['verify_rcu_per_item']:>15}"
-              f"{r['rcu_per_item_ratio']!s:>8}{'<=' + str(GOALS['rcu_per_item_ratio']):>7}")
+              f"{r['rcu_per_item_ratio']!s:>8}{'<=' + str(GOALS['rcu_per_item_ratio']):>7}"
+              f"{r['plain_scan_client_cpu_us_per_item']:>23}{r['verify_client_cpu_us_per_item']:>8}")
     print(f"peak RSS of verify (random layout): {memory['peak_rss_kb'][0]} KB at {memory['items'][0]} items, "
           f"{memory['peak_rss_kb'][1]} KB at {memory['items'][1]}: x{memory['rss_ratio_10x']} "
           f"(goal <= x{GOALS['rss_ratio_10x']}); before verify: {memory['peak_before_verify_kb'][0]} and "
