@@ -278,3 +278,5 @@ def test_equal_contents_digest_alike_and_different_ones_differ():
     assert key_hash({"PK": {"B": b"1"}}, ["PK"]) != key_hash({"PK": {"S": "31"}}, ["PK"])
     fields = {"s": "a\u2028é", "n": Decimal("1.5"), "b": b"\x00"}
     assert fields_from_text(fields_text(fields)) == fields
+    odd = {"s": "a\ud800"}  # a lone surrogate (no UTF-8 text has one): still one digest, fields kept
+    assert digest(odd) != digest({"s": "a"}) and fields_from_text(fields_text(odd)) == odd
