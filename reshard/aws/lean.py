@@ -18,8 +18,9 @@ tests and moto register keep working (a ``before-send`` answer is used as the re
 
 Where it is used: for PutItem, DeleteItem and UpdateItem whose answer carries no
 attribute values (no ``ReturnValues``), for GetItem and BatchGetItem (the shim's reads:
-issue 14's overhead goals) and for Scan (the jobs' pages: botocore's shape walk was most of
-verify's client CPU per item, issue 16), whose answers are turned into botocore's shapes by
+issue 14's overhead goals), for Scan (the jobs' pages: botocore's shape walk was most of
+verify's client CPU per item, issue 16) and Query (the control table's segment and run rows,
+read every page; the shim's fan-out), whose answers are turned into botocore's shapes by
 :func:`_decode_binaries` (B and BS values base64-decoded to bytes, everything else is
 already what botocore's JSON parser returns); only on a client whose endpoint, credentials
 and hooks it understands (:func:`lean_sender`); anything else goes through botocore unchanged.
@@ -58,9 +59,10 @@ except ImportError:  # pragma: no cover - orjson is optional
 
 #: botocore snake_case name -> DynamoDB operation.
 OPERATIONS = {"put_item": "PutItem", "delete_item": "DeleteItem", "update_item": "UpdateItem",
-              "get_item": "GetItem", "batch_get_item": "BatchGetItem", "scan": "Scan"}
+              "get_item": "GetItem", "batch_get_item": "BatchGetItem", "scan": "Scan",
+              "query": "Query"}
 #: Reads: their answers carry attribute values (see :func:`_decode_binaries`).
-_READS = frozenset({"GetItem", "BatchGetItem", "Scan"})
+_READS = frozenset({"GetItem", "BatchGetItem", "Scan", "Query"})
 #: A B or BS type tag in an answer's JSON (a quote inside a string value is escaped, so
 #: ``"B":`` there is a map key: a type tag, or an attribute named B, which decoding walks
 #: past correctly); without one, the answer has no binary value to decode.
@@ -282,7 +284,7 @@ class LeanSender:
 
 
 def _decode_answer(parsed: dict) -> None:
-    """A GetItem/BatchGetItem/Scan answer's attribute values as botocore parses them (in place)."""
+    """A GetItem/BatchGetItem/Scan/Query answer's attribute values as botocore parses them (in place)."""
     for name in ("Item", "LastEvaluatedKey"):
         item = parsed.get(name)
         if item:

@@ -190,7 +190,7 @@ def test_unprocessed_keys_come_back_as_bytes_and_are_asked_again(dynalite_server
 
 
 def test_a_scan_page_answers_what_botocore_answers(dynalite_server, btable):
-    """Scan on the lean path (the jobs' pages): items of every value type, the binary
+    """Scan (and Query) on the lean path (the jobs' pages): items of every value type, the binary
     LastEvaluatedKey a next page starts from, Count and ConsumedCapacity, as botocore parses them."""
     table = btable
     d = _lean(dynalite_server.endpoint)
@@ -216,6 +216,19 @@ def test_a_scan_page_answers_what_botocore_answers(dynalite_server, btable):
         kw["ExclusiveStartKey"] = got["LastEvaluatedKey"]  # bytes, sent back as base64
     assert sorted(seen, key=repr) == sorted(items, key=repr) and sent.count("scan") == len(sent) >= 3
     assert d.stats.consumed[table] > 0
+    # Query: the same shapes, page after page (a binary sort key in LastEvaluatedKey, a key condition on it).
+    kw = {"TableName": table, "KeyConditionExpression": "PK = :p AND SK > :b", "Limit": 1, "ScanIndexForward": False,
+          "ExpressionAttributeValues": {":p": {"S": "s3"}, ":b": {"B": b"\x00"}}, "ReturnConsumedCapacity": "TOTAL"}
+    found = []
+    for _ in range(3):
+        got, want = d.call("query", **kw), plain.call("query", **kw)
+        for name in ("Items", "Count", "ScannedCount", "LastEvaluatedKey", "ConsumedCapacity"):
+            assert got.get(name) == want.get(name), name
+        found.extend(got["Items"])
+        if not got.get("LastEvaluatedKey"):
+            break
+        kw["ExclusiveStartKey"] = got["LastEvaluatedKey"]
+    assert found == [items[3]] and "query" in sent
 
 
 def test_numbers_written_in_other_forms_read_back_alike_and_digest_alike(dynalite_server, table):
