@@ -32,6 +32,52 @@ The fan-out: no item twice, none missed while it moves
     without a sort key is one tie group per partition value: each page reads its partitions
     whole (correct, and as costly as it sounds: give such an index a sort key).
 
+Table keys and index at once (a combined migration: ``[from]``/``[to]`` and ``[index.NAME]``)
+    A logical item then has up to two physical copies (old key, new key; one item when both
+    keys are equal), and every copy carrying the GSI attributes is an entry of the index. Each
+    copy a shim writes gets the value of ``INDEX_ROUTING[phase].writes`` (both copies in
+    dual_write and cutover), the backfill copy gives a new copy the new value and the rewrite
+    moves every physical item's value: per copy, values move one way per period, so the two
+    passes above find every copy that exists throughout the query. But an entry is a physical
+    copy -- possibly stale (a lost mirror; an old copy cleanup-phase writes no longer reach),
+    an old copy after cutover, a live copy whose counterpart is a tombstone -- so entries are
+    *resolved* (:class:`Resolver`, :func:`_resolved_page`):
+
+    1. grouped by (sort value, *logical* key), not by table key;
+    2. each logical item read as the phase's consistent ``get_item`` reads it (the keys the
+       phase reads, every candidate of a random old layout; the newest copy; a tombstone is
+       absent), in one BatchGetItem per round of the groups the page still needs;
+    3. the resolved item R returned at a group iff R is live, in the index, *its own sort
+       value is the group's*, and its partition fields equal the query's (then the filter);
+    4. ordered and paged by (sort value, logical key): ``LastEvaluatedKey`` carries the logical
+       key fields, the sort value and ``_rs_reads``; it round-trips as ``ExclusiveStartKey``.
+
+    Why an item unchanged during the query is returned exactly once. Let C be the copy the
+    phase's ``get_item`` resolves it to: in planned, dual_write and aborted (retired too) the
+    old copy (the only layout read; aborted's cleanup removes new copies only); in dual_read
+    and backfill the old copy as well -- it is authoritative, so no copy is newer, and the
+    copier copies it at its version; in cutover, cleanup and complete the new copy (cleanup
+    removes old copies only, and verify put every copy at the new GSI value before cutover).
+    C exists throughout the query, at R's sort value, with a GSI value of a layout the query
+    reads: the two passes find its entry, and its group returns R. Every other entry of the
+    item (a stale copy, an old copy after cutover, a copy beside a tombstone) resolves to R or
+    to nothing and is skipped (R's sort value is not its group's), or is C's own group: R has
+    one sort value, so one group per query returns it, and the cursor keeps pages disjoint.
+    Without step 3 a stale copy's entry would return R a second time, at the stale position.
+
+    A concurrent write: the index and the resolving read are two moments. An item whose sort
+    value changes during the query may be returned at its old or its new position, at both
+    across two pages, or missed (its new entry was not there yet when the index was read, its
+    old one resolves elsewhere) -- as a DynamoDB query racing an update of its sort key across
+    pages. An item deleted or created during the query is returned or not.
+
+    Cost: one consistent read per logical item a page resolves (one key per copy the phase
+    reads: 1 or 2; N or N+1 for a random old layout of N shards, as ``get_item``), in rounds of
+    the page's remaining ``Limit`` (up to :data:`RESOLVE_BATCH` items), beside the fan-out's
+    queries. An entry whose projection lacks a key field stored only as an attribute costs one
+    consistent GetItem more (it is read whole to learn its logical key). The resolved item is
+    the table's item: ``ALL_PROJECTED_ATTRIBUTES`` returns all of it.
+
 Pagination, as boto3's: ``Limit`` counts items evaluated (before ``FilterExpression``;
 items dropped by the key condition are not evaluated); ``LastEvaluatedKey`` is a logical
 cursor -- the table key and GSI sort value of the last item evaluated, plus ``_rs_reads``,

@@ -41,7 +41,9 @@ Sharded GSIs (``[index.NAME]`` migrations)
     value of the layout the phase writes (a put: computed; an update: from its result, by
     one more conditional UpdateItem when it differs). An index-only migration keeps items at
     their keys: the table is one identity layout here (:func:`_table_view`), no copies, no
-    tombstones.
+    tombstones. A migration that also re-keys the table gives every copy it writes the
+    phase's value (a mirror too) and resolves each index entry to its logical item as
+    ``get_item`` reads it (:meth:`_index_resolver`).
 
 Phase
     Every request asks the instance's :class:`~reshard.shim.phase_cache.PhaseCache` for

@@ -158,7 +158,7 @@ def check_phase(t, invoices, phase: str) -> list[dict]:
 def test_a_combined_migration_s_index_query_in_every_phase(dynalite, table):
     m = parse(combined(table), "<combined>")
     mapper = KeyMapper(m)
-    items = {"1": ("a", "USA"), "2": ("b", "USA"), "3": ("c", "USA"), "4": ("d", "USA"), "5": ("b", "CAN"),
+    items = {"1": ("a", "USA"), "2": ("b", "USA"), "3": ("c", "USA"), "4": ("e", "USA"), "5": ("b", "CAN"),
              "6": ("a", "CAN")}
     invoices = [*items, "8"]
     pre_migration(dynalite, m, items)
@@ -179,6 +179,11 @@ def test_a_combined_migration_s_index_query_in_every_phase(dynalite, table):
 
     t._pin_phase("dual_read")
     set_country(t, "4", "BRA")
+    # Both copies get the phase's GSI value: the update's own copy, and its mirror.
+    im = IndexMapper(m.indexes[0])
+    for key in (mapper.old.key({"invoice": "4"}), mapper.new.key({"invoice": "4"})):
+        copy = dynalite.call("get_item", TableName=table, Key=key, ConsistentRead=True)["Item"]
+        assert copy["tx_country"] == {"S": "BRA"} and im.is_at(copy, NEW) and not im.is_at(copy, "old"), copy
     t.put_item(Item={"invoice": "8", "customer": "c", "tx_country": "USA", "gsi_shard": 0})
     without_mirrors(t, lambda: t.delete_item(Key={"invoice": "8"}))  # old: tombstone; new: live, stale
     assert is_tombstone(dynalite.call("get_item", TableName=table, Key=mapper.old.key({"invoice": "8"}),
