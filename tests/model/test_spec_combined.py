@@ -353,10 +353,9 @@ def test_a_query_beside_a_writer_on_the_adjacent_phase(reader, writer, moved):
     """planned beside dual_write: the new copy a dual_write shim makes (item 1 moves) carries the
     *old* GSI value, which a planned query reads (one result per logical key, not per copy).
     cutover beside cleanup: one writes both copies, the other only the new one."""
-    r = explore(scenario(reader, writes=[("update", moved, "ARG"), ("delete", "6")], writer_phase=writer),
-                preemption_bound=1)
+    r = explore(scenario(reader, writes=[("update", moved, "ARG")], writer_phase=writer), preemption_bound=1)
     r.assert_ok()
-    assert r.schedules >= 20, r
+    assert r.schedules >= 5, r
 
 
 def test_a_paged_fan_out_in_a_combined_migration():
