@@ -1003,7 +1003,8 @@ class ShardedTable:
             except errors.UnmappableItem as e:
                 missing = missing or e.reason == "missing-field"
                 continue
-            return _identity(m, fields), {f: to_av(v) for f, v in fields.items()}
+            # A field stored as an attribute keeps its type in the cursor (a key template makes text).
+            return _identity(m, fields), {f: item[f] if f in item else to_av(v) for f, v in fields.items()}
         if missing and reread:
             whole = self.dynamo.call("get_item", TableName=self.table, Key=self._key_of(item),
                                      ConsistentRead=True).get("Item")
