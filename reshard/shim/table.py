@@ -977,6 +977,13 @@ class ShardedTable:
         if self._index_only:
             return None
         m = self.mapper
+        known: dict[str, tuple[tuple, dict] | None] = {}  # per table key: both passes may meet an entry
+
+        def identify(item: Mapping[str, Any]) -> tuple[tuple, dict] | None:
+            k = repr(sorted(self._key_of(item).items()))
+            if k not in known:
+                known[k] = self._logical_key(item)
+            return known[k]
 
         def of_key(wire: Mapping[str, Any]) -> tuple[tuple, dict]:
             fields = m.logical_fields(wire)
@@ -988,7 +995,7 @@ class ShardedTable:
                 live = got is not None and not is_tombstone(got[0])
                 out.append((got[0], m.to_logical(got[0], got[1])) if live else None)
             return out
-        return Resolver(key_fields=m.key_fields, identify=self._logical_key, of_key=of_key, resolve=resolve)
+        return Resolver(key_fields=m.key_fields, identify=identify, of_key=of_key, resolve=resolve)
 
     def _logical_key(self, item: Mapping[str, Any], reread: bool = True) -> tuple[tuple, dict] | None:
         """(identity, wire key fields) of a stored copy of either layout; None: unmappable.
