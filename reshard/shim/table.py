@@ -38,8 +38,9 @@ Random-suffix old layouts
 Sharded GSIs (``[index.NAME]`` migrations)
     ``query(IndexName=...)`` fans out over the index's partition values
     (``reshard/shim/index.py``); writes give the GSI attribute of items in the index the
-    value of the layout the phase writes (a put: computed; an update: from its result, by
-    one more conditional UpdateItem when it differs). An index-only migration keeps items at
+    value of the layout the phase writes (a put: computed; an update of a field the value is
+    computed from: in the same UpdateItem, ``shim/index.index_actions``; any other update:
+    from its result, by one more conditional UpdateItem when it differs). An index-only migration keeps items at
     their keys: the table is one identity layout here (:func:`_table_view`), no copies, no
     tombstones.
 
@@ -833,12 +834,17 @@ class ShardedTable:
         """After an update: give each GSI attribute of the resulting item ``full`` the value of
         the layout this phase writes, when it has another one. Returns what it set.
 
-        An UpdateExpression may change a ``shard_by`` field in ways the shim cannot evaluate
-        beforehand (``SET f = if_not_exists(...)``), and a field it does not name may not be in
-        the request at all, so the value is computed from the update's result. One more
-        UpdateItem, only when the value differs: conditional on the GSI value and every field
-        it is computed from being as read -- a write in between computed its own value, and a
-        deleted item is never re-created. ``_rs_v`` is kept (the item's content did not change).
+        An update that writes a field the value is computed from (or the GSI attribute, or its
+        sort attribute) already set the value in its own request (``index_update_plan``): here
+        it is the phase's, and nothing is sent. Any other update changed nothing the value
+        depends on, so this only moves an item still at the other layout's value to this
+        phase's -- harmless if cut off (the shim dies, or fails closed, before it): the item is
+        exactly as findable as before the update, every phase in which items may hold the
+        other layout's value reads both layouts (``INDEX_ROUTING``), and the rewrite and verify
+        move the rest. One more UpdateItem, only when the value differs: conditional on the GSI
+        value and every field it is computed from being as read -- a write in between computed
+        its own value, and a deleted item is never re-created. ``_rs_v`` is kept (the item's
+        content did not change).
         """
         if is_tombstone(full):
             return {}
