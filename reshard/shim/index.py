@@ -233,6 +233,12 @@ def index_actions(plan: IndexUpdate, read: Mapping[str, Any], known: Mapping[str
     vals: dict = {}
     overrides: dict = {}
     for n, im in enumerate(plan.indexes):
+        gone = [f for f in im.layout(plan.side).needed_fields if f in plan.effect.removed]
+        if gone and im.in_index(item):
+            raise ShimValidationError(
+                f"UpdateExpression removes {gone[0]!r}, which index {im.name}'s {im.attr!r} is computed from, and the "
+                f"item stays in the index; SET {gone[0]} to a literal value instead, or REMOVE {im.attr} too (the "
+                "item leaves the index)", "UpdateItem")
         value = write_value(im, item, plan.side, identity)
         if value is None:
             continue  # outside the index, or already at a value the side gives it
