@@ -188,8 +188,9 @@ def index_update_plan(indexes: Sequence[IndexMapper], side: str, effect: UpdateE
         exact = set(im.layout(side).needed_fields) | {im.attr}
         for attr, action in effect.other.items():
             if attr in exact:
+                what = "is set by the shim" if attr == im.attr else f"is computed from {attr!r}"
                 raise ShimValidationError(
-                    f"UpdateExpression action {action!r}: index {im.name}'s {im.attr!r} is computed from {attr!r}, and "
+                    f"UpdateExpression action {action!r}: index {im.name}'s {im.attr!r} {what}, and "
                     f"the shim sets it in the same request, so it must know the result beforehand; write "
                     f"{attr!r} with a literal value (SET {attr} = :value, read it first if it depends on the stored "
                     f"one, with a ConditionExpression on that value)", "UpdateItem")
