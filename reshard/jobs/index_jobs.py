@@ -50,7 +50,8 @@ from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, count_writes, scan_page
+from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair, count_writes,
+                                 scan_page)
 
 REWRITE_COUNTERS = ("scanned", "moved", "already", "raced", "not_indexed", "unmappable", "rcu", "wcu")
 
@@ -226,6 +227,8 @@ class IndexVerifier:
                     if self.repair is not None:
                         # The same conditioned UpdateItem as the backfill's, on the item as re-read.
                         _, changes = self.repair.plan(fresh)
+                        if changes:
+                            announce_repair(self.store, self.migration_id, self.run, counts)
                         if changes and self.repair._update(ctx.write_guard, (fresh, changes)) == "moved":
                             counts["repaired"] += 1
                 elif m.name not in probes:
