@@ -40,7 +40,9 @@ deleted, and only if still unchanged. Collisions, too-large and unmappable items
 reported with guidance, not guessed at. Every repair request is also guarded, before each
 attempt, by the lease's local deadline (``PageContext.write_guard``, as the backfill's
 copies are): a repair worker stalled past its lease sends nothing, so the gates that wait
-for job leases to go quiet (cutover, retire) can rely on it.
+for job leases to go quiet (cutover, retire) can rely on it. Before a page's first repair
+the run row counts it (``repair_pages``, :func:`reshard.jobs.runner.announce_repair`): a
+page redone after its repair finds nothing left, yet the run still does not pass.
 
 The run's verdict is kept in the control table (``R#verify#<run>``: started, finished,
 totals per kind) and examples under ``D#verify#<run>#<digest>``; the cutover gate
