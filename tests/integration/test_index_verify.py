@@ -1,0 +1,130 @@
+"""Index verify on dynalite: the full fan-out over the [to] GSI values against the scan.
+
+The index's answers are edited by a stub on the job's client (``Dynamo.call`` for an index
+Query: every page of the join's fan-out *and* every targeted re-check query), so an entry
+dropped, added or altered there persists as a broken index would; dynalite keeps its own
+index right. Each kind of break must fail the run with an example; a real shim write
+between the scan and the index side must not.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reshard import operations
+from reshard.core.layout import hash_shard
+from reshard.jobs.runner import JobOptions
+
+from tests.index_support import create_gsi_table, header, setup_index_migration
+
+OPTS = dict(segments=2, lease_seconds=15, settle_seconds=0)
+VICTIM = {"S": "InvoiceNumber#121215"}  # header(3)
+
+
+def _migrated(dynalite, table: str, items: int = 12):
+    """A table whose headers the backfill moved to their [to] values (the phase is backfill)."""
+    create_gsi_table(dynalite, table)
+    m, store = setup_index_migration(dynalite, table, table + "-ctl")
+    for i in range(items):
+        dynalite.call("put_item", TableName=table, Item=header(i, shard=i % 4))
+    assert operations.run_data_job("backfill", dynalite, store, m.id, JobOptions(**OPTS)).done
+    return m, store
+
+
+def _stub_index(dynalite, edit) -> list:
+    """Pass every index Query answer of ``dynalite`` through ``edit(request, items) -> items``;
+    returns the list of requests seen."""
+    call, seen = dynalite.call, []
+
+    def stubbed(op, **kw):
+        resp = call(op, **kw)
+        if op == "query" and kw.get("IndexName"):
+            seen.append(kw)
+            resp = dict(resp, Items=edit(kw, list(resp.get("Items", []))))
+        return resp
+
+    dynalite.call = stubbed
+    return seen
+
+
+def _verify(dynalite, store, m):
+    return operations.run_data_job("verify", dynalite, store, m.id, JobOptions(**OPTS))
+
+
+def test_a_clean_index_passes_and_the_index_side_is_counted(dynalite, unique_name):
+    m, store = _migrated(dynalite, unique_name)
+    seen = _stub_index(dynalite, lambda kw, items: items)
+    ok = _verify(dynalite, store, m)
+    assert ok.passed, ok.differences
+    t = ok.totals
+    # Every one of the 16 [to] values read, each header once, no suspect.
+    assert t["index_queries"] == 16 and t["index_entries"] == 12 and t["suspects"] == 0
+    assert 0 < t["index_rcu"] <= t["rcu"]
+    assert sorted(kw["ExpressionAttributeValues"][":rsg"]["N"] for kw in seen) == sorted(str(v) for v in range(16))
+
+
+def _drop_victim(kw, items):
+    return [e for e in items if e["PK"] != VICTIM]
+
+
+def _add_ghost(kw, items):
+    """An entry for a table key that holds no item, at its value (what a lagging delete leaves)."""
+    ghost = {"PK": {"S": "InvoiceNumber#999"}, "SK": {"S": "root"}, "gsi_shard": {"N": "5"},
+             "tx_country": {"S": "USA"}}
+    values = kw["ExpressionAttributeValues"]
+    wanted = values[":rsg"] == {"N": "5"} and values.get(":rsk0", ghost["PK"]) == ghost["PK"]
+    return items + [ghost] if wanted else items
+
+
+def _other_sort(kw, items):
+    return [dict(e, tx_country={"S": "FRA"}) if e["PK"] == VICTIM else e for e in items]
+
+
+def _older_version(kw, items):
+    return [dict(e, _rs_v={"S": "1000000000000.000000.old"}) if e["PK"] == VICTIM else e for e in items]
+
+
+@pytest.mark.parametrize("edit, kind, detail", [
+    (_drop_victim, "gsi_missing", "the index returns no entry for it"),
+    (_add_ghost, "gsi_extra", "the table item is absent; the index returns 1 entry"),
+    (_other_sort, "gsi_differs", "its index entry has tx_country 'FRA'"),
+    (_older_version, "gsi_differs", "its index entry has version 1000000000000.000000.old"),
+], ids=["missing", "extra", "sort", "version"])
+def test_a_broken_index_fails_with_an_example(dynalite, unique_name, edit, kind, detail):
+    m, store = _migrated(dynalite, unique_name)
+    _stub_index(dynalite, edit)
+    failed = _verify(dynalite, store, m)
+    assert failed.finished and not failed.passed
+    assert {k: n for k, n in failed.differences.items() if n} == {kind: 1}
+    (example,) = failed.examples
+    assert example["kind"] == kind and detail in example["detail"]
+    assert ("999" if kind == "gsi_extra" else "121215") in example["old_key"]
+
+
+def test_a_shim_write_between_the_scan_and_the_index_side_does_not_fail_it(dynalite, unique_name):
+    """After every scan segment recorded the victim, a real shim (backfill phase: it writes the
+    [to] value) re-puts it with another customer: a new ``_rs_v`` and another GSI value. The
+    join sees the scan's old entry missing and the new one unrecorded: a suspect, re-checked
+    on the item's new state, where table and index agree."""
+    from reshard.core.phases import Phase
+    from tests.shim_helpers import shim
+
+    m, store = _migrated(dynalite, unique_name)
+    assert hash_shard("c-moved", 16, "sha256") != hash_shard("c-3", 16, "sha256")
+    wrote = []
+
+    def write_once(kw, items):
+        if not wrote and "FilterExpression" not in kw:  # the join's first fan-out query
+            t = shim(m, dynalite, phase=Phase.BACKFILL)
+            try:
+                t.put_item(Item={"PK": VICTIM["S"], "SK": "root", "tx_country": "USA", "customer": "c-moved",
+                                 "amount": 1, "gsi_shard": 0})
+            finally:
+                t.close()
+            wrote.append(True)
+        return items
+
+    _stub_index(dynalite, write_once)
+    ok = _verify(dynalite, store, m)
+    assert wrote and ok.passed, (ok.differences, ok.examples)
+    assert ok.totals["suspects"] == 1 and ok.totals["settled"] == 1
