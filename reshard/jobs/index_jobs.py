@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pathlib
 import random
 import shutil
@@ -65,7 +66,8 @@ from reshard.control.runs import read_run
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, write_units
 from reshard.core.index import NEW, OLD, IndexMapper, mappers
-from reshard.core.index_join import GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, entry_record, judge, scan_record, targets
+from reshard.core.index_join import (GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, entry_record, judge, prefix_fields,
+                                     scan_record, targets)
 from reshard.core.index_join import verdict as index_verdict
 from reshard.core.index_planning import index_entry_size
 from reshard.core.join import COLUMNS, fields_from_text, from_row
@@ -359,9 +361,17 @@ class IndexVerifier:
                 self._files().forget(s)
                 self._rescan(ctx, s)
         self._account("table")
-        out = self._read_index(ctx, directory)
-        self._account("index")
-        built = join.build(self.opts.segments + 1, None, tick=ctx.ensure_lease)
+        # The index side goes to a directory only this build writes (as the join file itself:
+        # a stale builder of this host, woken from a pause, never mixes its pages in), merged
+        # with the scan's records, then removed.
+        private = directory / f"index.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}"
+        try:
+            out = self._read_index(ctx, directory, private)
+            self._account("index")
+            join.index_dir = private
+            built = join.build(self.opts.segments, None, tick=ctx.ensure_lease)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
         out["suspects"] = built["suspects"]
         return out
 
@@ -380,7 +390,8 @@ class IndexVerifier:
 
     def _prefixes(self, directory: pathlib.Path) -> dict[str, list[str]]:
         """Per index, the distinct logical partitions the scan recorded (one, "[]", for ``{shard}``)."""
-        out: dict[str, set[str]] = {m.name: set() for m in self.mappers}
+        # ``{shard}`` alone: its one logical partition is read even if no item carries the index.
+        out: dict[str, set[str]] = {m.name: set() if prefix_fields(m) else {"[]"} for m in self.mappers}
         for s in range(self.opts.segments):
             con = sqlite3.connect(str(segment_path(directory, s)))
             try:
@@ -391,27 +402,27 @@ class IndexVerifier:
                 con.close()
         return {name: sorted(p) for name, p in out.items()}
 
-    def _read_index(self, ctx: PageContext, directory: pathlib.Path) -> dict:
+    def _read_index(self, ctx: PageContext, directory: pathlib.Path, into: pathlib.Path) -> dict:
         """Query every [to] partition value of every logical partition of each index, all
         pages (eventually consistent: a GSI has no other read), a record per entry, spilled
-        page by page to the join segment's own file."""
-        seg = self.opts.segments
-        self._files().forget(seg)
-        pages, queries, entries = [0], 0, 0
-
-        def spill(records: list) -> None:
-            self._files().write_page(seg, END if pages[0] == 0 else f"q{pages[0]}", f"q{pages[0] + 1}", records)
-            pages[0] += 1
-
-        for m in self.mappers:
-            for prefix in self._prefixes(directory)[m.name]:
-                for value in m.query_values(NEW, fields_from_text(prefix)):
-                    queries += 1
-                    for page in self._query(m, value):
-                        entries += len(page)
-                        spill([entry_record(m, e, self.key_attrs) for e in page])
-                        ctx.ensure_lease()
-        self._files().write_page(seg, END if pages[0] == 0 else f"q{pages[0]}", END, [])
+        page by page (one chain of pages in ``into``'s segment 0 file)."""
+        files = SegmentFiles(into)
+        pages, queries, entries = 0, 0, 0
+        prefixes = self._prefixes(directory)
+        try:
+            for m in self.mappers:
+                for prefix in prefixes[m.name]:
+                    for value in m.query_values(NEW, fields_from_text(prefix)):
+                        queries += 1
+                        for page in self._query(m, value):
+                            entries += len(page)
+                            files.write_page(0, f"q{pages}" if pages else END, f"q{pages + 1}",
+                                             [entry_record(m, e, self.key_attrs) for e in page])
+                            pages += 1
+                            ctx.ensure_lease()
+            files.write_page(0, f"q{pages}" if pages else END, END, [])
+        finally:
+            files.close()
         return {"index_queries": queries, "index_entries": entries}
 
     def _query(self, m: IndexMapper, value: dict, sort: dict | None = None, key: dict | None = None):
@@ -576,7 +587,23 @@ JOIN_ATTR = "join"
 
 
 class IndexJoin(Join):
-    """:class:`reshard.jobs.records.Join` with index verify's rule (:mod:`reshard.core.index_join`)."""
+    """:class:`reshard.jobs.records.Join` with index verify's rule (:mod:`reshard.core.index_join`):
+    the scan segments' records and the index side's (``index_dir``'s segment 0) in one file."""
+
+    index_dir: pathlib.Path | None = None
+
+    def _merge(self, segments: int) -> None:
+        super()._merge(segments)
+        if self.index_dir is None:
+            return
+        con = self.con
+        con.execute("ATTACH DATABASE ? AS seg", (str(segment_path(self.index_dir, 0)),))
+        try:
+            if not records_complete(self.index_dir, 0):
+                raise RuntimeError("the index side's records do not chain from the first query to the last")
+            con.execute(f"INSERT INTO rec ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM seg.rec")
+        finally:
+            con.execute("DETACH DATABASE seg")
 
     def _build(self, verdict) -> dict[str, int]:
         con = self.con

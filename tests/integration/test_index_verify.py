@@ -128,3 +128,47 @@ def test_a_shim_write_between_the_scan_and_the_index_side_does_not_fail_it(dynal
     ok = _verify(dynalite, store, m)
     assert wrote and ok.passed, (ok.differences, ok.examples)
     assert ok.totals["suspects"] == 1 and ok.totals["settled"] == 1
+
+
+REGIONS = """\
+id = "gsi-region"
+table = "{table}"
+
+[keys]
+partition = "PK"
+sort = "SK"
+
+[index.ByCountry]
+partition = "gsi_shard"
+sort = "tx_country"
+
+[index.ByCountry.from]
+partition = "{{region}}#{{shard}}"
+shards = 4
+shard_by = "random"
+
+[index.ByCountry.to]
+partition = "{{region}}#{{shard}}"
+shards = 8
+shard_by = ["customer"]
+"""
+
+
+def test_each_logical_partition_the_scan_saw_is_read_and_the_read_only_verify_joins_too(dynalite, unique_name):
+    """``{region}#{shard}``: the index side reads the 8 [to] values of each region the scan
+    recorded (two here); ``verify --no-record`` (no lease, nothing written) runs the same join."""
+    table = unique_name
+    create_gsi_table(dynalite, table, partition_type="S")
+    m, store = setup_index_migration(dynalite, table, table + "-ctl", REGIONS.format(table=table), mid="gsi-region")
+    for i in range(8):
+        region = ("EU", "US")[i % 2]
+        dynalite.call("put_item", TableName=table, Item=dict(header(i, 0), region={"S": region},
+                                                               gsi_shard={"S": f"{region}#{i % 4}"}))
+    assert operations.run_data_job("backfill", dynalite, store, m.id, JobOptions(**OPTS)).done
+    ok = operations.verify_read_only(dynalite, store, m.id, JobOptions(**OPTS))
+    assert ok.passed and ok.totals["index_queries"] == 16 and ok.totals["index_entries"] == 8, ok.totals
+
+    _stub_index(dynalite, _drop_victim)
+    failed = operations.verify_read_only(dynalite, store, m.id, JobOptions(**OPTS))
+    assert not failed.passed and failed.differences["gsi_missing"] == 1
+    assert failed.examples[0]["kind"] == "gsi_missing" and "121215" in failed.examples[0]["old_key"]
