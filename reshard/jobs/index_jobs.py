@@ -56,6 +56,7 @@ import shutil
 import sqlite3
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 from reshard import errors
@@ -367,8 +368,7 @@ class IndexVerifier:
         private = directory / f"index.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}"
         try:
             out = self._read_index(ctx, directory, private)
-            self._account("index")
-            join.index_dir = private
+            join.index_dir, join.index_parts = private, out.pop("index_parts")
             built = join.build(self.opts.segments, None, tick=ctx.ensure_lease)
         finally:
             shutil.rmtree(private, ignore_errors=True)
@@ -405,25 +405,45 @@ class IndexVerifier:
     def _read_index(self, ctx: PageContext, directory: pathlib.Path, into: pathlib.Path) -> dict:
         """Query every [to] partition value of every logical partition of each index, all
         pages (eventually consistent: a GSI has no other read), a record per entry, spilled
-        page by page (one chain of pages in ``into``'s segment 0 file)."""
-        files = SegmentFiles(into)
-        pages, queries, entries = 0, 0, 0
+        page by page. The values are spread over this worker's threads (``--workers``: the
+        join is the run's last segment, the other workers have nothing left), each writing
+        one chain of pages to its own file in ``into``; they share the run's read budget."""
         prefixes = self._prefixes(directory)
-        try:
-            for m in self.mappers:
-                for prefix in prefixes[m.name]:
-                    for value in m.query_values(NEW, fields_from_text(prefix)):
-                        queries += 1
-                        for page in self._query(m, value):
-                            entries += len(page)
-                            files.write_page(0, f"q{pages}" if pages else END, f"q{pages + 1}",
-                                             [entry_record(m, e, self.key_attrs) for e in page])
-                            pages += 1
-                            ctx.ensure_lease()
-            files.write_page(0, f"q{pages}" if pages else END, END, [])
-        finally:
-            files.close()
-        return {"index_queries": queries, "index_entries": entries}
+        work = [(m, value) for m in self.mappers for prefix in prefixes[m.name]
+                for value in m.query_values(NEW, fields_from_text(prefix))]
+        threads = max(1, min(self.opts.worker_count, len(work)))
+        stop = threading.Event()
+
+        def read(slot: int) -> tuple[int, float]:
+            files = SegmentFiles(into)
+            pages = entries = 0
+            self.budget.take_usage()
+            try:
+                for m, value in work[slot::threads]:
+                    for page in self._query(m, value):
+                        if stop.is_set():
+                            return entries, self.budget.take_usage()["rcu"]
+                        entries += len(page)
+                        files.write_page(slot, f"q{pages}" if pages else END, f"q{pages + 1}",
+                                         [entry_record(m, e, self.key_attrs) for e in page])
+                        pages += 1
+                files.write_page(slot, f"q{pages}" if pages else END, END, [])
+            finally:
+                files.close()
+            return entries, self.budget.take_usage()["rcu"]  # this thread's units: the caller counts them
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="verify-index") as pool:
+            futures = [pool.submit(read, slot) for slot in range(threads)]
+            try:
+                while not all(f.done() for f in futures):
+                    wait(futures, timeout=1.0)
+                    ctx.ensure_lease()  # renewed here while the threads read (a lost lease stops them)
+            except BaseException:
+                stop.set()
+                raise
+            done = [f.result() for f in futures]
+        self._rcu["index"] += sum(rcu for _, rcu in done)
+        return {"index_queries": len(work), "index_entries": sum(n for n, _ in done), "index_parts": threads}
 
     def _query(self, m: IndexMapper, value: dict, sort: dict | None = None, key: dict | None = None):
         """The pages (entries) of one index query: partition ``value`` (and ``sort``), only the
@@ -591,19 +611,19 @@ class IndexJoin(Join):
     the scan segments' records and the index side's (``index_dir``'s segment 0) in one file."""
 
     index_dir: pathlib.Path | None = None
+    index_parts = 1
 
     def _merge(self, segments: int) -> None:
         super()._merge(segments)
-        if self.index_dir is None:
-            return
         con = self.con
-        con.execute("ATTACH DATABASE ? AS seg", (str(segment_path(self.index_dir, 0)),))
-        try:
-            if not records_complete(self.index_dir, 0):
-                raise RuntimeError("the index side's records do not chain from the first query to the last")
-            con.execute(f"INSERT INTO rec ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM seg.rec")
-        finally:
-            con.execute("DETACH DATABASE seg")
+        for part in range(self.index_parts if self.index_dir is not None else 0):
+            if not records_complete(self.index_dir, part):
+                raise RuntimeError(f"the index side's records (part {part}) do not chain from start to end")
+            con.execute("ATTACH DATABASE ? AS seg", (str(segment_path(self.index_dir, part)),))
+            try:
+                con.execute(f"INSERT INTO rec ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM seg.rec")
+            finally:
+                con.execute("DETACH DATABASE seg")
 
     def _build(self, verdict) -> dict[str, int]:
         con = self.con
