@@ -513,14 +513,14 @@ class IndexVerifier:
         if not batch:
             return
         watches = []
-        for _ident, fields, why in batch:
+        for _ident, fields, _why in batch:
             name, key, seen = targets(json.loads(fields))
-            watches.append(((self.by_name[name], key, seen, why), Watch()))
+            watches.append(((self.by_name[name], key, seen), Watch()))
         window: float | None = None
         reads = 0
         while watches:
             sent = ctx.now()
-            looked = self._look([s[:3] for s, _ in watches])
+            looked = self._look([s for s, _ in watches])
             reads += 1
             now = ctx.now()
             if window is None:
