@@ -310,10 +310,14 @@ class IndexVerifier:
 
     # ---------------------------------------------------------------- records on this host
     def _records_dir(self) -> pathlib.Path:
+        """This run's index records on this host: ``index/`` in the run's directory, so a verify
+        that also runs the table's :class:`reshard.jobs.verify.Verifier` over the same scan
+        (a combined migration) keeps two sets of segment files apart."""
         if self.records_dir is None:
             info = read_run(self.store, self.migration_id, VERIFY_JOB, self.run)
             token = repr(info.started_at) if info is not None else "?"
-            self.records_dir = run_dir(self.opts.records_dir, self.store.table, self.migration_id, self.run, token)
+            self.records_dir = run_dir(self.opts.records_dir, self.store.table, self.migration_id, self.run,
+                                       token) / "index"
         return self.records_dir
 
     def _files(self) -> SegmentFiles:
@@ -350,6 +354,10 @@ class IndexVerifier:
             self._files().close()
             if self.remove_records:
                 shutil.rmtree(directory, ignore_errors=True)  # the verdict is in; the records are not needed
+                try:
+                    directory.parent.rmdir()  # the run's directory, unless another verifier's files are there
+                except OSError:
+                    pass
             return counts, None
         return counts, {JOIN_ATTR: {"S": batch[-1][0].hex()}}
 

@@ -51,11 +51,12 @@ def _verify(dynalite, store, m):
     return operations.run_data_job("verify", dynalite, store, m.id, JobOptions(**OPTS))
 
 
-def test_a_clean_index_passes_and_the_index_side_is_counted(dynalite, unique_name):
+def test_a_clean_index_passes_and_the_index_side_is_counted(dynalite, unique_name, tmp_path):
     m, store = _migrated(dynalite, unique_name)
     seen = _stub_index(dynalite, lambda kw, items: items)
-    ok = _verify(dynalite, store, m)
+    ok = operations.run_data_job("verify", dynalite, store, m.id, JobOptions(**OPTS, records_dir=str(tmp_path)))
     assert ok.passed, ok.differences
+    assert not list(tmp_path.rglob("run-*"))  # the records went with the join
     t = ok.totals
     # Every one of the 16 [to] values read, each header once, no suspect.
     assert t["index_queries"] == 16 and t["index_entries"] == 12 and t["suspects"] == 0
