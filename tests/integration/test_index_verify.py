@@ -31,6 +31,33 @@ def _migrated(dynalite, table: str, items: int = 12):
     return m, store
 
 
+def _client(server):
+    from reshard.aws.dynamo import Dynamo, RetryPolicy
+    return Dynamo(endpoint_url=server.endpoint, region="us-east-1", retry=RetryPolicy(max_attempts=5, base_seconds=0.01),
+                  connect_timeout=1, read_timeout=4)
+
+
+@pytest.fixture(scope="module")
+def invoices(dynalite_server):
+    """One migrated table for the tests that only read it (each stubs a client of its own)."""
+    import uuid
+    m, _ = _migrated(_client(dynalite_server), f"t-index-verify-{uuid.uuid4().hex[:6]}")
+    return m
+
+
+@pytest.fixture
+def shared(invoices, dynalite_server):
+    """(a fresh client, the control store on it, the migration) of the module's table."""
+    from reshard.control.store import ControlStore
+    client = _client(dynalite_server)
+    return client, ControlStore(client, invoices.table + "-ctl"), invoices
+
+
+def _look(client, store, m, **opts):
+    """A read-only verify (``--no-record``): writes nothing, so the module's table stays as it is."""
+    return operations.verify_read_only(client, store, m.id, JobOptions(**dict(OPTS, **opts)))
+
+
 def _stub_index(dynalite, edit) -> list:
     """Pass every index Query answer of ``dynalite`` through ``edit(request, items) -> items``;
     returns the list of requests seen."""
@@ -51,10 +78,10 @@ def _verify(dynalite, store, m):
     return operations.run_data_job("verify", dynalite, store, m.id, JobOptions(**OPTS))
 
 
-def test_a_clean_index_passes_and_the_index_side_is_counted(dynalite, unique_name, tmp_path):
-    m, store = _migrated(dynalite, unique_name)
-    seen = _stub_index(dynalite, lambda kw, items: items)
-    ok = operations.run_data_job("verify", dynalite, store, m.id, JobOptions(**OPTS, records_dir=str(tmp_path)))
+def test_a_clean_index_passes_and_the_index_side_is_counted(shared, tmp_path):
+    client, store, m = shared
+    seen = _stub_index(client, lambda kw, items: items)
+    ok = operations.run_data_job("verify", client, store, m.id, JobOptions(**OPTS, records_dir=str(tmp_path)))
     assert ok.passed, ok.differences
     assert not list(tmp_path.rglob("run-*"))  # the records went with the join
     t = ok.totals
@@ -91,10 +118,10 @@ def _older_version(kw, items):
     (_other_sort, "gsi_differs", "its index entry has tx_country 'FRA'"),
     (_older_version, "gsi_differs", "its index entry has version 1000000000000.000000.old"),
 ], ids=["missing", "extra", "sort", "version"])
-def test_a_broken_index_fails_with_an_example(dynalite, unique_name, edit, kind, detail):
-    m, store = _migrated(dynalite, unique_name)
-    _stub_index(dynalite, edit)
-    failed = _verify(dynalite, store, m)
+def test_a_broken_index_fails_with_an_example(shared, edit, kind, detail):
+    client, store, m = shared
+    _stub_index(client, edit)
+    failed = _look(client, store, m)
     assert failed.finished and not failed.passed
     assert {k: n for k, n in failed.differences.items() if n} == {kind: 1}
     (example,) = failed.examples
@@ -173,3 +200,27 @@ def test_each_logical_partition_the_scan_saw_is_read_and_the_read_only_verify_jo
     failed = operations.verify_read_only(dynalite, store, m.id, JobOptions(**OPTS))
     assert not failed.passed and failed.differences["gsi_missing"] == 1
     assert failed.examples[0]["kind"] == "gsi_missing" and "121215" in failed.examples[0]["old_key"]
+
+
+@pytest.mark.parametrize("window, lagged", [(0.0, False), (0.5, True)], ids=["no-window", "window"])
+def test_an_index_entry_that_lags_is_reported_only_if_it_stays_past_the_settle_window(shared, window, lagged):
+    """The victim's entry is absent from the fan-out and from the first two re-check looks (a
+    GSI lagging behind the table), then back. With no settle window two equal looks report it;
+    with a window longer than those looks it is seen again in time: settled, the run passes."""
+    client, store, m = shared
+    targeted = []
+
+    def lag(kw, items):
+        if "FilterExpression" in kw:
+            targeted.append(kw)
+            if len(targeted) > 2:
+                return items  # caught up
+        return _drop_victim(kw, items)
+
+    _stub_index(client, lag)
+    result = _look(client, store, m, settle_seconds=window)
+    assert result.totals["suspects"] == 1
+    if lagged:
+        assert result.passed and result.totals["settled"] == 1 and len(targeted) == 3
+    else:
+        assert not result.passed and result.differences["gsi_missing"] == 1 and len(targeted) == 2
