@@ -54,11 +54,12 @@ def prefix_fields(m: IndexMapper) -> list[str]:
 
 
 def prefix_text(m: IndexMapper, item: Mapping[str, Any]) -> str | None:
-    """The item's logical partition of the index as text (None: a field is missing)."""
-    names = prefix_fields(m)
-    if any(f not in item for f in names):
+    """The item's logical partition of the index as text (None: a field is missing, or is no
+    string, number or binary: no partition value can be formed from it)."""
+    values = {f: scalar(item[f]) if f in item else None for f in prefix_fields(m)}
+    if any(v is None for v in values.values()):
         return None
-    return fields_text({f: scalar(item[f]) for f in names})
+    return fields_text(values)
 
 
 def _fields(m: IndexMapper, key: Mapping[str, Any], pv: Mapping | None, sort: Mapping | None) -> str:
