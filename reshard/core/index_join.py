@@ -14,8 +14,8 @@ them unchanged) with these meanings:
 ``version`` ``_rs_v`` ("" when unversioned)
 ``live``   not a tombstone
 ``digest`` hash of (GSI partition value, GSI sort value)
-``ttl``    the item's logical partition of the index (:func:`prefix_text`; scan rows): the
-           index side queries each distinct one
+``ttl``    the index name and the item's logical partition of it (:func:`prefix_text`; scan
+           rows): the index side queries each distinct one
 ``flag``   the fan-out must return it (scan rows: the item is live and at its ``[to]`` value)
 ``fields`` JSON: index name, table key, partition and sort value (what a re-check queries)
 =========  ===================================================================
@@ -62,6 +62,18 @@ def prefix_text(m: IndexMapper, item: Mapping[str, Any]) -> str | None:
     return fields_text(values)
 
 
+def _partition(m: IndexMapper, item: Mapping[str, Any]) -> str | None:
+    """The ``ttl`` column of a scan record: JSON [index name, :func:`prefix_text`] (None: no partition)."""
+    prefix = prefix_text(m, item)
+    return None if prefix is None else json.dumps([m.name, prefix])
+
+
+def partition_of(text: str) -> tuple[str, str]:
+    """(index name, prefix text) of a scan record's ``ttl`` column."""
+    name, prefix = json.loads(text)
+    return name, prefix
+
+
 def _fields(m: IndexMapper, key: Mapping[str, Any], pv: Mapping | None, sort: Mapping | None) -> str:
     return json.dumps({"i": m.name, "k": dump_key(key), "p": pv, "s": sort}, sort_keys=True, default=str)
 
@@ -86,7 +98,7 @@ def scan_record(m: IndexMapper, item: Mapping[str, Any], key_attrs: Sequence[str
     khash = key_hash(key, key_attrs)
     pv, sort = item.get(m.attr), item.get(m.sort_attr) if m.sort_attr else None
     return Record(khash, _ident(m, khash), SCAN, version_of(item), not is_tombstone(item),
-                  digest({"p": pv, "s": sort}), prefix_text(m, item), flag=expected(m, item),
+                  digest({"p": pv, "s": sort}), _partition(m, item), flag=expected(m, item),
                   fields=_fields(m, key, pv, sort))
 
 

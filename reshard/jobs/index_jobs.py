@@ -67,8 +67,8 @@ from reshard.control.runs import read_run
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, write_units
 from reshard.core.index import NEW, OLD, IndexMapper, mappers
-from reshard.core.index_join import (GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, entry_record, judge, prefix_fields,
-                                     scan_record, targets)
+from reshard.core.index_join import (GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, entry_record, judge, partition_of,
+                                     prefix_fields, scan_record, targets)
 from reshard.core.index_join import verdict as index_verdict
 from reshard.core.index_planning import index_entry_size
 from reshard.core.join import COLUMNS, fields_from_text, from_row
@@ -403,9 +403,9 @@ class IndexVerifier:
         for s in range(self.opts.segments):
             con = sqlite3.connect(str(segment_path(directory, s)))
             try:
-                for fields, prefix in con.execute("SELECT fields, ttl FROM rec WHERE side = ? AND ttl IS NOT NULL "
-                                                  "GROUP BY json_extract(fields, '$.i'), ttl", (SCAN,)):
-                    out[json.loads(fields)["i"]].add(prefix)
+                for (text,) in con.execute("SELECT DISTINCT ttl FROM rec WHERE side = ? AND ttl IS NOT NULL", (SCAN,)):
+                    name, prefix = partition_of(text)
+                    out[name].add(prefix)
             finally:
                 con.close()
         return {name: sorted(p) for name, p in out.items()}
