@@ -17,7 +17,7 @@ them unchanged) with these meanings:
 ``ttl``    the index name and the item's logical partition of it (:func:`prefix_text`; scan
            rows): the index side queries each distinct one
 ``flag``   the fan-out must return it (scan rows: the item is live and at its ``[to]`` value)
-``fields`` JSON: index name, table key, partition and sort value (what a re-check queries)
+``fields`` JSON: index name, table key, GSI partition and sort value (what a re-check queries)
 =========  ===================================================================
 
 One (index, table key) agrees when the scan has it once and the index returns it once
@@ -75,7 +75,9 @@ def partition_of(text: str) -> tuple[str, str]:
 
 
 def _fields(m: IndexMapper, key: Mapping[str, Any], pv: Mapping | None, sort: Mapping | None) -> str:
-    return json.dumps({"i": m.name, "k": dump_key(key), "p": pv, "s": sort}, sort_keys=True, default=str)
+    # The GSI keys as wire values (binary ones too: dump_key's encoding), None left out.
+    keys = {k: v for k, v in (("p", pv), ("s", sort)) if v is not None}
+    return json.dumps({"i": m.name, "k": dump_key(key), "g": dump_key(keys)}, sort_keys=True)
 
 
 def _ident(m: IndexMapper, khash: bytes) -> bytes:
@@ -141,12 +143,12 @@ def verdict(records: Iterable[Record]) -> str:
 def targets(fields: Iterable[str]) -> tuple[str, dict, list[tuple]]:
     """From a suspect's rows (``fields`` JSON): (index name, table key, [(partition, sort)]
     where the join saw it), for the re-check's consistent read and targeted queries."""
-    name, key, seen = "", {}, []
+    name, key, seen = "", "", []
     for text in fields:
         f = json.loads(text)
-        name, key = f["i"], f["k"]
-        if f["p"] is not None and (f["p"], f["s"]) not in seen:
-            seen.append((f["p"], f["s"]))
+        name, key, g = f["i"], f["k"], load_key(f["g"])
+        if "p" in g and (g["p"], g.get("s")) not in seen:
+            seen.append((g["p"], g.get("s")))
     return name, load_key(key) if key else {}, seen
 
 

@@ -8,7 +8,7 @@ import tracemalloc
 
 from reshard.core.index import IndexMapper
 from reshard.core.index_join import (ENTRY, GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, agrees, entry_record, judge,
-                                     scan_record, verdict)
+                                     scan_record, targets, verdict)
 from reshard.core.migration import parse
 from reshard.core.layout import hash_shard
 from reshard.jobs.index_jobs import IndexJoin
@@ -107,6 +107,11 @@ def test_a_re_check_judges_the_item_and_its_entries_as_they_are_now():
     tomb = dict(item, _rs_del={"BOOL": True}, _rs_v={"S": V2})
     assert judge(M, tomb, [])[0] is None and judge(M, tomb, [entry(tomb)])[0] is None
     assert judge(M, tomb, [entry(item)])[0] == GSI_DIFFERS
+    # What a re-check queries comes back from the join's rows with its types (binary too).
+    binary = at_new(1, tx_country={"B": b"\x00\xff"})
+    rows = [scan_record(M, binary, KEYS).fields, entry_record(M, entry(binary, gsi_shard={"N": "99"}), KEYS).fields]
+    assert targets(rows) == ("ByCountry", {"PK": binary["PK"], "SK": binary["SK"]},
+                             [(binary["gsi_shard"], {"B": b"\x00\xff"}), ({"N": "99"}, {"B": b"\x00\xff"})])
 
 
 def test_the_join_streams_records_through_files_not_memory(tmp_path):
