@@ -8,7 +8,9 @@ The cost of the rewrite
     writes to the index: a delete of the old index entry and a put of the new one (each
     1 WCU per started KB of the *index entry*: the projected attributes, the table and
     index keys, and 100 bytes of overhead). An item already at its new value is not
-    written at all.
+    written at all. In a combined migration (the table's keys change too) each new copy
+    is put with its new value: one more index write per copy (``copy_index_wcu``), on top
+    of the table's copy and the rewrite of the old copy.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class IndexAnalysis:
     moves: int = 0
     table_wcu: int = 0
     index_wcu: int = 0  # a delete of the old entry + a put of the new one, per moved item
+    #: A combined migration: the put of each new copy's entry (the copy carries the new value).
+    copy_index_wcu: int = 0
     unmappable: dict = field(default_factory=dict)
     examples: list = field(default_factory=list)
     old_shards: list = field(default_factory=list)
@@ -170,7 +174,8 @@ class IndexAnalysis:
                       "unmappable_examples": self.examples},
             "distribution": {"old": old.as_dict(), "new": new.as_dict()},
             "rewrite_wcu": {"table": round(self.table_wcu * scale, 1), "index": round(self.index_wcu * scale, 1),
-                            "total": round((self.table_wcu + self.index_wcu) * scale, 1)},
+                            "copies_index": round(self.copy_index_wcu * scale, 1),
+                            "total": round((self.table_wcu + self.index_wcu + self.copy_index_wcu) * scale, 1)},
         }
 
 
@@ -188,6 +193,12 @@ class IndexPlan:
         self.bytes_all += item_size(item)
         for a in self.analyses.values():
             a.observe(item)
+
+    def observe_copy(self, new_item: Mapping[str, Any]) -> None:
+        """A combined migration's new copy of a sampled item: one put into each GSI it is in."""
+        for a in self.analyses.values():
+            if a.mapper.in_index(new_item):
+                a.copy_index_wcu += write_units(index_entry_size(new_item, a.keys, a.mapper.spec, a.projection))
 
     @property
     def mappable(self) -> int:
@@ -224,7 +235,7 @@ class IndexPlan:
         scale = self.scale(table_items)
         scan = scan_units(round(self.bytes_all * scale))
         table = sum(a.table_wcu for a in self.analyses.values()) * scale
-        index = sum(a.index_wcu for a in self.analyses.values()) * scale
+        index = sum(a.index_wcu + a.copy_index_wcu for a in self.analyses.values()) * scale
         wcu = table + index
         usd = scan / 1e6 * read_price + wcu / 1e6 * write_price
         return {"scale": round(scale, 6), "backfill": {"scan_rcu": round(scan, 1), "table_wcu": round(table, 1),

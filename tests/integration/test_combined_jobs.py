@@ -1,0 +1,135 @@
+"""A combined migration (the table's keys AND a sharded GSI) from the command line on dynalite.
+
+The file is ``migrations/0006_invoices_table_and_gsi.toml`` on a small table: the table moves
+2 -> 8 calculated suffixes, the ByCountry GSI's ``gsi_shard`` from Random(0..3) to
+sha256(customer) % 16. Traffic here is raw writes shaped like a shim's (a ``dual_write``
+mirror that still carries an old GSI value); the shim's side is engineer A1's.
+"""
+
+from __future__ import annotations
+
+import random
+
+from reshard.control.store import ControlStore
+from reshard.core.index import IndexMapper
+from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper
+from reshard.core.migration import parse
+from reshard.core.versions import VersionClock
+
+from tests.conftest import ROOT
+from tests.index_support import create_gsi_table
+from tests.integration.test_lifecycle import cli
+
+COMBINED = ROOT / "migrations" / "0006_invoices_table_and_gsi.toml"
+HEADERS = 24
+
+
+def combined_file(tmp_path, table: str):
+    text = COMBINED.read_text().replace('table = "InvoiceTransactions"', f'table = "{table}"')
+    path = tmp_path / "both.toml"
+    path.write_text(text)
+    return path, parse(text, str(path))
+
+
+def seed(dynalite, table: str, m) -> dict[str, dict]:
+    """Headers (in the GSI, at a random old value) and line items (outside it), old layout."""
+    mapper = KeyMapper(m)
+    rng = random.Random(3)
+    heads = {}
+    for i in range(HEADERS):
+        inv = str(5000 + i)
+        item = {**mapper.old.key({"invoice": inv, "line": "root"}), "tx_country": {"S": ("USA", "FRA")[i % 2]},
+                "customer": {"S": f"c-{i % 9}"}, "amount": {"N": str(100 + i)},
+                "gsi_shard": {"N": str(rng.randrange(4))}}
+        dynalite.call("put_item", TableName=table, Item=item)
+        heads[inv] = item
+        if i % 4 == 0:
+            dynalite.call("put_item", TableName=table, Item={**mapper.old.key({"invoice": inv, "line": "line#1"}),
+                                                             "amount": {"N": "1"}})
+    return heads
+
+
+def mirror_in_dual_write(dynalite, table: str, m, heads: dict, inv: str) -> None:
+    """What a dual_write shim's put leaves: both copies at one version, the GSI at an OLD value."""
+    mapper = KeyMapper(m)
+    item = dict(heads[inv], amount={"N": "777"}, **{VERSION_ATTR: {"S": VersionClock("app").next()}})
+    dynalite.call("put_item", TableName=table, Item=item)
+    new = dict(item, **mapper.new.key({"invoice": inv, "line": "root"}), **{NEW_COPY_ATTR: {"S": m.id}})
+    dynalite.call("put_item", TableName=table, Item=new)
+    heads[inv] = item
+
+
+def physical(dynalite, table: str) -> list[dict]:
+    return dynalite.call("scan", TableName=table, ConsistentRead=True)["Items"]
+
+
+def test_combined_file_from_start_to_complete(dynalite, dynalite_server, unique_name, tmp_path, capsys):
+    table = unique_name[:60]
+    g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", f"{table}-ctl"]
+    path, m = combined_file(tmp_path, table)
+    create_gsi_table(dynalite, table)
+    heads = seed(dynalite, table, m)
+    mapper, index = KeyMapper(m), IndexMapper(m.indexes[0])
+
+    assert cli("start", str(path), *g) == 0, capsys.readouterr().err
+    assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # dual_write
+    mirror_in_dual_write(dynalite, table, m, heads, "5001")
+    for _ in range(2):  # dual_read (a switch: the GSI value shims write changes), backfill
+        assert cli("advance", m.id, "--allow-no-shims", *g) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert cli("backfill", m.id, "--segments", "2", "--page-size", "7", *g) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    # Both halves in one summary: the copies and the GSI rewrite.
+    assert "copied 2" in out and "GSI values: rewritten 2" in out, out
+    after = physical(dynalite, table)
+    in_index = [i for i in after if index.in_index(i)]
+    moving = sum(mapper.moves(h) for h in heads.values())
+    assert 0 < moving < HEADERS and len(in_index) == HEADERS + moving  # an old and a new copy of each that moves
+    assert all(index.is_at(i, "new") for i in in_index)  # every copy, old ones and the mirror included
+
+    assert cli("verify", m.id, "--segments", "2", "--settle-seconds", "0", *g) == 0, capsys.readouterr()
+    assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # cutover (the switch)
+    assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # cleanup
+    assert cli("cleanup", m.id, "--segments", "2", "--delete", *g) == 0, capsys.readouterr().err
+    assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # complete
+    assert ControlStore(dynalite, f"{table}-ctl").load_state(m.id).phase.value == "complete"
+
+    final = physical(dynalite, table)
+    headers = [i for i in final if i["SK"]["S"] == "root"]
+    assert len(headers) == HEADERS and len(final) == HEADERS + HEADERS // 4
+    for item in final:  # every item at its new key, every header at its new GSI value
+        fields = mapper.fields(item, mapper.new)
+        assert mapper.new.key(fields) == {"PK": item["PK"], "SK": item["SK"]}
+    for item in headers:
+        inv = mapper.fields(item, mapper.new)["invoice"]
+        assert index.is_at(item, "new") and item["amount"] == heads[inv]["amount"], inv
+
+
+def test_combined_abort_brings_every_gsi_value_back(dynalite, dynalite_server, unique_name, tmp_path, capsys):
+    table = unique_name[:60]
+    g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", f"{table}-ctl"]
+    path, m = combined_file(tmp_path, table)
+    create_gsi_table(dynalite, table)
+    heads = seed(dynalite, table, m)
+    mapper, index = KeyMapper(m), IndexMapper(m.indexes[0])
+    assert cli("start", str(path), *g) == 0
+    for _ in range(3):
+        assert cli("advance", m.id, "--allow-no-shims", *g) == 0
+    assert cli("backfill", m.id, "--segments", "2", *g) == 0, capsys.readouterr().err
+    moved = [i for i in physical(dynalite, table) if index.in_index(i)]
+    assert all(index.is_at(i, "new") for i in moved)
+    assert sum(not index.is_at(i, "old") for i in moved) > HEADERS // 2  # most values did change
+
+    assert cli("abort", m.id, "--allow-no-shims", *g) == 0, capsys.readouterr().err  # a switch
+    assert cli("cleanup", m.id, "--segments", "2", *g) == 0, capsys.readouterr().err
+    state = ControlStore(dynalite, f"{table}-ctl").load_state(m.id)
+    assert state.phase.value == "aborted" and state.retired
+
+    final = physical(dynalite, table)
+    assert not any(mapper.is_new_copy(i) for i in final)  # the new copies are gone
+    headers = [i for i in final if i["SK"]["S"] == "root"]
+    assert len(headers) == HEADERS
+    for item in headers:  # each at its old key, with an old GSI value again
+        inv = mapper.fields(item, mapper.old)["invoice"]
+        assert {"PK": item["PK"], "SK": item["SK"]} == mapper.old.key({"invoice": inv, "line": "root"})
+        assert index.is_at(item, "old"), item
