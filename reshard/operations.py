@@ -376,6 +376,8 @@ class Plan:
     warnings: list[str]
     count_source: str = ""  # where ``table_items`` comes from (:data:`COUNT_SOURCES`)
     blockers: list[str] = dataclasses.field(default_factory=list)  # what `start` would refuse
+    #: A combined migration: the GSI half's units (:meth:`IndexPlan.capacity`; None: no [index.NAME]).
+    index_capacity: dict | None = None
 
 
 #: Where an item count comes from, in words (plan's report, status's ETA).
@@ -428,12 +430,17 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
             item_kb = math.ceil(analysis.bytes_all / analysis.scanned / capacity.KB) if analysis.scanned else 1
         rec = planning.recommend(peak_writes_per_sec, item_kb, m.target.shards, headroom)
     warnings = plan_warnings(m, ttl, analysis, rec)
+    index_cap = None
+    if analysis.index is not None:  # combined: the GSI half (skew, rewrite and new copies' GSI puts)
+        warnings += index_warnings(analysis.index)
+        index_cap = analysis.index.capacity(table_items, max_wcu=max_wcu, write_price=write_price,
+                                            read_price=read_price)
     if not (count or full) and item_count < analysis.scanned:
         warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
                         "items: the count is stale (DynamoDB refreshes it about every 6 hours; local servers say 0), "
                         "so the estimates may be too low; plan --count counts the items exactly")
     return Plan(m, table, ttl, analysis, est, rec, sample, segments, table_items, warnings,
-                count_source=source, blockers=start_problems(table, m, analysis, 0))
+                count_source=source, blockers=start_problems(table, m, analysis, 0), index_capacity=index_cap)
 
 
 @dataclass(frozen=True)
@@ -468,6 +475,19 @@ def plan_index(dynamo: Dynamo, m: Migration, *, sample: int, segments: int, max_
         table_items, source = analysis.scanned, COUNT_SOURCES["full scan"]
     else:
         table_items, source = max(item_count, analysis.scanned), COUNT_SOURCES["DescribeTable"]
+    warnings = index_warnings(analysis)
+    if analysis.scanned == 0:
+        warnings.append(f"{m.table} looks empty: nothing to sample, estimates are zero")
+    if not (count or full) and item_count < analysis.scanned:
+        warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
+                        "items: the count is stale; plan --count counts the items exactly")
+    cap = analysis.capacity(table_items, max_wcu=max_wcu, write_price=write_price, read_price=read_price)
+    return IndexPlanReport(m, table, analysis, sample, segments, table_items, source, cap, warnings,
+                           start_problems(table, m, analysis, 0))
+
+
+def index_warnings(analysis: IndexPlan) -> list[str]:
+    """What the operator should know about each ``[index.NAME]`` of the sample (skew, an empty index)."""
     warnings = []
     for name, a in analysis.analyses.items():
         new = a.new_distribution()
@@ -478,14 +498,7 @@ def plan_index(dynamo: Dynamo, m: Migration, *, sample: int, segments: int, max_
         if a.indexed == 0 and analysis.scanned:
             warnings.append(f"[index.{name}]: no sampled item is in GSI {name!r} (none has {a.mapper.attr!r}"
                             + (f" and {a.mapper.sort_attr!r}" if a.mapper.sort_attr else "") + ")")
-    if analysis.scanned == 0:
-        warnings.append(f"{m.table} looks empty: nothing to sample, estimates are zero")
-    if not (count or full) and item_count < analysis.scanned:
-        warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
-                        "items: the count is stale; plan --count counts the items exactly")
-    cap = analysis.capacity(table_items, max_wcu=max_wcu, write_price=write_price, read_price=read_price)
-    return IndexPlanReport(m, table, analysis, sample, segments, table_items, source, cap, warnings,
-                           start_problems(table, m, analysis, 0))
+    return warnings
 
 
 def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,

@@ -105,8 +105,9 @@ class IndexAnalysis:
     moves: int = 0
     table_wcu: int = 0
     index_wcu: int = 0  # a delete of the old entry + a put of the new one, per moved item
-    #: A combined migration: the put of each new copy's entry (the copy carries the new value).
+    #: A combined migration (``combined``): the put of each new copy's entry (the copy carries the new value).
     copy_index_wcu: int = 0
+    combined: bool = False
     unmappable: dict = field(default_factory=dict)
     examples: list = field(default_factory=list)
     old_shards: list = field(default_factory=list)
@@ -174,7 +175,7 @@ class IndexAnalysis:
                       "unmappable_examples": self.examples},
             "distribution": {"old": old.as_dict(), "new": new.as_dict()},
             "rewrite_wcu": {"table": round(self.table_wcu * scale, 1), "index": round(self.index_wcu * scale, 1),
-                            "copies_index": round(self.copy_index_wcu * scale, 1),
+                            **({"copies_index": round(self.copy_index_wcu * scale, 1)} if self.combined else {}),
                             "total": round((self.table_wcu + self.index_wcu + self.copy_index_wcu) * scale, 1)},
         }
 
@@ -250,7 +251,8 @@ def index_plan(m: Migration, desc: Mapping[str, Any], full_scan: bool = False) -
     """An empty :class:`IndexPlan` for ``m``'s indexes, with the projections DescribeTable gives."""
     projections = {g["IndexName"]: g.get("Projection", {"ProjectionType": "ALL"})
                    for g in desc.get("GlobalSecondaryIndexes", [])}
-    return IndexPlan({s.name: IndexAnalysis(IndexMapper(s), m.keys, projections.get(s.name, {"ProjectionType": "ALL"}))
+    return IndexPlan({s.name: IndexAnalysis(IndexMapper(s), m.keys, projections.get(s.name, {"ProjectionType": "ALL"}),
+                                            combined=m.changes_table)
                       for s in m.indexes}, full_scan=full_scan)
 
 

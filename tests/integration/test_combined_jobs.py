@@ -80,6 +80,9 @@ def test_combined_file_from_start_to_complete(dynalite, dynalite_server, unique_
     heads = seed(dynalite, table, m)
     mapper, index = KeyMapper(m), IndexMapper(m.indexes[0])
 
+    assert cli("plan", str(path), "--sample", "0", *g) == 0
+    out = capsys.readouterr().out
+    assert "Index ByCountry" in out and "backfill's GSI half" in out and "Items per shard, new layout (8" in out
     assert cli("start", str(path), *g) == 0, capsys.readouterr().err
     assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # dual_write
     mirror_in_dual_write(dynalite, table, m, heads, "5001")
