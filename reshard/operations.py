@@ -38,7 +38,7 @@ from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase,
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
-from reshard.jobs.combined import combined_spec
+from reshard.jobs.combined import combined_spec, combined_verifier
 from reshard.jobs.processes import run_processes
 from reshard.jobs.index_jobs import index_spec
 from reshard.jobs.runner import JobOptions, JobResult, run_job
@@ -669,7 +669,7 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
 
 def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions):
     """``reshard verify --no-record``: the verdict without a write (:func:`reshard.jobs.verify.verify_read_only`)."""
-    return verify_jobs.verify_read_only(dynamo, store, migration_id, options)
+    return verify_jobs.verify_read_only(dynamo, store, migration_id, options, combined=combined_verifier)
 
 
 def live_shims(store: ControlStore, migration_id: str) -> int:

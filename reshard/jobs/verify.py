@@ -634,13 +634,16 @@ class ReadOnlyVerify:
 
 def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: JobOptions, *,
                      clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                     monotonic: Callable[[], float] = time.monotonic) -> ReadOnlyVerify:
+                     monotonic: Callable[[], float] = time.monotonic,
+                     combined: Callable | None = None) -> ReadOnlyVerify:
     """``reshard verify --no-record``: every segment scanned in this process, no lease,
     checkpoint, run record or example written (the observer role may send no write).
 
     The same preconditions and the same page function as a recorded run, so the verdict
     is the same; but it cannot be resumed or shared, and it does not count for the cutover
     gate, which needs a recorded run (a run an observer could write could be forged).
+    ``combined``: what builds a combined migration's verifier
+    (:func:`reshard.jobs.combined.combined_verifier`, which builds on this module).
     """
     if opts.repair:
         raise errors.BadInput("verify --repair writes (repairs, and the run it records): it cannot be combined "
@@ -652,9 +655,11 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
     dynamo.describe_table(migration.table)  # a clear error if the table is missing
     budget = CapacityBudget(None, opts.max_rcu).attach(dynamo, migration.table)
     if migration.changes_table and migration.indexes:
-        from reshard.jobs.combined import combined_verifier  # combined builds on this module
-        verifier = combined_verifier(dynamo, store, migration_id, 0, migration, KeyMapper(migration), budget, opts,
-                                     sleep, clock)
+        if combined is None:
+            raise errors.BadInput("a read-only verify of a combined migration needs its verifier "
+                                  "(operations passes it)")
+        verifier = combined(dynamo, store, migration_id, 0, migration, KeyMapper(migration), budget, opts, sleep,
+                            clock)
     elif migration.changes_table:
         verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
                             ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)

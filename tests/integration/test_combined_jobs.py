@@ -112,7 +112,8 @@ def test_combined_file_from_start_to_complete(dynalite, dynalite_server, unique_
         # Only the index half fails it: the copies' content (the GSI attribute left out) agrees.
         assert "gsi_value           1" in out and not any(k in out for k in ("diverged", "stale", "missing")), out
     dynalite.call("put_item", TableName=table, Item=victim)
-    assert cli("verify", m.id, "--segments", "2", "--workers", "1", "--settle-seconds", "0", *g) == 0, capsys.readouterr()
+    assert cli("verify", m.id, "--segments", "2", "--workers", "1", "--settle-seconds", "0", *g) == 0, \
+        capsys.readouterr()
     assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # cutover (the switch)
     assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # cleanup
     assert cli("cleanup", m.id, "--segments", "2", "--delete", *g) == 0, capsys.readouterr().err
