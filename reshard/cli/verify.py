@@ -76,7 +76,9 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
     An index-only migration ([index.NAME]): every item in the GSI must hold its [to]
     value (gsi_value), and per page one item must come back exactly once from the
     fan-out query over the new GSI values (gsi_query); --repair rewrites a wrong value
-    with the backfill's conditioned UpdateItem.
+    with the backfill's conditioned UpdateItem. A file that also re-keys the table runs
+    both checks over one scan: the copies are compared without the GSI attribute, and
+    every copy's GSI value must be the [to] layout's.
 
     \b
     Example:
@@ -165,7 +167,9 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
     (lease + longest request, watched on this host's clock).
     Resumable and budgeted like the backfill.
     An index-only migration ([index.NAME]) has nothing to expire (the pass only records
-    itself); aborted, its cleanup rewrites every GSI value back to the old layout.
+    itself); aborted, its cleanup rewrites every GSI value back to the old layout. A file
+    that also re-keys the table: its old copies expire; aborted, the new copies are
+    deleted and every other item's GSI value is rewritten back.
 
     \b
     --strip-bookkeeping (after complete): the items keep reshard's _rs_v (write
