@@ -50,7 +50,8 @@ from reshard.jobs.runner import JobContext, JobSpec
 
 #: Counters of the index half that are the table half's too (not repeated under ``gsi_``).
 _SHARED = {"scanned", "rcu", "wcu"}
-#: Counters of the index half added to the table half's own (a verify kind, one allowance).
+#: Counters of the index half also added to the table half's own (one allowance of
+#: unmappable items, one verify kind; the backfill's exit status reads the sum).
 _SUMMED = {"unmappable", "repaired"}
 
 
@@ -132,9 +133,9 @@ def merge(counts: dict, index_counts: dict) -> dict:
     for k, v in index_counts.items():
         if k in ("rcu", "wcu"):
             out[k] = round(out.get(k, 0) + v, 2)
-        elif k in _SUMMED:
-            out[k] = out.get(k, 0) + v
         elif k not in _SHARED:
+            if k in _SUMMED:
+                out[k] = out.get(k, 0) + v
             name = k if k.startswith("gsi_") else f"gsi_{k}"
             out[name] = out.get(name, 0) + v
     return out
@@ -222,9 +223,8 @@ def _verify_page(ctx: JobContext):
 # --------------------------------------------------------------------------- cleanup
 
 def _cleanup_page(ctx: JobContext):
-    table_page = cleanup_jobs._make_page(ctx)
     if ctx.state.phase is not Phase.ABORTED:
-        return table_page  # old copies expire with their GSI entries; nothing to rewrite
+        return cleanup_jobs._make_page(ctx)  # old copies expire with their GSI entries; nothing to rewrite
     m = ctx.migration
     # The table half deletes this migration's new copies; every other physical item goes
     # back to its old GSI value (a retired migration reads only old values).

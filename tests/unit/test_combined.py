@@ -103,4 +103,4 @@ def test_the_index_half_of_a_page_is_counted_under_gsi_():
     out = merge({"scanned": 7, "moved": 3, "unmappable": 1, "rcu": 1.5, "wcu": 3.0},
                 {"scanned": 7, "moved": 2, "already": 5, "unmappable": 1, "rcu": 0.5, "wcu": 6.0, "gsi_value": 1})
     assert out == {"scanned": 7, "moved": 3, "unmappable": 2, "rcu": 2.0, "wcu": 9.0, "gsi_moved": 2,
-                   "gsi_already": 5, "gsi_value": 1}
+                   "gsi_already": 5, "gsi_unmappable": 1, "gsi_value": 1}
