@@ -16,7 +16,8 @@ from reshard.core.layout import KeyMapper, hash_shard
 from reshard.core.migration import load
 from reshard.core.phases import ORDER, Action, Phase, changes_authority
 from reshard.core.planning import SampleAnalysis
-from reshard.jobs.combined import merge
+from reshard import errors
+from reshard.jobs.combined import _COUNTED, SharedScan, _both, merge
 
 from tests.conftest import ROOT
 
@@ -104,3 +105,36 @@ def test_the_index_half_of_a_page_is_counted_under_gsi_():
                 {"scanned": 7, "moved": 2, "already": 5, "unmappable": 1, "rcu": 0.5, "wcu": 6.0, "gsi_value": 1})
     assert out == {"scanned": 7, "moved": 3, "unmappable": 2, "rcu": 2.0, "wcu": 9.0, "gsi_moved": 2,
                    "gsi_already": 5, "gsi_unmappable": 1, "gsi_value": 1}
+
+
+class _FakeDynamo:
+    def __init__(self):
+        self.calls, self.noted = [], []
+
+    def call(self, operation, **kwargs):
+        self.calls.append(operation)
+        start = kwargs.get("ExclusiveStartKey", 0)
+        return {"Items": [{"n": start}, {"n": start + 1, "_rs_new": True}], "LastEvaluatedKey": start + 2}
+
+    def note_capacity(self, table, units):
+        self.noted.append((table, units))
+
+
+def test_the_index_half_gets_the_table_halfs_scan_page_once_and_filtered():
+    d = _FakeDynamo()
+    shared = SharedScan(d, keep=lambda item: "_rs_new" not in item)
+    first = shared.recording.call("scan", TableName="t", Segment=0, ExclusiveStartKey=4)
+    again = shared.replaying.call("scan", TableName="t", Segment=0, ExclusiveStartKey=4)
+    assert d.calls == ["scan"] and again == {**first, "Items": [{"n": 4}]} and d.noted == [("t", _COUNTED)]
+    shared.replaying.call("scan", TableName="t", Segment=0, ExclusiveStartKey=4)  # answered once only
+    shared.recording.call("scan", TableName="t", Segment=0, ExclusiveStartKey=6)
+    shared.replaying.call("scan", TableName="t", Segment=1, ExclusiveStartKey=6)  # other arguments: a real scan
+    assert d.calls == ["scan"] * 4
+
+
+def test_a_page_whose_halves_end_apart_is_not_checkpointed():
+    page = _both(lambda ctx, key: ({"checked": 1}, {"k": 2}), lambda ctx, key: ({}, {"k": 3}), "verify")
+    with pytest.raises(errors.ReshardError, match="not checkpointed"):
+        page(None, None)
+    assert _both(lambda c, k: ({"a": 1}, None), lambda c, k: ({"moved": 2}, None), "backfill")(None, None) == \
+        ({"a": 1, "gsi_moved": 2}, None)
