@@ -27,6 +27,7 @@ from reshard.jobs.runner import JobOptions
 from reshard.operations import run_data_job
 from reshard.core.phases import Action
 from reshard.core.versions import Fence
+from reshard.core.wire import key_of
 from reshard.shim.table import ShardedTable
 from reshard.core.index import IndexMapper
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper
@@ -118,7 +119,10 @@ def test_combined_file_from_start_to_complete(dynalite, dynalite_server, unique_
         out = capsys.readouterr().out
         # Only the index half fails it: the copies' content (the GSI attribute left out) agrees.
         assert "gsi_value           1" in out and not any(k in out for k in ("diverged", "stale", "missing")), out
-    dynalite.call("put_item", TableName=table, Item=victim)
+    # --repair rewrites it with the backfill's conditioned UpdateItem (that run still reports it).
+    assert cli("verify", m.id, "--segments", "2", "--workers", "1", "--settle-seconds", "0", "--repair", *g) == 1
+    assert index.is_at(dynalite.call("get_item", TableName=table, Key=key_of(victim, ["PK", "SK"]),
+                                     ConsistentRead=True)["Item"], "new")
     assert cli("verify", m.id, "--segments", "2", "--workers", "1", "--settle-seconds", "0", *g) == 0, \
         capsys.readouterr()
     assert cli("advance", m.id, "--allow-no-shims", *g) == 0  # cutover (the switch)
