@@ -78,10 +78,12 @@ def status_data(s: Status) -> dict:
 
 #: The counters worth a column per job in the text output (all of them are in the JSON).
 _SHOWN = {"backfill": ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
-                       "unmappable"),
+                       "unmappable", "gsi_moved", "gsi_already", "gsi_raced"),
           "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "new_only",
-                     "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired"),
-          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed"),
+                     "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired",
+                     "gsi_checked", "gsi_value", "gsi_query"),
+          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed",
+                      "gsi_moved"),
           "strip-bookkeeping": ("scanned", "stripped", "tombstones_deleted", "changed_meanwhile")}
 
 
