@@ -32,6 +32,11 @@ Why this is safe
     A kill anywhere before the checkpoint redoes the page, which is idempotent (same
     versions, same ``_rs_src``).
 
+A combined migration (the table's keys and a sharded GSI)
+    Each new copy is written with the ``[to]`` value of every GSI it is in, computed from
+    the copied item (``indexes``; the same fenced PutItem); the GSI half of the page is
+    :mod:`reshard.jobs.combined`'s.
+
 What the read-back of earlier versions did, and why it is gone
     The copy used to be an unconditional BatchWriteItem followed by a consistent
     read-back and fix-ups. With every write fenced, a shim write racing the copy
