@@ -168,13 +168,20 @@ def _backfill_page(ctx: JobContext):
 
 # --------------------------------------------------------------------------- verify
 
+#: The join segment's checkpoint names the half it is in ("index" first, then "table").
+HALF_ATTR = "_rs_half"
+
+
 class CombinedVerifier:
     """verify's page function for a combined migration: the table's :class:`Verifier` (GSI
-    attributes not compared) and :class:`IndexVerifier` over each scan page; the join
-    segment is the table's alone. Exposes what :func:`verify_read_only` sets on a verifier."""
+    attributes not compared) and :class:`IndexVerifier` over each scan page. The run's last
+    (join) segment runs the index half's join first, when it has one, then the table's: the
+    table's removes the run's record directory, the index half's only its own ``index/``.
+    Exposes what :func:`verify_read_only` sets on a verifier."""
 
     def __init__(self, table: verify_jobs.Verifier, index: IndexVerifier, segments: int):
         self.table, self.index, self.segments = table, index, segments
+        self.index_joins = hasattr(index, "_join_page")  # the index verify that joins a read of the index
 
     @property
     def collected(self):
@@ -185,16 +192,27 @@ class CombinedVerifier:
         self.table.collected = self.index.collected = value  # one list: every example, both halves
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("records_dir", "remove_records"):
-            setattr(self.table, name, value)
+        if name == "records_dir":  # a read-only verify's directory: the index half's records apart
+            self.table.records_dir = value
+            self.index.records_dir = None if value is None else value / "index"
+        elif name == "remove_records":
+            self.table.remove_records = self.index.remove_records = value
         else:
             object.__setattr__(self, name, value)
 
     def page(self, ctx, start_key):
-        if ctx.segment >= self.segments:
-            return self.table.page(ctx, start_key)  # the join: the table's copies only
-        return _both(self.table.page, lambda c, k: self.index.page(_Slice(c, self.segments), k), "verify")(
-            ctx, start_key)
+        if ctx.segment < self.segments:
+            return _both(self.table.page, lambda c, k: self.index.page(_Slice(c, self.segments), k), "verify")(
+                ctx, start_key)
+        start_key = dict(start_key or {})
+        half = start_key.pop(HALF_ATTR)["S"] if start_key else ("index" if self.index_joins else "table")
+        inner = start_key or None
+        if half == "index":
+            counts, next_key = self.index.page(ctx, inner)
+            # Between the halves the checkpoint says "table": a redone page starts the table's join.
+            return merge({}, counts), {**(next_key or {}), HALF_ATTR: {"S": "index" if next_key else "table"}}
+        counts, next_key = self.table.page(ctx, inner)
+        return counts, None if next_key is None else {**next_key, HALF_ATTR: {"S": "table"}}
 
 
 def combined_verifier(dynamo: Dynamo, store, migration_id: str, run: int, migration, mapper, budget, opts, sleep,

@@ -17,7 +17,7 @@ from reshard.core.migration import load
 from reshard.core.phases import ORDER, Action, Phase, changes_authority
 from reshard.core.planning import SampleAnalysis
 from reshard import errors
-from reshard.jobs.combined import _COUNTED, SharedScan, _both, merge
+from reshard.jobs.combined import _COUNTED, HALF_ATTR, CombinedVerifier, SharedScan, _both, merge
 
 from tests.conftest import ROOT
 
@@ -138,3 +138,31 @@ def test_a_page_whose_halves_end_apart_is_not_checkpointed():
         page(None, None)
     assert _both(lambda c, k: ({"a": 1}, None), lambda c, k: ({"moved": 2}, None), "backfill")(None, None) == \
         ({"a": 1, "gsi_moved": 2}, None)
+
+
+class _Half:
+    """A verifier half whose join takes ``pages`` pages (checkpoint {"join": n})."""
+
+    def __init__(self, name: str, pages: int):
+        self.name, self.pages, self.seen = name, pages, []
+
+    def page(self, ctx, key):
+        self.seen.append(key)
+        n = int(key["join"]["S"]) + 1 if key else 1
+        return {"checked": 1}, ({"join": {"S": str(n)}} if n < self.pages else None)
+
+
+def test_the_join_segment_runs_the_index_join_then_the_tables_and_resumes_in_either():
+    index, table = _Half("index", 2), _Half("table", 2)
+    index._join_page = None  # an index verify with a join of its own
+    v = CombinedVerifier(table, index, segments=2)
+    ctx, key, keys = SimpleNamespace(segment=2), None, []
+    while True:
+        counts, key = v.page(ctx, key)
+        keys.append(key)
+        if key is None:
+            break
+    assert index.seen == [None, {"join": {"S": "1"}}] and table.seen == [None, {"join": {"S": "1"}}]
+    assert [k and k[HALF_ATTR]["S"] for k in keys] == ["index", "table", "table", None]
+    resumed = CombinedVerifier(_Half("table", 2), _Half("index", 2), segments=2)  # no index join: the table's only
+    assert resumed.page(ctx, None)[1] == {"join": {"S": "1"}, HALF_ATTR: {"S": "table"}}
