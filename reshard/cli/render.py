@@ -303,7 +303,8 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
                       "keys": {"partition": m.keys.partition, "sort": m.keys.sort},
                       "from": layout(m.source), "to": layout(m.target),
                       "cleanup": {"ttl_attribute": m.cleanup.ttl_attribute,
-                                  "retain_hours": m.cleanup.retain_hours}},
+                                  "retain_hours": m.cleanup.retain_hours},
+                      **({"indexes": _index_specs(m)} if m.indexes else {})},
         "table": {"name": m.table, "status": table.get("TableStatus"), "billing_mode": billing,
                   "provisioned": provisioned, "item_count": int(table.get("ItemCount", 0) or 0),
                   "size_bytes": int(table.get("TableSizeBytes", 0) or 0), "ttl": p.ttl},
@@ -326,8 +327,7 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
         "next": next_commands(p, file, prefix),
         # A combined migration (the table's keys and [index.NAME]): the GSI half, as an index-only plan shows it.
         **({"indexes": [x.as_dict(est.scale) for x in a.index.analyses.values()],
-            "capacity_gsi": p.index_capacity["backfill"],
-            "index_specs": _index_specs(m)} if a.index is not None else {}),
+            "capacity_gsi": p.index_capacity["backfill"]} if a.index is not None else {}),
     }
 
 
@@ -495,8 +495,8 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
             rule = f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
         sort = f", sort {lay['sort']!r}" if lay["sort"] else ""
         add(f"  {side:<4} partition {lay['partition']!r}{sort}, {lay['shards']} shards, shard = {rule}")
-    if "index_specs" in r:  # combined: the table's keys and these GSIs at once
-        _index_spec_lines(add, r["index_specs"])
+    if "indexes" in m:  # combined: the table's keys and these GSIs at once
+        _index_spec_lines(add, m["indexes"])
     add("")
     prov = t["provisioned"]
     billing = t["billing_mode"] + (f" ({prov['rcu']} RCU / {prov['wcu']} WCU)" if prov else "")
