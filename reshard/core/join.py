@@ -31,7 +31,7 @@ from decimal import Decimal
 from typing import Any, Iterable, Mapping, Sequence
 
 from reshard.core.compare import expired
-from reshard.core.layout import KeyMapper, Layout, is_tombstone, to_av
+from reshard.core.layout import KeyMapper, Layout, ignoring, is_tombstone, to_av
 from reshard.core.migration import RESERVED_PREFIX, SHARD
 from reshard.core.versions import version_of
 
@@ -159,8 +159,9 @@ class Recorder:
         already parsed (the same values ``to_logical`` would parse from the key again)."""
         if is_tombstone(item):
             return None
-        out = {k: v for k, v in item.items() if not k.startswith(RESERVED_PREFIX)
-               and (k not in self._key_attrs or k in self._kept) and k not in self._ignored}
+        out = ignoring({k: v for k, v in item.items()
+                        if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)},
+                       self._ignored)
         for f in layout.template_fields:
             if f not in out and f not in layout.derived and f in values:
                 out[f] = to_av(values[f])

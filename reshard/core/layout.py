@@ -467,12 +467,11 @@ class KeyMapper:
         return out
 
     def content(self, physical: Mapping[str, Any], layout: Layout) -> Wire:
-        """What verify and the copy compare between copies: :meth:`to_logical` without
-        :attr:`ignored` (a combined migration's GSI attributes)."""
-        out = self.to_logical(physical, layout)
-        for a in self.ignored:
-            out.pop(a, None)
-        return out
+        """What verify and the copy compare between copies: :meth:`to_logical` with the
+        value of each :attr:`ignored` attribute (a combined migration's GSI attributes)
+        replaced by a marker: whether a copy carries it still counts (a copy left out of a
+        sparse index is a difference), its value does not."""
+        return ignoring(self.to_logical(physical, layout), self.ignored)
 
     def remap(self, old_item: Mapping[str, Any]) -> tuple[Wire, bool]:
         """The new-layout physical item for an old-layout physical item, and whether it moves.
@@ -507,6 +506,18 @@ class KeyMapper:
         """Whether an old-layout item's physical key changes in the new layout."""
         values = self.fields(old_item, self.old)
         return any(old_item.get(a) != v for a, v in self.new.key(values).items())
+
+
+#: What :meth:`KeyMapper.content` puts in place of an ignored attribute's value.
+PRESENT = {"NULL": True}
+
+
+def ignoring(content: dict, ignored: Iterable[str]) -> dict:
+    """``content`` with each ``ignored`` attribute it has replaced by :data:`PRESENT`."""
+    for a in ignored:
+        if a in content:
+            content[a] = PRESENT
+    return content
 
 
 def strip_action(item: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:

@@ -48,19 +48,24 @@ def test_a_combined_file_switches_at_both_places_and_refuses_rollback_to_planned
     assert M.indexes and index_transition_refusal(Action.ROLLBACK, Phase.DUAL_WRITE, Phase.PLANNED)
 
 
-def test_verify_does_not_compare_the_gsi_attribute_of_a_combined_file():
-    """An old copy at its old value and its new copy at the new one agree; any other attribute
-    still counts, in the judge and in the join's digests alike."""
+def test_verify_does_not_compare_the_gsi_value_of_a_combined_file():
+    """An old copy at its old value and its new copy at the new one agree; any other attribute,
+    and whether the GSI attribute is there at all, still counts, in the judge and in the join's
+    digests alike."""
     mapper = KeyMapper(M)
     old = old_header("77", 3)
     new, _ = mapper.remap(old)
     new = dict(new, gsi_shard={"N": "12"})
     assert classify(mapper, old, new) is None
     assert classify(mapper, old, dict(new, amount={"N": "6"})) == "diverged"
+    # Whether a copy carries it still counts: a copy left out of the (sparse) index is a difference.
+    assert classify(mapper, old, {k: v for k, v in new.items() if k != "gsi_shard"}) == "diverged"
     rec = Recorder(mapper)
     values = mapper.fields(old, mapper.old)
     assert rec.record(old, OLD, values).digest == rec.record(dict(old, gsi_shard={"N": "1"}), OLD, values).digest
     assert rec.record(old, OLD, values).digest != rec.record(dict(old, amount={"N": "6"}), OLD, values).digest
+    without = {k: v for k, v in old.items() if k != "gsi_shard"}
+    assert rec.record(old, OLD, values).digest != rec.record(without, OLD, values).digest
     assert mapper.to_logical(new, mapper.new)["gsi_shard"] == {"N": "12"}  # what the shim returns keeps it
 
 
