@@ -32,6 +32,52 @@ The fan-out: no item twice, none missed while it moves
     without a sort key is one tie group per partition value: each page reads its partitions
     whole (correct, and as costly as it sounds: give such an index a sort key).
 
+Table keys and index at once (a combined migration: ``[from]``/``[to]`` and ``[index.NAME]``)
+    A logical item then has up to two physical copies (old key, new key; one item when both
+    keys are equal), and every copy carrying the GSI attributes is an entry of the index. Each
+    copy a shim writes gets the value of ``INDEX_ROUTING[phase].writes`` (both copies in
+    dual_write and cutover), the backfill copy gives a new copy the new value and the rewrite
+    moves every physical item's value: per copy, values move one way per period, so the two
+    passes above find every copy that exists throughout the query. But an entry is a physical
+    copy -- possibly stale (a lost mirror; an old copy cleanup-phase writes no longer reach),
+    an old copy after cutover, a live copy whose counterpart is a tombstone -- so entries are
+    *resolved* (:class:`Resolver`, :func:`_resolved_page`):
+
+    1. grouped by (sort value, *logical* key), not by table key;
+    2. each logical item read as the phase's consistent ``get_item`` reads it (the keys the
+       phase reads, every candidate of a random old layout; the newest copy; a tombstone is
+       absent), in one BatchGetItem per round of the groups the page still needs;
+    3. the resolved item R returned at a group iff R is live, in the index, *its own sort
+       value is the group's*, and its partition fields equal the query's (then the filter);
+    4. ordered and paged by (sort value, logical key): ``LastEvaluatedKey`` carries the logical
+       key fields, the sort value and ``_rs_reads``; it round-trips as ``ExclusiveStartKey``.
+
+    Why an item unchanged during the query is returned exactly once. Let C be the copy the
+    phase's ``get_item`` resolves it to: in planned, dual_write and aborted (retired too) the
+    old copy (the only layout read; aborted's cleanup removes new copies only); in dual_read
+    and backfill the old copy as well -- it is authoritative, so no copy is newer, and the
+    copier copies it at its version; in cutover, cleanup and complete the new copy (cleanup
+    removes old copies only, and verify put every copy at the new GSI value before cutover).
+    C exists throughout the query, at R's sort value, with a GSI value of a layout the query
+    reads: the two passes find its entry, and its group returns R. Every other entry of the
+    item (a stale copy, an old copy after cutover, a copy beside a tombstone) resolves to R or
+    to nothing and is skipped (R's sort value is not its group's), or is C's own group: R has
+    one sort value, so one group per query returns it, and the cursor keeps pages disjoint.
+    Without step 3 a stale copy's entry would return R a second time, at the stale position.
+
+    A concurrent write: the index and the resolving read are two moments. An item whose sort
+    value changes during the query may be returned at its old or its new position, at both
+    across two pages, or missed (its new entry was not there yet when the index was read, its
+    old one resolves elsewhere) -- as a DynamoDB query racing an update of its sort key across
+    pages. An item deleted or created during the query is returned or not.
+
+    Cost: one consistent read per logical item a page resolves (one key per copy the phase
+    reads: 1 or 2; N or N+1 for a random old layout of N shards, as ``get_item``), in rounds of
+    the page's remaining ``Limit`` (up to :data:`RESOLVE_BATCH` items), beside the fan-out's
+    queries. An entry whose projection lacks a key field stored only as an attribute costs one
+    consistent GetItem more (it is read whole to learn its logical key). The resolved item is
+    the table's item: ``ALL_PROJECTED_ATTRIBUTES`` returns all of it.
+
 Pagination, as boto3's: ``Limit`` counts items evaluated (before ``FilterExpression``;
 items dropped by the key condition are not evaluated); ``LastEvaluatedKey`` is a logical
 cursor -- the table key and GSI sort value of the last item evaluated, plus ``_rs_reads``,
@@ -53,6 +99,7 @@ its indexes synchronously, so the tests see the strong form.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -192,6 +239,27 @@ class IndexSource:
     to_app: Callable[[Mapping[str, Any]], dict | None]
 
 
+@dataclass(frozen=True)
+class Resolver:
+    """A combined migration's logical resolution of index entries (the module docstring,
+    "Table keys and index at once"): built per query, on the phase the query acts on."""
+
+    #: The table's logical key fields: a cursor names them, not the table's key attributes.
+    key_fields: tuple[str, ...]
+    #: (logical identity, wire key fields) of a stored entry of either layout; None: not an
+    #: item of the migration (unmappable: no ``get_item`` could find it either).
+    identify: Callable[[Mapping[str, Any]], tuple[tuple, dict] | None]
+    #: (logical identity, a physical table key) of wire key fields (a cursor's).
+    of_key: Callable[[Mapping[str, Any]], tuple[tuple, dict]]
+    #: Per wire key fields, read as the phase's consistent ``get_item`` reads them, in one
+    #: BatchGetItem: (the newest copy, the logical wire item), or None (absent, a tombstone).
+    resolve: Callable[[Sequence[Mapping[str, Any]]], list[tuple[dict, dict] | None]]
+
+
+#: Logical items resolved per BatchGetItem round when no Limit says how many are needed.
+RESOLVE_BATCH = 100
+
+
 class _Part:
     """One GSI partition value of one pass: what it returned so far and where it stopped."""
 
@@ -219,12 +287,15 @@ _NONE = object()
 
 def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq: Mapping[str, Any],
                     condition: tuple | None, limit: int | None, forward: bool, start: Mapping[str, Any] | None,
-                    select: str | None, post: Callable[[dict], dict | None] | None) -> dict:
+                    select: str | None, post: Callable[[dict], dict | None] | None,
+                    resolver: Resolver | None = None) -> dict:
     """One page of a fan-out query of index ``im`` over the layouts ``routing`` reads.
 
     ``eq``: equalities on the index's partition fields; ``condition``: a condition tuple on
     the GSI sort attribute (physical value = logical value: it is never rewritten);
     ``post(item)``: the item to return (filtered, projected), None when the filter drops it.
+    ``resolver``: a migration that also re-keys the table (an entry is one physical copy):
+    entries are grouped by logical key and each is read as ``get_item`` reads it.
     """
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise errors.BadInput(f"Limit must be a positive integer (got {limit!r})")
@@ -233,7 +304,9 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
     sort_attr = im.sort_attr
     key_attrs = src.key_attrs
     reads = ",".join(routing.reads)
-    cursor = _cursor(im, key_attrs, start, reads)
+    cursor = _cursor(im, key_attrs, start, reads, resolver)
+    #: A combined migration's wire key fields per logical identity (the cursor names them).
+    logical_keys: dict[tuple, dict] = {}
 
     passes: list[list[_Part]] = []
     for side in routing.reads:
@@ -286,10 +359,17 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
         p.lek = resp.get("LastEvaluatedKey")
         p.done = not p.lek
         for item in resp.get("Items", []):
-            pos = _position(item, sort_attr, key_attrs)
+            if resolver is None:
+                pos = _position(item, sort_attr, key_attrs)
+            else:
+                who = resolver.identify(item)
+                if who is None:
+                    continue  # not an item of the migration: get_item could not find it either
+                pos = (_sv(item.get(sort_attr)) if sort_attr else None, who[0])
+                logical_keys.setdefault(who[0], who[1])
             if cursor is not None and not _after(pos, cursor[:2], forward):
                 continue  # at or before the cursor: an earlier page evaluated it
-            if not _matches(im, item, eq, p.side):
+            if resolver is None and not _matches(im, item, eq, p.side):
                 continue  # the partition value was computed from a shard_by field: other items share it
             p.entries.append((pos, item))
 
@@ -327,6 +407,10 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
 
     for parts in passes[1:]:
         src.run_all(later_pass, parts)
+
+    if resolver is not None:
+        return _resolved_page(im, resolver, passes, logical_keys, eq, limit, forward, post, reads,
+                              lambda sv: before(sv, frontier), frontier is not _DONE)
 
     # Every position before the frontier, one result per table key (the newest copy).
     best: dict[tuple, tuple[tuple, dict]] = {}
@@ -372,12 +456,77 @@ def run_index_query(src: IndexSource, im: IndexMapper, routing: IndexRouting, eq
     return resp
 
 
+def _resolved_page(im: IndexMapper, resolver: Resolver, passes: list[list[_Part]], logical_keys: dict[tuple, dict],
+                   eq: Mapping[str, Any], limit: int | None, forward: bool, post: Callable[[dict], dict | None] | None,
+                   reads: str, in_page: Callable[[Any], bool], cut: bool) -> dict:
+    """The page of a combined migration's fan-out: every (sort value, logical key) group before
+    the frontier (``in_page``), in that order, each item read as ``get_item`` reads it and
+    returned where its own sort value puts it (the module docstring). ``cut``: the frontier
+    ended the read (more may follow)."""
+    sort_attr = im.sort_attr
+    groups = {pos for parts in passes for p in parts for pos, _ in p.entries if in_page(pos[0])}
+    ordered = sorted(groups, key=_order_key, reverse=not forward)
+    resolved: dict[tuple, tuple[dict, dict] | None] = {}
+    out: list[dict] = []
+    evaluated, size, done = 0, 0, None
+    full = False
+    for n, pos in enumerate(ordered):
+        if (limit is not None and evaluated >= limit) or size >= PAGE_BYTES:
+            full = True
+            break
+        ident = pos[1]
+        if ident not in resolved:
+            # The logical items this page still needs (a skipped entry asks for the next ones).
+            want = min(max(limit - evaluated, 1), RESOLVE_BATCH) if limit is not None else RESOLVE_BATCH
+            batch: list[tuple] = []
+            for later in itertools.islice(ordered, n, None):
+                if later[1] not in resolved and later[1] not in batch:
+                    batch.append(later[1])
+                    if len(batch) >= want:
+                        break
+            resolved.update(zip(batch, resolver.resolve([logical_keys[b] for b in batch])))
+        done = pos
+        got = resolved[ident]
+        if got is None:
+            continue  # deleted (a tombstone) or absent where the phase reads: the entry is a leftover copy
+        stored, logical = got
+        if not _returned_here(im, stored, pos[0]):
+            continue  # a stale copy's entry: the item is returned where its own sort value puts it
+        if any(logical.get(f) is None or scalar(logical[f]) != v for f, v in eq.items()):
+            continue  # its current partition fields are another query's
+        evaluated += 1
+        size += item_size(stored)
+        app = from_wire(logical)
+        got_app = post(app) if post is not None else app
+        if got_app is not None:
+            out.append(got_app)
+    if not full and ((limit is not None and evaluated >= limit) or size >= PAGE_BYTES or (cut and done is not None)):
+        full = True  # at Limit (DynamoDB's rule, also at the end), or the frontier ended the page
+    resp: dict[str, Any] = {"Items": out, "Count": len(out), "ScannedCount": evaluated}
+    if full and done is not None:
+        # The logical position of the last group handled (returned, filtered or skipped).
+        lek = dict(logical_keys[done[1]])
+        if sort_attr is not None:
+            lek[sort_attr] = _sort_to_av(done[0])
+        resp["LastEvaluatedKey"] = {**from_wire(lek), READS_ATTR: reads}
+    return resp
+
+
+def _returned_here(im: IndexMapper, stored: Mapping[str, Any], sv: Any) -> bool:
+    """Whether a resolved item belongs at an entry of sort value ``sv``: it is in the index and
+    its own sort value is ``sv`` (an entry of a stale copy sits where the item no longer is)."""
+    return im.in_index(stored) and (im.sort_attr is None or _sv(stored[im.sort_attr]) == sv)
+
+
 def _cursor(im: IndexMapper, key_attrs: Sequence[str], start: Mapping[str, Any] | None,
-            reads: str) -> tuple | None:
-    """(sort value, identity, wire table key) of a logical ``ExclusiveStartKey``, or None."""
+            reads: str, resolver: Resolver | None = None) -> tuple | None:
+    """(sort value, identity, wire table key) of a logical ``ExclusiveStartKey``, or None.
+
+    A combined migration's cursor names the logical key fields (``resolver.key_fields``)."""
     if start is None:
         return None
-    want = set(key_attrs) | ({im.sort_attr} if im.sort_attr else set())
+    named = resolver.key_fields if resolver is not None else key_attrs
+    want = set(named) | ({im.sort_attr} if im.sort_attr else set())
     if not isinstance(start, Mapping) or set(start) - {READS_ATTR, im.attr} != want:
         raise errors.BadInput(f"ExclusiveStartKey must be the LastEvaluatedKey of a previous page of this index query "
                               f"(a dict of {', '.join(sorted(want))})")
@@ -388,6 +537,9 @@ def _cursor(im: IndexMapper, key_attrs: Sequence[str], start: Mapping[str, Any] 
             f"this paged query of index {im.name} began while the shim read its {started!r} layout(s) and the "
             f"migration now reads {reads!r}; restart the query from the beginning (without ExclusiveStartKey)")
     wire = to_wire({a: start[a] for a in want})
+    if resolver is not None:
+        ident, table_key = resolver.of_key({f: wire[f] for f in resolver.key_fields})
+        return (_sv(wire[im.sort_attr]) if im.sort_attr else None), ident, table_key
     pos = _position(wire, im.sort_attr, key_attrs)
     return pos[0], pos[1], {a: wire[a] for a in key_attrs}
 

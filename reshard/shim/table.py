@@ -41,7 +41,9 @@ Sharded GSIs (``[index.NAME]`` migrations)
     value of the layout the phase writes (a put: computed; an update: from its result, by
     one more conditional UpdateItem when it differs). An index-only migration keeps items at
     their keys: the table is one identity layout here (:func:`_table_view`), no copies, no
-    tombstones.
+    tombstones. A migration that also re-keys the table gives every copy it writes the
+    phase's value (a mirror too) and resolves each index entry to its logical item as
+    ``get_item`` reads it (:meth:`_index_resolver`).
 
 Phase
     Every request asks the instance's :class:`~reshard.shim.phase_cache.PhaseCache` for
@@ -89,7 +91,7 @@ from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from reshard.core.index import IndexMapper
 from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout,
-                                 hash_shard, is_tombstone, item_size)
+                                 hash_shard, is_tombstone, item_size, to_av)
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
 from reshard.core.phases import Phase, Routing
@@ -99,8 +101,9 @@ from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholder
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
-from reshard.shim.index import IndexSource, index_key_condition, index_routing, run_index_query, write_value
-from reshard.shim.query import QuerySource, logical_key_condition, run_query
+from reshard.shim.index import (IndexSource, Resolver, index_key_condition, index_routing, run_index_query,
+                                write_value)
+from reshard.shim.query import QuerySource, _plain, logical_key_condition, run_query
 from reshard.shim.scan import ScanSource, run_scan
 
 log = logging.getLogger("reshard.shim")
@@ -177,13 +180,14 @@ class ShardedTable:
                  switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], None] = time.sleep):
         self.migration = migration
-        if migration.indexes and migration.changes_table:
-            # The GSI value would have to follow each copy (old copies the old value, new
-            # copies the new one) and the fan-out keep the copy the phase designates: not built.
-            raise errors.BadInput(f"migration {migration.id!r} changes the table's keys and index "
-                                  f"{', '.join(i.name for i in migration.indexes)} at once; the shim supports one or "
-                                  "the other: split it into two migrations")
         self.mapper = KeyMapper(_table_view(migration))
+        if migration.changes_table:
+            for spec in migration.indexes:
+                if spec.sort in self.mapper._key_attrs and spec.sort not in self.mapper._kept_key_attrs:
+                    # The two copies of an item would sit at two sort values of the index.
+                    raise errors.BadInput(f"migration {migration.id!r}: index {spec.name}'s sort key {spec.sort!r} is "
+                                          "a key attribute the migration rewrites; the shim resolves an index entry "
+                                          "to its logical item by (sort value, logical key)")
         #: The migration's sharded GSIs by IndexName (reshard/shim/index.py).
         self._indexes = {spec.name: IndexMapper(spec) for spec in migration.indexes}
         # An index-only migration keeps every item at its key: one physical item, one layout.
@@ -754,7 +758,8 @@ class ShardedTable:
                     if fixed and internal_rv == "ALL_NEW" and attrs:
                         attrs = {**attrs, **{a: v for a, v in fixed.items() if a in attrs}}
                 if full and mirrors:  # None: the item was removed in between; nothing left to mirror
-                    self._mirror_to(mirrors, full)
+                    # Every copy gets the index value of the phase, as a put gives it.
+                    self._mirror_to(mirrors, self._with_index_values(st, full, fields))
         finally:
             self._end(st)
         meta = _metadata(resp)
@@ -958,12 +963,61 @@ class ShardedTable:
         st = self._begin()
         try:
             resp = run_index_query(self._index_source, im, index_routing(st.phase), eq, condition, Limit,
-                                   ScanIndexForward, ExclusiveStartKey, Select, post)
+                                   ScanIndexForward, ExclusiveStartKey, Select, post, self._index_resolver(st))
         finally:
             self._end(st)
         if Select == "COUNT":
             del resp["Items"]
         return resp
+
+    def _index_resolver(self, st: PhaseState) -> Resolver | None:
+        """A combined migration's resolution of index entries (``reshard/shim/index.py``): an
+        entry is one physical copy, so each logical item is read as ``get_item`` reads it in
+        this phase (the newest copy; a tombstone is absent). None for an index-only migration."""
+        if self._index_only:
+            return None
+        m = self.mapper
+        known: dict[str, tuple[tuple, dict] | None] = {}  # per table key: both passes may meet an entry
+
+        def identify(item: Mapping[str, Any]) -> tuple[tuple, dict] | None:
+            k = repr(sorted(self._key_of(item).items()))
+            if k not in known:
+                known[k] = self._logical_key(item)
+            return known[k]
+
+        def of_key(wire: Mapping[str, Any]) -> tuple[tuple, dict]:
+            fields = m.logical_fields(wire)
+            return _identity(m, fields), m.old.candidate_keys(fields)[0]
+
+        def resolve(wires: Sequence[Mapping[str, Any]]) -> list[tuple[dict, dict] | None]:
+            out: list[tuple[dict, dict] | None] = []
+            for got in self._newest_copies(st, [m.logical_fields(w) for w in wires], consistent=True):
+                live = got is not None and not is_tombstone(got[0])
+                out.append((got[0], m.to_logical(got[0], got[1])) if live else None)
+            return out
+        return Resolver(key_fields=m.key_fields, identify=identify, of_key=of_key, resolve=resolve)
+
+    def _logical_key(self, item: Mapping[str, Any], reread: bool = True) -> tuple[tuple, dict] | None:
+        """(identity, wire key fields) of a stored copy of either layout; None: unmappable.
+
+        An index entry whose projection lacks a key field kept only as an attribute is read
+        whole once (one consistent GetItem), rather than dropped from the results."""
+        m = self.mapper
+        missing = False
+        for layout in ((m.new, m.old) if m.is_new_copy(item) else (m.old, m.new)):
+            try:
+                fields = m.fields(item, layout)
+            except errors.UnmappableItem as e:
+                missing = missing or e.reason == "missing-field"
+                continue
+            # A field stored as an attribute keeps its type in the cursor (a key template makes text).
+            return _identity(m, fields), {f: item[f] if f in item else to_av(v) for f, v in fields.items()}
+        if missing and reread:
+            whole = self.dynamo.call("get_item", TableName=self.table, Key=self._key_of(item),
+                                     ConsistentRead=True).get("Item")
+            if whole is not None:
+                return self._logical_key(whole, reread=False)
+        return None
 
     @staticmethod
     def _built(builder: ConditionExpressionBuilder, expression: Any, names: dict, values: dict, is_key: bool,
@@ -1097,32 +1151,39 @@ class ShardedTable:
         check_placeholders(names, None)
         post = self._post(None, ProjectionExpression, None, expressions.Context(names, {}))
         fields_of = [self._key(k)[1] for k in Keys]
+        meta: dict = {}
         st = self._begin()
         try:
-            wanted: list[tuple[dict, Layout, int]] = []
-            for n, fields in enumerate(fields_of):
-                wanted.extend((k, layout, n) for k, layout in self._read_keys(st, fields))
-            unique: dict[str, dict] = {}
-            for k, _, _ in wanted:
-                unique.setdefault(repr(sorted(k.items())), k)
-            meta: dict = {}
-            found = {repr(sorted(self._key_of(i).items())): i
-                     for i in self.dynamo.batch_get(self.table, list(unique.values()), consistent=ConsistentRead,
-                                                    last_response=meta)}
+            winners = self._newest_copies(st, fields_of, ConsistentRead, meta)
         finally:
             self._end(st)
-        per_key: dict[int, list[tuple[dict, Layout]]] = {}
-        for k, layout, n in wanted:
-            item = found.get(repr(sorted(k.items())))
-            if item is not None:
-                per_key.setdefault(n, []).append((item, layout))
         out = []
-        for n, copies in sorted(per_key.items()):
-            winner = newest(c[0] for c in copies)
-            app = self._to_app(winner, next(l for i, l in copies if i is winner))
+        for winner in winners:
+            app = self._to_app(*winner) if winner is not None else None
             if app is not None:
                 out.append(post(app) if post is not None else app)
         return {"Items": out, "UnprocessedKeys": {}, **_metadata(meta)}
+
+    def _newest_copies(self, st: PhaseState, fields_of: Sequence[dict], consistent: bool,
+                       meta: dict | None = None) -> list[tuple[dict, Layout] | None]:
+        """Per logical item (its fields): the newest of the copies the phase reads, with its
+        layout (a tombstone included), or None -- every copy of every item in one BatchGetItem
+        (chunks of 100 keys), as ``get_item`` reads one item."""
+        wanted: list[list[tuple[dict, Layout]]] = [self._read_keys(st, fields) for fields in fields_of]
+        unique: dict[str, dict] = {}
+        for keys in wanted:
+            for k, _ in keys:
+                unique.setdefault(repr(sorted(k.items())), k)
+        found = {repr(sorted(self._key_of(i).items())): i
+                 for i in self.dynamo.batch_get(self.table, list(unique.values()), consistent=consistent,
+                                                last_response=meta)}
+        out: list[tuple[dict, Layout] | None] = []
+        for keys in wanted:
+            copies = [(found[r], layout) for r, layout in ((repr(sorted(k.items())), l) for k, l in keys)
+                      if r in found]
+            winner = newest(c[0] for c in copies)
+            out.append(None if winner is None else (winner, next(l for i, l in copies if i is winner)))
+        return out
 
     @property
     def meta(self) -> "TableMeta":
@@ -1132,6 +1193,11 @@ class ShardedTable:
     @property
     def name(self) -> str:
         return self.table
+
+
+def _identity(m: KeyMapper, fields: Mapping[str, Any]) -> tuple:
+    """A logical item's position among equal sort values (as the table query orders them)."""
+    return tuple(_plain(v) for v in m.identity(fields))
 
 
 def _table_view(m: Migration) -> Migration:
