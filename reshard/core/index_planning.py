@@ -42,6 +42,14 @@ def gsi_problems(desc: Mapping[str, Any], m: Migration) -> list[str]:
     out = []
     for spec in m.indexes:
         where = f"[index.{spec.name}]"
+        if m.changes_table and spec.sort in (m.keys.partition, m.keys.sort) and not any(
+                spec.sort in layout.template_fields() for layout in (m.source, m.target)):
+            # A combined file: the old and new copy of an item would sit at two sort values of
+            # the index, and the shim resolves an entry by (sort value, logical key): it refuses.
+            out.append(f"{where}: the GSI sort key {spec.sort!r} is a table key attribute this migration rewrites "
+                       "(an item's two copies would sort apart in the index; the shim refuses such a file): sort "
+                       "the index by an application attribute, or keep the key a field of its template (\"{"
+                       f"{spec.sort}}}\")")
         g = gsis.get(spec.name)
         if g is None:
             lsi = any(i["IndexName"] == spec.name for i in desc.get("LocalSecondaryIndexes", []))

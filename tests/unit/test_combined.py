@@ -13,7 +13,7 @@ from reshard.core.index import IndexMapper, changes_index_writes, index_transiti
 from reshard.core.index_planning import gsi_problems, index_plan
 from reshard.core.join import OLD, Recorder
 from reshard.core.layout import KeyMapper, hash_shard
-from reshard.core.migration import load
+from reshard.core.migration import load, parse
 from reshard.core.phases import ORDER, Action, Phase, changes_authority
 from reshard.core.planning import SampleAnalysis
 from reshard import errors
@@ -171,3 +171,14 @@ def test_the_join_segment_runs_the_index_join_then_the_tables_and_resumes_in_eit
     assert [k and k[HALF_ATTR]["S"] for k in keys] == ["index", "table", "table", None]
     resumed = CombinedVerifier(_Half("table", 2), _Half("index", 2), segments=2)  # no index join: the table's only
     assert resumed.page(ctx, None)[1] == {"join": {"S": "1"}, HALF_ATTR: {"S": "table"}}
+
+
+def test_start_refuses_a_gsi_sort_key_the_table_migration_rewrites():
+    """What the shim refuses (two copies would sort apart in the index), plan and start refuse."""
+    text = (ROOT / "migrations" / "0006_invoices_table_and_gsi.toml").read_text()
+    rewritten = parse(text.replace('sort = "tx_country"', 'sort = "SK"').replace('sort = "{line}"\nshards = 8',
+                                                                                 'sort = "L#{line}"\nshards = 8'))
+    (problem,) = [p for p in gsi_problems({}, rewritten) if "rewrites" in p]
+    assert problem.startswith("[index.ByCountry]: the GSI sort key 'SK' is a table key attribute")
+    kept = parse(text.replace('sort = "tx_country"', 'sort = "SK"').replace('"{line}"', '"{SK}"'))
+    assert not [p for p in gsi_problems({}, kept) if "rewrites" in p]
