@@ -661,10 +661,16 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
         return run_job(spec, dynamo, store, migration_id, options, subscribers=subscribers)
 
     result = one_pass()
-    if (job == CLEANUP_JOB and before.phase is Phase.ABORTED and not before.retired and result.finished
-            and store.load_state(migration_id).retired):
+    if job == CLEANUP_JOB and result.finished and sweeps_again(before, lambda: store.load_state(migration_id)):
         result = dataclasses.replace(result, sweep=one_pass())
     return result
+
+
+def sweeps_again(before: MigrationState, after: Callable[[], MigrationState]) -> bool:
+    """Whether a finished cleanup pass retired an aborted migration (``before``: the state it
+    began on; ``after``: the state now), so a second pass must sweep the tombstones of shims
+    still on ``aborted`` (:func:`run_data_job`; the model checker's cleanup calls it too)."""
+    return before.phase is Phase.ABORTED and not before.retired and after().retired
 
 
 def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions):

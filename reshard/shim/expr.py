@@ -72,6 +72,14 @@ def touched_attributes(clauses: Mapping[str, str], names: Mapping[str, str] | No
     return out
 
 
+def top_attribute(target: str, names: Mapping[str, str] | None) -> tuple[str, bool]:
+    """(top-level attribute, whether ``target`` is that whole attribute rather than a nested path)."""
+    m = _HEAD.match(target)
+    if not m:
+        raise BadInput(f"UpdateExpression: cannot read the target {target.strip()!r}")
+    return resolve_name(m.group(1), names), target.strip() == m.group(1)
+
+
 def resolve_name(token: str, names: Mapping[str, str] | None) -> str:
     if token.startswith("#"):
         if not names or token not in names:

@@ -38,8 +38,9 @@ Random-suffix old layouts
 Sharded GSIs (``[index.NAME]`` migrations)
     ``query(IndexName=...)`` fans out over the index's partition values
     (``reshard/shim/index.py``); writes give the GSI attribute of items in the index the
-    value of the layout the phase writes (a put: computed; an update: from its result, by
-    one more conditional UpdateItem when it differs). An index-only migration keeps items at
+    value of the layout the phase writes (a put: computed; an update of a field the value is
+    computed from: in the same UpdateItem, ``shim/index.index_actions``; any other update:
+    from its result, by one more conditional UpdateItem when it differs). An index-only migration keeps items at
     their keys: the table is one identity layout here (:func:`_table_view`), no copies, no
     tombstones. A migration that also re-keys the table gives every copy it writes the
     phase's value (a mirror too) and resolves each index entry to its logical item as
@@ -101,7 +102,8 @@ from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholder
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
-from reshard.shim.index import (IndexSource, Resolver, index_key_condition, index_routing, run_index_query,
+from reshard.shim.index import (IndexSource, IndexUpdate, Resolver, index_actions, index_key_condition,
+                                index_routing, index_update_plan, read_changed, run_index_query, update_effect,
                                 write_value)
 from reshard.shim.query import QuerySource, _plain, logical_key_condition, run_query
 from reshard.shim.scan import ScanSource, run_scan
@@ -720,29 +722,57 @@ class ShardedTable:
             if st.stamps:
                 extra_set.append("#rs_v = :rs_nv")
                 our_names["#rs_v"] = VERSION_ATTR
-            expression = merge_update(UpdateExpression, extra_set, extra_remove)
             # The app's condition sees a tombstone as the absent item it stands for.
-            condition, _ = tombstone_aware(ConditionExpression)
+            app_condition, _ = tombstone_aware(ConditionExpression)
             internal_rv = rv
             need_result = bool(mirrors or self._indexes)
             if need_result and rv in ("NONE", "UPDATED_NEW"):
                 # The mirror (and an index value) needs the whole new item: get it from the update itself.
                 internal_rv = "ALL_NEW"
+            plan = self._index_update_plan(st, clauses, app_names, key_wire)
+            read: dict = {}
+            for _ in range(MAX_FENCE_RETRIES + 1):
+                sets, index_names, index_values, condition = [], {}, {}, app_condition
+                if plan is not None:
+                    # GSI values computed from the update's own operands and the fields read
+                    # here, set in the same request (shim/index.py: index_actions).
+                    read = self._read_for_index(keys[0], plan)
+                    sets, index_names, index_values, ours, overrides = index_actions(
+                        plan, read, key_wire, app_values, UpdateExpression or "", ConditionExpression,
+                        self._identity_text(fields))
+                    condition = and_conditions(app_condition, ours)
+                    index_values.update(overrides)
+                expression = merge_update(UpdateExpression, extra_set + sets, extra_remove)
 
-            def attempt(version, condition, names, values):
-                kwargs: dict[str, Any] = {"TableName": self.table, "Key": keys[0], "UpdateExpression": expression,
-                                          "ExpressionAttributeNames": {**app_names, **our_names, **names}}
-                vals = {**app_values, **our_values, **values}
-                if version:
-                    vals[":rs_nv"] = {"S": version}
-                kwargs["ExpressionAttributeValues"] = vals
-                if condition:
-                    kwargs["ConditionExpression"] = condition
-                if internal_rv != "NONE":
-                    kwargs["ReturnValues"] = internal_rv
-                return self.dynamo.call("update_item", guard=self._phases.check_live, **kwargs)
+                def attempt(version, condition, names, values, expression=expression,
+                            added=(index_names, index_values)):
+                    kwargs: dict[str, Any] = {"TableName": self.table, "Key": keys[0],
+                                              "UpdateExpression": expression,
+                                              "ExpressionAttributeNames": {**app_names, **our_names, **added[0],
+                                                                           **names}}
+                    vals = {**app_values, **our_values, **added[1], **values}
+                    if version:
+                        vals[":rs_nv"] = {"S": version}
+                    kwargs["ExpressionAttributeValues"] = vals
+                    if condition:
+                        kwargs["ConditionExpression"] = condition
+                    if internal_rv != "NONE":
+                        kwargs["ReturnValues"] = internal_rv
+                    return self.dynamo.call("update_item", guard=self._phases.check_live, **kwargs)
 
-            _, resp = self._authoritative(st, keys[0], condition, attempt)
+                try:
+                    _, resp = self._authoritative(st, keys[0], condition, attempt)
+                    break
+                except errors.ConditionalCheckFailed:
+                    # Ours or the app's condition: without an app condition it was ours; with
+                    # one, ours failed only if a field read has changed since.
+                    if plan is None or not plan.reads or (
+                            app_condition and not read_changed(plan, read, self._read_for_index(keys[0], plan))):
+                        raise
+            else:
+                raise errors.AWSError("write", "ReshardVersionConflict",
+                                      f"the fields index values are computed from changed under the update of "
+                                      f"{keys[0]} {MAX_FENCE_RETRIES + 1} times; retry the request")
             attrs = resp.get("Attributes")
             if need_result:
                 if internal_rv == "ALL_NEW":
@@ -788,16 +818,38 @@ class ShardedTable:
                 item = {**item, im.attr: value}
         return item
 
+    def _index_update_plan(self, st: PhaseState, clauses: Mapping[str, str], names: Mapping[str, str],
+                           known: Mapping[str, Any]) -> IndexUpdate | None:
+        """Whether this update sets GSI values in its own request (``shim/index.index_update_plan``)."""
+        if not self._indexes or not clauses:
+            return None
+        return index_update_plan(list(self._indexes.values()), index_routing(st.phase).writes,
+                                 update_effect(clauses, names), known)
+
+    def _read_for_index(self, key: dict, plan: IndexUpdate) -> dict:
+        """The attributes ``plan`` reads, consistently (an update conditioned on them follows)."""
+        if not plan.reads:
+            return {}
+        names = {f"#rs_r{i}": a for i, a in enumerate(plan.reads)}
+        item = self.dynamo.call("get_item", TableName=self.table, Key=key, ConsistentRead=True,
+                                ProjectionExpression=", ".join(names), ExpressionAttributeNames=names).get("Item")
+        return dict(item or {})
+
     def _fix_index_values(self, st: PhaseState, key: dict, full: Mapping[str, Any]) -> dict:
         """After an update: give each GSI attribute of the resulting item ``full`` the value of
         the layout this phase writes, when it has another one. Returns what it set.
 
-        An UpdateExpression may change a ``shard_by`` field in ways the shim cannot evaluate
-        beforehand (``SET f = if_not_exists(...)``), and a field it does not name may not be in
-        the request at all, so the value is computed from the update's result. One more
-        UpdateItem, only when the value differs: conditional on the GSI value and every field
-        it is computed from being as read -- a write in between computed its own value, and a
-        deleted item is never re-created. ``_rs_v`` is kept (the item's content did not change).
+        An update that writes a field the value is computed from (or the GSI attribute, or its
+        sort attribute) already set the value in its own request (``index_update_plan``): here
+        it is the phase's, and nothing is sent. Any other update changed nothing the value
+        depends on, so this only moves an item still at the other layout's value to this
+        phase's -- harmless if cut off (the shim dies, or fails closed, before it): the item is
+        exactly as findable as before the update, every phase in which items may hold the
+        other layout's value reads both layouts (``INDEX_ROUTING``), and the rewrite and verify
+        move the rest. One more UpdateItem, only when the value differs: conditional on the GSI
+        value and every field it is computed from being as read -- a write in between computed
+        its own value, and a deleted item is never re-created. ``_rs_v`` is kept (the item's
+        content did not change).
         """
         if is_tombstone(full):
             return {}

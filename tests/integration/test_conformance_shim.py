@@ -12,6 +12,10 @@ phase, created on first use (module fixture); each case works in its own partiti
 cases do not see each other (scans compare whole tables: equal as long as every case ran
 on both). Data a phase must be able to read was written by the phase before it
 (:data:`SEEDED_BY`).
+
+A sharded GSI (``[index.NAME]``, :func:`test_sharded_index_queries_answer_as_an_unsharded_gsi`):
+``query(IndexName=...)`` against a plain table whose GSI holds the same logical data unsharded,
+in each of the four index routings (old; new, old; old, new; new).
 """
 
 from __future__ import annotations
@@ -333,3 +337,144 @@ def test_item_near_400_kb_and_refusals(world, phase):
     same(world, t, lambda x: x.put_item(Item={**k, "blob": Binary(b"z" * 410_000)}))  # too large for both
     same(world, t, lambda x: x.put_item(Item={**k, "v": 1}, ConditionExpression="attribute_exists("))
     same(world, t, lambda x: x.update_item(Key=k, UpdateExpression="SET v = :v"))  # :v undefined
+
+
+# ---------------------------------------------------------------------------------------------
+# A sharded GSI ([index.NAME]): the shim's fan-out query against boto3's query of a plain table
+# whose GSI holds the same logical data unsharded: HASH region, RANGE tx_country. On the
+# sharded table the GSI partition key is gsi_shard = "{shard}" (old: 2 random shards) ->
+# "{region}#{shard}" (new: hash(PK) % 4), its sort key tx_country.
+
+INDEX_MIGRATION = """
+id = "conf-{name}"
+table = "{name}"
+[keys]
+partition = "PK"
+sort = "SK"
+[index.ByCountry]
+partition = "gsi_shard"
+sort = "tx_country"
+[index.ByCountry.from]
+partition = "{{shard}}"
+shards = 2
+shard_by = "random"
+[index.ByCountry.to]
+partition = "{{region}}#{{shard}}"
+shards = 4
+shard_by = ["PK"]
+"""
+
+
+def _gsi_table(res, dynamo, name: str, partition: str, sort: str):
+    res.meta.client.create_table(
+        TableName=name, BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
+        AttributeDefinitions=[{"AttributeName": a, "AttributeType": "S"} for a in ("PK", "SK", partition, sort)],
+        GlobalSecondaryIndexes=[{"IndexName": "ByCountry", "Projection": {"ProjectionType": "ALL"},
+                                 "KeySchema": [{"AttributeName": partition, "KeyType": "HASH"},
+                                               {"AttributeName": sort, "KeyType": "RANGE"}]}])
+    local.wait_active(dynamo, name)
+    return res.Table(name)
+
+
+def index_outcome(fn, table):
+    """The answer without ResponseMetadata and without the shim-owned ``gsi_shard`` (the plain
+    table keeps the application's value); a LastEvaluatedKey as its table key and GSI sort value
+    (the plain one also names the GSI partition key, the shim's carries the layouts it read)."""
+    got = outcome(fn, table)
+    if isinstance(got, dict):
+        if "Items" in got:
+            got["Items"] = [{k: v for k, v in i.items() if k != "gsi_shard"} for i in got["Items"]]
+        if "LastEvaluatedKey" in got:
+            got["LastEvaluatedKey"] = {k: got["LastEvaluatedKey"][k] for k in ("PK", "SK", "tx_country")}
+    return got
+
+
+def test_sharded_index_queries_answer_as_an_unsharded_gsi(dynalite_server):
+    """Steady (reads old), dual_write (new then old), backfill (old then new), cutover (new): items
+    at old values, at new values, and both mixed; every answer equal to the plain table's."""
+    dynamo = Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1",
+                    retry=RetryPolicy(max_attempts=5, base_seconds=0.01), connect_timeout=1, read_timeout=4)
+    res = boto3.resource("dynamodb", endpoint_url=dynalite_server.endpoint, region_name="us-east-1",
+                         aws_access_key_id="x", aws_secret_access_key="x")
+    tag = uuid.uuid4().hex[:8]
+    plain = _gsi_table(res, dynamo, f"conf-gsi-plain-{tag}", "region", "tx_country")
+    name = f"conf-gsi-{tag}"
+    _gsi_table(res, dynamo, name, "gsi_shard", "tx_country")
+    m = parse(INDEX_MIGRATION.format(name=name))
+    # Distinct sort values per region: DynamoDB orders ties in a GSI partition by an internal
+    # hash, the shim by table key (docs/shim.md).
+    items = [{"PK": f"inv-{i:02d}", "SK": "root", "region": ("EU", "US")[i % 2], "tx_country": f"C-{i:02d}",
+              "amount": Decimal(i % 5), "gsi_shard": str(i % 2)} for i in range(14)]
+    items.append({"PK": "inv-00", "SK": "line-1", "region": "EU", "amount": Decimal(1)})  # not in the index
+    shims = {phase: ShardedTable(m, dynamo, control_table=None) for phase in (None, "dual_write", "backfill",
+                                                                               "cutover", "dual_read")}
+    for phase, t in shims.items():
+        t._pin_phase(phase)
+    for it in items:
+        plain.put_item(Item=it)
+        shims[None].put_item(Item=it)  # old values
+
+    def compare(t, pages_and_errors=True):
+        def same_answer(**kw):
+            a = index_outcome(lambda x: x.query(IndexName="ByCountry", **kw), plain)
+            b = index_outcome(lambda x: x.query(IndexName="ByCountry", **kw), t)
+            assert a == b, (kw, a, b)
+            return a
+        eu = Key("region").eq("EU")
+        for kce, forward in ((eu & Key("tx_country").between("C-02", "C-08"), False),
+                             (eu & Key("tx_country").lt("C-05"), True), (eu & Key("tx_country").gte("C-05"), False),
+                             (eu & Key("tx_country").eq("C-04"), True),
+                             (eu & Key("tx_country").begins_with("C-1"), True), (Key("region").eq("nowhere"), True)):
+            same_answer(KeyConditionExpression=kce, ScanIndexForward=forward)
+        assert len(same_answer(KeyConditionExpression=eu)["Items"]) == 7
+        same_answer(KeyConditionExpression="#r = :r AND begins_with(#c, :p)",
+                    ExpressionAttributeNames={"#r": "region", "#c": "tx_country"},
+                    ExpressionAttributeValues={":r": "US", ":p": "C-1"})
+        same_answer(KeyConditionExpression=eu, FilterExpression=Attr("amount").gte(2))
+        same_answer(KeyConditionExpression=eu, ProjectionExpression="PK, amount")
+        assert same_answer(KeyConditionExpression=eu, Select="COUNT", FilterExpression=Attr("amount").eq(1)) == \
+            {"Count": 1, "ScannedCount": 7}
+        if not pages_and_errors:
+            return
+        # Pages (Limit counts items evaluated, before the filter), both directions: the same pages.
+        for limit, forward, filt in ((2, True, None), (3, False, None), (2, True, Attr("amount").gt(1))):
+            pages = []
+            for x in (plain, t):
+                kw, got = {"IndexName": "ByCountry", "KeyConditionExpression": eu, "Limit": limit,
+                           "ScanIndexForward": forward}, []
+                if filt is not None:
+                    kw["FilterExpression"] = filt
+                for _ in range(20):
+                    r = outcome(lambda tb: tb.query(**kw), x)
+                    kw["ExclusiveStartKey"] = r.get("LastEvaluatedKey")
+                    got.append(index_outcome(lambda _: r, None))
+                    if not kw["ExclusiveStartKey"]:
+                        break
+                pages.append(got)
+            assert pages[0] == pages[1], (limit, forward)
+        # Errors: the same codes. (Without the region: refused once a phase reads the new values;
+        # the old values do not hold the region, so steady answers, see below.)
+        for kw in ({"IndexName": "Nope", "KeyConditionExpression": eu},
+                   {"IndexName": "ByCountry", "KeyConditionExpression": eu, "ConsistentRead": True},
+                   {"IndexName": "ByCountry", "KeyConditionExpression": eu & Key("amount").eq(1)},
+                   {"IndexName": "ByCountry", "KeyConditionExpression": Key("tx_country").eq("C-01")}):
+            assert outcome(lambda x: x.query(**kw), plain) == outcome(lambda x: x.query(**kw), t) == \
+                ("error", "ValidationException"), kw
+
+    compare(shims[None], pages_and_errors=False)  # (pages and errors: the same code, over both layouts below)
+    assert outcome(lambda x: x.query(IndexName="ByCountry", KeyConditionExpression=Key("tx_country").eq("C-01")),
+                   shims[None])["Count"] == 1  # no region needed while only the old values are read
+    for it in items[::2]:
+        shims["dual_read"].put_item(Item=it)  # half the items at their new values
+    compare(shims["dual_write"])
+    compare(shims["backfill"])
+    for it in items[1::2]:
+        shims["dual_read"].put_item(Item=it)
+    compare(shims["cutover"], pages_and_errors=False)
+    # A deliberate difference: DynamoDB scans a GSI, the shim refuses a sharded one (an item
+    # moving between partition values would be scanned twice or not at all; scan the table).
+    assert len(plain.scan(IndexName="ByCountry")["Items"]) == 14
+    assert outcome(lambda x: x.scan(IndexName="ByCountry"), shims["backfill"]) == ("error", "ValidationException")
+    for t in shims.values():
+        t.close()

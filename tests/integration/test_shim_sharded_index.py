@@ -17,6 +17,7 @@ from boto3.dynamodb.conditions import Attr, Key
 from reshard import errors
 from reshard.core.index import IndexMapper
 from reshard.core.layout import VERSION_ATTR, hash_shard
+from reshard.aws.local import wait_active
 from reshard.core.migration import parse
 from reshard.shim.index import READS_ATTR
 from tests.index_support import gsi_migration
@@ -285,6 +286,7 @@ def test_an_index_without_sort_key_pages_by_table_key(dynalite, unique_name):
                                         (("PK", "S"), ("SK", "S"), ("gsi_shard", "N"))],
                   GlobalSecondaryIndexes=[{"IndexName": "ByCountry", "Projection": {"ProjectionType": "ALL"},
                                            "KeySchema": [{"AttributeName": "gsi_shard", "KeyType": "HASH"}]}])
+    wait_active(dynalite, unique_name)  # dynalite answers ResourceNotFound until the table is ACTIVE
     t = shim(parse(text), dynalite)
     t._pin_phase("backfill")
     for i in range(7):

@@ -47,7 +47,7 @@ from reshard.control.runs import sum_counters
 from reshard.control.store import ControlStore
 from reshard.control.transition import retire, transition
 from reshard.core.compare import differences
-from reshard.core.layout import KeyMapper
+from reshard.core.layout import TOMBSTONE_ATTR, KeyMapper
 from reshard.core.migration import parse
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Action, Phase, job_rule
 from reshard.core.versions import VersionClock
@@ -216,6 +216,11 @@ class Fleet:
         self.verify_runs = 0
         #: Set when a copier runs: then every item (seeded ones too) must be in both layouts.
         self.copied = False
+        #: The trace position where the operator's ``cleanup+sweep`` returned (None: it did not),
+        #: and how long its second pass waits for the fleet's acknowledgement of the retire
+        #: (``--lease-wait``; polled every second of logical time, then refused).
+        self.swept_at: int | None = None
+        self.sweep_wait = 2.0
 
     # ------------------------------------------------------------ items
     def key(self, name: str, **fields) -> dict:
@@ -329,6 +334,16 @@ class Fleet:
                            sleep=self.w.sleep, lease_wait=self.lease_wait)  # the real gates
             elif a == "cleanup":
                 self.cleanup_pass(who)
+            elif a == "cleanup+sweep":
+                # `reshard cleanup` of an aborted migration (operations.run_data_job): the pass
+                # retires it, then, once the fleet acknowledged the retire (run_job's
+                # precondition, waiting), a second pass sweeps tombstones of shims still on aborted.
+                from reshard import operations
+                before = self.store.load_state(self.m.id)
+                self.cleanup_pass(who)
+                if operations.sweeps_again(before, lambda: self.store.load_state(self.m.id)):
+                    self.cleanup_pass(who, run=2, wait=self.sweep_wait)
+                self.swept_at = len(self.w.sched.trace)
             elif a == "repair":  # `reshard verify --repair`, inside the schedule, with run_job's precondition
                 require_phase_and_ack(self.store, self.m.id, VERIFY_JOB, repair=True)
                 passed, diffs = self.verify(run=2, host=who, repair=True)
@@ -341,19 +356,20 @@ class Fleet:
         except (errors.RefusedTransition, errors.ConcurrentChange) as e:
             out.append((a, f"refused: {e}"))
 
-    def cleanup_pass(self, who: str) -> None:
+    def cleanup_pass(self, who: str, run: int = 1, wait: float | None = 0.0) -> None:
         from reshard.jobs import cleanup
-        state = require_phase_and_ack(self.store, self.m.id, "cleanup")  # run_job's precondition
+        # run_job's precondition (``wait``: its ``lease_wait``, polled on the logical clock)
+        state = require_phase_and_ack(self.store, self.m.id, "cleanup", wait=wait, sleep=self.w.sleep)
         opts = JobOptions(segments=1, workers=1, page_size=50, delete=True)
         cleanup._check(self.store, state, opts)  # refuses while a backfill/verify lease is live
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
         page = cleanup.Cleaner(self.w.dynamo, self.mapper, self.table, budget, opts,
                                state.phase is Phase.ABORTED, self.w.clock).page
-        engine = SegmentEngine(self.store, self.m.id, "cleanup", 1, 1, page, workers=1, clock=self.w.clock,
+        engine = SegmentEngine(self.store, self.m.id, "cleanup", run, 1, page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False)
         engine.work_inline()
-        if state.phase is Phase.ABORTED:
+        if state.phase is Phase.ABORTED and not state.retired:
             # cleanup's finish: retire looks at the job leases again, with the pass's wait.
             retire(self.store, self.m.id, who=who, lease_wait=opts.lease_wait)
 
@@ -456,6 +472,14 @@ class Fleet:
             n_new = len(layouts["new"].get(ident, []))
             if n_old > max(1, self.seeded_old.get(name, 1)) or n_new > 1:
                 out.append(f"duplicate: {name} has {n_old} old-layout and {n_new} new-layout physical items")
+        if self.swept_at is not None:
+            # `reshard cleanup` returned: no tombstone is left once every delete was acknowledged
+            # before it (a later delete by a shim still on aborted is that shim's: it was live).
+            deletes = [o for o in self.history.ops if o.kind == "delete"]
+            swept = deletes and all(o.resp is not None and o.resp <= self.swept_at for o in deletes)
+            left = [i for i in self.w.db.items(self.table) if TOMBSTONE_ATTR in i] if swept else []
+            if left:
+                out.append(f"leftover tombstone after the cleanup returned: {left}")
         if phase == "aborted" and retired:
             # A retired migration left no new-layout copy behind: a retry of the migration
             # would find it at its new key (issue 12 case 6).

@@ -236,6 +236,7 @@ def test_fence_builders_are_the_ones_patched():
     import reshard.jobs.cleanup as cleanup
     import reshard.jobs.verify as verify
     import reshard.shim.table as table
+    from reshard import operations
     from reshard.control import runs
     from reshard.jobs.engine import PageContext
     from reshard.jobs.runner import conditional_put
@@ -248,8 +249,19 @@ def test_fence_builders_are_the_ones_patched():
                      (transition_module.transition, "await_no_writers("), (transition_module.retire, "await_no_writers("),
                      (cleanup._check, "await_no_writers("), (PageContext.write_guard, "self.check_deadline()"),
                      (verify.Verifier._repair, "guard=ctx.write_guard"), (verify.Verifier._mirror_to_old, "guard=ctx.write_guard"),
-                     (PhaseCache.begin, "self._check_live_locked("), (PhaseCache.check_live, "self._check_live_locked(")):
+                     (PhaseCache.begin, "self._check_live_locked("), (PhaseCache.check_live, "self._check_live_locked("),
+                     (operations.run_data_job, "sweeps_again("), (table.ShardedTable.update_item, "index_actions("),
+                     (table.ShardedTable._index_update_plan, "index_update_plan(")):
         assert name in inspect.getsource(fn), (fn.__qualname__, name)
     # The model's gates on the logical clock wrap the real wait (conftest).
     assert transition_module.await_no_writers.__name__ == runs.await_no_writers.__name__
     assert "phase_version = :v" in open(sys.modules[ControlStore.__module__].__file__).read()
+
+
+def test_without_the_abort_cleanup_second_sweep(monkeypatch):
+    """`reshard cleanup` of an aborted migration without its second pass (operations.sweeps_again
+    says no): A's delete lands after the pass went by, the cleanup returns, the tombstone stays."""
+    from reshard import operations
+    monkeypatch.setattr(operations, "sweeps_again", lambda before, after: False)
+    assert "leftover tombstone after the cleanup returned" in must_find(
+        scenario(spec_tests.tombstone_after_the_abort_pass), preemption_bound=1)
