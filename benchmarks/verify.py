@@ -13,6 +13,9 @@ Measures, in one process run on one server, for a calculated (sensor, 16 -> 32) 
 Verify scans every item once, records (key, side, version, digest) per item in SQLite files,
 joins them by logical item and re-reads only items whose records disagree (none here).
 
+Also the client's CPU (``process_time``) per scanned item of each: on a shared machine the
+items/s ratio moves with the load, the CPU far less.
+
 Prints a table with the goals beside the figures and writes JSON to benchmarks/results/verify.json.
 
     PYTHONPATH=. python3 benchmarks/verify.py              # 6000 items per table, about two minutes
@@ -33,6 +36,9 @@ import tempfile
 import threading
 import time
 
+import boto3
+import botocore.config
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -47,15 +53,16 @@ from reshard.jobs.verify import VERIFY  # noqa: E402
 GOALS = {"items_per_s_ratio": 0.5, "rcu_per_item_ratio": 2.0, "rss_ratio_10x": 1.2}
 
 
-def plain_scan(dynamo, table: str, segments: int, page_size: int) -> tuple[int, float]:
-    """A plain parallel, eventually consistent Scan: (items, RCU consumed)."""
+def plain_scan(boto, table: str, segments: int, page_size: int) -> tuple[int, float]:
+    """A plain parallel, eventually consistent Scan through boto3 (what a user would run; not
+    reshard's lean path): (items, RCU consumed)."""
     counts, units = [0] * segments, [0.0] * segments
 
     def seg(s: int) -> None:
         kw = {"TableName": table, "Segment": s, "TotalSegments": segments, "Limit": page_size,
               "ReturnConsumedCapacity": "TOTAL"}
         while True:
-            resp = dynamo.call("scan", **kw)
+            resp = boto.scan(**kw)
             counts[s] += len(resp.get("Items", []))
             units[s] += float(resp.get("ConsumedCapacity", {}).get("CapacityUnits", 0.0))
             if not resp.get("LastEvaluatedKey"):
@@ -83,14 +90,19 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
     run_job(BACKFILL, d, store, m.id, JobOptions(segments=args.segments, workers=args.segments,
                                                  page_size=args.page_size))
     scan_rates, verify_rates, scan_rcu, verify_rcu, scanned = [], [], [], [], 0
+    scan_cpu, verify_cpu = [], []  # client CPU (process_time) per scanned item, µs
+    boto = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name="us-east-1",
+                        config=botocore.config.Config(max_pool_connections=args.segments))
     for _ in range(args.rounds):
-        t0 = time.perf_counter()
-        scanned, units = plain_scan(d, m.table, args.segments, args.page_size)
+        t0, c0 = time.perf_counter(), time.process_time()
+        scanned, units = plain_scan(boto, m.table, args.segments, args.page_size)
         scan_rates.append(scanned / (time.perf_counter() - t0))
+        scan_cpu.append((time.process_time() - c0) / scanned * 1e6)
         scan_rcu.append(units)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = run_job(VERIFY, d, store, m.id, opts(args, records_dir))
         verify_rates.append(result.checked / (time.perf_counter() - t0))
+        verify_cpu.append((time.process_time() - c0) / result.checked * 1e6)
         assert result.passed, result.counts
         verify_rcu.append(result.consumed["rcu"])
     ratio = statistics.median(verify_rates) / statistics.median(scan_rates)
@@ -100,6 +112,8 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
             "plain_scan_items_per_s": round(statistics.median(scan_rates), 1),
             "verify_items_per_s": round(statistics.median(verify_rates), 1),
             "items_per_s_ratio": round(ratio, 3),
+            "plain_scan_client_cpu_us_per_item": round(statistics.median(scan_cpu), 1),
+            "verify_client_cpu_us_per_item": round(statistics.median(verify_cpu), 1),
             "plain_scan_rcu_per_item": round(per_item_scan, 4), "verify_rcu_per_item": round(per_item_verify, 4),
             "rcu_per_item_ratio": round(per_item_verify / per_item_scan, 3) if per_item_scan else None}
 
@@ -129,6 +143,14 @@ def rss(server, args, n: int, records_dir: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def loadavg() -> str:
+    """This machine's load average (the benchmark shares its cores with whatever else runs)."""
+    try:
+        return " ".join(pathlib.Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rss-child":
         endpoint, name, segments, page_size, records_dir = sys.argv[2:7]
@@ -143,6 +165,7 @@ def main() -> None:
     ap.add_argument("--kinds", default="sensor,invoices")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "verify.json"))
     args = ap.parse_args()
+    load_before = loadavg()
     with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp) / "db") as server:
         rows = [measure(server, args, kind, str(pathlib.Path(tmp) / "records")) for kind in args.kinds.split(",")]
         small = rss(server, args, args.rss_items, str(pathlib.Path(tmp) / "records"))
@@ -151,19 +174,21 @@ def main() -> None:
               "peak_before_verify_kb": [small["before_kb"], large["before_kb"]],
               "physical_items_checked": [small["checked"], large["checked"]],
               "rss_ratio_10x": round(large["maxrss_kb"] / small["maxrss_kb"], 3)}
-    out = {"goals": GOALS, "segments": args.segments, "page_size": args.page_size, "rounds": args.rounds,
+    out = {"goals": GOALS, "loadavg": [load_before, loadavg()], "segments": args.segments, "page_size": args.page_size, "rounds": args.rounds,
            "layouts": rows, "memory": memory}
     print(f"{'layout':<10}{'scan it/s':>11}{'verify it/s':>13}{'ratio':>8}{'goal':>7}"
-          f"{'scan RCU/it':>13}{'verify RCU/it':>15}{'ratio':>8}{'goal':>7}")
+          f"{'scan RCU/it':>13}{'verify RCU/it':>15}{'ratio':>8}{'goal':>7}{'client CPU µs/it scan, verify':>31}")
     for r in rows:
         print(f"{r['migration']:<10}{r['plain_scan_items_per_s']:>11}{r['verify_items_per_s']:>13}"
               f"{r['items_per_s_ratio']:>8}{'>=' + str(GOALS['items_per_s_ratio']):>7}"
               f"{r['plain_scan_rcu_per_item']:>13}{r['verify_rcu_per_item']:>15}"
-              f"{r['rcu_per_item_ratio']!s:>8}{'<=' + str(GOALS['rcu_per_item_ratio']):>7}")
+              f"{r['rcu_per_item_ratio']!s:>8}{'<=' + str(GOALS['rcu_per_item_ratio']):>7}"
+              f"{r['plain_scan_client_cpu_us_per_item']:>23}{r['verify_client_cpu_us_per_item']:>8}")
     print(f"peak RSS of verify (random layout): {memory['peak_rss_kb'][0]} KB at {memory['items'][0]} items, "
           f"{memory['peak_rss_kb'][1]} KB at {memory['items'][1]}: x{memory['rss_ratio_10x']} "
           f"(goal <= x{GOALS['rss_ratio_10x']}); before verify: {memory['peak_before_verify_kb'][0]} and "
           f"{memory['peak_before_verify_kb'][1]} KB")
+    print(f"load average (1, 5, 15 min): {out['loadavg'][0]} before, {out['loadavg'][1]} after")
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")

@@ -17,8 +17,10 @@ it emits botocore's ``before-send`` and ``after-call`` events on the client, so 
 tests and moto register keep working (a ``before-send`` answer is used as the response).
 
 Where it is used: for PutItem, DeleteItem and UpdateItem whose answer carries no
-attribute values (no ``ReturnValues``), and for GetItem and BatchGetItem (the shim's reads:
-issue 14's overhead goals), whose answers are turned into botocore's shapes by
+attribute values (no ``ReturnValues``), for GetItem and BatchGetItem (the shim's reads:
+issue 14's overhead goals), for Scan (the jobs' pages: botocore's shape walk was most of
+verify's client CPU per item, issue 16) and Query (the control table's segment and run rows,
+read every page; the shim's fan-out), whose answers are turned into botocore's shapes by
 :func:`_decode_binaries` (B and BS values base64-decoded to bytes, everything else is
 already what botocore's JSON parser returns); only on a client whose endpoint, credentials
 and hooks it understands (:func:`lean_sender`); anything else goes through botocore unchanged.
@@ -31,6 +33,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import socket
 import ssl
 import threading
@@ -56,9 +59,14 @@ except ImportError:  # pragma: no cover - orjson is optional
 
 #: botocore snake_case name -> DynamoDB operation.
 OPERATIONS = {"put_item": "PutItem", "delete_item": "DeleteItem", "update_item": "UpdateItem",
-              "get_item": "GetItem", "batch_get_item": "BatchGetItem"}
+              "get_item": "GetItem", "batch_get_item": "BatchGetItem", "scan": "Scan",
+              "query": "Query"}
 #: Reads: their answers carry attribute values (see :func:`_decode_binaries`).
-_READS = frozenset({"GetItem", "BatchGetItem"})
+_READS = frozenset({"GetItem", "BatchGetItem", "Scan", "Query"})
+#: A B or BS type tag in an answer's JSON (a quote inside a string value is escaped, so
+#: ``"B":`` there is a map key: a type tag, or an attribute named B, which decoding walks
+#: past correctly); without one, the answer has no binary value to decode.
+_BINARY_TAG = re.compile(rb'"BS?"\s*:')
 _TARGET = "DynamoDB_20120810."
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
@@ -204,7 +212,7 @@ class LeanSender:
             parsed = {"Error": {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""},
                       "ResponseMetadata": meta}
         else:
-            if op in _READS and b'"B' in content:  # no B/BS tag in the text: nothing to decode
+            if op in _READS and _BINARY_TAG.search(content):  # no B/BS tag in the text: nothing to decode
                 _decode_answer(parsed)
             parsed["ResponseMetadata"] = meta
         self.events.emit(f"after-call.dynamodb.{op}", http_response=answered, parsed=parsed,
@@ -276,9 +284,12 @@ class LeanSender:
 
 
 def _decode_answer(parsed: dict) -> None:
-    """A GetItem/BatchGetItem answer's attribute values as botocore parses them (in place)."""
-    item = parsed.get("Item")
-    if item:
+    """A GetItem/BatchGetItem/Scan/Query answer's attribute values as botocore parses them (in place)."""
+    for name in ("Item", "LastEvaluatedKey"):
+        item = parsed.get(name)
+        if item:
+            _decode_binaries(item)
+    for item in parsed.get("Items") or ():
         _decode_binaries(item)
     for items in (parsed.get("Responses") or {}).values():
         for item in items:

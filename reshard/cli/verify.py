@@ -5,9 +5,10 @@ from __future__ import annotations
 import click
 
 from reshard import errors, operations
-from reshard.cli.options import (Env, command, concurrency_option, job_progress, lease_seconds_option,
-                                 max_rcu_option, max_wcu_option, migration_argument, page_size_option,
-                                 processes_option, resolve_processes, segments_option, workers_option)
+from reshard.cli.options import (Env, command, concurrency_option, host_id_option, job_progress,
+                                 lease_seconds_option, max_rcu_option, max_wcu_option, migration_argument,
+                                 page_size_option, processes_option, resolve_processes, segments_option,
+                                 workers_option)
 from reshard.core.compare import GUIDANCE, KINDS
 from reshard.core.phases import STRIP_JOB, job_rule
 from reshard.jobs.runner import JobOptions
@@ -50,10 +51,11 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
                    "$RESHARD_VERIFY_DIR or ~/.cache/reshard/verify (--no-record: a temporary directory).")
 @max_rcu_option
 @max_wcu_option
+@host_id_option
 @page_size_option()
 @lease_seconds_option()
 def verify(env: Env, migration, segments, processes, workers, repair, no_record, examples, settle_seconds,
-           records_dir, max_rcu, max_wcu, page_size, lease_seconds):
+           records_dir, max_rcu, max_wcu, host_id, page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
 
     \b
@@ -94,7 +96,7 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, repair=repair, max_rcu=max_rcu,
                       max_wcu=max_wcu, examples=examples, page_size=page_size, lease_seconds=lease_seconds,
-                      settle_seconds=settle_seconds, records_dir=records_dir,
+                      settle_seconds=settle_seconds, records_dir=records_dir, host_id=host_id,
                       processes=1 if no_record else resolve_processes(processes, segments))
     if no_record:
         result = operations.verify_read_only(env.dynamo(), env.store(), mid, opts)
@@ -148,10 +150,11 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
                    "conditional on the version scanned) and delete leftover delete markers.")
 @max_wcu_option
 @max_rcu_option
+@host_id_option
 @page_size_option()
 @lease_seconds_option()
 def cleanup(env: Env, migration, segments, processes, workers, concurrency, delete, enable_ttl, strip_bookkeeping, max_wcu,
-            max_rcu, page_size, lease_seconds):
+            max_rcu, host_id, page_size, lease_seconds):
     """Retire what the migration no longer needs.
 
     \b
@@ -189,11 +192,11 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
             raise errors.BadInput("--strip-bookkeeping cannot be combined with --delete or --enable-ttl")
         return _strip(env, migration, JobOptions(segments=segments, workers=workers, max_wcu=max_wcu,
                                                  max_rcu=max_rcu, page_size=page_size, lease_seconds=lease_seconds,
-                                                 processes=resolve_processes(processes, segments)))
+                                                 host_id=host_id, processes=resolve_processes(processes, segments)))
     mid = env.migration_id(migration)
     opts = JobOptions(segments=segments, workers=workers, delete=delete,
                       enable_ttl=enable_ttl, max_wcu=max_wcu, max_rcu=max_rcu, page_size=page_size,
-                      lease_seconds=lease_seconds, concurrency=concurrency,
+                      lease_seconds=lease_seconds, concurrency=concurrency, host_id=host_id,
                       processes=resolve_processes(processes, segments))
     result, data = _run_job(env, "cleanup", mid, opts)
     if result.sweep is not None:

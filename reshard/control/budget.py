@@ -67,6 +67,12 @@ def read_members(store: ControlStore, migration_id: str, job: str, run: int) -> 
     return out
 
 
+def member_rows(store: ControlStore, migration_id: str, job: str) -> list[dict]:
+    """Every member beat row of every run of ``job`` (the budget rows themselves left out)."""
+    rows = store.query(store.jpk(migration_id, job), f"B#{job}#")
+    return [i for i in rows if "member" in i]
+
+
 def beat(store: ControlStore, migration_id: str, job: str, run: int, member: str, count: int,
          liveness_seconds: float, request_seconds: float, host: str | None = None, idle: frozenset = frozenset()) -> None:
     """Write this member's beat (unconditional: a member owns its row; ``count`` must change

@@ -14,6 +14,8 @@ re-checks exactly the state the diagnosis saw, so a live actor is never clobbere
   sent can still land) -- the gates' rule (:func:`reshard.control.runs.await_no_writers`);
 * a heartbeat row is removed only after it was watched silent for the shim's liveness
   window + its longest request, and only if its ``beat`` is unchanged (:func:`fleet.reap`);
+* a budget member's beat row (and its share) goes only after its beat was watched unchanged
+  for its liveness + longest request, and only if the beat is still that one;
 * a run is marked abandoned only if it is still unfinished;
 * a lock is deleted only while it names the same finished (or missing) migration, and
   taken for an active migration only if nobody holds it;
@@ -31,7 +33,7 @@ from typing import Callable, ContextManager
 from reshard import errors
 from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
-from reshard.control import fleet, runs
+from reshard.control import budget, fleet, runs
 from reshard.control.records import TABLE_LOCK_SK, MigrationState, check_row, run_sk, segment_sk, table_lock_pk
 from reshard.control.store import ControlStore, operator_name
 from reshard.core import doctor as rules
@@ -40,7 +42,7 @@ from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR
 from reshard.core.leases import FREE, LeaseWatch, SegmentRecord
 from reshard.core.phases import JOB_RULES
 from reshard.core.versions import unchanged, version_of
-from reshard.core.wire import N, S, get_s
+from reshard.core.wire import N, S, get_n, get_s
 
 #: A capacity budget's pacing: ``with spend("read" | "write", units): <the request>``.
 Spend = Callable[[str, float], ContextManager]
@@ -168,6 +170,15 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
                                       latest_run=latest, segments=r.total_segments,
                                       held_leases=sum(1 for _, run, _ in held if run == r.run))
                 found += [f] if f else []
+            for row in budget.member_rows(store, s.id, job):
+                run = int(get_n(row, "run", 0))
+                f = rules.budget_member_finding(
+                    m, job, run, get_s(row, "member", "?"), int(get_n(row, "beat", 0)),
+                    last_beat_at=float(get_n(row, "at", 0)), liveness_seconds=float(get_n(row, "liveness_seconds", 0)),
+                    request_seconds=float(get_n(row, "request_seconds", 0)), now=now,
+                    run_over=not rules.job_can_run(job, m) or run < latest or bool(
+                        info.get(run) and (info[run].finished or info[run].abandoned_at is not None)))
+                found += [f] if f else []
         other = active_on.get(s.table)
         for h in fleet.heartbeats(store, s.id):
             f = rules.shim_finding(m, h.instance, h.describe(), h.phase_version,
@@ -242,7 +253,8 @@ def repair(store: ControlStore, dynamo: Dynamo, findings: list[Finding], *, wait
     """
     out: list[Repaired] = [Repaired(f, "manual") for f in findings if not f.repairable]
     watched = [f for f in findings if f.repairable and f.kind in ("orphaned_lease", "expired_lease",
-                                                                    "stale_shim", "foreign_shim")]
+                                                                    "stale_shim", "foreign_shim",
+                                                                    "dead_budget_member")]
     ready, results = _watch(store, watched, wait, poll, sleep)
     out += results
     # A stale lock goes before an active migration takes its table's lock back.
@@ -261,6 +273,10 @@ def _current_token(store: ControlStore, f: Finding, beats: dict) -> tuple | None
         rec = SegmentRecord.from_item(r["segment"], store.get(store.jpk(f.migration, r["job"]),
                                                               segment_sk(r["job"], r["run"], r["segment"])))
         return rec.token if rec.held else None
+    if f.kind == "dead_budget_member":
+        r = f.ref
+        row = store.get(store.jpk(f.migration, r["job"]), budget.member_sk(r["job"], r["run"], r["member"]))
+        return (int(get_n(row, "beat", 0)),) if row is not None else None
     if f.migration not in beats:
         beats[f.migration] = {h.instance: h for h in fleet.heartbeats(store, f.migration)}
     h = beats[f.migration].get(f.ref["instance"])
@@ -337,6 +353,16 @@ def _reap_shim(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
     return "heartbeat row removed"
 
 
+def _remove_member(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
+    r = f.ref
+    # Only the beat we watched go quiet: a member that beat since is alive, and stays.
+    store.delete(store.jpk(f.migration, r["job"]), budget.member_sk(r["job"], r["run"], r["member"]),
+                 condition="beat = :beat", values={":beat": N(r["token"][0])})
+    # Its share too (a compare-and-set on the row's version; the live members drop it anyway).
+    budget.remove_share(store, f.migration, r["job"], r["run"], r["member"])
+    return "beat row and share removed"
+
+
 def _abandon_run(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
     store.update(store.jpk(f.migration, f.ref["job"]), run_sk(f.ref["job"], f.ref["run"]),
                  "SET abandoned_at = :now, abandoned_by = :who",
@@ -397,7 +423,7 @@ def _delete_items(dynamo: Dynamo, f: Finding, spend: Spend) -> str:
 
 REPAIRS: dict[str, Callable[[ControlStore, Dynamo, Finding], str]] = {
     "orphaned_lease": _release_lease, "expired_lease": _release_lease,
-    "stale_shim": _reap_shim, "foreign_shim": _reap_shim,
+    "stale_shim": _reap_shim, "foreign_shim": _reap_shim, "dead_budget_member": _remove_member,
     "abandoned_run": _abandon_run, "stale_lock": _delete_lock, "missing_lock": _take_lock,
 }
 #: Findings repaired in the data table (paced by the write budget).

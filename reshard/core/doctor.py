@@ -40,6 +40,8 @@ KINDS = {
     "retired_copies": "new-layout copies (_rs_new) of an aborted and retired migration are left in the table",
     "old_tombstones": "delete markers (_rs_del) older than the table's current migration, or left after the "
                       "last migration ended",
+    "dead_budget_member": "a process's beat row in a job run's budget (B#<job>#<run>#<member>) outlived it: "
+                          "its run is over, or it has not beaten within its liveness window (killed?)",
     "stale_lock": "a table lock (T#<table>) names a migration that is finished or does not exist",
     "missing_lock": "an active migration does not hold its table's lock",
     "foreign_row": "a control-table row reshard did not write (unknown schema, or contents that disagree with "
@@ -184,6 +186,23 @@ def shim_finding(m: MigrationFacts, instance: str, described: str, phase_version
                        f"acts on phase version {phase_version}, the migration is at {m.phase} v{m.phase_version}",
                        f"restart or redeploy it; {gone}", True, ref)
     return None
+
+
+def budget_member_finding(m: MigrationFacts, job: str, run: int, member: str, beat: int, *, last_beat_at: float,
+                          liveness_seconds: float, request_seconds: float, run_over: bool,
+                          now: float) -> Finding | None:
+    """A member's beat row of a run's budget that its process no longer keeps: the run is over
+    (a process that leaves removes its row), or its last beat (``last_beat_at``, the member's
+    wall clock: shown only, the repair watches the beat counter) is older than its liveness."""
+    late = now - last_beat_at
+    if not run_over and late <= liveness_seconds:
+        return None
+    quiet = liveness_seconds + request_seconds
+    why = "its run is over" if run_over else f"last beat {late:.0f} s ago by its own clock"
+    return Finding("dead_budget_member", m.id, f"{job} run {run} budget member {member}", f"left behind: {why}",
+                   f"{repair_command(m.id)} (removes its row and share once this host watched its beat unchanged "
+                   f"for {quiet:.0f} s)", True,
+                   {"job": job, "run": run, "member": member, "token": [beat], "quiet": quiet})
 
 
 def lock_finding(table: str, owner: str, owner_state: MigrationFacts | None) -> Finding | None:

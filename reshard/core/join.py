@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from reshard.core.compare import expired
 from reshard.core.layout import KeyMapper, Layout, ignoring, is_tombstone, to_av
@@ -45,23 +44,52 @@ def _hash(text: bytes) -> bytes:
     return hashlib.blake2b(text, digest_size=16).digest()
 
 
+def _bytes_text(value):
+    """JSON has no bytes: a B value (bytes at any depth) as hex text. Bytes only ever sit under a
+    ``B`` or ``BS`` tag, where no str does, so this cannot make two different values alike."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    raise TypeError(f"not a wire value: {type(value).__name__}")
+
+
+def _json_canonical(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=_bytes_text).encode("utf-8", "surrogatepass")
+
+
+try:  # the same bytes, several times faster (verify encodes every scanned item)
+    import orjson
+
+    def canonical(value) -> bytes:
+        """Wire values as JSON with every map's names sorted (the same bytes as :func:`_json_canonical`)."""
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=_bytes_text)
+        except TypeError:  # a str orjson refuses (a lone surrogate): the standard encoder's answer
+            return _json_canonical(value)
+except ImportError:  # pragma: no cover - orjson is optional
+    canonical = _json_canonical
+
+
 def digest(content: Mapping[str, Any] | None) -> bytes | None:
     """A digest of a logical item's content (wire format); None for a tombstone.
 
     Equal digests mean equal content as the judge compares it (``==`` on the wire dicts):
-    ``repr`` of str, bytes, bool, None, lists and dicts tells any two unequal values apart,
-    and the top-level names are sorted. Nested maps are not sorted: two equal contents
-    whose maps list their names in another order get different digests -- a false
-    suspect, re-read and found equal, never a missed difference.
+    the canonical JSON of wire values (every map's names sorted, at any depth; type tags
+    kept, so ``{"S": "1"}`` and ``{"N": "1"}`` differ; lists and sets in their order)
+    tells any two unequal values apart, and two equal ones give the same bytes whatever
+    order their maps list their names in. Numbers are compared as DynamoDB returns them:
+    it stores them normalised (``1.0`` and ``01`` read back as ``1``), so two copies of one
+    number read back as the same text. A set listed in another order digests apart, as the
+    judge's ``==`` tells it apart.
     """
     if content is None:
         return None
-    return _hash(repr(sorted(content.items())).encode())
+    return _hash(canonical(content))
 
 
 def key_hash(key: Mapping[str, Any], attrs: Sequence[str]) -> bytes:
     """The hash of a physical key (its attributes in ``attrs`` order, with their types)."""
-    return _hash(repr([key[a] for a in attrs]).encode())
+    return _hash(canonical([key[a] for a in attrs]))
 
 
 def ident_hash(identity: tuple) -> bytes:
@@ -79,7 +107,11 @@ def fields_text(values: Mapping[str, Any]) -> str:
             out.append([f, "N", str(v)])
         else:
             out.append([f, "S", v])
-    return json.dumps(out, separators=(",", ":"))
+    text = canonical(out)
+    try:
+        return text.decode()
+    except UnicodeDecodeError:  # a lone surrogate (no DynamoDB string has one): escaped, as JSON can
+        return json.dumps(out, separators=(",", ":"))
 
 
 def fields_from_text(text: str) -> dict[str, Any]:
@@ -87,8 +119,7 @@ def fields_from_text(text: str) -> dict[str, Any]:
     return {f: bytes.fromhex(v) if t == "B" else Decimal(v) if t == "N" else v for f, t, v in json.loads(text)}
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     """What the join knows of one scanned physical item.
 
     ``ident``/``nkey``/``cslot``/``fields`` describe its logical item (None when it is
@@ -110,8 +141,7 @@ class Record:
     fields: str = ""
 
     def row(self) -> tuple:
-        return (self.key, self.ident, self.side, self.version, int(self.live), self.digest, self.ttl, self.nkey,
-                self.cslot, self.kslot, int(self.flag), self.fields)
+        return tuple(self)  # sqlite3 stores the two bools as 0/1
 
 
 COLUMNS = ("key", "ident", "side", "version", "live", "digest", "ttl", "nkey", "cslot", "kslot", "flag", "fields")

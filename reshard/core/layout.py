@@ -164,6 +164,9 @@ class Template:
         self._regex = self._compile(parts, lazy=True)
         self._greedy = self._compile(parts, lazy=False)
         self._free_fields = len(set(self.fields))
+        # Group names computed once (a regex substitution per field per parse was most of
+        # the parse's cost; verify parses every scanned key).
+        self._groups = tuple((name, _group(name)) for name in dict.fromkeys(self.fields))
 
     @staticmethod
     def _compile(parts: tuple[TemplatePart, ...], lazy: bool) -> re.Pattern:
@@ -222,8 +225,8 @@ class Template:
             raise UnmappableItem("unparseable-key", f"{s!r} is ambiguous under template {self.text!r}: "
                                                     "a field value contains the separator")
         values: dict[str, Any] = {}
-        for name in dict.fromkeys(self.fields):
-            raw = m.group(_group(name))
+        for name, group in self._groups:
+            raw = m.group(group)
             values[name] = int(raw) if name == SHARD else raw
         if self.format(values)["S"] != s:
             raise UnmappableItem("unparseable-key", f"{s!r} does not round-trip through template {self.text!r}")

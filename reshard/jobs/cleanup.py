@@ -168,7 +168,14 @@ class Cleaner:
                                   unchanged(version_of(item), self.key_attrs[0]), guard=guard)
 
     def _set_ttl(self, guard: Callable[[], None], item: dict) -> str:
-        """Give an old item the TTL attribute, unless its own TTL expires sooner."""
+        """Give an old item the TTL attribute, unless its own TTL expires sooner.
+
+        An UpdateItem that sets the one attribute. A PutItem of the item as scanned plus the
+        attribute, under the same condition, would have the same effect for every writer
+        reshard has (they all stamp a new version), but it would also undo a change made
+        outside the shim without a version, and dynalite spent about as much CPU on it
+        (630-670 against 630-710 us per item, measured side by side): not worth that.
+        """
         own = item.get(self.ttl_attr, {}).get("N")
         if own is not None and float(own) <= self.expires:
             return "kept_own_ttl"  # no request: it goes sooner by itself

@@ -529,7 +529,13 @@ class SegmentEngine:
                         break
                 if not claimed:
                     mine = f"{self._owner_prefix()}:"
-                    if all(r.owner.startswith(mine) for r in ready):
+                    # Owners as they are now: a claim lost to a worker of this process that
+                    # moved first (two finishing scans racing for the join) is no reason to
+                    # sleep a poll interval (it was most of a small verify's wall time).
+                    now_ = {r.segment: r for r in self.records()}
+                    if any(now_[r.segment].done for r in ready):
+                        continue  # one finished meanwhile (at most once per segment): the join may be ready
+                    if all(now_[r.segment].owner.startswith(mine) for r in ready):
                         # The rest is in this process's hands (the join too: the worker that
                         # finishes the last scan takes it): its workers finish or release it.
                         return

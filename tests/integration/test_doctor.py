@@ -333,3 +333,40 @@ def test_data_scan_and_deletes_are_paced_by_the_budget(env):
     assert spent == ["read"] and kinds({"findings": [f.as_dict() for f in diagnosis.findings]}) == ["old_tombstones"]
     repairs = operations.doctors.repair(env.store, env.dynamo, diagnosis.findings, spend=spend)
     assert [r.outcome for r in repairs] == ["repaired"] and spent == ["read", "write", "write", "write"]
+
+
+def test_budget_beat_rows_of_killed_processes_are_removed_after_watching_them_silent(env):
+    """A killed process leaves its beat row (and share) in its run's budget: reported when the run
+    is over or the beat is older than its liveness window; removed once watched unchanged; a
+    member that beats while watched is alive and stays."""
+    from reshard.control import budget
+    from reshard.core.shares import Rebalance
+    env.register("m1")
+    force_meta(env.store, "m1", "backfill", 4)
+    put_run(env.store, "m1", "backfill", 1, finished=True)
+    put_run(env.store, "m1", "backfill", 2, finished=False)
+    for run, member in ((1, "h:1:dead"), (2, "h:2:dead"), (2, "h:3:slow")):
+        budget.beat(env.store, "m1", "backfill", run, member, 7, liveness_seconds=0.2, request_seconds=0.1)
+    totals = {"write": 100.0, "read": None}
+    budget.write_shares(env.store, "m1", "backfill", 1, None,
+                        Rebalance("h:1:dead", {"write": 100.0}, (), True, totals, totals))
+    code, report = env.doctor()
+    members = [f for f in report["findings"] if f["kind"] == "dead_budget_member"]
+    assert code == 1 and [f["subject"] for f in members] == ["backfill run 1 budget member h:1:dead"]
+    assert "its run is over" in members[0]["detail"] and members[0]["repairable"]
+    time.sleep(0.3)  # the run-2 members' last beats are now older than their liveness window
+    beats = iter(range(8, 100))
+
+    def sleep(seconds):  # h:3:slow beats between two looks of the watch
+        budget.beat(env.store, "m1", "backfill", 2, "h:3:slow", next(beats), liveness_seconds=0.2,
+                    request_seconds=0.1)
+        time.sleep(seconds)
+
+    diagnosis = operations.doctors.diagnose(env.store, env.dynamo, "m1")
+    found = [f for f in diagnosis.findings if f.kind == "dead_budget_member"]
+    assert sorted(f.ref["member"] for f in found) == ["h:1:dead", "h:2:dead", "h:3:slow"]
+    repairs = operations.doctors.repair(env.store, env.dynamo, found, poll=0.05, sleep=sleep)
+    assert sorted((r.finding.ref["member"], r.outcome) for r in repairs) == [
+        ("h:1:dead", "repaired"), ("h:2:dead", "repaired"), ("h:3:slow", "live")]
+    assert [i["member"]["S"] for i in budget.member_rows(env.store, "m1", "backfill")] == ["h:3:slow"]
+    assert budget.read_shares(env.store, "m1", "backfill", 1).shares == {}

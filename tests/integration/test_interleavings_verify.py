@@ -460,3 +460,36 @@ def test_a_shim_write_between_verifys_read_and_its_repair_write_survives(dynalit
     totals = run.totals
     assert totals["missing"] == 1 and totals["unrepaired"] == 1 and totals["repaired"] == 0, totals
     assert verify(dynalite, store, m).passed
+
+
+def test_the_worker_that_loses_the_race_for_the_join_does_not_sleep_a_poll(dynalite, unique_name):
+    """Two workers of one process finish the last two scan segments together and both try to
+    claim the join: the loser looks again (the join is this process's now) and leaves, instead
+    of sleeping a poll interval (2 s by default) before it sees that. Forced: both finish,
+    then both read the segments, then both claim."""
+    import threading
+
+    from reshard.jobs.engine import SegmentEngine
+    m, _, store = setup_migration(dynalite, "sensor", unique_name, control=unique_name + "-c", mid=unique_name)
+    slept: list[float] = []
+    engine = SegmentEngine(store, m.id, "verify", 1, 3, lambda ctx, key: ({}, None), workers=2, lease_seconds=30,
+                           max_request_seconds=1, sleep=slept.append, poll_seconds=2.0, join=True)
+    finished, claiming = threading.Barrier(2, timeout=10), threading.Barrier(2, timeout=10)
+    finish, claim = engine.finish_segment, engine.claim
+    tries = []
+
+    def finish_together(lease, counters):
+        finish(lease, counters)
+        if lease.segment < 2:
+            finished.wait()  # both scan segments done before either worker looks for more
+
+    def claim_together(rec, me):
+        if rec.segment == 2:
+            tries.append(me)
+            if len(tries) <= 2:
+                claiming.wait()  # both read the join unclaimed before either claims it
+        return claim(rec, me)
+
+    engine.finish_segment, engine.claim = finish_together, claim_together
+    assert engine.run_all().done
+    assert len(tries) == 2 and slept == []

@@ -8,10 +8,13 @@ is a suspect (a false suspect only costs a consistent re-read).
 from __future__ import annotations
 
 import pathlib
+from decimal import Decimal
 
 import pytest
 
-from reshard.core.join import MISPLACED, NEW, OLD, Record, Recorder, digest, verdict
+from reshard.core import join as join_rules
+from reshard.core.join import (MISPLACED, NEW, OLD, Record, Recorder, digest, fields_from_text, fields_text, key_hash,
+                                verdict)
 from reshard.core.layout import NEW_COPY_ATTR, KeyMapper
 from reshard.core.migration import load
 from reshard.jobs.records import END, Join, complete, forget, write_page
@@ -245,3 +248,35 @@ def test_a_stale_page_write_of_this_host_is_fenced_by_the_lease_token(tmp_path):
     write_page(tmp_path, 1, END, END, [])
     _, suspects = build_existing(tmp_path, 2)
     assert suspects == {b"X": "missing"}
+
+
+def test_equal_contents_digest_alike_and_different_ones_differ():
+    """The content digest (canonical JSON): equal wire values in any name order, at any depth,
+    digest alike; every difference the judge's ``==`` sees shows (type tag, value, list
+    order, a nested value, bytes against text); the standard encoder gives the same bytes."""
+    item = {"a": {"S": "x"}, "n": {"N": "1"}, "b": {"B": b"\x00\xff"}, "bs": {"BS": [b"\x01"]},
+            "m": {"M": {"y": {"L": [{"S": "1"}, {"NULL": True}]}, "x": {"BOOL": False}}}, "u": {"S": "é\u2028\x01"}}
+    reordered = {"u": item["u"], "m": {"M": {"x": {"BOOL": False}, "y": item["m"]["M"]["y"]}}, "bs": item["bs"],
+                 "b": item["b"], "n": item["n"], "a": item["a"]}
+    assert reordered == item and digest(reordered) == digest(item)
+    assert join_rules.canonical(item) == join_rules._json_canonical(item)  # orjson or not: the same digest
+    different = [
+        {**item, "n": {"S": "1"}},  # same text, another type
+        {**item, "n": {"N": "2"}},
+        {**item, "b": {"B": b"\x00\xfe"}},
+        {**item, "b": {"S": b"\x00\xff".hex()}},  # text that reads like the bytes' encoding
+        {**item, "m": {"M": {"y": {"L": [{"NULL": True}, {"S": "1"}]}, "x": {"BOOL": False}}}},  # list order
+        {**item, "m": {"M": {"y": {"L": [{"S": "1"}, {"NULL": True}]}, "x": {"BOOL": True}}}},
+        {**item, "extra": {"S": ""}},
+        {k: v for k, v in item.items() if k != "a"},
+    ]
+    digests = {digest(d) for d in different}
+    assert len(digests) == len(different) and digest(item) not in digests
+    assert digest(None) is None
+    # Keys: the type is part of the hash; fields survive their text form, types kept.
+    assert key_hash({"PK": {"S": "1"}}, ["PK"]) != key_hash({"PK": {"N": "1"}}, ["PK"])
+    assert key_hash({"PK": {"B": b"1"}}, ["PK"]) != key_hash({"PK": {"S": "31"}}, ["PK"])
+    fields = {"s": "a\u2028é", "n": Decimal("1.5"), "b": b"\x00"}
+    assert fields_from_text(fields_text(fields)) == fields
+    odd = {"s": "a\ud800"}  # a lone surrogate (no UTF-8 text has one): still one digest, fields kept
+    assert digest(odd) != digest({"s": "a"}) and fields_from_text(fields_text(odd)) == odd
