@@ -402,6 +402,9 @@ def plan_index_text(r: dict) -> str:
     add("Capacity (whole table)")
     add(f"  backfill  {bf['scan_rcu']:>12,.1f} RCU (scan)  {bf['wcu']:>12,.1f} WCU (table {bf['table_wcu']:,.1f} + "
         f"GSI {bf['index_wcu']:,.1f})")
+    vf = cap["verify"]
+    add(f"  verify    {vf['rcu']:>12,.1f} RCU (scan {vf['scan_rcu']:,.1f} + index side {vf['index_rcu']:,.1f}: "
+        "every GSI entry read once by the fan-out over the [to] values)")
     add(f"  cleanup   {cap['cleanup']}")
     if cap["max_wcu"]:
         add(f"  at --max-wcu {cap['max_wcu']:g}: backfill {planning.human_seconds(cap['backfill_seconds'])}")

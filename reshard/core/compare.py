@@ -61,7 +61,11 @@ KINDS = {
     "unmappable": "an old item the layouts cannot map (bad key, missing field)",
     # An index-only migration ([index.NAME], reshard.jobs.index_jobs):
     "gsi_value": "an item's GSI partition value is not the one the [to] layout gives it",
-    "gsi_query": "the fan-out query over the new GSI values did not return an item exactly once",
+    "gsi_missing": "an item the fan-out over the [to] GSI values must return is not in the index",
+    "gsi_extra": "the fan-out returns an entry the table item does not carry (absent, deleted) or a second one",
+    "gsi_differs": "the index entry's partition value, sort value or version differs from the table item's",
+    # Kept so a run recorded by an earlier reshard (one fan-out probe per page) still fails if it found one.
+    "gsi_query": "(an earlier reshard's verify) a fan-out probe did not return an item exactly once: verify again",
 }
 
 #: What the operator does about each kind the repair cannot fix (shown by the gate).
@@ -74,7 +78,12 @@ GUIDANCE = {
                   "unmappable); `reshard status` lists the backfill's unmappable items",
     "gsi_value": "run `reshard verify --repair` in the backfill phase (it rewrites each such item's GSI value, "
                  "conditioned on its version like the backfill), then verify again",
-    "gsi_query": "check the GSI is ACTIVE and projects _rs_v; the index is eventually consistent, so verify again",
+    "gsi_missing": "the index lags or lost entries: check the GSI is ACTIVE and not throttled (an index whose "
+                   "writes are throttled lags), then verify again, with a longer --settle-seconds if it lags",
+    "gsi_extra": "the index lags behind deletes: check the GSI is ACTIVE and not throttled, then verify again, "
+                 "with a longer --settle-seconds if it lags",
+    "gsi_differs": "the index lags behind writes: check the GSI is ACTIVE and not throttled, then verify again, "
+                   "with a longer --settle-seconds if it lags",
     "new_only": "run `reshard verify --repair` in the backfill phase: it copies these shim writes to the old "
                 "layout (fenced, never deleting them)",
 }

@@ -116,6 +116,7 @@ class IndexAnalysis:
     #: A combined migration (``combined``): the put of each new copy's entry (the copy carries the new value).
     copy_index_wcu: int = 0
     combined: bool = False
+    entry_bytes: int = 0  # every index entry's size: what verify's fan-out over the index reads
     unmappable: dict = field(default_factory=dict)
     examples: list = field(default_factory=list)
     old_shards: list = field(default_factory=list)
@@ -131,6 +132,7 @@ class IndexAnalysis:
             self.not_indexed += 1
             return
         self.indexed += 1
+        self.entry_bytes += index_entry_size(item, self.keys, m.spec, self.projection)
         try:
             new_shard = m.new.shard_for(m.fields(item, "new"))
             if m.is_at(item, "new"):
@@ -240,16 +242,19 @@ class IndexPlan:
     def capacity(self, table_items: int, *, max_wcu: float | None, write_price: float,
                  read_price: float) -> dict:
         """The rewrite's units for the whole table: one scan, and per moved item the table
-        write plus the GSI's delete and put. Verify scans again (reads only)."""
+        write plus the GSI's delete and put. Verify scans again and reads every index entry once
+        (its fan-out over the ``[to]`` values; at least 0.5 RCU per query page besides)."""
         scale = self.scale(table_items)
         scan = scan_units(round(self.bytes_all * scale))
         table = sum(a.table_wcu for a in self.analyses.values()) * scale
         index = sum(a.index_wcu + a.copy_index_wcu for a in self.analyses.values()) * scale
         wcu = table + index
+        entries = scan_units(round(sum(a.entry_bytes for a in self.analyses.values()) * scale))
         usd = scan / 1e6 * read_price + wcu / 1e6 * write_price
         return {"scale": round(scale, 6), "backfill": {"scan_rcu": round(scan, 1), "table_wcu": round(table, 1),
                                                        "index_wcu": round(index, 1), "wcu": round(wcu, 1)},
                 "max_wcu": max_wcu, "backfill_seconds": round(wcu / max_wcu, 1) if max_wcu else None,
+                "verify": {"scan_rcu": round(scan, 1), "index_rcu": round(entries, 1), "rcu": round(scan + entries, 1)},
                 "cleanup": "nothing to expire: items keep their keys",
                 "on_demand": {"write_price_per_million": write_price, "read_price_per_million": read_price,
                               "backfill_usd": round(usd, 4)}}

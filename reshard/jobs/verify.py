@@ -691,11 +691,10 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
             totals[k] = totals.get(k, 0) + v
         reasons.extend([why] if why else [])
 
-    join = migration.changes_table  # an index-only migration's verify judges item by item: no join
+    join = True  # both verifiers' last segment joins (an index-only one: the scan with the index side)
     with tempfile.TemporaryDirectory(prefix="reshard-verify-") as tmp:
-        if join:
-            verifier.records_dir = pathlib.Path(tmp)
-            verifier.remove_records = False
+        verifier.records_dir = pathlib.Path(tmp)
+        verifier.remove_records = False
         with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
             for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
                 add(counts, why)
