@@ -82,7 +82,9 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
     carry it: the join finds entries missing (gsi_missing), extra or twice
     (gsi_extra), or with another partition/sort value or version (gsi_differs); each
     is re-checked (consistent read + targeted index query) and reported only if it
-    stayed for the settle window. The summary shows the index side's RCU.
+    stayed for the settle window. The summary shows the index side's RCU. A file that
+    also re-keys the table runs both checks over one scan: the copies are compared without
+    the GSI attribute, and every copy's GSI value must be the [to] layout's.
 
     \b
     Example:
@@ -181,7 +183,9 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
     (lease + longest request, watched on this host's clock).
     Resumable and budgeted like the backfill.
     An index-only migration ([index.NAME]) has nothing to expire (the pass only records
-    itself); aborted, its cleanup rewrites every GSI value back to the old layout.
+    itself); aborted, its cleanup rewrites every GSI value back to the old layout. A file
+    that also re-keys the table: its old copies expire; aborted, the new copies are
+    deleted and every other item's GSI value is rewritten back.
 
     \b
     --strip-bookkeeping (after complete): the items keep reshard's _rs_v (write

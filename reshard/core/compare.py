@@ -3,7 +3,8 @@
 Pure domain module. Both layouts live in the same table; a logical item is *live* in a
 layout when its physical item there exists and is not a tombstone. The comparison is on
 logical content: key attributes and reshard's bookkeeping (``_rs_*``) are ignored,
-fields carried only in keys are parsed back (``KeyMapper.to_logical``).
+fields carried only in keys are parsed back (``KeyMapper.to_logical``); a combined
+migration's sharded GSI attributes are not content either (``KeyMapper.content``).
 
 The old side of an item is judged over **every** old copy (:func:`judge`): a
 random-suffix layout may hold one logical item under several of its N candidate keys.
@@ -146,7 +147,7 @@ def classify(mapper: KeyMapper, old: Mapping[str, Any] | None, new: Mapping[str,
         return "missing"
     if new_live and not old_live:
         return "resurrected" if old is not None else "extra"
-    if mapper.to_logical(old, mapper.old) == mapper.to_logical(new, mapper.new):
+    if mapper.content(old, mapper.old) == mapper.content(new, mapper.new):
         return None
     return "stale" if version_of(new) < version_of(old) else "diverged"
 
@@ -171,7 +172,7 @@ def _content(mapper: KeyMapper, item: Mapping[str, Any]):
     """A comparable form of an old copy's logical content (None for a tombstone)."""
     if not live(item):
         return None
-    return mapper.to_logical(item, mapper.old)
+    return mapper.content(item, mapper.old)
 
 
 def judge(mapper: KeyMapper, olds: Sequence[Mapping[str, Any]], new: Mapping[str, Any] | None, *,
