@@ -38,6 +38,7 @@ from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase,
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
+from reshard.jobs.combined import combined_spec, combined_verifier
 from reshard.jobs.processes import run_processes
 from reshard.jobs.index_jobs import index_spec
 from reshard.jobs.runner import JobOptions, JobResult, run_job
@@ -81,7 +82,6 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
     (:func:`count_items`) and store the total for progress and ETA.
     """
     desc = inspect.check_keys(dynamo, m)
-    refuse_combined(m)
     existing = store.load_state(m.id, missing_ok=True) if store.exists() else None
     if existing is not None and existing.file_hash != m.content_hash:
         store.register(m)  # refuses a changed file under a registered id, with a summary of the changes
@@ -113,14 +113,6 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
                    next=hints.next_step(state.id, state.phase) if created else next_hint(store, state))
 
 
-def refuse_combined(m: Migration) -> None:
-    """One line for a file that re-keys the table and a GSI at once (not supported yet)."""
-    if m.changes_table and m.indexes:
-        raise errors.BadInput(f"{m.path}: a file that changes the table's keys and [index.NAME] layouts at once is "
-                              "not supported yet: migrate the index(es) with an index-only file (no [from]/[to]), "
-                              "then the table")
-
-
 def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis | IndexPlan,
                    allow_unmappable: int) -> list[str]:
     """Everything ``start`` refuses, one sentence each; ``plan`` shows the same list."""
@@ -130,7 +122,10 @@ def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis |
     key_problem = inspect.string_key_problem(desc, m)
     if key_problem:
         problems.append(key_problem)
-    return problems + planning.blockers(analysis, allow_unmappable)
+    problems += planning.blockers(analysis, allow_unmappable)
+    if m.indexes:  # combined: the table's and the index's checks
+        problems += gsi_problems(desc, m) + (analysis.index.blockers(allow_unmappable) if analysis.index else [])
+    return problems
 
 
 def analyse(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE, segments: int = 8,
@@ -142,6 +137,9 @@ def analyse(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMP
     full = sample == 0
     if m.changes_table:
         analysis = planning.SampleAnalysis(KeyMapper(m), full_scan=full)
+        if m.indexes:  # combined: the index plan over the same sample
+            analysis.index = index_plan(m, desc if desc is not None else dynamo.describe_table(m.table),
+                                        full_scan=full)
     else:
         analysis = index_plan(m, desc if desc is not None else dynamo.describe_table(m.table), full_scan=full)
     if full:
@@ -378,6 +376,8 @@ class Plan:
     warnings: list[str]
     count_source: str = ""  # where ``table_items`` comes from (:data:`COUNT_SOURCES`)
     blockers: list[str] = dataclasses.field(default_factory=list)  # what `start` would refuse
+    #: A combined migration: the GSI half's units (:meth:`IndexPlan.capacity`; None: no [index.NAME]).
+    index_capacity: dict | None = None
 
 
 #: Where an item count comes from, in words (plan's report, status's ETA).
@@ -407,13 +407,12 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
     ``blockers`` is what ``start`` would refuse (:func:`start_problems`, no allowance).
     """
     check_plan_options(peak_writes_per_sec, item_kb)
-    refuse_combined(m)
     if not m.changes_table:
         return plan_index(dynamo, m, sample=sample, segments=segments, max_wcu=max_wcu, write_price=write_price,
                           read_price=read_price, count=count, max_rcu=max_rcu, say=say)
     table = inspect.check_plannable(dynamo, m)
     ttl = inspect.ttl_report(dynamo, m.table)
-    analysis = analyse(dynamo, m, sample=sample, segments=segments, say=say)
+    analysis = analyse(dynamo, m, sample=sample, segments=segments, say=say, desc=table)
     full = sample == 0
     item_count = int(table.get("ItemCount", 0) or 0)
     if count:
@@ -431,12 +430,17 @@ def plan(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMPLE,
             item_kb = math.ceil(analysis.bytes_all / analysis.scanned / capacity.KB) if analysis.scanned else 1
         rec = planning.recommend(peak_writes_per_sec, item_kb, m.target.shards, headroom)
     warnings = plan_warnings(m, ttl, analysis, rec)
+    index_cap = None
+    if analysis.index is not None:  # combined: the GSI half (skew, rewrite and new copies' GSI puts)
+        warnings += index_warnings(analysis.index)
+        index_cap = analysis.index.capacity(table_items, max_wcu=max_wcu, write_price=write_price,
+                                            read_price=read_price)
     if not (count or full) and item_count < analysis.scanned:
         warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
                         "items: the count is stale (DynamoDB refreshes it about every 6 hours; local servers say 0), "
                         "so the estimates may be too low; plan --count counts the items exactly")
     return Plan(m, table, ttl, analysis, est, rec, sample, segments, table_items, warnings,
-                count_source=source, blockers=start_problems(table, m, analysis, 0))
+                count_source=source, blockers=start_problems(table, m, analysis, 0), index_capacity=index_cap)
 
 
 @dataclass(frozen=True)
@@ -471,6 +475,19 @@ def plan_index(dynamo: Dynamo, m: Migration, *, sample: int, segments: int, max_
         table_items, source = analysis.scanned, COUNT_SOURCES["full scan"]
     else:
         table_items, source = max(item_count, analysis.scanned), COUNT_SOURCES["DescribeTable"]
+    warnings = index_warnings(analysis)
+    if analysis.scanned == 0:
+        warnings.append(f"{m.table} looks empty: nothing to sample, estimates are zero")
+    if not (count or full) and item_count < analysis.scanned:
+        warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
+                        "items: the count is stale; plan --count counts the items exactly")
+    cap = analysis.capacity(table_items, max_wcu=max_wcu, write_price=write_price, read_price=read_price)
+    return IndexPlanReport(m, table, analysis, sample, segments, table_items, source, cap, warnings,
+                           start_problems(table, m, analysis, 0))
+
+
+def index_warnings(analysis: IndexPlan) -> list[str]:
+    """What the operator should know about each ``[index.NAME]`` of the sample (skew, an empty index)."""
     warnings = []
     for name, a in analysis.analyses.items():
         new = a.new_distribution()
@@ -481,14 +498,7 @@ def plan_index(dynamo: Dynamo, m: Migration, *, sample: int, segments: int, max_
         if a.indexed == 0 and analysis.scanned:
             warnings.append(f"[index.{name}]: no sampled item is in GSI {name!r} (none has {a.mapper.attr!r}"
                             + (f" and {a.mapper.sort_attr!r}" if a.mapper.sort_attr else "") + ")")
-    if analysis.scanned == 0:
-        warnings.append(f"{m.table} looks empty: nothing to sample, estimates are zero")
-    if not (count or full) and item_count < analysis.scanned:
-        warnings.append(f"DescribeTable's ItemCount is {item_count} but the sample alone holds {analysis.scanned} "
-                        "items: the count is stale; plan --count counts the items exactly")
-    cap = analysis.capacity(table_items, max_wcu=max_wcu, write_price=write_price, read_price=read_price)
-    return IndexPlanReport(m, table, analysis, sample, segments, table_items, source, cap, warnings,
-                           start_problems(table, m, analysis, 0))
+    return warnings
 
 
 def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,
@@ -642,7 +652,7 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
         raise ValueError("run_data_job: processes > 1 needs client, the factory each child process calls")
     before = store.load_state(migration_id)
     index_only = not (before.migration().changes_table or job == STRIP_JOB)
-    spec = index_spec(DATA_JOBS[job]) if index_only else DATA_JOBS[job]
+    spec = index_spec(DATA_JOBS[job]) if index_only else combined_spec(DATA_JOBS[job])
 
     def one_pass() -> JobResult:
         if options.processes > 1:
@@ -665,7 +675,7 @@ def sweeps_again(before: MigrationState, after: Callable[[], MigrationState]) ->
 
 def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions):
     """``reshard verify --no-record``: the verdict without a write (:func:`reshard.jobs.verify.verify_read_only`)."""
-    return verify_jobs.verify_read_only(dynamo, store, migration_id, options)
+    return verify_jobs.verify_read_only(dynamo, store, migration_id, options, combined=combined_verifier)
 
 
 def live_shims(store: ControlStore, migration_id: str) -> int:

@@ -242,6 +242,13 @@ class Dynamo:
     def add_capacity_listener(self, fn: Callable[[str, float], None]) -> None:
         self._capacity_listeners.append(fn)
 
+    def note_capacity(self, table: str, units: float) -> None:
+        """Tell the capacity listeners about ``units`` spent on ``table`` outside :meth:`call`
+        (a combined job's page answered from a Scan already counted: a token amount, so the
+        budget refunds its estimate instead of charging the scan twice)."""
+        for fn in self._capacity_listeners:
+            fn(table, units)
+
     def add_throttle_listener(self, fn: Callable[[str], None]) -> None:
         self._throttle_listeners.append(fn)
 

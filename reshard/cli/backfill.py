@@ -32,6 +32,18 @@ def rewrite_summary_lines(t: dict) -> list[str]:
             f"not in the index {t['not_indexed']}, unmappable {t['unmappable']}"]
 
 
+#: A combined migration's GSI rewrite (reshard.jobs.combined): the index half's counters, ``gsi_`` prefixed.
+GSI_COUNTERS = ("moved", "already", "raced", "not_indexed", "unmappable")
+
+
+def gsi_summary_lines(g: dict) -> list[str]:
+    """The GSI half of a combined migration's backfill (or abort cleanup), in words."""
+    return [f"  GSI values: rewritten {g['moved']} (physical items at an old value: old copies, dual_write "
+            f"mirrors), already new {g['already']} (new copies are written with it), raced {g['raced']} (written "
+            f"or deleted since the scan: that write stays), not in the index {g['not_indexed']}, unmappable "
+            f"{g['unmappable']}"]
+
+
 def report_pointer_lines(mid: str, t: dict) -> list[str]:
     """Where the items the backfill left alone are listed (both are ``U#backfill#...`` rows)."""
     lines = []
@@ -66,7 +78,9 @@ def backfill_command(env, migration, segments, processes, workers, concurrency, 
     An index-only migration ([index.NAME]) copies nothing: each item in the GSI gets its
     new GSI partition value with one UpdateItem conditioned on the version scanned (and
     on the value scanned); an item written or deleted since the scan is left to that
-    write (counted as raced), never re-created.
+    write (counted as raced), never re-created. A file with both [from]/[to] and
+    [index.NAME] does both over one scan: each copy is written with its new GSI value,
+    then every item still at an old value (old copies included) is rewritten.
 
     \b
     Resumable: a kill redoes at most one page per segment. Runs one worker process per
@@ -109,6 +123,8 @@ def backfill_command(env, migration, segments, processes, workers, concurrency, 
         **{k: int(t.get(k, 0)) for k in COPY_COUNTERS},
         # An index-only migration's rewrite counts these instead (reshard.jobs.index_jobs).
         **({k: int(t.get(k, 0)) for k in REWRITE_COUNTERS if k not in ("rcu", "wcu")} if "already" in t else {}),
+        # A combined migration (table keys and a GSI): the GSI rewrite of the same pages.
+        **({"gsi": {k: int(t.get(f"gsi_{k}", 0)) for k in GSI_COUNTERS}} if "gsi_already" in t else {}),
         "pages_redone": sum(r.takeovers for r in result.segments),
         "consumed_here": result.consumed, "consumed_total": {"rcu": round(t.get("rcu", 0), 1),
                                                                "wcu": round(t.get("wcu", 0), 1)},
@@ -122,6 +138,7 @@ def backfill_command(env, migration, segments, processes, workers, concurrency, 
                  f"({len(result.worked)} by this " + (f"host's {opts.processes} processes" if opts.processes > 1
                                                       else "process") + f") in {summary['elapsed_seconds']} s",
                  *(rewrite_summary_lines(summary) if "already" in summary else copy_summary_lines(summary)),
+                 *(gsi_summary_lines(summary["gsi"]) if "gsi" in summary else []),
                  f"  consumed here {result.consumed['rcu']} RCU / {result.consumed['wcu']} WCU; "
                  f"pages redone after takeovers: {summary['pages_redone']}"]
         lines += report_pointer_lines(mid, summary)

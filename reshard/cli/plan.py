@@ -59,7 +59,9 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     An index-only file ([index.NAME], no [from]/[to]) checks the GSI (it exists, its key
     schema and partition type match, its projection carries _rs_v), and shows the items
     per GSI shard before and after and the rewrite's WCU (the table write plus the GSI's
-    delete and put of each rewritten item).
+    delete and put of each rewritten item). A file with both [from]/[to] and
+    [index.NAME] shows both analyses; the GSI half's WCU also counts each new copy's
+    GSI put (JSON: migration.indexes, indexes, capacity_gsi).
 
     \b
     "start will refuse" lists what `reshard start` refuses (it runs the same checks):

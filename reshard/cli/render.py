@@ -78,10 +78,12 @@ def status_data(s: Status) -> dict:
 
 #: The counters worth a column per job in the text output (all of them are in the JSON).
 _SHOWN = {"backfill": ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
-                       "unmappable"),
+                       "unmappable", "gsi_moved", "gsi_already", "gsi_raced"),
           "verify": ("checked", "unmoved", "settled", "missing", "stale", "diverged", "extra", "new_only",
-                     "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired"),
-          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed"),
+                     "resurrected", "duplicate", "collision", "too_large", "unmappable", "old_copies", "repaired",
+                     "gsi_checked", "gsi_value", "gsi_query"),
+          "cleanup": ("scanned", "expiring", "deleted", "kept_own_ttl", "tombstones_retired", "new_copies_removed",
+                      "gsi_moved"),
           "strip-bookkeeping": ("scanned", "stripped", "tombstones_deleted", "changed_meanwhile")}
 
 
@@ -301,7 +303,8 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
                       "keys": {"partition": m.keys.partition, "sort": m.keys.sort},
                       "from": layout(m.source), "to": layout(m.target),
                       "cleanup": {"ttl_attribute": m.cleanup.ttl_attribute,
-                                  "retain_hours": m.cleanup.retain_hours}},
+                                  "retain_hours": m.cleanup.retain_hours},
+                      **({"indexes": _index_specs(m)} if m.indexes else {})},
         "table": {"name": m.table, "status": table.get("TableStatus"), "billing_mode": billing,
                   "provisioned": provisioned, "item_count": int(table.get("ItemCount", 0) or 0),
                   "size_bytes": int(table.get("TableSizeBytes", 0) or 0), "ttl": p.ttl},
@@ -322,25 +325,31 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
         "warnings": list(p.warnings),
         "start_refuses": list(p.blockers),
         "next": next_commands(p, file, prefix),
+        # A combined migration (the table's keys and [index.NAME]): the GSI half, as an index-only plan shows it.
+        **({"indexes": [x.as_dict(est.scale) for x in a.index.analyses.values()],
+            "capacity_gsi": p.index_capacity["backfill"]} if a.index is not None else {}),
     }
+
+
+def _index_specs(m) -> list[dict]:
+    """The file's ``[index.NAME]`` sections as plain data."""
+    def layout(spec) -> dict:
+        return {"partition": spec.partition_text, "shards": spec.shards,
+                "shard_by": "random" if spec.random else list(spec.shard_by),
+                "hash": spec.hash, "shard_function": spec.shard_function}
+    return [{"name": i.name, "partition": i.partition, "sort": i.sort, "type": i.partition_type,
+             "from": layout(i.source), "to": layout(i.target)} for i in m.indexes]
 
 
 def plan_index_data(p: IndexPlanReport, file: str, prefix: str = "") -> dict:
     """``plan`` of an index-only migration as plain data (the JSON output; the text is rendered from it)."""
     m, table = p.migration, p.table
-
-    def layout(spec) -> dict:
-        return {"partition": spec.partition_text, "shards": spec.shards,
-                "shard_by": "random" if spec.random else list(spec.shard_by),
-                "hash": spec.hash, "shard_function": spec.shard_function}
-
     billing = (table.get("BillingModeSummary") or {}).get("BillingMode", "PROVISIONED")
     scale = p.capacity["scale"]
     return {
         "migration": {"id": m.id, "file": file, "table": m.table, "description": m.description,
                       "keys": {"partition": m.keys.partition, "sort": m.keys.sort}, "changes_table": False,
-                      "indexes": [{"name": i.name, "partition": i.partition, "sort": i.sort, "type": i.partition_type,
-                                   "from": layout(i.source), "to": layout(i.target)} for i in m.indexes]},
+                      "indexes": _index_specs(m)},
         "table": {"name": m.table, "status": table.get("TableStatus"), "billing_mode": billing,
                   "item_count": int(table.get("ItemCount", 0) or 0),
                   "size_bytes": int(table.get("TableSizeBytes", 0) or 0)},
@@ -380,7 +389,36 @@ def plan_index_text(r: dict) -> str:
     add(f"Migration {m['id']}  ({m['file']})  index-only: the table's keys do not change")
     if m["description"]:
         add(f"  {m['description']}")
-    for ix in m["indexes"]:
+    _index_spec_lines(add, m["indexes"])
+    add("")
+    add(f"Table {t['name']}: {t['status']}, {t['billing_mode']}, ItemCount {t['item_count']} (DescribeTable), "
+        f"{t['size_bytes']} bytes")
+    how = "full scan" if s["full_scan"] else f"sample of up to {s['requested']}"
+    add(f"Scanned {s['scanned']} items ({how}, {s['segments']} segments); estimates scaled x{s['scale']:g} "
+        f"to {r['items']['table']} items, {r['items']['table_source']}")
+    _index_lines(add, r["indexes"])
+    bf, od = cap["backfill"], cap["on_demand"]
+    add("")
+    add("Capacity (whole table)")
+    add(f"  backfill  {bf['scan_rcu']:>12,.1f} RCU (scan)  {bf['wcu']:>12,.1f} WCU (table {bf['table_wcu']:,.1f} + "
+        f"GSI {bf['index_wcu']:,.1f})")
+    vf = cap["verify"]
+    add(f"  verify    {vf['rcu']:>12,.1f} RCU (scan {vf['scan_rcu']:,.1f} + index side {vf['index_rcu']:,.1f}: "
+        "every GSI entry read once by the fan-out over the [to] values)")
+    add(f"  cleanup   {cap['cleanup']}")
+    if cap["max_wcu"]:
+        add(f"  at --max-wcu {cap['max_wcu']:g}: backfill {planning.human_seconds(cap['backfill_seconds'])}")
+    else:
+        add("  (give --max-wcu N for the time at a write budget)")
+    add(f"  on-demand cost: backfill ${od['backfill_usd']:,.4f}  (at ${od['write_price_per_million']:g}/M WRU, "
+        f"${od['read_price_per_million']:g}/M RRU: us-east-1 list prices, check yours)")
+    _plan_ending(add, r)
+    return "\n".join(out)
+
+
+def _index_spec_lines(add, specs: list[dict]) -> None:
+    """The file's ``[index.NAME]`` layouts, one line per side."""
+    for ix in specs:
         add(f"  index {ix['name']}: partition {ix['partition']!r} ({ix['type']}, rewritten in place)"
             + (f", sort {ix['sort']!r} (kept)" if ix["sort"] else ""))
         for side in ("from", "to"):
@@ -392,13 +430,11 @@ def plan_index_text(r: dict) -> str:
             else:
                 rule = f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
             add(f"    {side:<4} {lay['partition']!r}, {lay['shards']} shards, shard = {rule}")
-    add("")
-    add(f"Table {t['name']}: {t['status']}, {t['billing_mode']}, ItemCount {t['item_count']} (DescribeTable), "
-        f"{t['size_bytes']} bytes")
-    how = "full scan" if s["full_scan"] else f"sample of up to {s['requested']}"
-    add(f"Scanned {s['scanned']} items ({how}, {s['segments']} segments); estimates scaled x{s['scale']:g} "
-        f"to {r['items']['table']} items, {r['items']['table_source']}")
-    for ix in r["indexes"]:
+
+
+def _index_lines(add, indexes: list[dict]) -> None:
+    """Per ``[index.NAME]``: who is rewritten, the GSI shard skew before/after, the rewrite's WCU."""
+    for ix in indexes:
         it = ix["items"]
         add("")
         add(f"Index {ix['name']} (projection {ix['projection']})")
@@ -421,22 +457,9 @@ def plan_index_text(r: dict) -> str:
             add(f"  Items per GSI shard, {label}, {d['shards']} shards: skew {d['skew']:.2f} (max/mean), {hot}")
             add(planning.histogram(dist, width=30, label="gsi"))
         w = ix["rewrite_wcu"]
-        add(f"  rewrite: {w['total']:,.1f} WCU = table {w['table']:,.1f} + GSI {w['index']:,.1f} "
+        copies = (f" + new copies' GSI puts {w['copies_index']:,.1f}" if w.get("copies_index") else "")
+        add(f"  rewrite: {w['total']:,.1f} WCU = table {w['table']:,.1f} + GSI {w['index']:,.1f}{copies} "
             "(an UpdateItem that changes a GSI key also deletes and puts the index entry)")
-    bf, od = cap["backfill"], cap["on_demand"]
-    add("")
-    add("Capacity (whole table)")
-    add(f"  backfill  {bf['scan_rcu']:>12,.1f} RCU (scan)  {bf['wcu']:>12,.1f} WCU (table {bf['table_wcu']:,.1f} + "
-        f"GSI {bf['index_wcu']:,.1f})")
-    add(f"  cleanup   {cap['cleanup']}")
-    if cap["max_wcu"]:
-        add(f"  at --max-wcu {cap['max_wcu']:g}: backfill {planning.human_seconds(cap['backfill_seconds'])}")
-    else:
-        add("  (give --max-wcu N for the time at a write budget)")
-    add(f"  on-demand cost: backfill ${od['backfill_usd']:,.4f}  (at ${od['write_price_per_million']:g}/M WRU, "
-        f"${od['read_price_per_million']:g}/M RRU: us-east-1 list prices, check yours)")
-    _plan_ending(add, r)
-    return "\n".join(out)
 
 
 def _plan_ending(add, r: dict) -> None:
@@ -475,6 +498,8 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
             rule = f"{lay['hash'] or lay['shard_function']}({' # '.join(lay['shard_by'])}) % {lay['shards']}"
         sort = f", sort {lay['sort']!r}" if lay["sort"] else ""
         add(f"  {side:<4} partition {lay['partition']!r}{sort}, {lay['shards']} shards, shard = {rule}")
+    if "indexes" in m:  # combined: the table's keys and these GSIs at once
+        _index_spec_lines(add, m["indexes"])
     add("")
     prov = t["provisioned"]
     billing = t["billing_mode"] + (f" ({prov['rcu']} RCU / {prov['wcu']} WCU)" if prov else "")
@@ -512,6 +537,8 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         add(planning.histogram(d, width=30))
         add("")
     add(move_text(r["moves"]))
+    if "indexes" in r:
+        _index_lines(add, r["indexes"])
     add("")
     bf, cl, od = cap["backfill"], cap["cleanup"], cap["on_demand"]
     add("Capacity (whole table)")
@@ -526,6 +553,10 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
     add(f"  on-demand cost: backfill ${od['backfill_usd']:,.4f} + cleanup ${od['cleanup_usd']:,.4f} = "
         f"${od['total_usd']:,.4f}  (at ${od['write_price_per_million']:g}/M WRU, "
         f"${od['read_price_per_million']:g}/M RRU: us-east-1 list prices, check yours)")
+    if "capacity_gsi" in r:  # combined: the same backfill also rewrites the GSI values
+        g = r["capacity_gsi"]
+        add(f"  backfill's GSI half {g['wcu']:>12,.1f} WCU more (old copies' UpdateItem {g['table_wcu']:,.1f} + GSI "
+            f"{g['index_wcu']:,.1f}, new copies' GSI puts included); the same scan")
     rec = r["recommendation"]
     add("")
     if rec:

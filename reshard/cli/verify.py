@@ -76,9 +76,15 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
 
     \b
     An index-only migration ([index.NAME]): every item in the GSI must hold its [to]
-    value (gsi_value), and per page one item must come back exactly once from the
-    fan-out query over the new GSI values (gsi_query); --repair rewrites a wrong value
-    with the backfill's conditioned UpdateItem.
+    value (gsi_value; --repair rewrites a wrong one with the backfill's conditioned
+    UpdateItem), and the index, queried as cutover shims query it (every [to] value of
+    each logical partition, all pages), must return exactly the items the scan says
+    carry it: the join finds entries missing (gsi_missing), extra or twice
+    (gsi_extra), or with another partition/sort value or version (gsi_differs); each
+    is re-checked (consistent read + targeted index query) and reported only if it
+    stayed for the settle window. The summary shows the index side's RCU. A file that
+    also re-keys the table runs both checks over one scan: the copies are compared without
+    the GSI attribute, and every copy's GSI value must be the [to] layout's.
 
     \b
     Example:
@@ -102,6 +108,10 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
     else:
         result, data = _run_job(env, "verify", mid, opts)
     data["counts"] = result.differences  # verify's counts are the kinds of difference
+    totals = result.totals
+    if "index_queries" in totals:  # an index-only migration: what the fan-out read, and its cost
+        data["index_side"] = {k: round(totals.get(k, 0), 2) for k in
+                              ("index_queries", "index_entries", "index_rcu", "rcu", "suspects", "settled")}
 
     def text() -> str:
         verdict = "PASSED" if result.passed else ("FAILED" if result.finished else "INCOMPLETE")
@@ -113,6 +123,11 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
                 lines.append(f"  {kind:<12} {n:>8}  ({KINDS[kind]})")
                 if kind in GUIDANCE:
                     lines.append(f"  {'':<12} {'':>8}  -> {GUIDANCE[kind]}")
+        if "index_side" in data:
+            ix = data["index_side"]
+            lines.append(f"  index side: {ix['index_queries']:g} fan-out queries over the [to] GSI values read "
+                         f"{ix['index_entries']:g} entries for {ix['index_rcu']:g} RCU ({ix['rcu']:g} RCU in all, "
+                         f"with the scan); {ix['suspects']:g} disagreement(s) re-checked, {ix['settled']:g} settled")
         if result.allowed_unmappable:
             lines.append(f"  allowed unmappable: {result.allowed_unmappable} (reshard start --allow-unmappable); "
                          f"found {result.differences.get('unmappable', 0)}")
@@ -172,7 +187,9 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
     (lease + longest request, watched on this host's clock).
     Resumable and budgeted like the backfill.
     An index-only migration ([index.NAME]) has nothing to expire (the pass only records
-    itself); aborted, its cleanup rewrites every GSI value back to the old layout.
+    itself); aborted, its cleanup rewrites every GSI value back to the old layout. A file
+    that also re-keys the table: its old copies expire; aborted, the new copies are
+    deleted and every other item's GSI value is rewritten back.
 
     \b
     --strip-bookkeeping (after complete): the items keep reshard's _rs_v (write

@@ -3,7 +3,8 @@
 Pure domain module. Both layouts live in the same table; a logical item is *live* in a
 layout when its physical item there exists and is not a tombstone. The comparison is on
 logical content: key attributes and reshard's bookkeeping (``_rs_*``) are ignored,
-fields carried only in keys are parsed back (``KeyMapper.to_logical``).
+fields carried only in keys are parsed back (``KeyMapper.to_logical``); a combined
+migration's sharded GSI attributes are not content either (``KeyMapper.content``).
 
 The old side of an item is judged over **every** old copy (:func:`judge`): a
 random-suffix layout may hold one logical item under several of its N candidate keys.
@@ -60,7 +61,11 @@ KINDS = {
     "unmappable": "an old item the layouts cannot map (bad key, missing field)",
     # An index-only migration ([index.NAME], reshard.jobs.index_jobs):
     "gsi_value": "an item's GSI partition value is not the one the [to] layout gives it",
-    "gsi_query": "the fan-out query over the new GSI values did not return an item exactly once",
+    "gsi_missing": "an item the fan-out over the [to] GSI values must return is not in the index",
+    "gsi_extra": "the fan-out returns an entry the table item does not carry (absent, deleted) or a second one",
+    "gsi_differs": "the index entry's partition value, sort value or version differs from the table item's",
+    # Kept so a run recorded by an earlier reshard (one fan-out probe per page) still fails if it found one.
+    "gsi_query": "(an earlier reshard's verify) a fan-out probe did not return an item exactly once: verify again",
 }
 
 #: What the operator does about each kind the repair cannot fix (shown by the gate).
@@ -73,7 +78,12 @@ GUIDANCE = {
                   "unmappable); `reshard status` lists the backfill's unmappable items",
     "gsi_value": "run `reshard verify --repair` in the backfill phase (it rewrites each such item's GSI value, "
                  "conditioned on its version like the backfill), then verify again",
-    "gsi_query": "check the GSI is ACTIVE and projects _rs_v; the index is eventually consistent, so verify again",
+    "gsi_missing": "the index lags or lost entries: check the GSI is ACTIVE and not throttled (an index whose "
+                   "writes are throttled lags), then verify again, with a longer --settle-seconds if it lags",
+    "gsi_extra": "the index lags behind deletes: check the GSI is ACTIVE and not throttled, then verify again, "
+                 "with a longer --settle-seconds if it lags",
+    "gsi_differs": "the index lags behind writes: check the GSI is ACTIVE and not throttled, then verify again, "
+                   "with a longer --settle-seconds if it lags",
     "new_only": "run `reshard verify --repair` in the backfill phase: it copies these shim writes to the old "
                 "layout (fenced, never deleting them)",
 }
@@ -137,7 +147,7 @@ def classify(mapper: KeyMapper, old: Mapping[str, Any] | None, new: Mapping[str,
         return "missing"
     if new_live and not old_live:
         return "resurrected" if old is not None else "extra"
-    if mapper.to_logical(old, mapper.old) == mapper.to_logical(new, mapper.new):
+    if mapper.content(old, mapper.old) == mapper.content(new, mapper.new):
         return None
     return "stale" if version_of(new) < version_of(old) else "diverged"
 
@@ -162,7 +172,7 @@ def _content(mapper: KeyMapper, item: Mapping[str, Any]):
     """A comparable form of an old copy's logical content (None for a tombstone)."""
     if not live(item):
         return None
-    return mapper.to_logical(item, mapper.old)
+    return mapper.content(item, mapper.old)
 
 
 def judge(mapper: KeyMapper, olds: Sequence[Mapping[str, Any]], new: Mapping[str, Any] | None, *,

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping
 
-from reshard.core.layout import Layout, Wire, scalar
+from reshard.core.layout import Layout, Wire, is_tombstone, scalar
 from reshard.core.migration import SHARD, IndexSpec
 from reshard.core.phases import Action, Phase
 from reshard.errors import UnmappableItem
@@ -268,6 +268,24 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     if "N" in a and "N" in b:
         return Decimal(a["N"]) == Decimal(b["N"])
     return dict(a) == dict(b)
+
+
+def reindexed(item: Mapping[str, Any], index_mappers: Iterable[IndexMapper], side: str,
+              rng: _random.Random | None = None) -> dict:
+    """``item`` (wire) with the GSI value of every index it is in set to ``side``'s value.
+
+    A combined migration's copy (backfill, verify's repair) gives each new-layout copy the
+    value its phase writes (``new``), computed from the copied item's own fields. An item
+    outside a sparse index, or a tombstone, is returned as is; UnmappableItem when a field
+    is missing.
+    """
+    out = dict(item)
+    if is_tombstone(item):
+        return out
+    for m in index_mappers:
+        if m.in_index(item):
+            out[m.attr] = m.value(m.fields(item, side), side, rng)
+    return out
 
 
 def mappers(indexes: Iterable[IndexSpec]) -> dict[str, IndexMapper]:

@@ -30,7 +30,7 @@ from decimal import Decimal
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from reshard.core.compare import expired
-from reshard.core.layout import KeyMapper, Layout, is_tombstone, to_av
+from reshard.core.layout import KeyMapper, Layout, ignoring, is_tombstone, to_av
 from reshard.core.migration import RESERVED_PREFIX, SHARD
 from reshard.core.versions import version_of
 
@@ -162,6 +162,7 @@ class Recorder:
         self._random = mapper.old.random
         self._key_attrs = set(self.attrs)
         self._kept = mapper._kept_key_attrs
+        self._ignored = mapper.ignored
 
     def slot(self, values: Mapping[str, Any]) -> bytes:
         """The slot of a logical item's old candidate keys."""
@@ -184,12 +185,13 @@ class Recorder:
         return key_hash(out, self.attrs)
 
     def _content(self, item: Mapping[str, Any], layout: Layout, values: Mapping[str, Any]) -> bytes | None:
-        """The digest of ``KeyMapper.to_logical(item, layout)``, built from the fields the scan
+        """The digest of ``KeyMapper.content(item, layout)``, built from the fields the scan
         already parsed (the same values ``to_logical`` would parse from the key again)."""
         if is_tombstone(item):
             return None
-        out = {k: v for k, v in item.items()
-               if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)}
+        out = ignoring({k: v for k, v in item.items()
+                        if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)},
+                       self._ignored)
         for f in layout.template_fields:
             if f not in out and f not in layout.derived and f in values:
                 out[f] = to_av(values[f])
@@ -214,7 +216,7 @@ class Recorder:
         if side == OLD and nkey == key and self._random and dig is not None:
             # A random layout's item that does not move serves both layouts and is judged as
             # both: if the two layouts read it differently, let the judge look.
-            flag = dig != digest(m.to_logical(item, m.new))
+            flag = dig != digest(m.content(item, m.new))
         if side == OLD:
             cslot = key if not self._random else self.slot(values)
             kslot = cslot

@@ -171,6 +171,9 @@ class SampleAnalysis:
     examples: list = field(default_factory=list)
     collisions: int = 0  # old items mapping to a new key another old item with other content holds
     collision_examples: list = field(default_factory=list)
+    #: A combined migration's sharded GSIs: their :class:`~reshard.core.index_planning.IndexPlan`
+    #: over the same sample (None: the file changes no index).
+    index: Any = None
     # new key (digest) -> (identity, content digest, version, old key shown) of the newest item seen there
     _at_new_key: dict = field(default_factory=dict, repr=False)
     # old key (digest) -> (identity, old key shown)
@@ -185,6 +188,8 @@ class SampleAnalysis:
         self.scanned += 1
         size = item_size(item)
         self.bytes_all += size
+        if self.index is not None:
+            self.index.observe(item)
         if is_tombstone(item):
             self.tombstones += 1
             return
@@ -218,6 +223,8 @@ class SampleAnalysis:
                 self.fence_read_rcu += read_units(item_size(new_item), consistent=True)
             self.write_wcu += write_units(new_size)
             self.retire_wcu += write_units(size)
+            if self.index is not None:
+                self.index.observe_copy(new_item)  # the new copy's put into each GSI it is in
 
     def _check_collision(self, item: Mapping[str, Any], new_item: Mapping[str, Any], values: Mapping) -> bool:
         """Old items that the new layout would put on one key: a *collision*.
@@ -238,7 +245,7 @@ class SampleAnalysis:
         new_key = {a: new_item[a] for a in self.mapper.new.key_attrs}
         ident = _digest({"identity": [str(v) for v in self.mapper.identity(values)]})
         slot, old_slot = _digest(new_key), _digest(old_key)
-        content = _digest(self.mapper.to_logical(item, self.mapper.old))
+        content = _digest(self.mapper.content(item, self.mapper.old))
         version = version_of(item)
         shown = {a: _show(v) for a, v in old_key.items()}
         # An item whose new key is another item's old key (either one seen first).

@@ -32,6 +32,11 @@ Why this is safe
     A kill anywhere before the checkpoint redoes the page, which is idempotent (same
     versions, same ``_rs_src``).
 
+A combined migration (the table's keys and a sharded GSI)
+    Each new copy is written with the ``[to]`` value of every GSI it is in, computed from
+    the copied item (``indexes``; the same fenced PutItem); the GSI half of the page is
+    :mod:`reshard.jobs.combined`'s.
+
 What the read-back of earlier versions did, and why it is gone
     The copy used to be an unconditional BatchWriteItem followed by a consistent
     read-back and fix-ups. With every write fenced, a shim write racing the copy
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Sequence
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
@@ -52,6 +58,7 @@ from reshard.control.records import unmappable_sk
 from reshard.control.runs import entered_at
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, items_write_units
+from reshard.core.index import NEW, IndexMapper, reindexed
 from reshard.core.layout import SOURCE_ATTR, KeyMapper, item_size
 from reshard.core.phases import BACKFILL_JOB, Phase
 from reshard.core.versions import copy_fence, copy_outcome, version_of
@@ -75,7 +82,8 @@ class Backfill:
     """
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, mapper: KeyMapper, table: str,
-                 budget: CapacityBudget, page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 1):
+                 budget: CapacityBudget, page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 1,
+                 indexes: Sequence[IndexMapper] = ()):
         self.dynamo = dynamo
         self.store = store
         self.migration_id = migration_id
@@ -87,6 +95,9 @@ class Backfill:
         self.old_attrs = mapper.old.key_attrs
         self.new_attrs = mapper.new.key_attrs
         self._avg_bytes = 1024.0
+        #: A combined migration's sharded GSIs: each new copy is written with their [to] values
+        #: (what shims write from dual_read on), so the copy never lands an old value.
+        self.indexes = tuple(indexes)
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
@@ -110,6 +121,8 @@ class Backfill:
                 continue
             try:
                 new_item, moves = self.mapper.remap(item)
+                if moves and self.indexes:
+                    new_item = reindexed(new_item, self.indexes, NEW)
             except errors.UnmappableItem as e:
                 counts["unmappable"] += 1
                 self.record_unmappable(item, e)
@@ -163,7 +176,7 @@ class Backfill:
     def _same_content(self, src: dict, target: dict) -> bool:
         """The logical items agree (keys and bookkeeping ignored, as verify compares)."""
         try:
-            return self.mapper.to_logical(src, self.mapper.old) == self.mapper.to_logical(target, self.mapper.new)
+            return self.mapper.content(src, self.mapper.old) == self.mapper.content(target, self.mapper.new)
         except errors.UnmappableItem:
             return False
 

@@ -22,34 +22,66 @@ The rewrite (``reshard backfill``; abort's ``reshard cleanup`` runs it backwards
     ``unmappable`` (a missing field, or a value of neither layout: listed, left alone).
 
 Verify (``reshard verify``)
-    Every item in the GSI must hold the ``to`` layout's value (``gsi_value``; a suspect is
-    re-read consistently before it counts, a shim write may have just fixed it), and per
-    page one item (a probe) must be returned exactly once by the fan-out query a reader
-    issues over every new partition value (``gsi_query``; GSIs are eventually consistent,
-    so it is re-asked ``--rechecks`` times before it counts).
+    Proves the index, read the way cutover shims read it (every ``[to]`` partition value of
+    each logical partition), returns exactly the items a scan of the table says carry it.
+    *Scan segments*: every item in the GSI must hold the ``to`` layout's value (``gsi_value``;
+    a suspect is re-read consistently before it counts, a shim write may have just fixed it;
+    ``--repair`` rewrites it as the backfill does), and every item carrying the index's
+    attributes leaves a compact record (:mod:`reshard.core.index_join`: table key, GSI
+    partition and sort value, ``_rs_v``) in this host's segment files
+    (:mod:`reshard.jobs.records`, as the table verify's).
+    *The join segment* (the run's last, claimed once every scan segment is done): queries
+    every ``[to]`` partition value of each logical partition the scan recorded (``{shard}``
+    alone: one; ``{region}#{shard}``: each region seen), no sort condition, all pages,
+    eventually consistent, a record per entry, spilled page by page; joins both sides by
+    (index, table key) in SQLite's external sort (memory bounded at any size). Each
+    disagreement -- missing from the index (``gsi_missing``), an entry the table does not
+    carry or a second one (``gsi_extra``), another partition/sort value or version
+    (``gsi_differs``) -- is re-checked with a consistent GetItem and targeted index queries
+    (partition and sort value = the item's and where the join saw it), and reported only
+    when it stayed the same (item version, GSI keys, entries) on two looks and for the
+    settle window (:mod:`reshard.core.settle`), or kept changing: an item a shim wrote
+    meanwhile is judged on its new state. The index side's read units are counted apart
+    (``index_rcu``; ``index_queries``, ``index_entries``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pathlib
 import random
+import shutil
+import sqlite3
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
+from reshard.control.fleet import heartbeats
 from reshard.control.records import example_prefix, unmappable_sk
+from reshard.control.runs import read_run
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, write_units
 from reshard.core.index import NEW, OLD, IndexMapper, mappers
+from reshard.core.index_join import (GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, entry_record, judge, partition_of,
+                                     prefix_fields, scan_record, targets)
+from reshard.core.index_join import verdict as index_verdict
 from reshard.core.index_planning import index_entry_size
-from reshard.core.layout import is_tombstone, item_size
+from reshard.core.join import COLUMNS, fields_from_text, from_row
+from reshard.core.layout import VERSION_ATTR, is_tombstone, item_size
 from reshard.core.migration import Keys
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Phase
+from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import unchanged, version_of
-from reshard.core.wire import N, S, dump_key, key_of
+from reshard.core.wire import N, S, dump_key, key_of, projection
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import PageContext
+from reshard.jobs.engine import LeaseLost, PageContext
+from reshard.jobs.records import END, RESCAN_TOKEN, Join, SegmentFiles, StaleWrite, _groups, run_dir, segment_path
+from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair, count_writes,
                                  scan_page)
 
@@ -184,7 +216,11 @@ class IndexRewrite:
 
 
 class IndexVerifier:
-    """The page function of verify for an index-only migration (module docstring)."""
+    """The page function of verify for an index-only migration (module docstring).
+
+    Pages of segments below ``opts.segments`` scan the table (checks, records); the run's
+    last segment (the engine's join segment) reads the index side, joins and re-checks.
+    """
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, index_mappers: dict,
                  keys: Keys, table: str, budget: CapacityBudget, opts: JobOptions, sleep=time.sleep,
@@ -192,6 +228,7 @@ class IndexVerifier:
         self.dynamo, self.store, self.migration_id, self.run = dynamo, store, migration_id, run
         self.repair = repair
         self.mappers: list[IndexMapper] = list(index_mappers.values())
+        self.by_name = {m.name: m for m in self.mappers}
         self.keys = keys
         self.key_attrs = [keys.partition] + ([keys.sort] if keys.sort else [])
         self.table = table
@@ -199,15 +236,22 @@ class IndexVerifier:
         self.opts = opts
         self.sleep = sleep
         self.collected: list | None = None  # read-only verify: examples kept here, not written
+        #: Where this run's records are kept on this host (None: the run's directory under
+        #: ``opts.records_dir``); removed once the join finished when ``remove_records``.
+        self.records_dir: pathlib.Path | None = None
+        self.remove_records = True
+        self._segment_files: SegmentFiles | None = None
+        self._files_lock = threading.Lock()
 
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
-        counts = {"scanned": 0, "checked": 0, "probes": 0, "gsi_value": 0, "gsi_query": 0, "unmappable": 0,
-                  "repaired": 0}
+        if ctx.segment >= self.opts.segments:
+            return self._join_page(ctx, start_key)
+        counts = {"scanned": 0, "checked": 0, "gsi_value": 0, "unmappable": 0, "repaired": 0}
         self.budget.take_usage()
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
+        resp = scan_page(self.dynamo, self.budget, self.table, _Slice(ctx.segment, self.opts.segments), start_key,
+                         self.opts.page_size)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
-        probes: dict[str, dict] = {}
         for item in items:
             if is_tombstone(item):
                 continue
@@ -231,16 +275,23 @@ class IndexVerifier:
                             announce_repair(self.store, self.migration_id, self.run, counts)
                         if changes and self.repair._update(ctx.write_guard, (fresh, changes)) == "moved":
                             counts["repaired"] += 1
-                elif m.name not in probes:
-                    probes[m.name] = item
             counts["checked"] += checked
-        for m in self.mappers:
-            if m.name in probes:
-                counts["probes"] += 1
-                counts["gsi_query"] += self._probe(m, probes[m.name])
+        next_key = resp.get("LastEvaluatedKey")
+        # Kept before the page returns, i.e. before the engine checkpoints it: a kill redoes this page.
+        ctx.check_deadline()
+        try:
+            self._files().write_page(ctx.segment, dump_key(start_key) if start_key else END,
+                                     dump_key(next_key) if next_key else END, self._records(items),
+                                     getattr(ctx.lease, "token", None))
+        except StaleWrite as e:  # paused past the deadline check: a later holder of this host wrote here
+            raise LeaseLost(str(e)) from None
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
-        return counts, resp.get("LastEvaluatedKey")
+        return counts, next_key
+
+    def _records(self, items: list[dict]) -> list:
+        """A record per (index, item carrying its attributes), tombstones too: the index mirrors them."""
+        return [scan_record(m, item, self.key_attrs) for item in items for m in self.mappers if m.in_index(item)]
 
     def _not_at_new(self, m: IndexMapper, item: dict) -> dict | None:
         """The item as re-read when its GSI value is not the new layout's, else None."""
@@ -255,53 +306,293 @@ class IndexVerifier:
                                             f"gives {_show(m.value(m.fields(fresh, NEW), NEW))}")
         return fresh
 
-    def _probe(self, m: IndexMapper, item: dict) -> int:
-        """0 when the reader's fan-out over every new partition value returns ``item`` exactly once."""
-        found = 0
-        for _ in range(max(1, self.opts.rechecks)):
-            found = self._fan_out_count(m, item)
-            if found == 1:
-                return 0
-            fresh = self._read(item)
-            if fresh is None or not m.in_index(fresh) or fresh.get(m.attr) != item.get(m.attr):
-                return 0  # it changed or went since the scan: nothing to judge
-            self.sleep(self.opts.recheck_pause)
-        self.example("gsi_query", item, m, f"a fan-out query over the new {m.attr} values returned it {found} times")
-        return 1
-
-    def _fan_out_count(self, m: IndexMapper, item: dict) -> int:
-        eq = {f: item[f] for f in m.partition_fields() if f in item}
-        names = {"#g": m.attr, **{f"#k{i}": a for i, a in enumerate(self.key_attrs)}}
-        cond = "#g = :g"
-        values = {f":k{i}": item[a] for i, a in enumerate(self.key_attrs)}
-        if m.sort_attr:
-            names["#s"] = m.sort_attr
-            values[":s"] = item[m.sort_attr]
-            cond += " AND #s = :s"
-        flt = " AND ".join(f"#k{i} = :k{i}" for i in range(len(self.key_attrs)))
-        n = 0
-        for value in m.query_values(NEW, eq):
-            kwargs = {"TableName": self.table, "IndexName": m.name, "KeyConditionExpression": cond,
-                      "FilterExpression": flt, "ExpressionAttributeNames": names,
-                      "ExpressionAttributeValues": {**values, ":g": value}, "ReturnConsumedCapacity": "TOTAL"}
-            while True:
-                with self.budget.spend("read", 0.5):
-                    resp = self.dynamo.call("query", **kwargs)
-                n += len(resp.get("Items", []))
-                if not resp.get("LastEvaluatedKey"):
-                    break
-                kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
-        return n
-
     def _read(self, item: dict) -> dict | None:
         with self.budget.spend("read", items_read_units([item])):
             return self.dynamo.call("get_item", TableName=self.table, Key=key_of(item, self.key_attrs),
                                     ConsistentRead=True, ReturnConsumedCapacity="TOTAL").get("Item")
 
+    # ---------------------------------------------------------------- records on this host
+    def _records_dir(self) -> pathlib.Path:
+        """This run's index records on this host: ``index/`` in the run's directory, so a verify
+        that also runs the table's :class:`reshard.jobs.verify.Verifier` over the same scan
+        (a combined migration) keeps two sets of segment files apart."""
+        if self.records_dir is None:
+            info = read_run(self.store, self.migration_id, VERIFY_JOB, self.run)
+            token = repr(info.started_at) if info is not None else "?"
+            self.records_dir = run_dir(self.opts.records_dir, self.store.table, self.migration_id, self.run,
+                                       token) / "index"
+        return self.records_dir
+
+    def _files(self) -> SegmentFiles:
+        with self._files_lock:
+            if self._segment_files is None:
+                self._segment_files = SegmentFiles(self._records_dir())
+            return self._segment_files
+
+    # ---------------------------------------------------------------- the index side and the join
+    def _join_page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
+        """The run's last segment, claimable once every scan segment is done: read the index
+        the way cutover shims do and join it with the scan's records (first page), then
+        re-check the suspects, ``page_size`` per page (the checkpoint is the last one judged).
+        A page redone on a host without the join file reads the index and joins again."""
+        directory = self._records_dir()
+        counts = dict.fromkeys(JOIN_COUNTERS, 0)
+        self.budget.take_usage()
+        self._rcu = {"table": 0.0, "index": 0.0}
+        join = IndexJoin(directory)
+        try:
+            if start_key is None or not join.built():
+                built = self._build(ctx, join)
+                if start_key is None:
+                    counts.update(built)
+            after = bytes.fromhex(start_key[JOIN_ATTR]["S"]) if start_key else b""
+            batch = join.suspects(after, self.opts.page_size)
+        finally:
+            join.close()
+        self._settle(ctx, counts, batch)
+        self._account("table")
+        counts["index_rcu"] = round(self._rcu["index"], 2)
+        counts["rcu"] = round(self._rcu["table"] + self._rcu["index"], 2)  # the whole page's, index side included
+        if len(batch) < self.opts.page_size:
+            self._files().close()
+            if self.remove_records:
+                shutil.rmtree(directory, ignore_errors=True)  # the verdict is in; the records are not needed
+                try:
+                    directory.parent.rmdir()  # the run's directory, unless another verifier's files are there
+                except OSError:
+                    pass
+            return counts, None
+        return counts, {JOIN_ATTR: {"S": batch[-1][0].hex()}}
+
+    def _build(self, ctx: PageContext, join: "IndexJoin") -> dict:
+        """Every scan segment's records on this host (a segment scanned elsewhere is scanned
+        again, records only), the index side's records, joined. Returns the join's counters."""
+        directory = self._records_dir()
+        for s in range(self.opts.segments):
+            if not records_complete(directory, s):
+                self._files().forget(s)
+                self._rescan(ctx, s)
+        self._account("table")
+        # The index side goes to a directory only this build writes (as the join file itself:
+        # a stale builder of this host, woken from a pause, never mixes its pages in), merged
+        # with the scan's records, then removed.
+        private = directory / f"index.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}"
+        try:
+            out = self._read_index(ctx, directory, private)
+            join.index_dir, join.index_parts = private, out.pop("index_parts")
+            built = join.build(self.opts.segments, None, tick=ctx.ensure_lease)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        out["suspects"] = built["suspects"]
+        return out
+
+    def _rescan(self, ctx: PageContext, segment: int) -> None:
+        key = None
+        while True:
+            ctx.ensure_lease()
+            resp = scan_page(self.dynamo, self.budget, self.table, _Slice(segment, self.opts.segments), key,
+                             self.opts.page_size)
+            nxt = resp.get("LastEvaluatedKey")
+            self._files().write_page(segment, dump_key(key) if key else END, dump_key(nxt) if nxt else END,
+                                     self._records(resp.get("Items", [])), RESCAN_TOKEN)
+            if not nxt:
+                return
+            key = nxt
+
+    def _prefixes(self, directory: pathlib.Path) -> dict[str, list[str]]:
+        """Per index, the distinct logical partitions the scan recorded (one, "[]", for ``{shard}``)."""
+        # ``{shard}`` alone: its one logical partition is read even if no item carries the index.
+        out: dict[str, set[str]] = {m.name: set() if prefix_fields(m) else {"[]"} for m in self.mappers}
+        for s in range(self.opts.segments):
+            con = sqlite3.connect(str(segment_path(directory, s)))
+            try:
+                for (text,) in con.execute("SELECT DISTINCT ttl FROM rec WHERE side = ? AND ttl IS NOT NULL", (SCAN,)):
+                    name, prefix = partition_of(text)
+                    out[name].add(prefix)
+            finally:
+                con.close()
+        return {name: sorted(p) for name, p in out.items()}
+
+    def _read_index(self, ctx: PageContext, directory: pathlib.Path, into: pathlib.Path) -> dict:
+        """Query every [to] partition value of every logical partition of each index, all
+        pages (eventually consistent: a GSI has no other read), a record per entry, spilled
+        page by page. The values are spread over this worker's threads (``--workers``: the
+        join is the run's last segment, the other workers have nothing left), each writing
+        one chain of pages to its own file in ``into``; they share the run's read budget."""
+        prefixes = self._prefixes(directory)
+        work = [(m, value) for m in self.mappers for prefix in prefixes[m.name]
+                for value in m.query_values(NEW, fields_from_text(prefix))]
+        threads = max(1, min(self.opts.worker_count, len(work)))
+        stop = threading.Event()
+
+        def read(slot: int) -> tuple[int, float]:
+            files = SegmentFiles(into)
+            pages = entries = 0
+            self.budget.take_usage()
+            try:
+                for m, value in work[slot::threads]:
+                    for page in self._query(m, value):
+                        if stop.is_set():
+                            return entries, self.budget.take_usage()["rcu"]
+                        entries += len(page)
+                        files.write_page(slot, f"q{pages}" if pages else END, f"q{pages + 1}",
+                                         [entry_record(m, e, self.key_attrs) for e in page])
+                        pages += 1
+                files.write_page(slot, f"q{pages}" if pages else END, END, [])
+            finally:
+                files.close()
+            return entries, self.budget.take_usage()["rcu"]  # this thread's units: the caller counts them
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="verify-index") as pool:
+            futures = [pool.submit(read, slot) for slot in range(threads)]
+            try:
+                while not all(f.done() for f in futures):
+                    wait(futures, timeout=1.0)
+                    ctx.ensure_lease()  # renewed here while the threads read (a lost lease stops them)
+            except BaseException:
+                stop.set()
+                raise
+            done = [f.result() for f in futures]
+        self._rcu["index"] += sum(rcu for _, rcu in done)
+        return {"index_queries": len(work), "index_entries": sum(n for n, _ in done), "index_parts": threads}
+
+    def _query(self, m: IndexMapper, value: dict, sort: dict | None = None, key: dict | None = None):
+        """The pages (entries) of one index query: partition ``value`` (and ``sort``), only the
+        table key ``key`` when given (a re-check); the table keys, GSI keys and ``_rs_v`` read."""
+        attrs = [*self.key_attrs, m.attr, *([m.sort_attr] if m.sort_attr else []), VERSION_ATTR]
+        proj = projection(attrs)
+        names = dict(proj["ExpressionAttributeNames"])
+        names["#rsg"] = m.attr
+        values = {":rsg": value}
+        cond = "#rsg = :rsg"
+        kwargs: dict = {}
+        if sort is not None and m.sort_attr:
+            names["#rss"], values[":rss"] = m.sort_attr, sort
+            cond += " AND #rss = :rss"
+        if key is not None:
+            flt = []
+            for i, a in enumerate(self.key_attrs):
+                names[f"#rsk{i}"], values[f":rsk{i}"] = a, key[a]
+                flt.append(f"#rsk{i} = :rsk{i}")
+            kwargs["FilterExpression"] = " AND ".join(flt)
+        kwargs.update(TableName=self.table, IndexName=m.name, KeyConditionExpression=cond,
+                      ProjectionExpression=proj["ProjectionExpression"], ExpressionAttributeNames=names,
+                      ExpressionAttributeValues=values, ReturnConsumedCapacity="TOTAL")
+        while True:
+            with self.budget.spend("read", 0.5):
+                resp = self.dynamo.call("query", **kwargs)
+            yield resp.get("Items", [])
+            if not resp.get("LastEvaluatedKey"):
+                return
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    # ---------------------------------------------------------------- re-checks
+    def _look(self, suspects: list[tuple]) -> list[tuple]:
+        """One consistent read of every suspect's table item, then its targeted index queries:
+        [(mapper, key, item or None, entries)] in ``suspects`` order."""
+        keys = {dump_key(key): key for _, key, _ in suspects}
+        found = {}
+        if keys:
+            with self.budget.spend("read", float(len(keys))):
+                for item in self.dynamo.batch_get(self.table, list(keys.values()), consistent=True, capacity=True):
+                    found[dump_key(key_of(item, self.key_attrs))] = item
+        out = []
+        for m, key, seen in suspects:
+            item = found.get(dump_key(key))
+            where = list(seen)
+            if item is not None and m.in_index(item):
+                mine = (item[m.attr], item.get(m.sort_attr) if m.sort_attr else None)
+                if mine not in where:
+                    where.append(mine)
+            self._account("table")
+            entries = {}
+            for pv, sort in where:
+                for page in self._query(m, pv, sort, key):
+                    for e in page:
+                        entries[json.dumps([e.get(m.attr), e.get(m.sort_attr) if m.sort_attr else None],
+                                           sort_keys=True, default=str)] = e
+            self._account("index")
+            out.append((m, key, item, [entries[k] for k in sorted(entries)]))
+        return out
+
+    def _settle(self, ctx: PageContext, counts: dict, batch: list[tuple]) -> None:
+        """Re-check the page's suspects together until each agrees, or showed the same state
+        (the item's version and GSI keys, the entries found) on two looks and for the whole
+        settle window (reported), or kept changing (reported, marked as such): as the table
+        verify does (``reshard.jobs.verify.Verifier._settle``). An item a shim wrote
+        meanwhile is judged again on its new state."""
+        if not batch:
+            return
+        watches = []
+        for _ident, fields, _why in batch:
+            name, key, seen = targets(json.loads(fields))
+            watches.append(((self.by_name[name], key, seen), Watch()))
+        window: float | None = None
+        reads = 0
+        while watches:
+            sent = ctx.now()
+            looked = self._look([s for s, _ in watches])
+            reads += 1
+            now = ctx.now()
+            if window is None:
+                window = self._window()
+            waiting, due = [], []
+            for (s, w), (m, key, item, entries) in zip(watches, looked):
+                kind, detail = judge(m, item, entries)
+                if kind is None:
+                    counts["settled"] += 1
+                    continue
+                w.observe((version_of(item) if item else None,
+                           json.dumps([item.get(m.attr), item.get(m.sort_attr) if m.sort_attr else None]
+                                      if item else None, sort_keys=True, default=str),
+                           json.dumps(entries, sort_keys=True, default=str)), now)
+                decision, at = decide(w, sent, window, max_changes=max(1, self.opts.rechecks - 1),
+                                      pause=self.opts.recheck_pause)
+                if decision == "wait":
+                    waiting.append((s, w))
+                    due.append(at)
+                    continue
+                if decision == "changing":
+                    detail += f"; still changing after {reads} re-checks"
+                elif window:
+                    detail += f"; unchanged for {sent - w.since:.1f}s (settle window {window:g}s)"
+                counts[kind] += 1
+                if counts[kind] <= max(1, self.opts.examples // 4):
+                    self._example(kind, key, m, version_of(item) if item else "",
+                                  version_of(entries[0]) if entries else "", detail)
+            watches = waiting
+            if watches:
+                self._wait_until(ctx, min(due))
+
+    def _account(self, side: str) -> None:
+        """Charge the read units this thread spent since the last call to ``side`` (table or index)."""
+        self._rcu[side] += self.budget.take_usage()["rcu"]
+
+    def _window(self) -> float:
+        """The settle window: ``--settle-seconds``, else the largest write bound the migration's
+        shims publish (as the table verify's ``Verifier._window``)."""
+        if self.opts.settle_seconds is not None:
+            return max(0.0, self.opts.settle_seconds)
+        return settle_window(h.settle_seconds for h in heartbeats(self.store, self.migration_id))
+
+    def _wait_until(self, ctx: PageContext, at: float) -> None:
+        """Sleep towards ``at``, never past the lease's renewal point (renewed when due)."""
+        ctx.ensure_lease()
+        now = ctx.now()
+        step = at - now
+        if ctx.lease.renew_due > now:
+            step = min(step, ctx.lease.renew_due - now)
+        if step > 0:
+            self.sleep(step)
+
+    # ---------------------------------------------------------------- examples
     def example(self, kind: str, item: dict, m: IndexMapper, detail: str) -> None:
-        key = dump_key(key_of(item, [a for a in self.key_attrs if a in item]))
-        body = {"kind": kind, "identity": [key], "old_key": key, "new_key": f"index {m.name}",
-                "old_version": version_of(item), "new_version": "", "detail": detail}
+        self._example(kind, key_of(item, [a for a in self.key_attrs if a in item]), m, version_of(item), "", detail)
+
+    def _example(self, kind: str, key: dict, m: IndexMapper, old_version: str, new_version: str, detail: str) -> None:
+        shown = dump_key(key)
+        body = {"kind": kind, "identity": [shown], "old_key": shown, "new_key": f"index {m.name}",
+                "old_version": old_version, "new_version": new_version, "detail": detail}
         text = json.dumps(body, sort_keys=True)
         if self.collected is not None:
             self.collected.append(body)
@@ -309,6 +600,65 @@ class IndexVerifier:
         digest = hashlib.sha256(text.encode()).hexdigest()[:20]
         self.store.put({"pk": S(self.store.jpk(self.migration_id, VERIFY_JOB)),
                         "sk": S(example_prefix(VERIFY_JOB, self.run) + digest), "body": S(text)})
+
+
+class _Slice(NamedTuple):
+    """What ``scan_page`` reads of a page context: the scan's segment and segment count (the
+    engine counts one segment more: the join)."""
+
+    segment: int
+    total_segments: int
+
+
+#: The join segment's counters (the kinds of difference it finds, and what it read).
+JOIN_COUNTERS = (GSI_MISSING, GSI_EXTRA, GSI_DIFFERS, "suspects", "settled", "index_queries", "index_entries",
+                 "index_rcu")
+#: The join segment's checkpoint: the identity hash (hex) of the last suspect re-checked.
+JOIN_ATTR = "join"
+
+
+class IndexJoin(Join):
+    """:class:`reshard.jobs.records.Join` with index verify's rule (:mod:`reshard.core.index_join`):
+    the scan segments' records and the index side's (``index_dir``'s segment 0) in one file."""
+
+    index_dir: pathlib.Path | None = None
+    index_parts = 1
+
+    def _merge(self, segments: int) -> None:
+        super()._merge(segments)
+        con = self.con
+        for part in range(self.index_parts if self.index_dir is not None else 0):
+            if not records_complete(self.index_dir, part):
+                raise RuntimeError(f"the index side's records (part {part}) do not chain from start to end")
+            con.execute("ATTACH DATABASE ? AS seg", (str(segment_path(self.index_dir, part)),))
+            try:
+                con.execute(f"INSERT INTO rec ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM seg.rec")
+            finally:
+                con.execute("DETACH DATABASE seg")
+
+    def _build(self, verdict) -> dict[str, int]:
+        con = self.con
+        for statement in ("DROP TABLE IF EXISTS hard", "CREATE TABLE hard (ident BLOB PRIMARY KEY) WITHOUT ROWID"):
+            con.execute(statement)
+        # One sorted pass (SQLite's external sort: bounded memory) clears every (index, table
+        # key) whose records agree (``index_join.agrees``: one scan record, and one entry with
+        # the same digest and version, or none when the fan-out need not return it).
+        con.execute("INSERT INTO hard SELECT ident FROM rec GROUP BY ident HAVING NOT (SUM(side = 0) = 1 AND ("
+                    " (SUM(side = 1) = 1 AND MIN(digest) = MAX(digest) AND MIN(version) = MAX(version))"
+                    " OR (SUM(side = 1) = 0 AND MAX(flag) = 0)))")
+        rows = con.execute(f"SELECT {', '.join('r.' + c for c in COLUMNS)} FROM rec r JOIN hard h "
+                           "ON h.ident = r.ident ORDER BY r.ident")
+        found: list[tuple] = []
+        for group in _groups(rows):
+            records = [from_row(r) for r in group]
+            found.append((records[0].ident, json.dumps([r.fields for r in records]), index_verdict(records)))
+            if len(found) >= 1000:
+                self._add(found)
+        self._add(found)
+        con.execute("DROP TABLE hard")
+        suspects = con.execute("SELECT COUNT(*) FROM sus").fetchone()[0]
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('built', '1')")
+        return {"suspects": suspects}
 
 
 def _show(av: dict) -> str:
@@ -356,5 +706,6 @@ def index_spec(spec: JobSpec) -> JobSpec:
     if spec.name not in make:
         raise errors.BadInput(f"{spec.name} does not apply to an index-only migration")
     # cleanup's TTL check (prepare) has nothing to do: nothing expires.
-    return replace(spec, make_page=make[spec.name], join=False,  # item by item: no join segment
+    # verify's last segment joins the scan with the index side (IndexVerifier); the others have none.
+    return replace(spec, make_page=make[spec.name], join=spec.name == VERIFY_JOB,
                    prepare=(lambda ctx: None) if spec.name == "cleanup" else spec.prepare)

@@ -125,6 +125,9 @@ def job_spec(job: str, index_only: bool = False) -> JobSpec:
     if index_only:
         from reshard.jobs.index_jobs import index_spec
         spec = index_spec(spec)
+    else:
+        from reshard.jobs.combined import combined_spec  # a combined file's pages, chosen per run
+        spec = combined_spec(spec)
     return spec
 
 

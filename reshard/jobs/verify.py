@@ -72,7 +72,7 @@ from reshard.control.runs import allowed_unmappable, backfill_run, read_run
 from reshard.control.store import ControlStore
 from reshard.aws.inspect import ttl_status
 from reshard.core.compare import INFO, KINDS, Difference, Judgement, differences, judge, passes
-from reshard.core.index import mappers
+from reshard.core.index import NEW as INDEX_NEW, mappers, reindexed
 from reshard.core.join import MISPLACED, NEW, OLD, Record, Recorder, fields_from_text, verdict
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
 from reshard.core.migration import SHARD
@@ -153,6 +153,9 @@ class Verifier:
         self.remove_records = records_dir is None
         self._segment_files: SegmentFiles | None = None
         self._files_lock = threading.Lock()
+        #: A combined migration's sharded GSIs: a repair's copy gets their [to] values (the
+        #: phase's, as the backfill's copy); set by :mod:`reshard.jobs.combined`.
+        self.indexes: tuple = ()
 
     def _key(self, item: dict) -> dict:
         return key_of(item, self.key_attrs)
@@ -484,6 +487,7 @@ class Verifier:
                 if version_of(new) > version_of(old):
                     return False  # a newer write sits in the new layout only: leave it, report it
                 target, _ = self.mapper.remap(old)  # a tombstone re-keys to a tombstone copy
+                target = reindexed(target, self.indexes, INDEX_NEW) if self.indexes else target
                 self._announce_repair(counts)
                 # Same version but other content: only this exact stale copy may be replaced.
                 fence = unchanged(version_of(old), self.key_attrs[0]) \
@@ -641,13 +645,16 @@ class ReadOnlyVerify:
 
 def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opts: JobOptions, *,
                      clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                     monotonic: Callable[[], float] = time.monotonic) -> ReadOnlyVerify:
+                     monotonic: Callable[[], float] = time.monotonic,
+                     combined: Callable | None = None) -> ReadOnlyVerify:
     """``reshard verify --no-record``: every segment scanned in this process, no lease,
     checkpoint, run record or example written (the observer role may send no write).
 
     The same preconditions and the same page function as a recorded run, so the verdict
     is the same; but it cannot be resumed or shared, and it does not count for the cutover
     gate, which needs a recorded run (a run an observer could write could be forged).
+    ``combined``: what builds a combined migration's verifier
+    (:func:`reshard.jobs.combined.combined_verifier`, which builds on this module).
     """
     if opts.repair:
         raise errors.BadInput("verify --repair writes (repairs, and the run it records): it cannot be combined "
@@ -658,7 +665,13 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
     migration = state.migration()
     dynamo.describe_table(migration.table)  # a clear error if the table is missing
     budget = CapacityBudget(None, opts.max_rcu).attach(dynamo, migration.table)
-    if migration.changes_table:
+    if migration.changes_table and migration.indexes:
+        if combined is None:
+            raise errors.BadInput("a read-only verify of a combined migration needs its verifier "
+                                  "(operations passes it)")
+        verifier = combined(dynamo, store, migration_id, 0, migration, KeyMapper(migration), budget, opts, sleep,
+                            clock)
+    elif migration.changes_table:
         verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
                             ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)
     else:
@@ -689,11 +702,10 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
             totals[k] = totals.get(k, 0) + v
         reasons.extend([why] if why else [])
 
-    join = migration.changes_table  # an index-only migration's verify judges item by item: no join
+    join = True  # both verifiers' last segment joins (an index-only one: the scan with the index side)
     with tempfile.TemporaryDirectory(prefix="reshard-verify-") as tmp:
-        if join:
-            verifier.records_dir = pathlib.Path(tmp)
-            verifier.remove_records = False
+        verifier.records_dir = pathlib.Path(tmp)
+        verifier.remove_records = False
         with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
             for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
                 add(counts, why)

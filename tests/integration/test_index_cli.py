@@ -9,7 +9,7 @@ from reshard.cli.main import main
 from tests.index_support import gsi_migration, create_gsi_table, header
 
 
-def test_plan_and_start_refuse_a_keys_only_gsi_and_a_combined_file(dynalite, dynalite_server, unique_name,
+def test_plan_and_start_refuse_a_keys_only_gsi_also_in_a_combined_file(dynalite, dynalite_server, unique_name,
                                                                     tmp_path, capsys):
     create_gsi_table(dynalite, unique_name, projection={"ProjectionType": "KEYS_ONLY"})
     for i in range(6):
@@ -37,8 +37,13 @@ def test_plan_and_start_refuse_a_keys_only_gsi_and_a_combined_file(dynalite, dyn
     combined.write_text(gsi_migration("gsi-both", unique_name).replace(
         "[index.ByCountry]\n", '[from]\npartition = "{invoice}#{shard}"\nshards = 2\nshard_by = ["invoice"]\n'
         '[to]\npartition = "{invoice}#{shard}"\nshards = 4\nshard_by = ["invoice"]\n[index.ByCountry]\n', 1))
-    for verb in ("plan", "start"):
-        assert main([*glob, verb, str(combined)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.count("\n") == 0 and "changes the table's keys and [index.NAME] layouts at once is not supported" \
-            in err, err
+    # A combined file (table keys AND the GSI) is planned and checked as both: the table's
+    # analysis, the GSI's, and start refuses what either refuses (here the KEYS_ONLY index).
+    assert main([*glob, "plan", str(combined), "--output", "json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["indexes"][0]["items"]["indexed"] == 6 and "capacity_gsi" in r and r["items"]["sampled"] == 6
+    assert r["migration"]["indexes"][0]["to"]["shards"] == 16 and r["migration"]["to"]["shards"] == 4
+    assert any("projects KEYS_ONLY" in b for b in r["start_refuses"])
+    assert main([*glob, "start", str(combined)]) == 2
+    err = capsys.readouterr().err
+    assert "projects KEYS_ONLY" in err and "Traceback" not in err

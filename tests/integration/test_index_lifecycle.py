@@ -156,6 +156,8 @@ def test_gsi_4_random_to_16_hashed_from_the_command_line_with_live_queries(dynal
         time.sleep(0.3)
         for stage, args in steps:
             assert cli(*args, *g) == 0, (args, capsys.readouterr().err)
+            if args[0] == "verify":  # the full fan-out against the scan passed under live traffic
+                assert "index side: 16 fan-out queries over the [to] GSI values" in capsys.readouterr().out
             app.stage = stage
             time.sleep(0.2)  # queries in every phase
     finally:

@@ -330,6 +330,7 @@ def test_one_direction_moves_never_hide_an_item(phase, partitions):
 
 # ----------------------------------------------------------------------------- plan / start checks
 
+from reshard.core import capacity  # noqa: E402
 from reshard.core.index_planning import IndexAnalysis, gsi_problems, index_entry_size, index_plan  # noqa: E402
 from reshard.core.versions import VersionClock  # noqa: E402
 
@@ -388,6 +389,11 @@ def test_index_analysis_counts_skew_and_rewrite_cost():
     cap = plan.capacity(84, max_wcu=10, write_price=1.0, read_price=1.0)
     assert cap["scale"] == 2.0 and cap["backfill"]["wcu"] == 2 * 5 * a.moves
     assert "nothing to expire" in cap["cleanup"]
+    # verify: the scan again, and every (small: keys + _rs_v) index entry once, whatever it moves.
+    assert 41 * 100 < a.entry_bytes < 41 * 200  # 41 indexed items: keys + _rs_v + 100 bytes each, no blob
+    assert cap["verify"] == {"scan_rcu": cap["backfill"]["scan_rcu"], "index_rcu": capacity.scan_units(2 * a.entry_bytes),
+                             "rcu": cap["backfill"]["scan_rcu"] + capacity.scan_units(2 * a.entry_bytes)}
+    assert cap["verify"]["index_rcu"] < cap["verify"]["scan_rcu"]  # the 3 KB blob is not projected
     assert plan.blockers(0) and not plan.blockers(1)
 
 
