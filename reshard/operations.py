@@ -498,7 +498,20 @@ def index_warnings(analysis: IndexPlan) -> list[str]:
         if a.indexed == 0 and analysis.scanned:
             warnings.append(f"[index.{name}]: no sampled item is in GSI {name!r} (none has {a.mapper.attr!r}"
                             + (f" and {a.mapper.sort_attr!r}" if a.mapper.sort_attr else "") + ")")
+        old, new_fields = (_query_fields(a.mapper.old), _query_fields(a.mapper.new))
+        if old != new_fields:
+            # From dual_write to backfill (and aborted) a query reads both layouts' values: an
+            # application query that names only the old template's fields starts failing there.
+            warnings.append(f"[index.{name}]: the [from] and [to] partition templates need different query fields "
+                            f"({', '.join(sorted(old)) or 'none'} / {', '.join(sorted(new_fields)) or 'none'}): from "
+                            f"dual_write until cutover a query(IndexName={name!r}) must give an equality on each of "
+                            f"{', '.join(sorted(old | new_fields))}, or the shim refuses it")
     return warnings
+
+
+def _query_fields(layout) -> set[str]:
+    """The fields a query of one index layout must fix (template fields, derived ones by source)."""
+    return {layout.derived[f].source if f in layout.derived else f for f in layout.template_fields}
 
 
 def plan_warnings(m: Migration, ttl: dict, a: planning.SampleAnalysis,

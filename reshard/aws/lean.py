@@ -48,14 +48,26 @@ try:  # a faster encoder when installed; the standard one otherwise
     import orjson
 
     def _dumps(obj) -> bytes:
-        return orjson.dumps(obj, default=_binary)
+        try:
+            return orjson.dumps(obj, default=_binary)
+        except TypeError:  # a lone surrogate, which orjson refuses: escaped as botocore's json does
+            return json.dumps(obj, default=_binary, separators=(",", ":")).encode()
 
-    _loads = orjson.loads
+    def _loads(content: bytes):
+        try:
+            return orjson.loads(content)
+        except ValueError:  # e.g. an escaped lone surrogate: the standard parser takes it, as botocore's
+            return json.loads(content)
 except ImportError:  # pragma: no cover - orjson is optional
     def _dumps(obj) -> bytes:
         return json.dumps(obj, default=_binary, separators=(",", ":")).encode()
 
     _loads = json.loads
+
+class UnreadableAnswer(botocore.exceptions.BotoCoreError):
+    """A 2xx answer whose JSON neither parser reads (Dynamo.call reports it; never an empty page)."""
+    fmt = "unreadable {operation} answer ({size} bytes)"
+
 
 #: botocore snake_case name -> DynamoDB operation.
 OPERATIONS = {"put_item": "PutItem", "delete_item": "DeleteItem", "update_item": "UpdateItem",
@@ -206,6 +218,9 @@ class LeanSender:
         try:
             parsed = _loads(content) if content else {}
         except ValueError:
+            if status < 300:
+                # Never an empty page: a job would take it for the end of its segment.
+                raise UnreadableAnswer(operation=op, size=len(content)) from None
             parsed = {}
         if status >= 300 or "__type" in parsed:
             code = str(parsed.get("__type", "")).rpartition("#")[2] or str(status)

@@ -23,7 +23,7 @@ import hashlib
 import random as _random
 import re
 from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
 from reshard.errors import UnmappableItem
@@ -124,6 +124,9 @@ def to_av(value: Any) -> dict:
     raise TypeError(f"{type(value).__name__} cannot be a key value")
 
 
+_NUMBER_CONTEXT = Context(prec=38)  # DynamoDB's numbers: 38 significant digits
+
+
 def text_of(value: Any, field: str) -> str:
     """How a field's value is written inside a string template (and before hashing)."""
     if isinstance(value, str):
@@ -140,7 +143,10 @@ def text_of(value: Any, field: str) -> str:
                 return str(int(value))
             except (OverflowError, ValueError):
                 pass
-        return str(value)
+        # DynamoDB stores 1.50 as 1.5: a shim's value as the application wrote it and a job's
+        # as a scan returns it must give one text (one key, one hash), so drop trailing zeros
+        # (in DynamoDB's 38 digits: the default 28-digit context would round).
+        return str(value.normalize(_NUMBER_CONTEXT))
     raise UnmappableItem("bad-field-type", f"field {field!r} is {type(value).__name__}; "
                                            "a string template needs a string or number")
 

@@ -420,8 +420,12 @@ class IndexVerifier:
         join is the run's last segment, the other workers have nothing left), each writing
         one chain of pages to its own file in ``into``; they share the run's read budget."""
         prefixes = self._prefixes(directory)
-        work = [(m, value) for m in self.mappers for prefix in prefixes[m.name]
-                for value in m.query_values(NEW, fields_from_text(prefix))]
+        # Once per partition value: prefixes of a derived field (a day of ``ts``) are the
+        # source values, and many of them give one partition (read once, or its entries
+        # would be joined once per source value and re-checked as duplicates).
+        work = list({(m.name, repr(value)): (m, value)
+                     for m in self.mappers for prefix in prefixes[m.name]
+                     for value in m.query_values(NEW, fields_from_text(prefix))}.values())
         threads = max(1, min(self.opts.worker_count, len(work)))
         stop = threading.Event()
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any, Callable, Mapping, Sequence
 
 from reshard import errors
@@ -202,7 +202,7 @@ def _just_before(v: Any, forward: bool) -> Any:
     enough: the items in between are skipped by the (sort value, identity) rule.
     """
     if isinstance(v, Decimal):
-        return v - 1 if forward else v + 1
+        return _number_beside(v, forward)
     if isinstance(v, (bytes, bytearray)):
         v = bytes(v)
         if not forward:
@@ -214,6 +214,27 @@ def _just_before(v: Any, forward: bool) -> Any:
     if c == 0 or 0xD800 <= c - 1 <= 0xDFFF:
         return v[:-1] or None
     return v[:-1] + chr(c - 1) + "\U0010ffff"
+
+
+#: DynamoDB's numbers: 38 significant digits, magnitudes 1E-130 .. 9.99...E+125.
+_DYNAMO_MAX = Decimal("9.9999999999999999999999999999999999999E+125")
+_EXACT = Context(prec=400)  # v -/+ 1 exactly: 38 digits spread over at most 256 decimal places
+_BELOW = Context(prec=38, rounding=ROUND_FLOOR)
+_ABOVE = Context(prec=38, rounding=ROUND_CEILING)
+
+
+def _number_beside(v: Decimal, forward: bool) -> Decimal | None:
+    """A DynamoDB number strictly before ``v`` in the reading direction (None: the partition's start).
+
+    ``v - 1`` in Python's default 28-digit context rounds a 30-digit value back up to ``v``
+    (the next page would start at or after the cursor and skip its ties): computed exactly,
+    then rounded away from ``v`` to 38 digits, it stays strictly before ``v`` and storable.
+    """
+    if forward:
+        out = _BELOW.plus(_EXACT.subtract(v, 1))
+    else:
+        out = _ABOVE.plus(_EXACT.add(v, 1))
+    return out if out.copy_abs() <= _DYNAMO_MAX else None  # copy_abs: abs() rounds to 28 digits
 
 
 def _satisfies(condition, v: Any) -> bool:

@@ -243,3 +243,14 @@ def test_numbers_written_in_other_forms_read_back_alike_and_digest_alike(dynalit
     read = {i["PK"]["S"]: {k: v for k, v in i.items() if k not in ("PK", "SK")}
             for i in d.call("scan", TableName=table)["Items"]}
     assert digest(read["a"]) == digest(read["b"]) != digest(read["c"])
+
+
+def test_a_2xx_answer_neither_parser_reads_raises_instead_of_an_empty_page(dynalite_server, table):
+    """A Scan answered 200 with a body that is no JSON: an error, never ``{}`` (no Items, no
+    LastEvaluatedKey), which a job would take for the end of its segment."""
+    d = _lean(dynalite_server.endpoint)
+    d.client.meta.events.register(
+        "before-send.dynamodb.Scan",
+        lambda request, **_: AWSResponse("http://127.0.0.1/", 200, {"x-amzn-RequestId": "x"}, _Body(b'{"Items": [')))
+    with pytest.raises(errors.AWSError, match="unreadable Scan answer"):
+        d.call("scan", TableName=table)

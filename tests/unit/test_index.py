@@ -458,3 +458,16 @@ def test_one_conditioned_update_rewrites_every_index_of_an_item():
     assert (kw["ExpressionAttributeValues"][":g0"], kw["ExpressionAttributeValues"][":g1"]) == ({"N": want},) * 2
     assert (kw["ExpressionAttributeValues"][":seen0"], kw["ExpressionAttributeValues"][":seen1"]) == (
         {"N": "1"}, {"N": "2"})
+
+
+def test_plan_warns_when_the_templates_need_different_query_fields():
+    """{shard} -> {region}#{shard}: an app query without region is answered in planned and
+    refused from dual_write on (it cannot form the new values): plan says so beforehand."""
+    from reshard.operations import index_warnings
+    same = index_plan(migration.parse(INVOICES), _desc())
+    assert not [w for w in index_warnings(same) if "query fields" in w]
+    text = INVOICES.replace('[index.ByCountry.to]\npartition = "{shard}"', '[index.ByCountry.to]\npartition = "{region}#{shard}"')
+    assert text != INVOICES
+    warned = [w for w in index_warnings(index_plan(migration.parse(text), _desc(gsi_type="S")))
+              if "query fields" in w]
+    assert len(warned) == 1 and "none / region" in warned[0] and "equality on each of region" in warned[0]

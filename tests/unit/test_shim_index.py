@@ -76,3 +76,24 @@ def test_index_routing_of_the_shim_s_phase_names():
     assert index_routing("steady").reads == ("old",) and index_routing("steady").writes == "old"
     assert index_routing("backfill").reads == ("old", "new") and index_routing("aborted").reads == ("new", "old")
     assert index_routing("cutover").reads == ("new",)
+
+
+@pytest.mark.parametrize("text", ["5", "0", "123456789012345678901234567890", "1E+125", "-1E+125",
+                                  "1.2345678901234567890123456789012345678E-100",
+                                  "9.9999999999999999999999999999999999999E+125",
+                                  "-9.9999999999999999999999999999999999999E+125"])
+def test_the_number_beside_a_cursor_is_strictly_before_it_and_storable(text):
+    """A page's start key lies strictly before the cursor's sort value in the reading
+    direction, as a number DynamoDB stores (38 digits, |x| <= 9.99...E+125), or is None (the
+    partition's start) -- never rounded back onto the cursor, which skipped its ties."""
+    from decimal import Decimal
+
+    from reshard.shim.query import _DYNAMO_MAX, _number_beside
+    v = Decimal(text)
+    for forward in (True, False):
+        out = _number_beside(v, forward)
+        if out is None:
+            assert v == (_DYNAMO_MAX.copy_negate() if forward else _DYNAMO_MAX)  # nothing storable beyond
+            continue
+        assert (out < v) if forward else (out > v)
+        assert len(out.as_tuple().digits) <= 38 and out.copy_abs() <= _DYNAMO_MAX

@@ -1,5 +1,7 @@
-"""Adversarial review (R): holes found in this session's correctness work, each proven by a
-test marked ``xfail(strict=True)`` -- it flips (and fails the suite, as strict) when fixed."""
+"""Holes an adversarial review found in the combined-migration session, each a test that failed
+before its fix: a paged index query over a 38-digit Number sort key (shim/query._number_beside),
+a lean answer orjson cannot parse (aws/lean._loads, UnreadableAnswer), and index verify over a
+derived GSI partition field (jobs/index_jobs.IndexVerifier._read_index: each value read once)."""
 
 from __future__ import annotations
 
@@ -27,17 +29,13 @@ def numeric_sort_table(dynalite, name: str) -> None:
     wait_active(dynalite, name)
 
 
-@pytest.mark.xfail(strict=True, reason="shim/query.py _just_before: a Number sort value's 'v - 1' is computed in "
-                                       "Python's 28-digit Decimal context; for DynamoDB's 38-digit numbers it "
-                                       "rounds to v or above, so the next page's ExclusiveStartKey lies at or past "
-                                       "the cursor and the paged index query skips items")
 def test_paged_index_query_over_a_38_digit_numeric_sort_key_misses_nothing(dynalite, unique_name):
     """A combined migration whose GSI sort key is a Number (``amount``). Three invoices of one
     customer: two tie at a 30-digit amount, one 5 above it. Paged with Limit=1 (cursors passed
     back as returned) the query must give the three, as the whole query does. It gives only
     invoices 1 and 3: page 2 starts after ``BIG - 1``, which the 28-digit context rounds to
     1.234567890123456789012345679E+29 > BIG, so the tie group at BIG is not read again and
-    invoice 2 is missed (checked: with ``v - 1`` in a 38-digit context the test passes)."""
+    invoice 2 was missed. Now the value beside the cursor is computed exactly, rounded away from it."""
     numeric_sort_table(dynalite, unique_name)
     m = parse(combined(unique_name).replace('sort = "tx_country"', 'sort = "amount"'), "<combined-numeric>")
     t = shim(m, dynalite, "dual_write", query_workers=1)
@@ -56,16 +54,12 @@ def test_paged_index_query_over_a_38_digit_numeric_sort_key_misses_nothing(dynal
     assert sorted(got) == ["1", "2", "3"]
 
 
-@pytest.mark.xfail(strict=True, reason="aws/lean.py: orjson refuses a lone surrogate that botocore's json.loads "
-                                       "accepts, and LeanSender.send turns the unparseable 200 answer into {} -- "
-                                       "a Scan page with no Items and no LastEvaluatedKey: the segment 'ends' there")
 def test_the_lean_scan_answers_what_botocore_answers_for_a_string_orjson_refuses(dynalite, unique_name):
     """dynalite stores a string with a lone surrogate (sent escaped, as botocore sends it) and
-    botocore's Scan returns both items. The lean Scan returns ``{}`` as a *successful* answer:
-    no Items, no Count, no LastEvaluatedKey -- what the jobs read as the last page of the
-    segment, so backfill copies nothing of it and verify checks nothing of it (and passes).
-    records.py's digest already falls back to the standard encoder for such a string; the
-    lean parse does not (nor does it refuse a 2xx body it cannot parse)."""
+    botocore's Scan returns both items. The lean Scan returned ``{}`` as a *successful* answer
+    (what the jobs read as the last page of the segment: backfill copied nothing of it and
+    verify checked nothing of it). Now it falls back to the standard parser, and a 2xx body
+    neither reads raises (test_lean_dynalite covers that)."""
     dynalite.call("create_table", TableName=unique_name, BillingMode="PAY_PER_REQUEST",
                   AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"}],
                   KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}])
@@ -105,16 +99,11 @@ fields = {{ day = {{ from = "ts", format = "%Y-%m-%d" }} }}
 """
 
 
-@pytest.mark.xfail(strict=True, reason="core/index_join.prefix_fields names a derived field by its SOURCE, so the "
-                                       "index side's logical partitions are one per distinct timestamp, not per "
-                                       "day: each day's [to] values are queried once per item, every entry is "
-                                       "recorded that many times and every item becomes a suspect (quadratic)")
 def test_index_verify_reads_a_derived_bucket_s_partitions_once(dynalite, unique_name):
     """``{day}#{shard}`` with ``day`` derived from ``ts``: four headers of one day (four
     distinct timestamps). The index side must read that day's 8 [to] values once and find no
-    suspect, as for ``{region}#{shard}``. It reads them four times (32 queries, 16 entries)
-    and all four headers are suspects, each re-checked on its own: a day of a million items
-    is 10^12 entry records and a million re-checks (verify still passes, eventually)."""
+    suspect, as for ``{region}#{shard}``. It read them four times (32 queries, 16 entries)
+    and all four headers were suspects (a day of a million items: 10^12 entry records)."""
     from reshard import operations
     from reshard.jobs.runner import JobOptions
     from tests.index_support import create_gsi_table, header, setup_index_migration
