@@ -133,6 +133,8 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
                          f"found {result.differences.get('unmappable', 0)}")
         if result.repaired:
             lines.append(f"  repaired {result.repaired}: run `reshard verify {mid}` again to confirm")
+        elif result.totals.get("repair_pages"):  # a page that repaired was redone: its counts are gone
+            lines.append(f"  repairs were sent: run `reshard verify {mid}` again to confirm")
         for e in result.examples:
             lines.append(f"  e.g. {e['kind']}: old key {e['old_key']}, new key {e['new_key']}, versions "
                          f"{e['old_version'] or '-'} / {e['new_version'] or '-'} {e['detail']}".rstrip())
@@ -146,6 +148,8 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
                                   + ("verify again" if no_record else "resume"))
     if not result.passed:
         found = ", ".join(f"{n} {k}" for k, n in result.differences.items() if n)
+        if not found:  # only repairs (a page redone after its repair found nothing left)
+            raise errors.ReshardError(f"verify repaired items: run `reshard verify {mid}` again to confirm")
         raise errors.ReshardError(f"verify found differences ({found})")
 
 

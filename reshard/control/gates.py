@@ -48,7 +48,7 @@ def verify_missing(store: ControlStore, state: MigrationState) -> str | None:
     verdict = verify_verdict(store, state.id, latest.run, shown=0)
     if not verdict["finished"]:
         return f"verify run {latest.run} is not finished: run {cmd} to finish it"
-    if not verdict["passed"]:
+    if not verdict["passed"] and verdict["failing"]:
         failing = verdict["failing"]
         found = ", ".join(f"{n} {k}" for k, n in failing.items())
         repairable = [k for k in failing if k not in GUIDANCE or k == "new_only"]
@@ -57,8 +57,10 @@ def verify_missing(store: ControlStore, state: MigrationState) -> str | None:
             todo.insert(0, f"fix the differences (`reshard verify {state.id} --repair`)")
         return (f"the last verify (run {latest.run}) found differences ({found}): " + "; ".join(todo)
                 + f"; then run {cmd} again (`reshard status {state.id}` lists examples)")
-    if verdict["repaired"]:
-        return f"the last verify repaired {verdict['repaired']} item(s): run {cmd} again"
+    if verdict["repaired"] or verdict["repair_pages"]:
+        # repair_pages without a count: a page that repaired was redone (its counters lost).
+        n = f"{verdict['repaired']} item(s)" if verdict["repaired"] else "item(s)"
+        return f"the last verify (run {latest.run}) repaired {n}: run {cmd} again"
     return None
 
 

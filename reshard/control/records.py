@@ -325,6 +325,10 @@ class RunInfo:
         fin = get_n(item, "finished_at")
         abandoned = get_n(item, "abandoned_at")
         totals = {k: float(v["N"]) for k, v in item.get("totals", {}).get("M", {}).items()}
+        if "repair_pages" in item:
+            # verify's pages that sent a repair, counted on the run row before the first one
+            # (``runner.announce_repair``): a redone page's counters can miss them.
+            totals["repair_pages"] = max(totals.get("repair_pages", 0.0), float(get_n(item, "repair_pages")))
         return cls(migration_id, job, int(run), int(get_n(item, "total_segments", 0)),
                    float(get_n(item, "started_at", 0)), float(fin) if fin is not None else None, totals,
                    float(abandoned) if abandoned is not None else None)

@@ -235,5 +235,6 @@ def verify_verdict(store: ControlStore, migration_id: str, run: int, shown: int 
             "failing": failing(totals, allowed), "allowed_unmappable": allowed,
             "old_copies": int(totals.get("old_copies", 0)),
             "checked": int(totals.get("checked", 0)), "repaired": int(totals.get("repaired", 0)),
+            "repair_pages": int(totals.get("repair_pages", 0)),
             "examples": examples(store, migration_id, VERIFY_JOB, run)[:shown] if shown else [],
             "started_at": info.started_at if info else 0.0, "finished_at": info.finished_at if info else None}

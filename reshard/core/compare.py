@@ -237,5 +237,7 @@ def failing(totals: Mapping[str, float], allow_unmappable: int = 0) -> dict[str,
 
 def passes(totals: Mapping[str, float], finished: bool, allow_unmappable: int = 0) -> bool:
     """THE verify verdict (the CLI, ``status`` and the cutover gate all ask this): finished,
-    and nothing failing."""
-    return bool(finished) and not failing(totals, allow_unmappable)
+    nothing failing, and no repair sent (``repair_pages``: a run that repaired proves the
+    table as it was, not as it is now; counted apart from the differences, which a page
+    redone after its repair no longer finds)."""
+    return bool(finished) and not failing(totals, allow_unmappable) and not totals.get("repair_pages", 0)

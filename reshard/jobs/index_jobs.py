@@ -82,7 +82,8 @@ from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import LeaseLost, PageContext
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, SegmentFiles, StaleWrite, _groups, run_dir, segment_path
 from reshard.jobs.records import complete as records_complete
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, count_writes, scan_page
+from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair, count_writes,
+                                 scan_page)
 
 REWRITE_COUNTERS = ("scanned", "moved", "already", "raced", "not_indexed", "unmappable", "rcu", "wcu")
 
@@ -270,6 +271,8 @@ class IndexVerifier:
                     if self.repair is not None:
                         # The same conditioned UpdateItem as the backfill's, on the item as re-read.
                         _, changes = self.repair.plan(fresh)
+                        if changes:
+                            announce_repair(self.store, self.migration_id, self.run, counts)
                         if changes and self.repair._update(ctx.write_guard, (fresh, changes)) == "moved":
                             counts["repaired"] += 1
             counts["checked"] += checked

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control import fleet
-from reshard.control.records import MigrationState, RunInfo
+from reshard.control.records import MigrationState, RunInfo, run_sk
 from reshard.control.runs import examples as recorded_examples
 from reshard.control.runs import allowed_unmappable, run_to_join
 from reshard.control.store import ControlStore
@@ -38,9 +38,10 @@ from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.phases import VERIFY_JOB, Phase, job_rule
 from reshard.core.versions import Fence
+from reshard.core.wire import N
 from reshard.control.budget import BudgetMembership, read_shares
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, PageContext, PageFn, RunResult, SegmentEngine
+from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
 from reshard.jobs.subscribers import Subscriber
 
 DEFAULT_PAGE_SIZE = 500
@@ -244,6 +245,28 @@ class JobResult:
                 "stop_reason": self.stop_reason or None, "processes": max(1, len(self.processes)),
                 "started_at": info.started_at, "finished_at": info.finished_at,
                 "elapsed_seconds": round(self.outcome.elapsed, 2)}
+
+
+def announce_repair(store: ControlStore, migration_id: str, run: int, counts: dict) -> None:
+    """Before a verify page's first repair write: ``ADD repair_pages 1`` on the run row,
+    conditional on the run not being finished.
+
+    A page's counters reach the control table only with its checkpoint. A page that repaired
+    and was then redone (it raised after the repair, its lease was lost, two claimants ran it)
+    finds nothing left to repair, and its counters say so: without this row the run would
+    pass with a repair in it. Written *before* the repair (so a crash in between errs towards
+    failing) and refused once the run's verdict is stamped (no repair lands behind a verdict).
+    Once per page (``counts["repair_pages"]``): one control-table write, not one per item.
+    """
+    if counts.get("repair_pages"):
+        return
+    try:
+        store.update(store.jpk(migration_id, VERIFY_JOB), run_sk(VERIFY_JOB, run), "ADD repair_pages :one",
+                     condition="attribute_exists(pk) AND attribute_not_exists(finished_at)",
+                     values={":one": N(1)})
+    except errors.ConditionalCheckFailed:
+        raise LeaseLost(f"verify run {run} of {migration_id!r} already has its verdict: no repair now") from None
+    counts["repair_pages"] = 1
 
 
 # --------------------------------------------------------------------------- preconditions

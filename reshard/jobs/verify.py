@@ -40,7 +40,9 @@ deleted, and only if still unchanged. Collisions, too-large and unmappable items
 reported with guidance, not guessed at. Every repair request is also guarded, before each
 attempt, by the lease's local deadline (``PageContext.write_guard``, as the backfill's
 copies are): a repair worker stalled past its lease sends nothing, so the gates that wait
-for job leases to go quiet (cutover, retire) can rely on it.
+for job leases to go quiet (cutover, retire) can rely on it. Before a page's first repair
+the run row counts it (``repair_pages``, :func:`reshard.jobs.runner.announce_repair`): a
+page redone after its repair finds nothing left, yet the run still does not pass.
 
 The run's verdict is kept in the control table (``R#verify#<run>``: started, finished,
 totals per kind) and examples under ``D#verify#<run>#<digest>``; the cutover gate
@@ -83,8 +85,8 @@ from reshard.jobs.engine import LeaseLost, PageContext
 from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, SegmentFiles, StaleWrite, run_dir
 from reshard.jobs.records import complete as records_complete
-from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, conditional_put, phase_guard,
-                                 require_phase_and_ack, scan_page)
+from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, announce_repair, conditional_delete, conditional_put,
+                                 phase_guard, require_phase_and_ack, scan_page)
 
 DIFFERENCE_KINDS = tuple(KINDS)
 #: The join segment's checkpoint: the identity hash (hex) of the last suspect judged.
@@ -215,6 +217,7 @@ class Verifier:
                 fixed = False
                 if counts is not None:
                     if self.opts.repair:
+                        self._announce_repair(counts)
                         fixed = self._delete_copy(ctx, item, self._key(item))
                         counts["repaired" if fixed else "unrepaired"] += 1
                         detail += "; repaired" if fixed else ""
@@ -438,7 +441,7 @@ class Verifier:
     def _conclude(self, ctx: PageContext, counts: dict, c: Check, j: Judgement, details: list[str]) -> None:
         """Report a difference that stayed (repairing it first if asked)."""
         old, new = j.reference, j.new
-        if self.opts.repair and self._repair(ctx, j, c):
+        if self.opts.repair and self._repair(ctx, j, c, counts):
             counts["repaired"] += 1
             details.append("repaired")
         elif self.opts.repair:
@@ -463,7 +466,12 @@ class Verifier:
                         "body": S(text)})
 
     # ---------------------------------------------------------------- repair
-    def _repair(self, ctx: PageContext, j: Judgement, c: Check) -> bool:
+    def _announce_repair(self, counts: dict) -> None:
+        """The run row learns that this page repairs before its first repair is sent: a page
+        redone after its repairs finds nothing left, and must not make the run pass."""
+        announce_repair(self.store, self.migration_id, self.run, counts)
+
+    def _repair(self, ctx: PageContext, j: Judgement, c: Check, counts: dict) -> bool:
         """Fix one difference with a version-fenced write; never overwrite a newer version,
         never delete anything a shim wrote.
 
@@ -480,6 +488,7 @@ class Verifier:
                     return False  # a newer write sits in the new layout only: leave it, report it
                 target, _ = self.mapper.remap(old)  # a tombstone re-keys to a tombstone copy
                 target = reindexed(target, self.indexes, INDEX_NEW) if self.indexes else target
+                self._announce_repair(counts)
                 # Same version but other content: only this exact stale copy may be replaced.
                 fence = unchanged(version_of(old), self.key_attrs[0]) \
                     if new is not None and version_of(new) == version_of(old) else fence_for(version_of(old))
@@ -487,8 +496,10 @@ class Verifier:
             if kind == "extra" and new is not None and self.mapper.is_new_copy(new) and not version_of(new):
                 # An unversioned copy with no old item behind it (its source was deleted
                 # behind the shim's back). A versioned one is a shim write: ``new_only``.
+                self._announce_repair(counts)
                 return self._delete_copy(ctx, new, c.new_key)
             if kind == "new_only" and new is not None:
+                self._announce_repair(counts)
                 return self._mirror_to_old(ctx, new, c, old)
             # collision, too_large: which copy the application meant, or how to shrink an
             # item, is not ours to guess; they are reported with guidance.

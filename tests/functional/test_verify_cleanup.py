@@ -238,7 +238,11 @@ def test_verify_and_cleanup_commands_exit_codes(moto_dynamo, capsys):
     from reshard.cli.main import main
 
     m, mapper, store, shim = backfilled(moto_dynamo)
-    args = [m.id, "--segments", "2", "--control-table", store.table]
+    # One worker: moto's conditional writes are not atomic across threads (two workers both won
+    # the claim of verify's join; the one whose page found the repair done had the last word).
+    # That product side -- a join page redone after its repair -- is proved on dynalite:
+    # tests/integration/test_interleavings_verify.py::test_a_join_page_redone_after_its_repair_never_passes
+    args = [m.id, "--segments", "2", "--workers", "1", "--control-table", store.table]
     assert main(["cleanup", *args, "--delete"]) == 2
     assert "cleanup runs only in cleanup or aborted" in capsys.readouterr().err
     assert main(["verify", *args]) == 0

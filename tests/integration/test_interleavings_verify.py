@@ -493,3 +493,44 @@ def test_the_worker_that_loses_the_race_for_the_join_does_not_sleep_a_poll(dynal
     engine.finish_segment, engine.claim = finish_together, claim_together
     assert engine.run_all().done
     assert len(tries) == 2 and slept == []
+
+
+def test_a_join_page_redone_after_its_repair_never_passes(dynalite, unique_name):
+    """``verify --repair``: the join page repairs the missing copy, then fails before its
+    counters are checkpointed (here: the page raises after returning its work; in the wild a
+    throttled example write, a lost lease, a second claimant on a thread-unsafe server). The
+    page is redone, finds nothing left to repair, and its counters are the segment's. Without
+    the run row's repair record the run said PASSED with the repair only in an example."""
+    import dataclasses
+
+    from reshard.control.runs import verify_verdict
+    from reshard.jobs import verify as verify_jobs
+
+    m, mapper, store, shim, x, new_key, before = _with_a_missing_copy(dynalite, unique_name)
+    pages = []
+
+    def make_page(ctx):
+        page = verify_jobs._make_page(ctx)
+
+        def once_lost(pctx, key):
+            counts, nxt = page(pctx, key)
+            pages.append((pctx.segment, counts.get("missing", 0), counts.get("repaired", 0)))
+            if pctx.segment == 1 and len(pages) == 2:  # the join's first page: its repair landed
+                raise RuntimeError("the checkpoint after the repair never landed")
+            return counts, nxt
+
+        return once_lost
+
+    spec = dataclasses.replace(VERIFY, make_page=make_page)
+    result = run_job(spec, dynalite, store, m.id, JobOptions(segments=1, workers=1, repair=True, rechecks=2,
+                                                             recheck_pause=0.0, settle_seconds=0.0),
+                     sleep=lambda s: None)
+    # The join page ran twice: once repairing, once finding it repaired.
+    assert pages == [(0, 0, 0), (1, 1, 1), (1, 0, 0)], pages
+    assert "Item" in dynalite.call("get_item", TableName=m.table, Key=new_key, ConsistentRead=True)
+    assert result.finished and not result.passed, result.totals
+    verdict = verify_verdict(store, m.id, result.run)
+    assert verdict["finished"] and not verdict["passed"] and verdict["repair_pages"] == 1, verdict
+    assert "repaired" in verify_missing(store, store.load_state(m.id))
+    again = run_job(VERIFY, dynalite, store, m.id, JobOptions(segments=1, workers=1, settle_seconds=0.0))
+    assert again.passed and verify_missing(store, store.load_state(m.id)) is None

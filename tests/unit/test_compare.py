@@ -173,3 +173,9 @@ def test_plan_finds_an_item_whose_new_key_is_another_items_old_key():
         assert a.collisions == 1, order
         assert sensor.new.key(sensor.fields(item(e1, "1"), sensor.old)) == \
             {k: item(e2, "1")[k] for k in ("PK", "SK")}
+
+
+def test_a_run_that_sent_a_repair_never_passes_even_with_no_difference_counted():
+    # repair_pages: the run row's count of pages that repaired (a redone page's counters miss them)
+    assert not passes({"checked": 10, "repair_pages": 1}, True)
+    assert passes({"checked": 10, "repair_pages": 0}, True)
