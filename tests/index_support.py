@@ -13,7 +13,8 @@ from tests.conftest import ROOT
 INVOICES_GSI = ROOT / "migrations" / "0005_invoices_gsi.toml"
 
 def gsi_migration(mid: str = "gsi-mig", table: str = "InvoiceTransactions", *, old_shards: int = 4,
-                  new_shards: int = 16, shard_by: str = "customer", new_partition: str = "{shard}") -> str:
+                  new_shards: int = 16, shard_by: str = "customer", new_partition: str = "{shard}",
+                  old_partition: str = "{shard}") -> str:
     """An index-only migration of the invoice article's ByCountry index (random ``old_shards`` ->
     ``hash(shard_by) % new_shards``). The default hashes a non-key field (``customer``): a shim
     write that changes it changes the item's new GSI value, so a stale rewrite would be visible."""
@@ -30,7 +31,7 @@ partition = "gsi_shard"
 sort = "tx_country"
 
 [index.ByCountry.from]
-partition = "{{shard}}"
+partition = "{old_partition}"
 shards = {old_shards}
 shard_by = "random"
 

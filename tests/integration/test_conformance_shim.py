@@ -34,6 +34,7 @@ from reshard.aws import local
 from reshard.aws.dynamo import Dynamo, RetryPolicy
 from reshard.core.migration import parse
 from reshard.shim.table import ShardedTable
+from tests.index_support import gsi_migration
 
 PHASES = [None, "planned", "dual_write", "dual_read", "backfill", "cutover", "cleanup", "complete", "aborted"]
 #: How each phase's table was seeded: by a shim of the phase before it (steady: old layout
@@ -345,25 +346,6 @@ def test_item_near_400_kb_and_refusals(world, phase):
 # sharded table the GSI partition key is gsi_shard = "{shard}" (old: 2 random shards) ->
 # "{region}#{shard}" (new: hash(PK) % 4), its sort key tx_country.
 
-INDEX_MIGRATION = """
-id = "conf-{name}"
-table = "{name}"
-[keys]
-partition = "PK"
-sort = "SK"
-[index.ByCountry]
-partition = "gsi_shard"
-sort = "tx_country"
-[index.ByCountry.from]
-partition = "{{shard}}"
-shards = 2
-shard_by = "random"
-[index.ByCountry.to]
-partition = "{{region}}#{{shard}}"
-shards = 4
-shard_by = ["PK"]
-"""
-
 
 def _gsi_table(res, dynamo, name: str, partition: str, sort: str):
     res.meta.client.create_table(
@@ -401,7 +383,8 @@ def test_sharded_index_queries_answer_as_an_unsharded_gsi(dynalite_server):
     plain = _gsi_table(res, dynamo, f"conf-gsi-plain-{tag}", "region", "tx_country")
     name = f"conf-gsi-{tag}"
     _gsi_table(res, dynamo, name, "gsi_shard", "tx_country")
-    m = parse(INDEX_MIGRATION.format(name=name))
+    m = parse(gsi_migration(f"conf-{name}", name, old_shards=2, new_shards=4, shard_by="PK",
+                                   new_partition="{region}#{shard}"))
     # Distinct sort values per region: DynamoDB orders ties in a GSI partition by an internal
     # hash, the shim by table key (docs/shim.md).
     items = [{"PK": f"inv-{i:02d}", "SK": "root", "region": ("EU", "US")[i % 2], "tx_country": f"C-{i:02d}",

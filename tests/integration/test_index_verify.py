@@ -15,7 +15,7 @@ from reshard import operations
 from reshard.core.layout import hash_shard
 from reshard.jobs.runner import JobOptions
 
-from tests.index_support import create_gsi_table, header, setup_index_migration
+from tests.index_support import create_gsi_table, gsi_migration, header, setup_index_migration
 
 OPTS = dict(segments=2, lease_seconds=15, settle_seconds=0)
 VICTIM = {"S": "InvoiceNumber#121215"}  # header(3)
@@ -158,28 +158,10 @@ def test_a_shim_write_between_the_scan_and_the_index_side_does_not_fail_it(dynal
     assert ok.totals["suspects"] == 1 and ok.totals["settled"] == 1
 
 
-REGIONS = """\
-id = "gsi-region"
-table = "{table}"
-
-[keys]
-partition = "PK"
-sort = "SK"
-
-[index.ByCountry]
-partition = "gsi_shard"
-sort = "tx_country"
-
-[index.ByCountry.from]
-partition = "{{region}}#{{shard}}"
-shards = 4
-shard_by = "random"
-
-[index.ByCountry.to]
-partition = "{{region}}#{{shard}}"
-shards = 8
-shard_by = ["customer"]
-"""
+def regions(table: str) -> str:
+    """``{region}#{shard}``: 4 random -> hash(customer) % 8, one logical partition per region."""
+    return gsi_migration("gsi-region", table, old_shards=4, new_shards=8, old_partition="{region}#{shard}",
+                         new_partition="{region}#{shard}")
 
 
 def test_each_logical_partition_the_scan_saw_is_read_and_the_read_only_verify_joins_too(dynalite, unique_name):
@@ -187,7 +169,7 @@ def test_each_logical_partition_the_scan_saw_is_read_and_the_read_only_verify_jo
     recorded (two here); ``verify --no-record`` (no lease, nothing written) runs the same join."""
     table = unique_name
     create_gsi_table(dynalite, table, partition_type="S")
-    m, store = setup_index_migration(dynalite, table, table + "-ctl", REGIONS.format(table=table), mid="gsi-region")
+    m, store = setup_index_migration(dynalite, table, table + "-ctl", regions(table), mid="gsi-region")
     for i in range(8):
         region = ("EU", "US")[i % 2]
         dynalite.call("put_item", TableName=table, Item=dict(header(i, 0), region={"S": region},
