@@ -327,7 +327,10 @@ def plan_data(p: Plan, file: str, prefix: str = "") -> dict:
         "next": next_commands(p, file, prefix),
         # A combined migration (the table's keys and [index.NAME]): the GSI half, as an index-only plan shows it.
         **({"indexes": [x.as_dict(est.scale) for x in a.index.analyses.values()],
-            "capacity_gsi": p.index_capacity["backfill"]} if a.index is not None else {}),
+            "capacity_gsi": p.index_capacity["backfill"],
+            # Verify runs after the copy: every moved item is then there twice (old and new copy).
+            "capacity_gsi_verify": {k: round(v * (1 + a.moves / a.mappable if a.mappable else 1), 1)
+                                    for k, v in p.index_capacity["verify"].items()}} if a.index is not None else {}),
     }
 
 
@@ -557,6 +560,9 @@ def plan_text(r: dict, a: planning.SampleAnalysis) -> str:
         g = r["capacity_gsi"]
         add(f"  backfill's GSI half {g['wcu']:>12,.1f} WCU more (old copies' UpdateItem {g['table_wcu']:,.1f} + GSI "
             f"{g['index_wcu']:,.1f}, new copies' GSI puts included); the same scan")
+        v = r["capacity_gsi_verify"]
+        add(f"  verify    {v['rcu']:>12,.1f} RCU (scan {v['scan_rcu']:,.1f} + index side {v['index_rcu']:,.1f}: "
+            "old and new copies, every GSI entry read once by the fan-out over the [to] values)")
     rec = r["recommendation"]
     add("")
     if rec:

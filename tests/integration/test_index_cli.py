@@ -42,6 +42,7 @@ def test_plan_and_start_refuse_a_keys_only_gsi_also_in_a_combined_file(dynalite,
     assert main([*glob, "plan", str(combined), "--output", "json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["indexes"][0]["items"]["indexed"] == 6 and "capacity_gsi" in r and r["items"]["sampled"] == 6
+    assert r["capacity_gsi_verify"]["rcu"] >= r["capacity_gsi_verify"]["scan_rcu"] > 0
     assert r["migration"]["indexes"][0]["to"]["shards"] == 16 and r["migration"]["to"]["shards"] == 4
     assert any("projects KEYS_ONLY" in b for b in r["start_refuses"])
     assert main([*glob, "start", str(combined)]) == 2
