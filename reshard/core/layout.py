@@ -23,7 +23,7 @@ import hashlib
 import random as _random
 import re
 from datetime import datetime, timezone
-from decimal import Context, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
 from reshard.errors import UnmappableItem
@@ -124,9 +124,6 @@ def to_av(value: Any) -> dict:
     raise TypeError(f"{type(value).__name__} cannot be a key value")
 
 
-_NUMBER_CONTEXT = Context(prec=38)  # DynamoDB's numbers: 38 significant digits
-
-
 def text_of(value: Any, field: str) -> str:
     """How a field's value is written inside a string template (and before hashing)."""
     if isinstance(value, str):
@@ -143,10 +140,10 @@ def text_of(value: Any, field: str) -> str:
                 return str(int(value))
             except (OverflowError, ValueError):
                 pass
-        # DynamoDB stores 1.50 as 1.5: a shim's value as the application wrote it and a job's
-        # as a scan returns it must give one text (one key, one hash), so drop trailing zeros
-        # (in DynamoDB's 38 digits: the default 28-digit context would round).
-        return str(value.normalize(_NUMBER_CONTEXT))
+        # Kept as given, trailing zeros included: a key the application formatted itself
+        # ("PRODUCT#19.90") is found with the Decimal it formatted. (A number hashed from a
+        # stored attribute is read back normalised, 1.5: see the README's limit.)
+        return str(value)
     raise UnmappableItem("bad-field-type", f"field {field!r} is {type(value).__name__}; "
                                            "a string template needs a string or number")
 

@@ -182,18 +182,3 @@ def test_hybrid_fields_come_back_from_the_keys():
         mapper.fields(wrong, mapper.old)
     assert info.value.reason == "unparseable-key"
 
-
-@settings(max_examples=200, deadline=None)
-@given(st.decimals(allow_nan=False, allow_infinity=False, places=None).filter(lambda d: len(d.as_tuple().digits) <= 30),
-       st.integers(min_value=0, max_value=6))
-@example(__import__("decimal").Decimal("1.5"), 1)
-def test_equal_numbers_give_one_text_whatever_their_trailing_zeros(value, zeros):
-    """DynamoDB stores 1.50 as 1.5: the shim (the application's Decimal) and the jobs (a scan's
-    value) must compute one key and one hash from it, or an item gets two new copies."""
-    from decimal import Decimal
-
-    from reshard.core.layout import text_of
-    padded = Decimal(value.as_tuple()._replace(digits=value.as_tuple().digits + (0,) * zeros,
-                                               exponent=value.as_tuple().exponent - zeros))
-    assert padded == value
-    assert text_of(padded, "f") == text_of(value, "f") == text_of(Decimal(text_of(value, "f")), "f")
