@@ -14,10 +14,12 @@ INVOICES_GSI = ROOT / "migrations" / "0005_invoices_gsi.toml"
 
 def gsi_migration(mid: str = "gsi-mig", table: str = "InvoiceTransactions", *, old_shards: int = 4,
                   new_shards: int = 16, shard_by: str = "customer", new_partition: str = "{shard}",
-                  old_partition: str = "{shard}") -> str:
+                  old_partition: str = "{shard}", fields: str = "") -> str:
     """An index-only migration of the invoice article's ByCountry index (random ``old_shards`` ->
     ``hash(shard_by) % new_shards``). The default hashes a non-key field (``customer``): a shim
-    write that changes it changes the item's new GSI value, so a stale rewrite would be visible."""
+    write that changes it changes the item's new GSI value, so a stale rewrite would be visible.
+    ``fields``: a ``fields = {...}`` line (derived fields) given to both layouts."""
+    derived = f"\n{fields}" if fields else ""
     return f"""\
 id = "{mid}"
 table = "{table}"
@@ -33,12 +35,12 @@ sort = "tx_country"
 [index.ByCountry.from]
 partition = "{old_partition}"
 shards = {old_shards}
-shard_by = "random"
+shard_by = "random"{derived}
 
 [index.ByCountry.to]
 partition = "{new_partition}"
 shards = {new_shards}
-shard_by = ["{shard_by}"]
+shard_by = ["{shard_by}"]{derived}
 """
 
 

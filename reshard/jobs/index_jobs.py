@@ -63,7 +63,6 @@ from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control.fleet import heartbeats
 from reshard.control.records import example_prefix, unmappable_sk
-from reshard.control.runs import read_run
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, write_units
 from reshard.core.index import NEW, OLD, IndexMapper, mappers
@@ -80,7 +79,7 @@ from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, dump_key, key_of, projection
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import LeaseLost, PageContext
-from reshard.jobs.records import END, RESCAN_TOKEN, Join, SegmentFiles, StaleWrite, _groups, run_dir, segment_path
+from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite, _groups, segment_path
 from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair, count_writes,
                                  scan_page)
@@ -215,12 +214,14 @@ class IndexRewrite:
                         "size": N(item_size(item)), "at": N(time.time())})
 
 
-class IndexVerifier:
+class IndexVerifier(RunRecords):
     """The page function of verify for an index-only migration (module docstring).
 
     Pages of segments below ``opts.segments`` scan the table (checks, records); the run's
     last segment (the engine's join segment) reads the index side, joins and re-checks.
     """
+
+    records_subdir = "index"  # apart from a table Verifier's files over the same scan (combined)
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, index_mappers: dict,
                  keys: Keys, table: str, budget: CapacityBudget, opts: JobOptions, sleep=time.sleep,
@@ -310,24 +311,6 @@ class IndexVerifier:
         with self.budget.spend("read", items_read_units([item])):
             return self.dynamo.call("get_item", TableName=self.table, Key=key_of(item, self.key_attrs),
                                     ConsistentRead=True, ReturnConsumedCapacity="TOTAL").get("Item")
-
-    # ---------------------------------------------------------------- records on this host
-    def _records_dir(self) -> pathlib.Path:
-        """This run's index records on this host: ``index/`` in the run's directory, so a verify
-        that also runs the table's :class:`reshard.jobs.verify.Verifier` over the same scan
-        (a combined migration) keeps two sets of segment files apart."""
-        if self.records_dir is None:
-            info = read_run(self.store, self.migration_id, VERIFY_JOB, self.run)
-            token = repr(info.started_at) if info is not None else "?"
-            self.records_dir = run_dir(self.opts.records_dir, self.store.table, self.migration_id, self.run,
-                                       token) / "index"
-        return self.records_dir
-
-    def _files(self) -> SegmentFiles:
-        with self._files_lock:
-            if self._segment_files is None:
-                self._segment_files = SegmentFiles(self._records_dir())
-            return self._segment_files
 
     # ---------------------------------------------------------------- the index side and the join
     def _join_page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:

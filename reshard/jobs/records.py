@@ -37,7 +37,9 @@ import threading
 import time
 from typing import Callable, Iterable, Iterator
 
+from reshard.control.runs import read_run
 from reshard.core.join import COLUMNS, NEW, OLD, Record, from_row
+from reshard.core.phases import VERIFY_JOB
 
 # No index: rows are only appended, read whole by the join, and deleted by page on a redo (rare).
 SCHEMA = ("CREATE TABLE IF NOT EXISTS rec (key BLOB, ident BLOB, side INT, version TEXT, live INT, "
@@ -70,6 +72,31 @@ def default_base() -> pathlib.Path:
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:100] or "_"
+
+
+class RunRecords:
+    """A verify page function's record directory on this host and its segment files, made on
+    first use (the table's :class:`reshard.jobs.verify.Verifier`, the index's
+    ``IndexVerifier``). The run record names the directory, so a re-created control table's
+    run of the same number is another; ``records_subdir`` keeps two verifiers of one scan (a
+    combined migration) apart. Needs ``store``, ``migration_id``, ``run``, ``opts``,
+    ``records_dir`` (None: derived), ``_segment_files`` and ``_files_lock``."""
+
+    records_subdir = ""
+
+    def _records_dir(self) -> pathlib.Path:
+        if self.records_dir is None:
+            info = read_run(self.store, self.migration_id, VERIFY_JOB, self.run)
+            token = repr(info.started_at) if info is not None else "?"
+            path = run_dir(self.opts.records_dir, self.store.table, self.migration_id, self.run, token)
+            self.records_dir = path / self.records_subdir if self.records_subdir else path
+        return self.records_dir
+
+    def _files(self) -> "SegmentFiles":
+        with self._files_lock:
+            if self._segment_files is None:
+                self._segment_files = SegmentFiles(self._records_dir())
+            return self._segment_files
 
 
 def run_dir(base: str | os.PathLike | None, control_table: str, migration_id: str, run: int,

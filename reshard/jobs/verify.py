@@ -83,7 +83,7 @@ from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import LeaseLost, PageContext
 from reshard.jobs.index_jobs import IndexVerifier
-from reshard.jobs.records import END, RESCAN_TOKEN, Join, SegmentFiles, StaleWrite, run_dir
+from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite
 from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, announce_repair, conditional_delete, conditional_put,
                                  phase_guard, require_phase_and_ack, scan_page)
@@ -124,7 +124,7 @@ class Check(NamedTuple):
     identity: tuple
 
 
-class Verifier:
+class Verifier(RunRecords):
     """The page function of a verify run."""
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, mapper: KeyMapper,
@@ -243,21 +243,6 @@ class Verifier:
         return out
 
     # ---------------------------------------------------------------- the join
-    def _records_dir(self) -> pathlib.Path:
-        """This run's record directory on this host (the run record names it, so a re-created
-        control table's run of the same number is another directory)."""
-        if self.records_dir is None:
-            info = read_run(self.store, self.migration_id, VERIFY_JOB, self.run)
-            token = repr(info.started_at) if info is not None else "?"
-            self.records_dir = run_dir(self.opts.records_dir, self.store.table, self.migration_id, self.run, token)
-        return self.records_dir
-
-    def _files(self) -> SegmentFiles:
-        with self._files_lock:
-            if self._segment_files is None:
-                self._segment_files = SegmentFiles(self._records_dir())
-            return self._segment_files
-
     def _join_page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         """The run's last segment, claimable once every scan segment is done: join the records
         (first page), and re-read and judge the suspects, ``page_size`` per page, in

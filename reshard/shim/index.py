@@ -113,7 +113,7 @@ from reshard.core.phases import Phase
 from reshard.core.versions import newest
 from reshard.shim.errors import ShimValidationError
 from reshard.shim.expr import split_top, top_attribute
-from reshard.shim.query import PAGE_BYTES, conjuncts, _just_before, _plain, _satisfies, _sort_to_av
+from reshard.shim.query import PAGE_BYTES, _after, _just_before, _order_key, _plain, _satisfies, _sort_to_av, conjuncts
 
 #: The reserved attribute of an index query's LastEvaluatedKey: the layouts it read, in pass order.
 READS_ATTR = "_rs_reads"
@@ -751,14 +751,3 @@ def _position(item: Mapping[str, Any], sort_attr: str | None, key_attrs: Sequenc
     """(GSI sort value, table key identity): where an item sits in the merged order."""
     sv = _sv(item.get(sort_attr)) if sort_attr else None
     return sv, tuple(_plain(_sv(item[a])) for a in key_attrs)
-
-
-def _order_key(pos: tuple) -> tuple:
-    sv, ident = pos
-    return (sv if sv is not None else "", ident)
-
-
-def _after(pos: tuple, cursor: tuple, forward: bool) -> bool:
-    a, b = _order_key(pos), _order_key(cursor)
-    return a > b if forward else a < b
-

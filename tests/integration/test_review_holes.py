@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-import pytest
 
 from reshard.aws.local import wait_active
 from reshard.core.migration import parse
 from tests.integration.test_shim_combined_index import INDEX, combined
+from tests.index_support import gsi_migration
 from tests.shim_helpers import shim
 
 # 30 significant digits: ``v - 1`` in Python's default Decimal context (28 digits) rounds UP.
@@ -32,7 +32,7 @@ def numeric_sort_table(dynalite, name: str) -> None:
 def test_paged_index_query_over_a_38_digit_numeric_sort_key_misses_nothing(dynalite, unique_name):
     """A combined migration whose GSI sort key is a Number (``amount``). Three invoices of one
     customer: two tie at a 30-digit amount, one 5 above it. Paged with Limit=1 (cursors passed
-    back as returned) the query must give the three, as the whole query does. It gives only
+    back as returned) the query must give the three, as the whole query does. It gave only
     invoices 1 and 3: page 2 starts after ``BIG - 1``, which the 28-digit context rounds to
     1.234567890123456789012345679E+29 > BIG, so the tie group at BIG is not read again and
     invoice 2 was missed. Now the value beside the cursor is computed exactly, rounded away from it."""
@@ -73,30 +73,11 @@ def test_the_lean_scan_answers_what_botocore_answers_for_a_string_orjson_refuses
     assert sorted(i["PK"]["S"] for i in lean.get("Items", [])) == ["a", "b"]
 
 
-DAYS = """\
-id = "gsi-day"
-table = "{table}"
-
-[keys]
-partition = "PK"
-sort = "SK"
-
-[index.ByCountry]
-partition = "gsi_shard"
-sort = "tx_country"
-
-[index.ByCountry.from]
-partition = "{{day}}#{{shard}}"
-shards = 4
-shard_by = "random"
-fields = {{ day = {{ from = "ts", format = "%Y-%m-%d" }} }}
-
-[index.ByCountry.to]
-partition = "{{day}}#{{shard}}"
-shards = 8
-shard_by = ["customer"]
-fields = {{ day = {{ from = "ts", format = "%Y-%m-%d" }} }}
-"""
+def days(table: str) -> str:
+    """``{day}#{shard}``, ``day`` derived from ``ts``: 4 random -> hash(customer) % 8."""
+    return gsi_migration("gsi-day", table, old_shards=4, new_shards=8, old_partition="{day}#{shard}",
+                         new_partition="{day}#{shard}",
+                         fields='fields = { day = { from = "ts", format = "%Y-%m-%d" } }')
 
 
 def test_index_verify_reads_a_derived_bucket_s_partitions_once(dynalite, unique_name):
@@ -110,7 +91,7 @@ def test_index_verify_reads_a_derived_bucket_s_partitions_once(dynalite, unique_
 
     opts = dict(segments=2, lease_seconds=15, settle_seconds=0)
     create_gsi_table(dynalite, unique_name, partition_type="S")
-    m, store = setup_index_migration(dynalite, unique_name, unique_name + "-ctl", DAYS.format(table=unique_name),
+    m, store = setup_index_migration(dynalite, unique_name, unique_name + "-ctl", days(unique_name),
                                      mid="gsi-day")
     for i in range(4):
         dynalite.call("put_item", TableName=unique_name, Item=dict(
