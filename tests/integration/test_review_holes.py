@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-
 from reshard.aws.local import wait_active
 from reshard.core.migration import parse
 from tests.integration.test_shim_combined_index import INDEX, combined
