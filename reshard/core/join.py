@@ -32,7 +32,6 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 from reshard.core.compare import expired
 from reshard.core.layout import TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, ignoring, is_tombstone, text_of, to_av
 from reshard.core.migration import RESERVED_PREFIX, SHARD
-from reshard.core.versions import version_of
 
 #: Which physical item of a logical item a record is.
 OLD, NEW, MISPLACED = 0, 1, 2

@@ -54,6 +54,8 @@ STALE_SECONDS = 7 * 24 * 3600
 #: How often a long join calls back (its caller renews the lease there).
 TICK_SECONDS = 2.0
 END = ""  # a page's ``next`` when the segment ended; a segment's first page starts at ""
+#: A finished run's record directory is renamed to this prefix, then removed (``discard``).
+TRASH_PREFIX = ".trash-"
 #: The token of the join's own re-scan of a segment (after ``forget``): above any lease's.
 RESCAN_TOKEN = 1 << 62
 
@@ -107,6 +109,8 @@ def run_dir(base: str | os.PathLike | None, control_table: str, migration_id: st
     name = f"run-{run:06d}-{hashlib.sha256(token.encode()).hexdigest()[:12]}"
     parent.mkdir(parents=True, exist_ok=True)
     now = time.time()
+    for old in parent.glob(TRASH_PREFIX + "*"):  # left by a process killed while removing it: garbage
+        shutil.rmtree(old, ignore_errors=True)
     for old in parent.glob("run-*"):
         # A run's join removes its directory; one left by a run killed and never resumed here
         # goes once untouched for STALE_SECONDS. (Nothing younger: the same names may serve
@@ -194,11 +198,40 @@ class SegmentFiles:
             con.close()
         forget(self.directory, segment)
 
-    def close(self) -> None:
+    def close(self, discard: bool = False) -> None:
+        """Close every segment file; ``discard``: their records are no longer needed (the join
+        finished), so closing syncs nothing to disk."""
         with self._lock:
             cons, self._cons = list(self._cons.values()), {}
         for con in cons:
+            if discard:
+                con.execute("PRAGMA synchronous = OFF")
             con.close()
+
+
+def discard(files: SegmentFiles | None, directory: pathlib.Path | None) -> None:
+    """After the join's verdict: close the run's segment files and remove its record directory
+    (``directory`` None: kept), off the verdict's path.
+
+    The directory is renamed aside at once (so it is gone from the run's path, and SQLite,
+    finding its files moved, skips the checkpoint it would copy each WAL with on close), and
+    removed by a background thread: deleting a few hundred MB can take seconds on some disks
+    and tells the verdict nothing. Not a daemon thread: a process finishes it before it exits;
+    one killed first leaves a ``.trash-`` directory the next run here removes (``run_dir``).
+    """
+    if directory is None:
+        if files is not None:
+            files.close(discard=True)
+        return
+    trash = directory.with_name(f"{TRASH_PREFIX}{directory.name}-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.rename(directory, trash)
+    except OSError:  # gone already, or not renameable here: removed where it is
+        trash = directory
+    if files is not None:
+        files.close(discard=True)
+    threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True},
+                     name="verify-records-removal").start()
 
 
 def write_page(directory: pathlib.Path, segment: int, start: str, nxt: str, records: Iterable[Record],

@@ -56,7 +56,6 @@ import hashlib
 import json
 import math
 import pathlib
-import shutil
 import tempfile
 import threading
 import time
@@ -85,6 +84,7 @@ from reshard.jobs.engine import LeaseLost, PageContext
 from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite
 from reshard.jobs.records import complete as records_complete
+from reshard.jobs.records import discard as discard_records
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, announce_repair, conditional_delete, conditional_put,
                                  phase_guard, require_phase_and_ack, scan_page)
 
@@ -272,9 +272,10 @@ class Verifier(RunRecords):
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         if len(batch) < self.opts.page_size:
-            self._files().close()
-            if self.remove_records:
-                shutil.rmtree(directory, ignore_errors=True)  # the verdict is in; the records are not needed
+            with self._files_lock:
+                files, self._segment_files = self._segment_files, None
+            # The verdict is in; the records are not needed.
+            discard_records(files, directory if self.remove_records else None)
             return counts, None
         return counts, {JOIN_ATTR: {"S": batch[-1][0].hex()}}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -18,6 +19,7 @@ from reshard.core.layout import (NEW_COPY_ATTR, SOURCE_ATTR, TOMBSTONE_ATTR, VER
 from reshard.core.migration import SHARD, TemplatePart, load, parse
 from reshard.core.versions import version_of
 from reshard.errors import UnmappableItem
+from reshard.jobs.records import END, TRASH_PREFIX, SegmentFiles, complete, discard, run_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPEC = """\
@@ -206,3 +208,27 @@ def test_the_kept_last_shard_digest_answers_as_a_fresh_hash(calls):
             expected = int(hashlib.new(algorithm, value.encode()).hexdigest(), 16) % shards
         assert hash_shard(value, shards, algorithm) == expected
     assert layout_mod.jump_key("a") == int.from_bytes(hashlib.sha256(b"a").digest()[:8], "big")
+
+
+def test_a_finished_runs_records_leave_its_path_at_once_and_are_removed_after(tmp_path):
+    """``records.discard``: the run's directory is renamed aside before the verdict returns (its
+    SQLite files closed without copying their WAL), removed by a background thread; a
+    ``.trash-`` directory left by a process killed meanwhile goes with the next run here."""
+    run = run_dir(tmp_path, "ctl", "mig", 1, "started-1")
+    files = SegmentFiles(run)
+    files.write_page(0, END, END, [Record(b"k" * 16, b"i" * 16, OLD, "", True, b"d" * 16)], 1)
+    assert (run / "seg-00000.sqlite-wal").exists()
+    discard(files, run)
+    assert not run.exists()
+    deadline = time.monotonic() + 10
+    while any(run.parent.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(run.parent.iterdir()) == []
+    leftover = run.parent / (TRASH_PREFIX + "run-000001-x")
+    (leftover / "deep").mkdir(parents=True)
+    kept = run_dir(tmp_path, "ctl", "mig", 2, "started-2")
+    assert not leftover.exists() and kept.exists()
+    files = SegmentFiles(kept)
+    files.write_page(0, END, END, [], 1)
+    discard(files, None)  # a directory the caller keeps: closed, left where it is
+    assert complete(kept, 0)
