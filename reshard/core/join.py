@@ -171,6 +171,13 @@ class Recorder:
                        for side, layout in ((OLD, mapper.old), (NEW, mapper.new), (MISPLACED, mapper.new))}
         self._dropped = self._key_attrs - self._kept  # key attributes that are not content
         self._key_fields = mapper.key_fields
+        old, new = mapper.old, mapper.new
+        # A random old layout whose templates the new one keeps (only the shard count changes):
+        # a copy's key parses the same under both, so the slot its key occupies is its own
+        # item's slot whenever its shard is an old one (see :meth:`record`).
+        self._same_templates = (self._random and SHARD in old.template_fields_all and old.derived == new.derived
+                                and old.partition.parts == new.partition.parts
+                                and (old.sort.parts if old.sort else None) == (new.sort.parts if new.sort else None))
 
     def slot(self, values: Mapping[str, Any]) -> bytes:
         """The slot of a logical item's old candidate keys."""
@@ -249,11 +256,19 @@ class Recorder:
             kslot = cslot
         else:
             cslot = self.slot(values)
-            kslot = self.key_slot(item, key)
+            if self._same_templates:
+                # ``key_slot`` without parsing the key again: the old templates are the new
+                # ones, so the old parse of this key is the new parse ``values`` came from
+                # (derived fields checked equal by ``KeyMapper.fields``), and formatting it
+                # with shard 0 is ``slot(values)``; it is no old key when its shard is not.
+                shard = m.new.parse(item)[SHARD]
+                kslot = cslot if 0 <= shard < m.old.shards else None
+            else:
+                kslot = self.key_slot(item, key)
         ttl = None
         if self.ttl_attribute:
             av = item.get(self.ttl_attribute)
-            ttl = av.get("N") if isinstance(av, Mapping) else None
+            ttl = av.get("N") if type(av) is dict or isinstance(av, Mapping) else None
         return Record(key, self._identity(values), side, version, live, dig, ttl, nkey, cslot, kslot, flag,
                       fields_text(values))
 

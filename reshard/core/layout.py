@@ -363,7 +363,8 @@ class Layout:
         for f in self.shard_by:
             if f not in values:
                 raise UnmappableItem("missing-field", f"needs field {f!r} to compute the shard")
-            parts.append(text_of(values[f] if not isinstance(values[f], dict) else scalar(values[f]), f))
+            v = values[f]
+            parts.append(v if type(v) is str else text_of(v if not isinstance(v, dict) else scalar(v), f))
         shard = self._shard_fn("#".join(parts), self.shards)
         if not isinstance(shard, int) or not 0 <= shard < self.shards:
             raise UnmappableItem("bad-shard", f"shard function returned {shard!r}, not 0..{self.shards - 1}")
