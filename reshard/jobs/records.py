@@ -20,7 +20,8 @@ was started) keeps a re-created control table's run 1 apart from an older run 1.
 
 Memory: rows stream through SQLite (bounded page cache, sorts spilled to temporary
 files); nothing holds all records in Python. Disk: about 200 bytes per scanned item,
-removed by the host that ran the join when it finished (a directory another host's join
+removed by the host that ran the join when it finished (renamed aside before the verdict
+returns, deleted by a background thread: :func:`discard`; a directory another host's join
 made useless, or a run killed for good, left goes a week later, when another run of the
 migration starts on this host).
 """
@@ -46,7 +47,8 @@ SCHEMA = ("CREATE TABLE IF NOT EXISTS rec (key BLOB, ident BLOB, side INT, versi
           "digest BLOB, ttl TEXT, nkey BLOB, cslot BLOB, kslot BLOB, flag INT, fields TEXT, page INT);"
           "CREATE TABLE IF NOT EXISTS pages (start TEXT PRIMARY KEY, id INTEGER, next TEXT, token INTEGER);")
 _COLS = ", ".join(COLUMNS)
-_INSERT = f"INSERT INTO rec ({_COLS}, page) VALUES ({', '.join('?' * len(COLUMNS))}, ?)"
+# The page id is written into the statement (an int): each Record is bound as it is, no tuple per row.
+_INSERT = f"INSERT INTO rec ({_COLS}, page) VALUES ({', '.join('?' * len(COLUMNS))}, {{page:d}})"
 #: SQLite's page cache per connection (KiB, as a negative cache_size): the join's memory bound.
 CACHE_KIB = 16 * 1024
 #: A run directory untouched this long is removed when another run of the migration starts here.
@@ -182,7 +184,7 @@ class SegmentFiles:
                 con.execute("DELETE FROM rec WHERE page = ?", (page,))
             else:
                 page = con.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM pages").fetchone()[0]
-            con.executemany(_INSERT, [r.row() + (page,) for r in records])
+            con.executemany(_INSERT.format(page=int(page)), records)
             con.execute("INSERT OR REPLACE INTO pages (start, id, next, token) VALUES (?, ?, ?, ?)",
                         (start, page, nxt, token))
         except BaseException:
