@@ -23,7 +23,8 @@ idle excluded) and its top self-time functions;
 the client: ``time.process_time`` per request in the same run, and the same job again in a
 child process under cProfile with a per-thread CPU clock (``time.thread_time``; every thread
 the job starts is profiled) for its split by component and its top cumulative functions.
-cProfile slows the client; its split is given in shares, its µs are not the client's cost.
+cProfile slows the client, so only its shares are used: the µs shown are those shares of the
+client's ``process_time`` per item in the unprofiled run.
 
 Then the requests themselves sent by hand in a few shapes (the copy's PutItem, the TTL
 UpdateItem and the DeleteItem as reshard sends them; the same condition with shorter
@@ -38,7 +39,7 @@ profiled one; sampling costs dynalite about a third more CPU at the default 200 
 
 Prints tables and writes JSON to benchmarks/results/profile.json.
 
-    PYTHONPATH=. python3 benchmarks/profile.py              # about a minute
+    PYTHONPATH=. python3 benchmarks/profile.py              # about two and a half minutes
     PYTHONPATH=. python3 benchmarks/profile.py --items 4000 --interval-us 100
 """
 
