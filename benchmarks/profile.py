@@ -699,6 +699,8 @@ def main() -> None:
             "server_other_threads_us_per_item_profiled": round(us(w.server_other_cpu, n), 1),
             "server_busy_fraction_profiled": round((w.server_main_cpu + w.server_other_cpu) / (w.end - w.start), 3),
             "samples_busy_us_per_item": round(busy / n, 1),
+            # ≈ 1 when the window's samples cover it (the two clocks agree); idle included
+            "profile_coverage": round((split["busy_us"] + split["idle_us"]) / ((w.end - w.start) * 1e6), 3),
             "server_components_us_per_item": [(k, round(v / busy * main_us, 1)) for k, v in split["components"]],
             "server_components_share": [(k, round(v / busy, 4)) for k, v in split["components"]],
             "server_top_functions_share": [(k, round(v / busy, 4)) for k, v in split["functions"]],
@@ -725,14 +727,18 @@ def main() -> None:
                         f"{entry.get('server_cpu_us_per_item', 0):.0f}",
                         f"{entry.get('server_main_thread_us_per_item', 0):.0f}",
                         f"{entry.get('server_other_threads_us_per_item', 0):.0f}",
+                        f"{1e6 / main_us:.0f}" if main_us else "-",
                         f"{entry['server_cpu_us_per_item_profiled']:.0f}"))
     print(f"\nnode {results['node']}, {results['cores']} cores, load average {load0[0]:.1f} → {load1[0]:.1f}, "
           f"{args.latency_ms:g} ms emulated round trip, --concurrency {args.concurrency}, "
           f"{args.segments} segments, {args.items} items per job, sampling every {args.interval_us} µs")
     table("CPU per item, µs: client (process_time) and dynalite (/proc; unprofiled server unless marked)",
-          summary, ("operation", "items", "items/s", "client", "dynalite", "main", "threads", "profiled"))
+          summary, ("operation", "items", "items/s", "client", "dynalite", "main", "threads", "cap/s", "profiled"))
+    coverage = [results["ops"][op]["profile_coverage"] for op in ops]
     print("  main: its JavaScript thread; threads: the others (libuv's pool, where classic-level's LevelDB\n"
-          "  gets/puts/iterators run, and V8's GC/compiler helpers); profiled: all of it under --cpu-prof")
+          "  gets/puts/iterators run, and V8's GC/compiler helpers); cap/s: items/s the main thread allows\n"
+          "  (one core, nothing else on it); profiled: all of it under --cpu-prof. The profile's samples\n"
+          f"  cover {min(coverage):.0%}–{max(coverage):.0%} of each job's wall time (the two clocks agree).")
     matrix("dynalite's main thread by component, µs per item and share (profile shares × its CPU; idle excluded)",
            server_parts, server_totals, args.top)
     for op in ops:
