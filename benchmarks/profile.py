@@ -637,7 +637,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--ops", default="copy,ttl,delete,scan", help="of: " + ", ".join(OPS))
     ap.add_argument("--no-reference", action="store_true",
-                    help="skip the same jobs on an unprofiled server (the profiler's own cost)")
+                    help="skip the same jobs on an unprofiled server (then the µs are the profiled one's)")
     ap.add_argument("--no-cprofile", action="store_true", help="skip the client's cProfile runs")
     ap.add_argument("--no-variants", action="store_true", help="skip the hand-sent request shapes")
     ap.add_argument("--variant-items", type=int, default=1500, help="requests per shape and round")
