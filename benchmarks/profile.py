@@ -190,9 +190,9 @@ CONDITION_PARSER = "dynalite ConditionExpression parser (pegjs, db/conditionPars
 PARSERS = (CONDITION_PARSER, "dynalite UpdateExpression parser (pegjs, db/updateParser.js)")
 
 
-#: (component, test on the script's url and function name), first match wins. The url is
-#: node's: an absolute path for dynalite and its packages, ``node:...`` for node's own modules.
 def component(url: str, fn: str) -> str:
+    """The component of a profile frame, from its script's url (node's: an absolute path for
+    dynalite and its packages, ``node:...`` for node's own modules) and function name."""
     if not url:
         if fn == "(garbage collector)":
             return "V8 garbage collector"
@@ -207,8 +207,10 @@ def component(url: str, fn: str) -> str:
                 return "dynalite request validation (validations/)"
             if rest == "db/conditionParser.js":
                 return CONDITION_PARSER
-            if rest in ("db/updateParser.js", "db/projectionParser.js"):
-                return "dynalite UpdateExpression parser (pegjs, db/updateParser.js)"
+            if rest == "db/updateParser.js":
+                return PARSERS[1]
+            if rest == "db/projectionParser.js":
+                return "dynalite ProjectionExpression parser (pegjs, db/projectionParser.js)"
             if rest == "db/index.js":
                 return "dynalite db/index.js (items, keys, conditions, locks, capacity)"
             if rest.startswith("actions/"):
@@ -233,7 +235,7 @@ def component(url: str, fn: str) -> str:
         if any(k in mod for k in ("http", "net", "stream", "llhttp", "dns", "tcp")):
             return "node http / net / streams"
         if "crypto" in mod:
-            return "node crypto"
+            return "node crypto (request ids, md5 key prefixes)"
         if "buffer" in mod or "string_decoder" in mod or "util" in mod:
             return "node buffers / strings / util"
         if "timers" in mod or "process/task_queues" in mod or "events" in mod or "async_hooks" in mod:
