@@ -104,7 +104,7 @@ def reference(r: Recorder, item: dict, side: int, values: dict | None, new_key: 
                   nkey, cslot, kslot, flag, fields_text(values))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_the_recorder_gives_the_records_of_the_plain_helpers(data):
     """Old copies (any shard of a random layout), their new copies, tombstones, versions, TTLs,
@@ -173,7 +173,7 @@ field_values = st.one_of(st.text(max_size=5), st.integers(-10**20, 10**20), st.b
                          st.builds(lambda n: {"N": str(n)}, st.integers()))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.sampled_from(range(len(TEMPLATES))), st.dictionaries(st.sampled_from(["x", "y", SHARD]), field_values))
 def test_the_format_fast_path_formats_as_the_loop(which, values):
     """str, int, Decimal (integral or not), bool, bytes, wire values, missing fields, braces in
