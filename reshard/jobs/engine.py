@@ -219,7 +219,8 @@ class SegmentEngine:
                  monotonic: Callable[[], float] | None = None,
                  max_request_seconds: float = DEFAULT_MAX_REQUEST_SECONDS,
                  sleep: Callable[[float], None] = time.sleep, subscribers: Iterable[Subscriber] = (),
-                 poll_seconds: float | None = None, throttle_reason: Callable[[], str] = lambda: "",
+                 poll_seconds: float | None = None, poll_first: float | None = None,
+                 throttle_reason: Callable[[], str] = lambda: "",
                  invocation: str | None = None, host: str | None = None,
                  is_dead: Callable[[str], bool] | None = None,
                  guard: Callable[[], str | None] | None = None, join: bool = False):
@@ -252,6 +253,10 @@ class SegmentEngine:
         self.sleep = sleep
         self.subs = Fanout(subscribers)
         self.poll_seconds = poll_seconds if poll_seconds is not None else min(2.0, lease_seconds / 4)
+        #: An idle worker's first look again after this, doubling up to ``poll_seconds`` (None:
+        #: every look after ``poll_seconds``). A ``--processes`` child waiting for a sibling's
+        #: last segment (a verify's join, often a fraction of a second) sees it done sooner.
+        self.poll_first = poll_first
         self.throttle_reason = throttle_reason
         self.host = host or socket.gethostname()
         self.invocation = invocation or os.urandom(3).hex()
@@ -511,6 +516,7 @@ class SegmentEngine:
     def _worker(self, index: int) -> None:
         me = f"{self._owner_prefix()}:{index}"
         rng = random.Random(f"{me}")
+        idle = 0  # looks in a row that found nothing to claim
         try:
             while not self.stop_event.is_set():
                 recs = self.records()
@@ -547,13 +553,21 @@ class SegmentEngine:
                         return
                     # Some is leased by live workers elsewhere: wait for them to finish, or for
                     # their leases to expire (then we take over).
-                    self.sleep(self.poll_seconds)
+                    self.sleep(self._poll(idle))
+                    idle += 1
                     continue
+                idle = 0
                 self._work(*claimed)
         except BaseException as e:  # a control-table failure: report it from run_all
             with self._lock:
                 self._errors.append(e)
             self.stop_event.set()
+
+    def _poll(self, idle: int) -> float:
+        """How long an idle worker waits before its next look (``idle`` looks found nothing)."""
+        if not self.poll_first:
+            return self.poll_seconds
+        return min(self.poll_seconds, self.poll_first * 2 ** min(idle, 30))
 
     def _work(self, lease: Lease, rec: SegmentRecord, decision: LeaseDecision) -> None:
         self.subs.on_segment_start(rec.segment, rec.checkpoint is not None, decision.reason)

@@ -68,6 +68,10 @@ SPECS = {BACKFILL_JOB: ("reshard.jobs.backfill", "BACKFILL"), VERIFY_JOB: ("resh
 #: for its siblings' last segments (to take them over if one dies), and the command ends when
 #: the last child does, so this is the tail a run can add (one query of the segment rows each).
 CHILD_POLL_SECONDS = 0.5
+#: ... looked at first after this, then twice as long each time up to CHILD_POLL_SECONDS: the
+#: last segment a sibling runs is often short (a small verify's join: 0.1 s), and a run ends
+#: when its last child notices (a few more queries of the segment rows, only while idle).
+CHILD_POLL_FIRST = 0.05
 
 #: Exit status of a child stopped by a signal before it had a result (as the CLI's Ctrl-C).
 INTERRUPTED = 130
@@ -260,9 +264,9 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
     count = max(1, options.processes)
     # Each child passes the run's whole budget: the budget row shares it between the members.
-    child_opts = dataclasses.replace(options, processes=1,
-                                     poll_seconds=options.poll_seconds or min(CHILD_POLL_SECONDS,
-                                                                              options.lease_seconds / 4))
+    poll = options.poll_seconds or min(CHILD_POLL_SECONDS, options.lease_seconds / 4)
+    child_opts = dataclasses.replace(options, processes=1, poll_seconds=poll,
+                                     poll_first=options.poll_first or min(CHILD_POLL_FIRST, poll))
     subs = Fanout(subscribers)
     mp = context(start_method)
     started_at = time.monotonic()

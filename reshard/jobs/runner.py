@@ -66,6 +66,9 @@ class JobOptions:
     #: min(2 s, lease / 4)). ``--processes`` children look every 0.5 s: at the end of a run
     #: they wait for their siblings' last segments, and the command ends when the last does.
     poll_seconds: float | None = None
+    #: An idle worker's first look after this, doubling up to ``poll_seconds`` (None: every
+    #: look after ``poll_seconds``); ``--processes`` children use :data:`processes.CHILD_POLL_FIRST`.
+    poll_first: float | None = None
     page_size: int = DEFAULT_PAGE_SIZE
     max_wcu: float | None = None
     max_rcu: float | None = None
@@ -384,7 +387,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments + spec.join, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
-                           poll_seconds=opts.poll_seconds,
+                           poll_seconds=opts.poll_seconds, poll_first=opts.poll_first,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
