@@ -27,7 +27,7 @@ import pathlib
 import resource
 import time
 
-from benchmarks._support import latency_client, old_items, setup_migration
+from benchmarks._support import busy_since, latency_client, machine_cpu, old_items, setup_migration
 from reshard import operations
 from reshard.aws.dynamo import Dynamo
 from reshard.aws.local import DynaliteServer
@@ -81,10 +81,10 @@ def backfill(server: DynaliteServer, plain: Dynamo, name: str, n: int, processes
                       concurrency=args.concurrency, processes=processes)
     started = _Started()
     before = null.stats() if null else None
-    s0, c0, t0 = server_cpu(server), time.process_time(), time.perf_counter()
+    s0, c0, t0, m0 = server_cpu(server), time.process_time(), time.perf_counter(), machine_cpu()
     result = operations.run_data_job("backfill", dynamo, store, m.id, opts, subscribers=[started], client=factory)
     elapsed = time.perf_counter() - t0
-    parent_cpu, srv = time.process_time() - c0, server_cpu(server) - s0
+    parent_cpu, srv, machine = time.process_time() - c0, server_cpu(server) - s0, busy_since(m0)
     assert result.done and result.totals["copied"] == result.totals["moved"], result.totals
     moved = int(result.totals["moved"])
     null_cpu, seen = 0.0, {}
@@ -107,7 +107,8 @@ def backfill(server: DynaliteServer, plain: Dynamo, name: str, n: int, processes
             "client_cpu_seconds": round(client_cpu, 3), "server_cpu_seconds": round(srv, 3),
             "client_cpu_us_per_item": round(client_cpu / n * 1e6, 1),
             "server_cpu_us_per_item": round(srv / n * 1e6, 1),
-            "segments_per_process": [len(p["worked"]) for p in children], "maxrss_kb": rss, **seen}
+            "segments_per_process": [len(p["worked"]) for p in children], "maxrss_kb": rss,
+            "machine_busy_fraction": machine, **seen}
 
 
 def processes_section(server: DynaliteServer, plain: Dynamo, args, null=None) -> dict:
@@ -155,6 +156,7 @@ def processes_section(server: DynaliteServer, plain: Dynamo, args, null=None) ->
         "cpu_busy_fraction": {f"p{p}": round((b["client_cpu_seconds"] + b["server_cpu_seconds"]
                                                + b.get("null_cpu_us_per_item", 0) * b["items"] / 1e6)
                                               / (b["seconds"] * cores), 3) for p, b in best.items()},
+        "machine_busy_fraction": {f"p{p}": b["machine_busy_fraction"] for p, b in best.items()},
         "loadavg": pathlib.Path("/proc/loadavg").read_text().split()[:3],
         "rss_kb_per_process_1x": rss1["maxrss_kb"], "rss_kb_per_process_10x": rss10["maxrss_kb"],
         "rss_growth_10x": round(max(rss10["maxrss_kb"]) / max(rss1["maxrss_kb"]), 3), "cores": cores,
@@ -196,6 +198,9 @@ def rows(out: dict) -> list[tuple[str, str, str]]:
          "≥ 1.7× (model, not measured)"),
         (f"CPU busy of {out['cores']} cores  P=1 → P=2 (load {out['loadavg_1min_at_end']:.1f})",
          f"{out['cpu_busy_fraction']['p1']:.0%} → {out['cpu_busy_fraction']['p2']:.0%}", "(client + server)"),
+        ("  the cores busy, any process  P=1 → P=2", " → ".join(
+            f"{x:.0%}" if x is not None else "?" for x in out.get("machine_busy_fraction", {}).values()) or "?",
+         "(the rest of it: other load)"),
         (f"peak RSS per process {p['rss_items']} → {p['rss_items'] * 10} items",
          f"{rss1 / 1024:.0f} → {rss10 / 1024:.0f} MB ({out['rss_growth_10x']:.2f}×)", "≤ 1.2×"),
     ]

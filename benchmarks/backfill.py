@@ -49,7 +49,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from benchmarks._null_server import NullServer  # noqa: E402
-from benchmarks._support import old_items, setup_migration  # noqa: E402
+from benchmarks._support import busy_since, machine_cpu, old_items, setup_migration  # noqa: E402
 from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
 from reshard.aws.local import DynaliteServer  # noqa: E402
 from reshard.errors import UnmappableItem  # noqa: E402
@@ -128,7 +128,7 @@ def null_checked(null: NullServer | None, before: dict | None, *, puts: int = 0,
 def ours(dynamo, name, n, segments, page_size, concurrency, null=None):
     m, mapper, store = prepare(dynamo, name, n, null)
     before = null.stats() if null else None
-    t0, c0, d0 = time.perf_counter(), time.process_time(), DELAYED[0]
+    t0, c0, d0, m0 = time.perf_counter(), time.process_time(), DELAYED[0], machine_cpu()
     result = run_job(BACKFILL, dynamo, store, m.id, JobOptions(segments=segments, workers=segments,
                                                                page_size=page_size, concurrency=concurrency))
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -139,7 +139,8 @@ def ours(dynamo, name, n, segments, page_size, concurrency, null=None):
         assert DELAYED[0] - d0 >= moved, "the backfill's requests did not pay the emulated round trip"
     seen = null_checked(null, before, puts=moved, conditional=moved)
     return {"items": n, "seconds": elapsed, "items_per_s": n / elapsed, "moved": moved,
-            "cpu_us_per_moved_item": cpu / moved * 1e6, "consumed": result.consumed, **seen}
+            "cpu_us_per_moved_item": cpu / moved * 1e6, "consumed": result.consumed, "client_busy": cpu / elapsed,
+            "machine_busy_fraction": busy_since(m0), **seen}
 
 
 def unconditional(dynamo, name, n, segments, page_size, null=None):
@@ -370,6 +371,8 @@ def main() -> None:
         ("client CPU µs per item: plain boto3 put_item", f"{results['plain_boto3_cpu_us_per_item']:.0f}", ""),
         ("backfill CPU ÷ plain boto3", f"{results['cpu_ratio_vs_plain_boto3']:.2f}×", "≤ 0.35×"),
         ("backfill ÷ unconditional (unfenced floor)", f"{results['ratio_vs_unconditional']:.2f}", "(information)"),
+        ("backfill: client busy / the cores busy (any process)",
+         f"{best_ours['client_busy']:.2f} cores / {best_ours['machine_busy_fraction'] or 0:.0%}", "(other load: the rest)"),
     ]
     if null:
         results["null_cpu_us_per_request"] = {

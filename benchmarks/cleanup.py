@@ -48,6 +48,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from benchmarks._null_server import NullServer  # noqa: E402
+from benchmarks._support import busy_since, machine_cpu  # noqa: E402
 from benchmarks.backfill import DELAYED, client, prepare  # noqa: E402
 from reshard import operations  # noqa: E402
 from reshard.aws.local import DynaliteServer  # noqa: E402
@@ -55,6 +56,7 @@ from reshard.core.phases import Action  # noqa: E402
 from reshard.jobs.backfill import BACKFILL  # noqa: E402
 from reshard.jobs.cleanup import CLEANUP  # noqa: E402
 from reshard.jobs.runner import JobOptions, run_job  # noqa: E402
+from reshard.jobs.subscribers import Subscriber  # noqa: E402
 from reshard.jobs.verify import VERIFY  # noqa: E402
 
 
@@ -62,6 +64,15 @@ class _Answered:
     """The HTTP side of an answer a ``before-call`` hook gives botocore."""
     status_code = 200
     headers: dict = {}
+
+
+class _Started(Subscriber):
+    """When the run's header would print (children started, the first worker running)."""
+
+    at: float | None = None
+
+    def on_run_start(self, run) -> None:
+        self.at = time.perf_counter()
 
 
 def ttl_client(endpoint: str, latency_ms: float, ttl_attribute: str):
@@ -100,13 +111,15 @@ def ttl_pass(dynamo, m, store, segments: int, concurrency: int, server, delete: 
     ``processes`` > 1: run by that many worker processes, each with a client from ``factory``.
     Client CPU: this process's, plus the children's. ``null``: the NullServer the clients talk to."""
     before = null.stats() if null else None
-    t0, c0, d0, s0 = time.perf_counter(), time.process_time(), DELAYED[0], server_cpu(server)
+    t0, c0, d0, s0, m0 = time.perf_counter(), time.process_time(), DELAYED[0], server_cpu(server), machine_cpu()
     opts = JobOptions(segments=segments, workers=segments, concurrency=concurrency, delete=delete, processes=processes)
+    started = _Started()
     if processes > 1:
-        result = operations.run_data_job("cleanup", dynamo, store, m.id, opts, client=factory)
+        result = operations.run_data_job("cleanup", dynamo, store, m.id, opts, client=factory, subscribers=[started])
     else:
         result = run_job(CLEANUP, dynamo, store, m.id, opts)
     elapsed, cpu, scpu = time.perf_counter() - t0, time.process_time() - c0, server_cpu(server) - s0
+    machine = busy_since(m0)
     cpu += sum(p["cpu_seconds"] for p in getattr(result, "processes", None) or [])
     assert result.done, result.as_dict()
     marked = int(result.totals["deleted" if delete else "expiring"])
@@ -115,7 +128,9 @@ def ttl_pass(dynamo, m, store, segments: int, concurrency: int, server, delete: 
     assert marked > 0 and result.totals.get("changed_meanwhile", 0) == 0, result.totals
     out = {"marked": marked, "scanned": int(result.totals["scanned"]), "seconds": round(elapsed, 2),
            "items_per_s": marked / elapsed, "cpu_us_per_item": cpu / marked * 1e6,
-           "server_cpu_us_per_item": scpu / marked * 1e6, "server_busy": scpu / elapsed, "processes": processes}
+           "server_cpu_us_per_item": scpu / marked * 1e6, "server_busy": scpu / elapsed, "processes": processes,
+           "client_busy": cpu / elapsed, "machine_busy_fraction": machine,
+           "seconds_after_start": round(time.perf_counter() - (started.at or t0), 2)}
     if null is not None:  # every mark reached the server, conditional: a pass cannot pass doing nothing
         got = null.delta(before)
         writes = got["writes"]["DeleteItem" if delete else "UpdateItem"]
@@ -181,12 +196,19 @@ def main() -> None:
     if procs:
         rows.append((f"now, --processes {args.processes}, items/s (÷ before)",
                      f"{procs['items_per_s']:.0f} ({results['processes_ratio_items_per_s']:.1f}×)", "≥ 5×"))
+        rows.append(("  its seconds: all / from the header on (no spawn)",
+                     f"{procs['seconds']:.2f} / {procs['seconds_after_start']:.2f}", "(information)"))
     rows += [
         (f"client CPU µs per item: {arrows}", " → ".join(f"{x['cpu_us_per_item']:.0f}" for x in passes), ""),
         (f"dynalite CPU µs per item: {arrows}", " → ".join(f"{x['server_cpu_us_per_item']:.0f}" for x in passes),
          "(forwarded requests only)" if null else ""),
         (f"dynalite busy (CPU s per wall s): {arrows}", " → ".join(f"{x['server_busy']:.2f}" for x in passes),
          "1.00 = its one core"),
+        (f"client busy (CPU s per wall s): {arrows}", " → ".join(f"{x['client_busy']:.2f}" for x in passes),
+         "1.00 = one core"),
+        (f"the cores busy, any process: {arrows}",
+         " → ".join(f"{x['machine_busy_fraction']:.0%}" if x["machine_busy_fraction"] is not None else "?"
+                    for x in passes), "(other load: the rest)"),
     ]
     if null:
         rows += [
