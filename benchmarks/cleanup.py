@@ -119,7 +119,7 @@ def ttl_pass(dynamo, m, store, segments: int, concurrency: int, server, delete: 
     else:
         result = run_job(CLEANUP, dynamo, store, m.id, opts)
     elapsed, cpu, scpu = time.perf_counter() - t0, time.process_time() - c0, server_cpu(server) - s0
-    machine = busy_since(m0)
+    machine, after_start = busy_since(m0), time.perf_counter() - (started.at or t0)
     cpu += sum(p["cpu_seconds"] for p in getattr(result, "processes", None) or [])
     assert result.done, result.as_dict()
     marked = int(result.totals["deleted" if delete else "expiring"])
@@ -130,7 +130,7 @@ def ttl_pass(dynamo, m, store, segments: int, concurrency: int, server, delete: 
            "items_per_s": marked / elapsed, "cpu_us_per_item": cpu / marked * 1e6,
            "server_cpu_us_per_item": scpu / marked * 1e6, "server_busy": scpu / elapsed, "processes": processes,
            "client_busy": cpu / elapsed, "machine_busy_fraction": machine,
-           "seconds_after_start": round(time.perf_counter() - (started.at or t0), 2)}
+           "seconds_after_start": round(after_start, 2)}
     if null is not None:  # every mark reached the server, conditional: a pass cannot pass doing nothing
         got = null.delta(before)
         writes = got["writes"]["DeleteItem" if delete else "UpdateItem"]
