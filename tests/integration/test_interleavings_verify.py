@@ -534,3 +534,40 @@ def test_a_join_page_redone_after_its_repair_never_passes(dynalite, unique_name)
     assert "repaired" in verify_missing(store, store.load_state(m.id))
     again = run_job(VERIFY, dynalite, store, m.id, JobOptions(segments=1, workers=1, settle_seconds=0.0))
     assert again.passed and verify_missing(store, store.load_state(m.id)) is None
+
+
+def test_the_cli_says_a_run_whose_redone_page_repaired_failed(dynalite, dynalite_server, unique_name, capsys,
+                                                              monkeypatch):
+    """The same redone repair page through ``reshard verify --repair``: the only sign of the
+    repair is the run row's ``repair_pages`` (the redone page's counters replaced the first
+    pass's), so the text must still say repairs were sent, and the exit status must not be 0."""
+    import dataclasses
+
+    from reshard import operations
+    from reshard.cli.main import main
+    from reshard.jobs import verify as verify_jobs
+
+    m, mapper, store, shim, x, new_key, before = _with_a_missing_copy(dynalite, unique_name)
+    pages = []
+
+    def make_page(ctx):
+        page = verify_jobs._make_page(ctx)
+
+        def once_lost(pctx, key):
+            counts, nxt = page(pctx, key)
+            pages.append((pctx.segment, counts.get("repaired", 0)))
+            if pctx.segment == 1 and len(pages) == 2:
+                raise RuntimeError("the checkpoint after the repair never landed")
+            return counts, nxt
+
+        return once_lost
+
+    monkeypatch.setitem(operations.DATA_JOBS, "verify", dataclasses.replace(VERIFY, make_page=make_page))
+    code = main(["--endpoint-url", dynalite_server.endpoint, "--control-table", store.table, "verify", m.id,
+                 "--repair", "--segments", "1", "--workers", "1", "--processes", "1", "--settle-seconds", "0"])
+    out = capsys.readouterr()
+    assert pages == [(0, 0), (1, 1), (1, 0)], pages  # the join page repaired, then was redone
+    assert code == 1, (code, out.out, out.err)
+    assert ": FAILED;" in out.out and f"repairs were sent: run `reshard verify {m.id}` again to confirm" in out.out
+    assert f"verify repaired items: run `reshard verify {m.id}` again to confirm" in out.err
+    assert "Item" in dynalite.call("get_item", TableName=m.table, Key=new_key, ConsistentRead=True)
