@@ -140,7 +140,7 @@ class Snapshot:
 
 
 class Server:
-    """The serving state: snapshots, counters, the upstream connection pool."""
+    """The serving state: snapshots, counters, each forwarding thread's connection to dynalite."""
 
     def __init__(self, upstream: str):
         up = urlsplit(upstream)
@@ -173,7 +173,7 @@ class Server:
             if snap is None:
                 return None
             if any(k in req for k in _SCAN_FORWARDED):
-                return self.forwarded_data("Scan")
+                return self.forwarded_data("scan")
             answer = snap.page(req)
             self.stats["scans"] += 1
             return answer
@@ -251,8 +251,11 @@ class Server:
             conn = getattr(self._local, "conn", None)
             fresh = conn is None
             if fresh:
-                sock = socket.create_connection((self.up_host, self.up_port), timeout=60)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    sock = socket.create_connection((self.up_host, self.up_port), timeout=60)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    return _answer(b'{"message":"null server: dynalite is not there"}', b"502 Bad Gateway")
                 conn = self._local.conn = (sock, sock.makefile("rb"))
             sock, reader = conn
             try:
@@ -457,7 +460,8 @@ class NullServer:
     def delta(self, before: dict) -> dict:
         """What happened since ``before`` (a :meth:`stats`): ``writes`` by operation, ``conditional``,
         ``batch_write_items``, ``scans`` (served from a snapshot), ``forwarded`` by operation (all
-        tables), ``forwarded_data`` (of those, the ones on a snapshot table), ``requests``,
+        tables; lower-case names, as ``getitem``), ``forwarded_data`` (of those, the ones on a
+        snapshot table), ``requests``,
         ``cpu_seconds`` (the stats request that reads them is not counted)."""
         now = self.stats()
         out = {k: now[k] - before[k] for k in ("requests", "conditional", "return_values", "batch_write_items",

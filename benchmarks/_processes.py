@@ -91,7 +91,7 @@ def backfill(server: DynaliteServer, plain: Dynamo, name: str, n: int, processes
     if null is not None:  # every copy reached the server, conditional (a run cannot pass doing nothing)
         got = null.delta(before)
         assert got["writes"]["PutItem"] >= moved and got["conditional"] >= moved, (moved, got)
-        assert got["scans"] > 0 and "Scan" not in got["forwarded_data"], got
+        assert got["scans"] > 0 and "scan" not in got["forwarded_data"], got
         null_cpu = got["cpu_seconds"]
         seen = {"null_cpu_us_per_item": round(null_cpu / n * 1e6, 1),
                 "null_cpu_us_per_request": round(null_cpu / max(1, got["requests"]) * 1e6, 1),

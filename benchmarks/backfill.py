@@ -117,7 +117,7 @@ def null_checked(null: NullServer | None, before: dict | None, *, puts: int = 0,
     assert got["writes"]["PutItem"] >= puts, (puts, got)
     assert got["conditional"] >= conditional, (conditional, got)
     assert got["batch_write_items"] >= batch_items, (batch_items, got)
-    assert got["scans"] > 0 and "Scan" not in got["forwarded_data"], got
+    assert got["scans"] > 0 and "scan" not in got["forwarded_data"], got
     return {"null_requests": got["requests"], "null_answered": got["null_answered"], "null_writes": got["writes"],
             "null_conditional": got["conditional"], "null_batch_items": got["batch_write_items"],
             "null_scans": got["scans"], "forwarded": got["forwarded"], "forwarded_data": got["forwarded_data"],

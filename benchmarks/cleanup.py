@@ -135,7 +135,7 @@ def ttl_pass(dynamo, m, store, segments: int, concurrency: int, server, delete: 
         got = null.delta(before)
         writes = got["writes"]["DeleteItem" if delete else "UpdateItem"]
         assert writes >= marked and got["conditional"] >= marked, (marked, got)
-        assert got["scans"] > 0 and "Scan" not in got["forwarded_data"], got
+        assert got["scans"] > 0 and "scan" not in got["forwarded_data"], got
         out.update(null_writes=writes, null_conditional=got["conditional"], null_requests=got["requests"],
                    forwarded=got["forwarded"], null_cpu_us_per_item=got["cpu_seconds"] / marked * 1e6,
                    null_cpu_us_per_request=got["cpu_seconds"] / max(1, got["requests"]) * 1e6,
