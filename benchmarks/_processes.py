@@ -61,12 +61,22 @@ def prepare(dynamo: Dynamo, name: str, n: int):
 
 
 class _Started(Subscriber):
-    """When the run's header would print: every precondition passed, the first worker started."""
+    """When the run's header would print (every precondition passed, the first worker started),
+    and its work: the first segment's start to the last segment's end (children's events are
+    relayed to the parent), so a figure can be split into start-up, work and ending."""
 
     at: float | None = None
+    first: float | None = None
+    last: float | None = None
 
     def on_run_start(self, run) -> None:
         self.at = time.perf_counter()
+
+    def on_segment_start(self, segment, resumed, reason) -> None:
+        self.first = self.first or time.perf_counter()
+
+    def on_segment_done(self, segment, counters) -> None:
+        self.last = time.perf_counter()
 
 
 def backfill(server: DynaliteServer, plain: Dynamo, name: str, n: int, processes: int, args, null=None) -> dict:
@@ -100,10 +110,16 @@ def backfill(server: DynaliteServer, plain: Dynamo, name: str, n: int, processes
     children = result.processes
     client_cpu = parent_cpu + sum(p["cpu_seconds"] for p in children)
     rss = [p["maxrss_kb"] for p in children] or [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]
-    worked = time.perf_counter() - (started.at or t0)
+    end = time.perf_counter()
+    worked = end - (started.at or t0)
+    work = (started.last - started.first) if started.first and started.last else elapsed
     return {"processes": processes, "items": n, "moved": moved, "seconds": round(elapsed, 3),
             "items_per_s": round(n / elapsed, 1),
             "seconds_after_start": round(worked, 3), "items_per_s_after_start": round(n / worked, 1),
+            # first segment start -> last segment done; before it: start-up; after it: the ending
+            "work_seconds": round(work, 3), "items_per_s_work": round(n / work, 1),
+            "startup_seconds": round((started.first or t0) - t0, 3),
+            "ending_seconds": round(end - (started.last or end), 3),
             "client_cpu_seconds": round(client_cpu, 3), "server_cpu_seconds": round(srv, 3),
             "client_cpu_us_per_item": round(client_cpu / n * 1e6, 1),
             "server_cpu_us_per_item": round(srv / n * 1e6, 1),
@@ -140,6 +156,7 @@ def processes_section(server: DynaliteServer, plain: Dynamo, args, null=None) ->
         "items_per_s_p1": best[1]["items_per_s"], "items_per_s_p2": best[2]["items_per_s"],
         "ratio_p2_vs_p1": round(best[2]["items_per_s"] / best[1]["items_per_s"], 3),
         "ratio_p2_vs_p1_after_start": round(best[2]["items_per_s_after_start"] / best[1]["items_per_s_after_start"], 3),
+        "ratio_p2_vs_p1_work": round(best[2]["items_per_s_work"] / best[1]["items_per_s_work"], 3),
         "client_cpu_us_per_item": {"p1": best[1]["client_cpu_us_per_item"], "p2": best[2]["client_cpu_us_per_item"]},
         "server_cpu_us_per_item": {"p1": best[1]["server_cpu_us_per_item"], "p2": best[2]["server_cpu_us_per_item"]},
         "model_items_per_s": {"p1": round(bound(1)), "p2": round(bound(2)),
@@ -187,6 +204,11 @@ def rows(out: dict) -> list[tuple[str, str, str]]:
         (f"backfill items/s, --processes 2 ({p['items']} items)", f"{b[2]['items_per_s']:.0f}", ""),
         ("--processes 2 ÷ --processes 1", f"{out['ratio_p2_vs_p1']:.2f}×", "≥ 1.7×"),
         ("  the same, from the header on (no spawn)", f"{out['ratio_p2_vs_p1_after_start']:.2f}×", "(information)"),
+        ("  the same, first segment start → last segment done", f"{out['ratio_p2_vs_p1_work']:.2f}×",
+         "(information)"),
+        ("  seconds of start-up / work / ending  P=1; P=2",
+         "; ".join(f"{b[n]['startup_seconds']:.2f} / {b[n]['work_seconds']:.2f} / {b[n]['ending_seconds']:.2f}"
+                   for n in (1, 2)), "(information)"),
         ("client CPU µs/item  P=1 → P=2",
          f"{b[1]['client_cpu_us_per_item']:.0f} → {b[2]['client_cpu_us_per_item']:.0f}", ""),
         *servers,
