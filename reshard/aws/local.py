@@ -115,28 +115,47 @@ def dynalite_available() -> bool:
     return DYNALITE_CLI.is_file()
 
 
+#: How a profiled dynalite runs its cli: SIGTERM/SIGINT end node with a normal exit, the only
+#: exit on which ``--cpu-prof`` writes its profile (node's default on those signals is to die
+#: without writing it). argv[1] is the cli, so the cli sees its own arguments as usual.
+_EXIT_NORMALLY_ON_SIGNAL = ("for (const s of ['SIGTERM', 'SIGINT']) process.on(s, () => process.exit(0)); "
+                            "require(process.argv[1])")
+
+
 class DynaliteServer:
     """A dynalite process on 127.0.0.1 persisting to ``path`` (survives kill -9 of clients).
 
     ``restart()`` keeps the same port and data directory, for crash/resume tests.
+    ``cpu_profile_dir``: run node under its sampling CPU profiler (``--cpu-prof``, one sample
+    every ``cpu_profile_interval_us``); the ``.cpuprofile`` is written there when the server
+    stops (``benchmarks/profile.py``). Off by default, and the default start is unchanged.
     """
 
-    def __init__(self, path: pathlib.Path | str, port: int | None = None):
+    def __init__(self, path: pathlib.Path | str, port: int | None = None,
+                 cpu_profile_dir: pathlib.Path | str | None = None, cpu_profile_interval_us: int = 1000):
         self.path = pathlib.Path(path)
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         self.log = self.path / "dynalite.log"
+        self.cpu_profile_dir = pathlib.Path(cpu_profile_dir) if cpu_profile_dir is not None else None
+        self.cpu_profile_interval_us = cpu_profile_interval_us
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        """The command that starts the server."""
+        cli = [str(DYNALITE_CLI), "--host", "127.0.0.1", "--port", str(self.port), "--path", str(self.path / "data"),
+               "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+        if self.cpu_profile_dir is None:
+            return ["node", *cli]
+        return ["node", "--cpu-prof", "--cpu-prof-dir", str(self.cpu_profile_dir),
+                "--cpu-prof-interval", str(int(self.cpu_profile_interval_us)), "-e", _EXIT_NORMALLY_ON_SIGNAL, *cli]
+
     def start(self, timeout: float = 20.0) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        data = self.path / "data"
-        cmd = ["node", str(DYNALITE_CLI), "--host", "127.0.0.1", "--port", str(self.port), "--path", str(data),
-               "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.command(), stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -151,13 +170,15 @@ class DynaliteServer:
         raise RuntimeError(f"dynalite did not listen on {self.port} within {timeout}s")
 
     def stop(self) -> None:
+        # A profiled server writes its profile as it exits: seconds for a long run.
+        wait = 5 if self.cpu_profile_dir is None else 60
         if self.proc and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
             try:
-                self.proc.wait(5)
+                self.proc.wait(wait)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)

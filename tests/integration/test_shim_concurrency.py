@@ -17,11 +17,13 @@ PHASES = [None, "planned", "dual_write", "dual_read", "backfill", "cutover", "cl
 
 
 class RecordingDynamo(Dynamo):
-    """Remembers every version a successful write stored, per event_id."""
+    """Remembers every version a successful write stored, and every plain (unconditional)
+    delete that succeeded, per event_id."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.written: dict[str, list[str]] = {}
+        self.removed: set[str] = set()
         self._wlock = threading.Lock()
 
     def call(self, operation: str, **kwargs) -> dict:
@@ -34,6 +36,9 @@ class RecordingDynamo(Dynamo):
             vals = kwargs.get("ExpressionAttributeValues", {})
             v = vals.get(":rs_nv", {}).get("S")
             who = next((x["S"] for x in vals.values() if x.get("S", "").startswith("e-")), None)
+        elif operation == "delete_item" and "ConditionExpression" not in kwargs and "event_id" in kwargs["Key"]:
+            with self._wlock:
+                self.removed.add(kwargs["Key"]["event_id"]["S"])
         if v and who:
             with self._wlock:
                 self.written.setdefault(who, []).append(v)
@@ -107,12 +112,18 @@ def test_adjacent_phases_write_the_same_keys(dyn, unique_name, pair):
                    for inst, name in ((a, "a"), (b, "b")) for seed in (0, 1)]
         for f in futures:
             f.result(timeout=60)
-    layouts = by_layout(mapper, scan(dyn, m.table))
     both_fenced = "cleanup" not in pair
+    layouts = by_layout(mapper, scan(dyn, m.table))
     for k in range(3):
         ident = mapper.identity(mapper.logical_fields(ev(k)))
         old, new = layouts["old"].get(ident, []), layouts["new"].get(ident, [])
-        assert len(old) <= 1 and len(new) == 1
+        assert len(old) <= 1 and len(new) <= 1
+        if not new:
+            # Only a cleanup shim's plain delete removes the new copy (fenced phases leave a
+            # tombstone); it may be the key's last write when the other threads ran ahead.
+            assert not both_fenced and f"e-{k}" in dyn.removed, (k, layouts)
+            assert all(t.get_item(Key=key(k), ConsistentRead=True).get("Item") is None for t in (a, b))
+            continue
         ra, rb = (t.get_item(Key=key(k), ConsistentRead=True).get("Item") for t in (a, b))
         assert ra == rb  # both instances read the same thing
         newest_written = max(dyn.written[f"e-{k}"])
