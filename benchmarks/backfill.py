@@ -372,7 +372,8 @@ def main() -> None:
         ("backfill CPU ÷ plain boto3", f"{results['cpu_ratio_vs_plain_boto3']:.2f}×", "≤ 0.35×"),
         ("backfill ÷ unconditional (unfenced floor)", f"{results['ratio_vs_unconditional']:.2f}", "(information)"),
         ("backfill: client busy / the cores busy (any process)",
-         f"{best_ours['client_busy']:.2f} cores / {best_ours['machine_busy_fraction'] or 0:.0%}", "(other load: the rest)"),
+         f"{best_ours['client_busy']:.2f} cores / {best_ours['machine_busy_fraction'] or 0:.0%}",
+         "(other load: the rest)"),
     ]
     if null:
         results["null_cpu_us_per_request"] = {
