@@ -222,7 +222,8 @@ class SegmentEngine:
                  poll_seconds: float | None = None, throttle_reason: Callable[[], str] = lambda: "",
                  invocation: str | None = None, host: str | None = None,
                  is_dead: Callable[[str], bool] | None = None,
-                 guard: Callable[[], str | None] | None = None, join: bool = False):
+                 guard: Callable[[], str | None] | None = None, join: bool = False,
+                 idle_wait: Callable[[float], None] | None = None):
         self.store = store
         #: The last segment is a join: claimed only once every other segment is done.
         self.join = join
@@ -248,6 +249,9 @@ class SegmentEngine:
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self._watch = LeaseWatch()
         self.sleep = sleep
+        #: How an idle worker waits for its siblings (at most a poll interval): ``sleep``, or a
+        #: wait that a --processes parent cuts short when a sibling process's segment ended.
+        self.idle_wait = idle_wait or sleep
         self.subs = Fanout(subscribers)
         self.poll_seconds = poll_seconds if poll_seconds is not None else min(2.0, lease_seconds / 4)
         self.throttle_reason = throttle_reason
@@ -541,7 +545,7 @@ class SegmentEngine:
                         return
                     # Some is leased by live workers elsewhere: wait for them to finish, or for
                     # their leases to expire (then we take over).
-                    self.sleep(self.poll_seconds)
+                    self.idle_wait(self.poll_seconds)
                     continue
                 self._work(*claimed)
         except BaseException as e:  # a control-table failure: report it from run_all

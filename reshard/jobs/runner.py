@@ -355,13 +355,15 @@ def choose_run(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id:
 def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: str,
             options: JobOptions | None = None, *, subscribers: Iterable[Subscriber] = (),
             clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-            budget: CapacityBudget | None = None, run: int | None = None, finish: bool = True) -> JobResult:
+            budget: CapacityBudget | None = None, run: int | None = None, finish: bool = True,
+            idle_wait: Callable[[float], None] | None = None) -> JobResult:
     """Check every precondition, then run (or join, or resume) ``spec``'s run with this host's workers.
 
     ``run``: join exactly this run (a ``--processes`` child: its parent chose it with
     :func:`choose_run`; the preconditions are still checked here). ``finish``: call the
     job's ``finish`` hook when every segment is done (a parent of processes calls it once
-    instead).
+    instead). ``idle_wait``: how an idle worker waits for other workers' segments (default
+    ``sleep``; a child's parent wakes it when a sibling's segment ended).
     """
     opts = options or JobOptions()
     # A data write or a lease renewal must not stay in flight for most of a lease (the
@@ -388,7 +390,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
-                           join=spec.join)
+                           join=spec.join, idle_wait=idle_wait)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None

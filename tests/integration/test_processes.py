@@ -216,3 +216,22 @@ def test_two_processes_rewrite_an_index_only_migration(dynalite, dynalite_server
     code, out, err = cli(capsys, dynalite_server.endpoint, control, "verify", m.id, "--segments", str(SEGMENTS),
                          "--processes", "1")
     assert code == 0 and json.loads(out)["passed"], err
+
+
+def test_an_idle_child_is_woken_when_a_siblings_last_segment_ends(table, dynalite, dynalite_server):
+    """Two processes, three segments: the child that is left without a segment waits for its
+    sibling's last one. It used to sleep a whole poll interval (0.5 s at each run's end);
+    its parent now wakes it when a sibling's segment ends. With a 30 s poll the run ends
+    long before one poll: without the wake it took over 30 s."""
+    from reshard import operations
+    from reshard.jobs.runner import JobOptions
+
+    m, mapper, store, shim = table(150)
+    opts = JobOptions(segments=3, processes=2, workers=1, page_size=10, poll_seconds=30, lease_seconds=120)
+    t0 = time.monotonic()
+    result = operations.run_data_job("backfill", dynalite, store, m.id, opts,
+                                     client=functools.partial(slow_client, dynalite_server.endpoint, 0.002))
+    elapsed = time.monotonic() - t0
+    assert result.finished and result.totals["copied"] == result.totals["moved"] > 100, result.totals
+    assert sorted(result.worked) == [0, 1, 2]
+    assert elapsed < 25, f"an idle child slept its poll interval ({elapsed:.1f} s)"
