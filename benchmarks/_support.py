@@ -83,3 +83,21 @@ def latency_client(endpoint: str, latency_ms: float):
     if latency_ms > 0:
         d.client.meta.events.register("before-send.dynamodb", lambda **kw: time.sleep(latency_ms / 1000))
     return d
+
+
+def machine_cpu() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far (Linux /proc/stat; (0, 0) elsewhere):
+    with :func:`busy_since`, how much of the cores anything used during a run, so a figure can
+    say whether its own processes or other load had the cores."""
+    try:
+        ticks = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks[:8]) - idle, sum(ticks[:8])
+
+
+def busy_since(before: tuple[int, int]) -> float | None:
+    """The fraction of all cores busy (any process) since ``before`` (a :func:`machine_cpu`)."""
+    busy, total = machine_cpu()
+    return round((busy - before[0]) / (total - before[1]), 3) if total > before[1] else None

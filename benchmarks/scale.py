@@ -11,16 +11,23 @@ Sections (``--section``, default all that exist here):
     (goal: every window of the first --hosts-seconds within ±5 % of the budget, ≥ 90 % used;
     the run's ending is shown after them). See benchmarks/_hosts.py.
 
-Prints a table with the goals and writes JSON to benchmarks/results/scale.json.
+``--server null`` (processes section only): every client talks to the null data server
+(benchmarks/_null_server.py, its own process: the data table's Scan from a snapshot, its
+writes answered and counted, not stored, the rest forwarded to dynalite), so the client is
+the bottleneck, as against DynamoDB, whose side is not one process on the client's cores.
+
+Prints a table with the goals and writes JSON to benchmarks/results/scale.json (scale-null.json).
 
     PYTHONPATH=. python3 benchmarks/scale.py                      # about 7 minutes
     PYTHONPATH=. python3 benchmarks/scale.py --section processes --items 20000 --latency-ms 5
     PYTHONPATH=. python3 benchmarks/scale.py --section hosts --max-wcu 200 --hosts-seconds 30
+    PYTHONPATH=. python3 benchmarks/scale.py --section processes --server null
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -34,6 +41,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from benchmarks import _hosts, _processes  # noqa: E402
+from benchmarks._null_server import NullServer  # noqa: E402
 from reshard.aws.dynamo import Dynamo, RetryPolicy  # noqa: E402
 from reshard.aws.local import DynaliteServer  # noqa: E402
 
@@ -66,22 +74,28 @@ def main() -> None:
     ap.add_argument("--hosts-seconds", type=float, default=60,
                     help="hosts: seconds of copying at the budget per host count (plus a tail)")
     ap.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4], help="hosts: the host counts")
+    ap.add_argument("--server", choices=("dynalite", "null"), default="dynalite",
+                    help="processes: null puts the null data server between the clients and dynalite (the "
+                         "data table's scan from a snapshot, its writes answered and counted, not stored)")
     args = ap.parse_args()
-    sections = args.section or list(SECTIONS)
+    sections = args.section or (["processes"] if args.server == "null" else list(SECTIONS))
+    if args.server == "null" and "hosts" in sections:
+        ap.error("--server null is for the processes section (the hosts section counts dynalite's consumed WCU)")
     results: dict = {"params": vars(args)}
     table: list[tuple[str, str, str]] = []
-    with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp)) as server:
+    with tempfile.TemporaryDirectory() as tmp, DynaliteServer(pathlib.Path(tmp)) as server, \
+            (NullServer(server.endpoint) if args.server == "null" else contextlib.nullcontext()) as null:
         dynamo = Dynamo(endpoint_url=server.endpoint, region="us-east-1",
                         retry=RetryPolicy(max_attempts=5, base_seconds=0.01))
         if "processes" in sections:
-            results["processes"] = _processes.processes_section(server, dynamo, args)
+            results["processes"] = _processes.processes_section(server, dynamo, args, null)
             table += _processes.rows(results["processes"])
         if "hosts" in sections:
             results["hosts"] = _hosts.hosts_section(dynamo, server.endpoint, max_wcu=args.max_wcu,
                                                     seconds=args.hosts_seconds, counts=tuple(args.hosts))
             table += _hosts.rows(results["hosts"])
     print_table(table)
-    out = ROOT / "benchmarks" / "results" / "scale.json"
+    out = ROOT / "benchmarks" / "results" / ("scale-null.json" if null else "scale.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(f"\nwritten to {out.relative_to(ROOT)}")

@@ -219,11 +219,11 @@ class SegmentEngine:
                  monotonic: Callable[[], float] | None = None,
                  max_request_seconds: float = DEFAULT_MAX_REQUEST_SECONDS,
                  sleep: Callable[[float], None] = time.sleep, subscribers: Iterable[Subscriber] = (),
-                 poll_seconds: float | None = None, poll_first: float | None = None,
-                 throttle_reason: Callable[[], str] = lambda: "",
+                 poll_seconds: float | None = None, throttle_reason: Callable[[], str] = lambda: "",
                  invocation: str | None = None, host: str | None = None,
                  is_dead: Callable[[str], bool] | None = None,
-                 guard: Callable[[], str | None] | None = None, join: bool = False):
+                 guard: Callable[[], str | None] | None = None, join: bool = False,
+                 idle_wait: Callable[[float], None] | None = None):
         self.store = store
         #: The last segment is a join: claimed only once every other segment is done.
         self.join = join
@@ -251,12 +251,11 @@ class SegmentEngine:
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self._watch = LeaseWatch()
         self.sleep = sleep
+        #: How an idle worker waits for its siblings (at most a poll interval): ``sleep``, or a
+        #: wait that a --processes parent cuts short when a sibling process's segment ended.
+        self.idle_wait = idle_wait or sleep
         self.subs = Fanout(subscribers)
         self.poll_seconds = poll_seconds if poll_seconds is not None else min(2.0, lease_seconds / 4)
-        #: An idle worker's first look again after this, doubling up to ``poll_seconds`` (None:
-        #: every look after ``poll_seconds``). A ``--processes`` child waiting for a sibling's
-        #: last segment (a verify's join, often a fraction of a second) sees it done sooner.
-        self.poll_first = poll_first
         self.throttle_reason = throttle_reason
         self.host = host or socket.gethostname()
         self.invocation = invocation or os.urandom(3).hex()
@@ -516,7 +515,6 @@ class SegmentEngine:
     def _worker(self, index: int) -> None:
         me = f"{self._owner_prefix()}:{index}"
         rng = random.Random(f"{me}")
-        idle = 0  # looks in a row that found nothing to claim
         try:
             while not self.stop_event.is_set():
                 recs = self.records()
@@ -553,21 +551,13 @@ class SegmentEngine:
                         return
                     # Some is leased by live workers elsewhere: wait for them to finish, or for
                     # their leases to expire (then we take over).
-                    self.sleep(self._poll(idle))
-                    idle += 1
+                    self.idle_wait(self.poll_seconds)
                     continue
-                idle = 0
                 self._work(*claimed)
         except BaseException as e:  # a control-table failure: report it from run_all
             with self._lock:
                 self._errors.append(e)
             self.stop_event.set()
-
-    def _poll(self, idle: int) -> float:
-        """How long an idle worker waits before its next look (``idle`` looks found nothing)."""
-        if not self.poll_first:
-            return self.poll_seconds
-        return min(self.poll_seconds, self.poll_first * 2 ** min(idle, 30))
 
     def _work(self, lease: Lease, rec: SegmentRecord, decision: LeaseDecision) -> None:
         self.subs.on_segment_start(rec.segment, rec.checkpoint is not None, decision.reason)

@@ -65,13 +65,10 @@ SPECS = {BACKFILL_JOB: ("reshard.jobs.backfill", "BACKFILL"), VERIFY_JOB: ("resh
          CLEANUP_JOB: ("reshard.jobs.cleanup", "CLEANUP"), STRIP_JOB: ("reshard.jobs.strip", "STRIP")}
 
 #: How often a child's idle worker looks at the segments again: at the end of a run it waits
-#: for its siblings' last segments (to take them over if one dies), and the command ends when
-#: the last child does, so this is the tail a run can add (one query of the segment rows each).
+#: for its siblings' last segments (to take them over if one dies), one query of the segment
+#: rows each. The parent also wakes it as soon as a sibling's segment ends or a sibling exits
+#: (:func:`_wake_siblings`), so this bounds only what the parent cannot see: another host's work.
 CHILD_POLL_SECONDS = 0.5
-#: ... looked at first after this, then twice as long each time up to CHILD_POLL_SECONDS: the
-#: last segment a sibling runs is often short (a small verify's join: 0.1 s), and a run ends
-#: when its last child notices (a few more queries of the segment rows, only while idle).
-CHILD_POLL_FIRST = 0.05
 
 #: Exit status of a child stopped by a signal before it had a result (as the CLI's Ctrl-C).
 INTERRUPTED = 130
@@ -186,8 +183,19 @@ def _stop_once(signum, frame):
     raise KeyboardInterrupt
 
 
+def _woken_by(wake) -> Callable[[float], None]:
+    """An idle worker's wait: up to ``seconds``, or until the parent signals that a sibling
+    process's segment ended (the run may be complete, or a join ready). Cleared after the
+    wait and before the worker reads the segments again, so no signal is lost: one set
+    after the read leaves the next wait short."""
+    def wait(seconds: float) -> None:
+        wake.wait(seconds)
+        wake.clear()
+    return wait
+
+
 def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: str, job: str, migration_id: str,
-           options: JobOptions, run: int, root: str, index_only: bool = False) -> None:
+           options: JobOptions, run: int, root: str, index_only: bool = False, wake=None) -> None:
     """A child process: one more worker process of ``run``, with its own client (nothing of the
     parent's clients, threads or locks comes along: it is forked by the fork server, or spawned)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent forwards it as
@@ -202,7 +210,7 @@ def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: s
         dynamo = make_dynamo()
         store = ControlStore(dynamo, control_table)
         result = run_job(job_spec(job, index_only), dynamo, store, migration_id, options, subscribers=[_Forward(conn)],
-                         run=run, finish=False)
+                         run=run, finish=False, idle_wait=_woken_by(wake) if wake is not None else None)
         conn.send(("result", {"worked": result.worked, "consumed": result.consumed,
                               "last_throttle": result.last_throttle, "stopped": result.stopped,
                               "stop_reason": result.stop_reason, "pid": os.getpid(),
@@ -247,6 +255,8 @@ class _Child:
     process: multiprocessing.process.BaseProcess
     conn: object | None
     outcome: tuple | None = None  # ("result", dict) or ("error", code, message)
+    #: Set to cut the child's idle waits short (see :func:`_woken_by`).
+    wake: object | None = None
 
 
 def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, store: ControlStore,
@@ -264,9 +274,9 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
     count = max(1, options.processes)
     # Each child passes the run's whole budget: the budget row shares it between the members.
-    poll = options.poll_seconds or min(CHILD_POLL_SECONDS, options.lease_seconds / 4)
-    child_opts = dataclasses.replace(options, processes=1, poll_seconds=poll,
-                                     poll_first=options.poll_first or min(CHILD_POLL_FIRST, poll))
+    child_opts = dataclasses.replace(options, processes=1,
+                                     poll_seconds=options.poll_seconds or min(CHILD_POLL_SECONDS,
+                                                                              options.lease_seconds / 4))
     subs = Fanout(subscribers)
     mp = context(start_method)
     started_at = time.monotonic()
@@ -294,13 +304,14 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
             signal.signal(signal.SIGTERM, forward)
         for i in range(count):
             recv, send = mp.Pipe(duplex=False)
+            wake = mp.Event()
             p = mp.Process(target=_child, name=f"reshard-{job}-{i + 1}",
                            args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run,
-                                 RESHARD_ROOT, index_only))
+                                 RESHARD_ROOT, index_only, wake))
             with _without_main(make_dynamo), _server_imports_ours():
                 p.start()
             send.close()  # the child's end: EOF here once the child is gone, however it ends
-            children.append(_Child(i, p, recv))
+            children.append(_Child(i, p, recv, wake=wake))
         if on_main:
             signal.signal(signal.SIGINT, forward)
         state_box = {"started": False, "reasons": {}}
@@ -334,10 +345,25 @@ def _pump(children: list[_Child], subs: Fanout, box: dict) -> None:
                 conn.close()
                 c.conn = None
                 c.process.join(5)
+                _wake_siblings(children, c)
                 continue
             _relay(c, event, subs, box, reasons)
+            if event[0] in _WAKING:
+                _wake_siblings(children, c)
     for c in children:
         c.process.join()
+
+
+#: A child's events after which its siblings' idle workers look at the segments at once
+#: instead of at their next poll: a segment ended or was let go, or the child is done (without
+#: it the run's end waited up to a poll interval, 0.5 s, for each idle child).
+_WAKING = frozenset({"segment_done", "segment_failed", "lease_lost", "result", "error"})
+
+
+def _wake_siblings(children: list[_Child], sender: _Child) -> None:
+    for c in children:
+        if c is not sender and c.wake is not None and c.conn is not None:
+            c.wake.set()
 
 
 def _relay(c: _Child, event: tuple, subs: Fanout, box: dict, reasons: dict) -> None:

@@ -66,9 +66,6 @@ class JobOptions:
     #: min(2 s, lease / 4)). ``--processes`` children look every 0.5 s: at the end of a run
     #: they wait for their siblings' last segments, and the command ends when the last does.
     poll_seconds: float | None = None
-    #: An idle worker's first look after this, doubling up to ``poll_seconds`` (None: every
-    #: look after ``poll_seconds``); ``--processes`` children use :data:`processes.CHILD_POLL_FIRST`.
-    poll_first: float | None = None
     page_size: int = DEFAULT_PAGE_SIZE
     max_wcu: float | None = None
     max_rcu: float | None = None
@@ -358,13 +355,15 @@ def choose_run(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id:
 def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: str,
             options: JobOptions | None = None, *, subscribers: Iterable[Subscriber] = (),
             clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-            budget: CapacityBudget | None = None, run: int | None = None, finish: bool = True) -> JobResult:
+            budget: CapacityBudget | None = None, run: int | None = None, finish: bool = True,
+            idle_wait: Callable[[float], None] | None = None) -> JobResult:
     """Check every precondition, then run (or join, or resume) ``spec``'s run with this host's workers.
 
     ``run``: join exactly this run (a ``--processes`` child: its parent chose it with
     :func:`choose_run`; the preconditions are still checked here). ``finish``: call the
     job's ``finish`` hook when every segment is done (a parent of processes calls it once
-    instead).
+    instead). ``idle_wait``: how an idle worker waits for other workers' segments (default
+    ``sleep``; a child's parent wakes it when a sibling's segment ended).
     """
     opts = options or JobOptions()
     # A data write or a lease renewal must not stay in flight for most of a lease (the
@@ -387,11 +386,11 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments + spec.join, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
-                           poll_seconds=opts.poll_seconds, poll_first=opts.poll_first,
+                           poll_seconds=opts.poll_seconds,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
-                           join=spec.join)
+                           join=spec.join, idle_wait=idle_wait)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None

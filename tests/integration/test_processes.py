@@ -218,29 +218,20 @@ def test_two_processes_rewrite_an_index_only_migration(dynalite, dynalite_server
     assert code == 0 and json.loads(out)["passed"], err
 
 
-def test_an_idle_worker_looks_again_soon_then_less_often(dynalite, unique_name):
-    """``poll_first`` (a ``--processes`` child's): a worker waiting for a segment another live
-    worker holds (a sibling's join) looks again after 0.05 s, then twice as long each time up
-    to the poll interval, not a whole interval at once; without it, every wait is the interval."""
-    from reshard.jobs.engine import SegmentEngine
-    from tests.backfill_support import setup_migration
-    m, _, store = setup_migration(dynalite, "sensor", unique_name, control=unique_name + "-c", mid=unique_name)
+def test_an_idle_child_is_woken_when_a_siblings_last_segment_ends(table, dynalite, dynalite_server):
+    """Two processes, three segments: the child that is left without a segment waits for its
+    sibling's last one. It used to sleep a whole poll interval (0.5 s at each run's end);
+    its parent now wakes it when a sibling's segment ends. With a 30 s poll the run ends
+    long before one poll: without the wake it took over 30 s."""
+    from reshard import operations
+    from reshard.jobs.runner import JobOptions
 
-    def engine(run, sleep, host, poll_first=None):
-        return SegmentEngine(store, m.id, "verify", run, 1, lambda ctx, key: ({}, None), workers=1, lease_seconds=30,
-                             max_request_seconds=1, sleep=sleep, poll_seconds=0.5, host=host, poll_first=poll_first)
-
-    for run, poll_first, expected in ((1, 0.05, [0.05, 0.1, 0.2, 0.4, 0.5, 0.5]), (2, None, [0.5] * 6)):
-        elsewhere = engine(run, lambda s: None, "elsewhere")  # another host's worker holds the segment
-        elsewhere.start_run()
-        held = elsewhere.claim(elsewhere.records()[0], "elsewhere:1:x:0")
-        assert held is not None
-        slept: list[float] = []
-
-        def sleep(s):
-            slept.append(s)
-            if len(slept) == 6:  # the holder finishes: the waiting worker's next look sees it done
-                elsewhere.finish_segment(held[0], {})
-
-        assert engine(run, sleep, "here", poll_first).run_all().done
-        assert slept == expected
+    m, mapper, store, shim = table(150)
+    opts = JobOptions(segments=3, processes=2, workers=1, page_size=10, poll_seconds=30, lease_seconds=120)
+    t0 = time.monotonic()
+    result = operations.run_data_job("backfill", dynalite, store, m.id, opts,
+                                     client=functools.partial(slow_client, dynalite_server.endpoint, 0.002))
+    elapsed = time.monotonic() - t0
+    assert result.finished and result.totals["copied"] == result.totals["moved"] > 100, result.totals
+    assert sorted(result.worked) == [0, 1, 2]
+    assert elapsed < 25, f"an idle child slept its poll interval ({elapsed:.1f} s)"
