@@ -16,6 +16,12 @@ joins them by logical item and re-reads only items whose records disagree (none 
 Also the client's CPU (``process_time``) per scanned item of each: on a shared machine the
 items/s ratio moves with the load, the CPU far less.
 
+A second row per layout: verify as operators run it by default, ``--processes`` = the cores
+this process may use (``operations.run_data_job``, each child with its own client and
+workers, child start-up included), against the same plain scan -- which stays ONE process
+(boto3, the same segments and threads). Its CPU figure adds the children's CPU to the
+parent's.
+
 Prints a table with the goals beside the figures and writes JSON to benchmarks/results/verify.json.
 
     PYTHONPATH=. python3 benchmarks/verify.py              # 6000 items per table, about two minutes
@@ -25,6 +31,8 @@ Prints a table with the goals beside the figures and writes JSON to benchmarks/r
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -46,7 +54,10 @@ import benchmarks.backfill as backfill_bench  # noqa: E402
 from benchmarks.backfill import client, prepare  # noqa: E402
 from reshard.aws.local import DynaliteServer  # noqa: E402
 from reshard.control.store import ControlStore  # noqa: E402
+from benchmarks._support import latency_client  # noqa: E402
+from reshard import operations  # noqa: E402
 from reshard.jobs.backfill import BACKFILL  # noqa: E402
+from reshard.jobs.processes import default_processes  # noqa: E402
 from reshard.jobs.runner import JobOptions, run_job  # noqa: E402
 from reshard.jobs.verify import VERIFY  # noqa: E402
 
@@ -91,6 +102,9 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
                                                  page_size=args.page_size))
     scan_rates, verify_rates, scan_rcu, verify_rcu, scanned = [], [], [], [], 0
     scan_cpu, verify_cpu = [], []  # client CPU (process_time) per scanned item, µs
+    procs_rates, procs_cpu = [], []  # verify --processes = the cores (children's CPU + the parent's)
+    processes = default_processes()
+    factory = functools.partial(latency_client, server.endpoint, 0.0)  # each child's own client
     boto = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name="us-east-1",
                         config=botocore.config.Config(max_pool_connections=args.segments))
     for _ in range(args.rounds):
@@ -105,6 +119,16 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
         verify_cpu.append((time.process_time() - c0) / result.checked * 1e6)
         assert result.passed, result.counts
         verify_rcu.append(result.consumed["rcu"])
+        if processes > 1:
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = operations.run_data_job("verify", d, store, m.id,
+                                             dataclasses.replace(opts(args, records_dir), workers=None,
+                                                                 processes=processes), client=factory)
+            elapsed = time.perf_counter() - t0
+            cpu = time.process_time() - c0 + sum(p["cpu_seconds"] for p in result.processes)
+            assert result.passed and len(result.processes) == processes, (result.counts, result.processes)
+            procs_rates.append(result.checked / elapsed)
+            procs_cpu.append(cpu / result.checked * 1e6)
     ratio = statistics.median(verify_rates) / statistics.median(scan_rates)
     per_item_scan = statistics.median(scan_rcu) / args.items
     per_item_verify = statistics.median(verify_rcu) / args.items
@@ -115,7 +139,12 @@ def measure(server, args, kind: str, records_dir: str) -> dict:
             "plain_scan_client_cpu_us_per_item": round(statistics.median(scan_cpu), 1),
             "verify_client_cpu_us_per_item": round(statistics.median(verify_cpu), 1),
             "plain_scan_rcu_per_item": round(per_item_scan, 4), "verify_rcu_per_item": round(per_item_verify, 4),
-            "rcu_per_item_ratio": round(per_item_verify / per_item_scan, 3) if per_item_scan else None}
+            "rcu_per_item_ratio": round(per_item_verify / per_item_scan, 3) if per_item_scan else None,
+            "processes": processes,
+            "verify_processes_items_per_s": round(statistics.median(procs_rates), 1) if procs_rates else None,
+            "verify_processes_items_per_s_ratio":
+                round(statistics.median(procs_rates) / statistics.median(scan_rates), 3) if procs_rates else None,
+            "verify_processes_client_cpu_us_per_item": round(statistics.median(procs_cpu), 1) if procs_cpu else None}
 
 
 def rss_child(endpoint: str, name: str, segments: int, page_size: int, records_dir: str) -> None:
@@ -184,6 +213,13 @@ def main() -> None:
               f"{r['plain_scan_rcu_per_item']:>13}{r['verify_rcu_per_item']:>15}"
               f"{r['rcu_per_item_ratio']!s:>8}{'<=' + str(GOALS['rcu_per_item_ratio']):>7}"
               f"{r['plain_scan_client_cpu_us_per_item']:>23}{r['verify_client_cpu_us_per_item']:>8}")
+    for r in rows:
+        if r["verify_processes_items_per_s"] is not None:
+            print(f"{r['migration']:<10}{r['plain_scan_items_per_s']:>11}{r['verify_processes_items_per_s']:>13}"
+                  f"{r['verify_processes_items_per_s_ratio']:>8}{'>=' + str(GOALS['items_per_s_ratio']):>7}"
+                  f"{'':>43}{r['plain_scan_client_cpu_us_per_item']:>23}"
+                  f"{r['verify_processes_client_cpu_us_per_item']:>8}"
+                  f"   <- verify --processes {r['processes']} (the default: the cores) vs the plain scan in ONE process")
     print(f"peak RSS of verify (random layout): {memory['peak_rss_kb'][0]} KB at {memory['items'][0]} items, "
           f"{memory['peak_rss_kb'][1]} KB at {memory['items'][1]}: x{memory['rss_ratio_10x']} "
           f"(goal <= x{GOALS['rss_ratio_10x']}); before verify: {memory['peak_before_verify_kb'][0]} and "

@@ -63,8 +63,23 @@ def hash_shard(value: str, shards: int, algorithm: str = "sha256") -> int:
     """
     if algorithm == JUMP:
         return jump_hash(jump_key(value), shards)
-    digest = hashlib.new(algorithm, value.encode()).digest()
-    return int.from_bytes(digest, "big") % shards
+    return _digest_int(algorithm, value) % shards
+
+
+_last_digest: tuple = ("", None, 0)
+
+
+def _digest_int(algorithm: str, value: str) -> int:
+    # The last answer is kept: verify computes an item's shard under both layouts (and a new
+    # copy's again for its old slot), in a row, and both rules often hash the same fields
+    # with the same algorithm. One tuple, replaced whole: safe across threads.
+    global _last_digest
+    last = _last_digest
+    if last[1] == value and last[0] == algorithm:
+        return last[2]
+    n = int.from_bytes(hashlib.new(algorithm, value.encode()).digest(), "big")
+    _last_digest = (algorithm, value, n)
+    return n
 
 
 def jump_key(value: str) -> int:
@@ -73,7 +88,7 @@ def jump_key(value: str) -> int:
     Documented in the README so that an application can compute it itself:
     ``int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "big")``.
     """
-    return int.from_bytes(hashlib.sha256(value.encode()).digest()[:8], "big")
+    return _digest_int("sha256", value) >> 192  # the first 8 of sha256's 32 bytes
 
 
 _U64 = (1 << 64) - 1
@@ -170,6 +185,16 @@ class Template:
         # Group names computed once (a regex substitution per field per parse was most of
         # the parse's cost; verify parses every scanned key).
         self._groups = tuple((name, _group(name)) for name in dict.fromkeys(self.fields))
+        self._plan = tuple((p.literal, p.field, p.spec) for p in parts)
+        # The same template as a str.format pattern, positional (field names may be anything).
+        self._arg_names = tuple(p.field for p in parts if p.field is not None)
+        braces = any("{" in p.spec or "}" in p.spec for p in parts)
+        self._fmt = None if self.identity or braces else "".join(
+            p.literal.replace("{", "{{").replace("}", "}}") if p.field is None
+            else "{" + (":" + p.spec if p.spec else "") + "}" for p in parts)
+        # The last parse is kept: a scan meets a partition's items one after another (one
+        # tuple, replaced whole: safe across threads; a refusal raises, it is not kept).
+        self._last: tuple = (None, ())
 
     @staticmethod
     def _compile(parts: tuple[TemplatePart, ...], lazy: bool) -> re.Pattern:
@@ -195,17 +220,34 @@ class Template:
                 raise UnmappableItem("missing-field", f"needs field {name!r}")
             v = values[name]
             return v if isinstance(v, dict) else to_av(v)
+        if self._fmt is not None:
+            # Fast path: str and int values format exactly as below (text_of of a str is the
+            # str, of an int str(int); a spec is format(v, spec)); anything else (Decimal,
+            # bool, a wire value, a missing field) takes the loop and its checks.
+            try:
+                args = [values[n] for n in self._arg_names]
+            except KeyError:
+                args = None
+            if args is not None:
+                for a in args:
+                    if type(a) is not str and type(a) is not int:
+                        break
+                else:
+                    return {"S": self._fmt.format(*args)}
         out = []
-        for p in self.parts:
-            if p.field is None:
-                out.append(p.literal)
+        for literal, name, spec in self._plan:
+            if name is None:
+                out.append(literal)
                 continue
-            if p.field not in values:
-                raise UnmappableItem("missing-field", f"needs field {p.field!r}")
-            v = values[p.field]
+            if name not in values:
+                raise UnmappableItem("missing-field", f"needs field {name!r}")
+            v = values[name]
+            if type(v) is str and not spec:  # text_of's answer for a str, without the call
+                out.append(v)
+                continue
             if isinstance(v, dict):
                 v = scalar(v)
-            out.append(format(v, p.spec) if p.spec else text_of(v, p.field))
+            out.append(format(v, spec) if spec else text_of(v, name))
         return {"S": "".join(out)}
 
     def parse(self, av: Mapping[str, Any]) -> dict[str, Any]:
@@ -221,10 +263,16 @@ class Template:
         if "S" not in av:
             raise UnmappableItem("unparseable-key", f"expected a string for template {self.text!r}")
         s = av["S"]
+        last = self._last
+        if last[0] != s:
+            last = self._last = (s, self._parse_text(s))
+        return dict(last[1])
+
+    def _parse_text(self, s: str) -> tuple:
         m = self._regex.match(s)
         if not m:
             raise UnmappableItem("unparseable-key", f"{s!r} does not match template {self.text!r}")
-        if self._free_fields > 1 and self._greedy.match(s).groupdict() != m.groupdict():
+        if self._free_fields > 1 and self._greedy.match(s).groups() != m.groups():
             raise UnmappableItem("unparseable-key", f"{s!r} is ambiguous under template {self.text!r}: "
                                                     "a field value contains the separator")
         values: dict[str, Any] = {}
@@ -233,7 +281,7 @@ class Template:
             values[name] = int(raw) if name == SHARD else raw
         if self.format(values)["S"] != s:
             raise UnmappableItem("unparseable-key", f"{s!r} does not round-trip through template {self.text!r}")
-        return values
+        return tuple(values.items())
 
 
 def _group(field: str) -> str:
@@ -315,7 +363,8 @@ class Layout:
         for f in self.shard_by:
             if f not in values:
                 raise UnmappableItem("missing-field", f"needs field {f!r} to compute the shard")
-            parts.append(text_of(values[f] if not isinstance(values[f], dict) else scalar(values[f]), f))
+            v = values[f]
+            parts.append(v if type(v) is str else text_of(v if not isinstance(v, dict) else scalar(v), f))
         shard = self._shard_fn("#".join(parts), self.shards)
         if not isinstance(shard, int) or not 0 <= shard < self.shards:
             raise UnmappableItem("bad-shard", f"shard function returned {shard!r}, not 0..{self.shards - 1}")

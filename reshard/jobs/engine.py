@@ -227,6 +227,8 @@ class SegmentEngine:
         self.store = store
         #: The last segment is a join: claimed only once every other segment is done.
         self.join = join
+        #: A worker of this engine saw the run stamped finished (it did it, or found it done).
+        self._run_stamped = False
         #: Checked before every page: a reason to stop (e.g. the phase moved on), or None.
         self.guard = guard
         self.stop_reason = ""
@@ -447,6 +449,7 @@ class SegmentEngine:
                               values={":now": N(self.clock()), ":tot": _counters_av(totals)})
         except errors.ConditionalCheckFailed:
             pass
+        self._run_stamped = True
 
     # ---------------------------------------------------------------- workers
     def run_all(self) -> RunResult:
@@ -484,8 +487,11 @@ class SegmentEngine:
         if self._errors:
             raise self._errors[0]
         # Normally the worker that finished the last segment stamped the run; if that
-        # process died in between, whoever sees every segment done does it now.
-        self._maybe_finish_run()
+        # process died in between, whoever sees every segment done does it now (not again
+        # when a worker here saw it stamped: that read and failed write was a small verify's
+        # last few milliseconds).
+        if not self._run_stamped:
+            self._maybe_finish_run()
         result = RunResult(read_run(self.store, self.migration_id, self.job, self.run) or info, self.records(),
                            sorted(self._worked), time.monotonic() - start, self.stop_event.is_set(),
                            self.stop_reason)

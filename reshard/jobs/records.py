@@ -20,7 +20,8 @@ was started) keeps a re-created control table's run 1 apart from an older run 1.
 
 Memory: rows stream through SQLite (bounded page cache, sorts spilled to temporary
 files); nothing holds all records in Python. Disk: about 200 bytes per scanned item,
-removed by the host that ran the join when it finished (a directory another host's join
+removed by the host that ran the join when it finished (renamed aside before the verdict
+returns, deleted by a background thread: :func:`discard`; a directory another host's join
 made useless, or a run killed for good, left goes a week later, when another run of the
 migration starts on this host).
 """
@@ -46,7 +47,8 @@ SCHEMA = ("CREATE TABLE IF NOT EXISTS rec (key BLOB, ident BLOB, side INT, versi
           "digest BLOB, ttl TEXT, nkey BLOB, cslot BLOB, kslot BLOB, flag INT, fields TEXT, page INT);"
           "CREATE TABLE IF NOT EXISTS pages (start TEXT PRIMARY KEY, id INTEGER, next TEXT, token INTEGER);")
 _COLS = ", ".join(COLUMNS)
-_INSERT = f"INSERT INTO rec ({_COLS}, page) VALUES ({', '.join('?' * len(COLUMNS))}, ?)"
+# The page id is written into the statement (an int): each Record is bound as it is, no tuple per row.
+_INSERT = f"INSERT INTO rec ({_COLS}, page) VALUES ({', '.join('?' * len(COLUMNS))}, {{page:d}})"
 #: SQLite's page cache per connection (KiB, as a negative cache_size): the join's memory bound.
 CACHE_KIB = 16 * 1024
 #: A run directory untouched this long is removed when another run of the migration starts here.
@@ -54,6 +56,8 @@ STALE_SECONDS = 7 * 24 * 3600
 #: How often a long join calls back (its caller renews the lease there).
 TICK_SECONDS = 2.0
 END = ""  # a page's ``next`` when the segment ended; a segment's first page starts at ""
+#: A finished run's record directory is renamed to this prefix, then removed (``discard``).
+TRASH_PREFIX = ".trash-"
 #: The token of the join's own re-scan of a segment (after ``forget``): above any lease's.
 RESCAN_TOKEN = 1 << 62
 
@@ -107,6 +111,8 @@ def run_dir(base: str | os.PathLike | None, control_table: str, migration_id: st
     name = f"run-{run:06d}-{hashlib.sha256(token.encode()).hexdigest()[:12]}"
     parent.mkdir(parents=True, exist_ok=True)
     now = time.time()
+    for old in parent.glob(TRASH_PREFIX + "*"):  # left by a process killed while removing it: garbage
+        shutil.rmtree(old, ignore_errors=True)
     for old in parent.glob("run-*"):
         # A run's join removes its directory; one left by a run killed and never resumed here
         # goes once untouched for STALE_SECONDS. (Nothing younger: the same names may serve
@@ -178,7 +184,7 @@ class SegmentFiles:
                 con.execute("DELETE FROM rec WHERE page = ?", (page,))
             else:
                 page = con.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM pages").fetchone()[0]
-            con.executemany(_INSERT, [r.row() + (page,) for r in records])
+            con.executemany(_INSERT.format(page=int(page)), records)
             con.execute("INSERT OR REPLACE INTO pages (start, id, next, token) VALUES (?, ?, ?, ?)",
                         (start, page, nxt, token))
         except BaseException:
@@ -194,11 +200,40 @@ class SegmentFiles:
             con.close()
         forget(self.directory, segment)
 
-    def close(self) -> None:
+    def close(self, discard: bool = False) -> None:
+        """Close every segment file; ``discard``: their records are no longer needed (the join
+        finished), so closing syncs nothing to disk."""
         with self._lock:
             cons, self._cons = list(self._cons.values()), {}
         for con in cons:
+            if discard:
+                con.execute("PRAGMA synchronous = OFF")
             con.close()
+
+
+def discard(files: SegmentFiles | None, directory: pathlib.Path | None) -> None:
+    """After the join's verdict: close the run's segment files and remove its record directory
+    (``directory`` None: kept), off the verdict's path.
+
+    The directory is renamed aside at once (so it is gone from the run's path, and SQLite,
+    finding its files moved, skips the checkpoint it would copy each WAL with on close), and
+    removed by a background thread: deleting a few hundred MB can take seconds on some disks
+    and tells the verdict nothing. Not a daemon thread: a process finishes it before it exits;
+    one killed first leaves a ``.trash-`` directory the next run here removes (``run_dir``).
+    """
+    if directory is None:
+        if files is not None:
+            files.close(discard=True)
+        return
+    trash = directory.with_name(f"{TRASH_PREFIX}{directory.name}-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.rename(directory, trash)
+    except OSError:  # gone already, or not renameable here: removed where it is
+        trash = directory
+    if files is not None:
+        files.close(discard=True)
+    threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True},
+                     name="verify-records-removal").start()
 
 
 def write_page(directory: pathlib.Path, segment: int, start: str, nxt: str, records: Iterable[Record],

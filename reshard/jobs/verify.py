@@ -56,7 +56,6 @@ import hashlib
 import json
 import math
 import pathlib
-import shutil
 import tempfile
 import threading
 import time
@@ -85,6 +84,7 @@ from reshard.jobs.engine import LeaseLost, PageContext
 from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite
 from reshard.jobs.records import complete as records_complete
+from reshard.jobs.records import discard as discard_records
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, announce_repair, conditional_delete, conditional_put,
                                  phase_guard, require_phase_and_ack, scan_page)
 
@@ -195,22 +195,24 @@ class Verifier(RunRecords):
         and reported too (unmappable items, misplaced copies: no join needed); without, the
         page is only recorded again (the join re-scanning a segment this host lacks)."""
         out = []
-        rec = self.recorder
+        record = self.recorder.record
+        mapper = self.mapper
+        old, new, fields_of, is_new_copy = mapper.old, mapper.new, mapper.fields, mapper.is_new_copy
         for item in items:
             if counts is not None:
                 counts["checked"] += 1
-            if self.mapper.is_new_copy(item):
+            if is_new_copy(item):
                 if counts is not None:
                     counts["new_copies"] += 1
                 try:
-                    fields = self.mapper.fields(item, self.mapper.new)
-                    misplaced = self.mapper.new.key(fields) != self._key(item)
+                    fields = fields_of(item, new)
+                    misplaced = new.key(fields) != self._key(item)
                     detail = "a new-layout copy at a key its fields do not map to"
                 except errors.UnmappableItem as e:
                     fields, misplaced = None, True
                     detail = f"a new-layout copy whose key does not map: {e}"
                 if not misplaced:
-                    out.append(rec.record(item, NEW, fields))
+                    out.append(record(item, NEW, fields))
                     continue
                 # Nothing reads a copy at a key its own fields do not map to: garbage
                 # (from a bug or a hand edit). Repair deletes it if it is still the same.
@@ -224,22 +226,22 @@ class Verifier(RunRecords):
                     ident = self.mapper.identity(fields) if fields else ()
                     self._report(counts, "duplicate", ident, None, self._key(item), None, item, detail)
                 if not fixed:  # it still sits at its key: another item's judge would see it there
-                    out.append(rec.record(item, MISPLACED, fields))
+                    out.append(record(item, MISPLACED, fields))
                 continue
             try:
-                fields = self.mapper.fields(item, self.mapper.old)
-                new_key = self.mapper.new.key(fields)
+                fields = fields_of(item, old)
+                new_key = new.key(fields)
             except errors.UnmappableItem as e:
                 # Never a pass: an item verify cannot map is an item it cannot prove copied
                 # (a template that matches nothing would otherwise pass with every item skipped).
                 if counts is not None:
                     self._report(counts, "unmappable", (), self._key(item), None, item, None,
                                  f"{e.reason}: {e.detail}")
-                out.append(rec.record(item, OLD, None))
+                out.append(record(item, OLD, None))
                 continue
             if counts is not None and new_key == self._key(item):
                 counts["unmoved"] += 1  # one physical item serving both layouts
-            out.append(rec.record(item, OLD, fields, new_key))
+            out.append(record(item, OLD, fields, new_key))
         return out
 
     # ---------------------------------------------------------------- the join
@@ -270,9 +272,10 @@ class Verifier(RunRecords):
         usage = self.budget.take_usage()
         counts["rcu"], counts["wcu"] = round(usage["rcu"], 2), round(usage["wcu"], 2)
         if len(batch) < self.opts.page_size:
-            self._files().close()
-            if self.remove_records:
-                shutil.rmtree(directory, ignore_errors=True)  # the verdict is in; the records are not needed
+            with self._files_lock:
+                files, self._segment_files = self._segment_files, None
+            # The verdict is in; the records are not needed.
+            discard_records(files, directory if self.remove_records else None)
             return counts, None
         return counts, {JOIN_ATTR: {"S": batch[-1][0].hex()}}
 
