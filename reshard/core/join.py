@@ -155,7 +155,7 @@ class Recorder:
     """Builds the records of one migration's scanned items (the scan half of verify).
 
     Verify's client CPU per scanned item is mostly here, so :meth:`record` inlines the
-    helpers above (the same bytes: ``tests/unit/test_verify_join.py`` checks it against
+    helpers above (the same bytes: ``tests/unit/test_verify_cpu.py`` checks it against
     them on every item shape)."""
 
     def __init__(self, mapper: KeyMapper, ttl_attribute: str | None = None):

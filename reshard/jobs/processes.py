@@ -183,19 +183,31 @@ def _stop_once(signum, frame):
     raise KeyboardInterrupt
 
 
-def _woken_by(wake) -> Callable[[float], None]:
-    """An idle worker's wait: up to ``seconds``, or until the parent signals that a sibling
-    process's segment ended (the run may be complete, or a join ready). Cleared after the
-    wait and before the worker reads the segments again, so no signal is lost: one set
-    after the read leaves the next wait short."""
+def _woken_by(wakes, slice_seconds: float = 0.05) -> Callable[[float], None]:
+    """An idle worker's wait: up to ``seconds``, or until the parent counts another ended
+    segment or exited sibling in ``wakes`` (a shared counter; the run may be complete, or a
+    join ready). Each worker thread compares it with the count it saw when its last wait
+    ended, that is before it read the segments again, so a wake that came while it was
+    reading (or while a sibling worker was waiting) is never lost: its next wait returns at
+    once. It looks at the counter every ``slice_seconds`` (shared memory, no request)."""
+    local = threading.local()
+    start = wakes.value
+
     def wait(seconds: float) -> None:
-        wake.wait(seconds)
-        wake.clear()
+        seen = getattr(local, "seen", start)
+        deadline = time.monotonic() + seconds
+        while True:
+            now_count = wakes.value
+            left = deadline - time.monotonic()
+            if now_count != seen or left <= 0:
+                local.seen = now_count
+                return
+            time.sleep(min(slice_seconds, left))
     return wait
 
 
 def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: str, job: str, migration_id: str,
-           options: JobOptions, run: int, root: str, index_only: bool = False, wake=None) -> None:
+           options: JobOptions, run: int, root: str, index_only: bool = False, wakes=None) -> None:
     """A child process: one more worker process of ``run``, with its own client (nothing of the
     parent's clients, threads or locks comes along: it is forked by the fork server, or spawned)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent forwards it as
@@ -210,7 +222,7 @@ def _child(conn, index: int, make_dynamo: Callable[[], Dynamo], control_table: s
         dynamo = make_dynamo()
         store = ControlStore(dynamo, control_table)
         result = run_job(job_spec(job, index_only), dynamo, store, migration_id, options, subscribers=[_Forward(conn)],
-                         run=run, finish=False, idle_wait=_woken_by(wake) if wake is not None else None)
+                         run=run, finish=False, idle_wait=_woken_by(wakes) if wakes is not None else None)
         conn.send(("result", {"worked": result.worked, "consumed": result.consumed,
                               "last_throttle": result.last_throttle, "stopped": result.stopped,
                               "stop_reason": result.stop_reason, "pid": os.getpid(),
@@ -255,8 +267,6 @@ class _Child:
     process: multiprocessing.process.BaseProcess
     conn: object | None
     outcome: tuple | None = None  # ("result", dict) or ("error", code, message)
-    #: Set to cut the child's idle waits short (see :func:`_woken_by`).
-    wake: object | None = None
 
 
 def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, store: ControlStore,
@@ -302,20 +312,22 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
             # the stop comes from here, as one SIGTERM each.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, forward)
+        # Counts ended segments and exited children; every child's idle workers watch it
+        # (only this process writes it: no lock).
+        wakes = mp.RawValue("Q", 0)
         for i in range(count):
             recv, send = mp.Pipe(duplex=False)
-            wake = mp.Event()
             p = mp.Process(target=_child, name=f"reshard-{job}-{i + 1}",
                            args=(send, i, make_dynamo, store.table, job, migration_id, child_opts, run,
-                                 RESHARD_ROOT, index_only, wake))
+                                 RESHARD_ROOT, index_only, wakes))
             with _without_main(make_dynamo), _server_imports_ours():
                 p.start()
             send.close()  # the child's end: EOF here once the child is gone, however it ends
-            children.append(_Child(i, p, recv, wake=wake))
+            children.append(_Child(i, p, recv))
         if on_main:
             signal.signal(signal.SIGINT, forward)
         state_box = {"started": False, "reasons": {}}
-        _pump(children, subs, state_box)
+        _pump(children, subs, state_box, wakes)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
@@ -328,7 +340,7 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
                     stopping.is_set(), time.monotonic() - started_at, sleep)
 
 
-def _pump(children: list[_Child], subs: Fanout, box: dict) -> None:
+def _pump(children: list[_Child], subs: Fanout, box: dict, wakes) -> None:
     """Relay every child's events to ``subs`` until every child has ended and been reaped."""
     reasons: dict[int, str] = box["reasons"]
     by_conn = {id(c.conn): c for c in children}
@@ -345,11 +357,11 @@ def _pump(children: list[_Child], subs: Fanout, box: dict) -> None:
                 conn.close()
                 c.conn = None
                 c.process.join(5)
-                _wake_siblings(children, c)
+                wakes.value += 1
                 continue
             _relay(c, event, subs, box, reasons)
             if event[0] in _WAKING:
-                _wake_siblings(children, c)
+                wakes.value += 1
     for c in children:
         c.process.join()
 
@@ -358,12 +370,6 @@ def _pump(children: list[_Child], subs: Fanout, box: dict) -> None:
 #: instead of at their next poll: a segment ended or was let go, or the child is done (without
 #: it the run's end waited up to a poll interval, 0.5 s, for each idle child).
 _WAKING = frozenset({"segment_done", "segment_failed", "lease_lost", "result", "error"})
-
-
-def _wake_siblings(children: list[_Child], sender: _Child) -> None:
-    for c in children:
-        if c is not sender and c.wake is not None and c.conn is not None:
-            c.wake.set()
 
 
 def _relay(c: _Child, event: tuple, subs: Fanout, box: dict, reasons: dict) -> None:
