@@ -30,7 +30,8 @@ from decimal import Decimal
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from reshard.core.compare import expired
-from reshard.core.layout import TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, ignoring, is_tombstone, text_of, to_av
+from reshard.core.layout import (TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout, ignoring, is_tombstone, sets_in_order,
+                                 text_of, to_av)
 from reshard.core.migration import RESERVED_PREFIX, SHARD
 
 #: Which physical item of a logical item a record is.
@@ -69,6 +70,18 @@ except ImportError:  # pragma: no cover - orjson is optional
     canonical = _json_canonical
 
 
+def content_bytes(content: Mapping[str, Any]) -> bytes:
+    """:func:`canonical` of a content with its sets' members in one order (:func:`sets_in_order`).
+
+    ``"SS":[``, ``"NS":[`` or ``"BS":[`` occur in canonical JSON only as a set's type tag (a
+    map member's value is always an object, and a quote inside a string is escaped), so an
+    item without sets is encoded once and not walked."""
+    text = canonical(content)
+    if b'S":[' in text:
+        text = canonical(sets_in_order(content))
+    return text
+
+
 def digest(content: Mapping[str, Any] | None) -> bytes | None:
     """A digest of a logical item's content (wire format); None for a tombstone.
 
@@ -78,12 +91,12 @@ def digest(content: Mapping[str, Any] | None) -> bytes | None:
     tells any two unequal values apart, and two equal ones give the same bytes whatever
     order their maps list their names in. Numbers are compared as DynamoDB returns them:
     it stores them normalised (``1.0`` and ``01`` read back as ``1``), so two copies of one
-    number read back as the same text. A set listed in another order digests apart, as the
-    judge's ``==`` tells it apart.
+    number read back as the same text. A set digests the same whatever order a read lists
+    its members in (:func:`content_bytes`), as the judge compares it (``KeyMapper.content``).
     """
     if content is None:
         return None
-    return _hash(canonical(content))
+    return _hash(content_bytes(content))
 
 
 def key_hash(key: Mapping[str, Any], attrs: Sequence[str]) -> bytes:
@@ -214,7 +227,7 @@ class Recorder:
         for f in added:
             if f not in out and f in values:
                 out[f] = to_av(values[f])
-        return _hash(canonical(out))
+        return _hash(content_bytes(out))
 
     def _ttl(self, item: Mapping[str, Any]) -> str | None:
         av = item.get(self.ttl_attribute) if self.ttl_attribute else None

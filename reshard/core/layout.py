@@ -525,8 +525,9 @@ class KeyMapper:
         """What verify and the copy compare between copies: :meth:`to_logical` with the
         value of each :attr:`ignored` attribute (a combined migration's GSI attributes)
         replaced by a marker: whether a copy carries it still counts (a copy left out of a
-        sparse index is a difference), its value does not."""
-        return ignoring(self.to_logical(physical, layout), self.ignored)
+        sparse index is a difference), its value does not. Sets' members in one order
+        (:func:`sets_in_order`): a set is the same value however a read lists it."""
+        return sets_in_order(ignoring(self.to_logical(physical, layout), self.ignored))
 
     def remap(self, old_item: Mapping[str, Any]) -> tuple[Wire, bool]:
         """The new-layout physical item for an old-layout physical item, and whether it moves.
@@ -565,6 +566,37 @@ class KeyMapper:
 
 #: What :meth:`KeyMapper.content` puts in place of an ignored attribute's value.
 PRESENT = {"NULL": True}
+
+
+def _number_order(text: str):
+    try:
+        return (0, Decimal(text), text)
+    except (InvalidOperation, TypeError):
+        return (1, 0, str(text))
+
+
+def _set_members_ordered(av):
+    """One wire value with every set's members in one order, at any depth: DynamoDB's sets
+    are unordered, so two reads of one set may list its members differently (NS by value)."""
+    if not isinstance(av, dict) or len(av) != 1:
+        return av
+    (tag, value), = av.items()
+    if tag in ("SS", "BS") and isinstance(value, list):
+        return {tag: sorted(value)}
+    if tag == "NS" and isinstance(value, list):
+        return {tag: sorted(value, key=_number_order)}
+    if tag == "M" and isinstance(value, dict):
+        return {"M": {k: _set_members_ordered(v) for k, v in value.items()}}
+    if tag == "L" and isinstance(value, list):
+        return {"L": [_set_members_ordered(v) for v in value]}
+    return av
+
+
+def sets_in_order(content: Mapping[str, Any]) -> dict:
+    """``content`` (attribute name -> wire value) with every set's members in one order, so
+    that two copies of one item compare and digest equal whatever order each read listed a
+    set in (a list keeps its order: it is part of the value)."""
+    return {k: _set_members_ordered(v) for k, v in content.items()}
 
 
 def ignoring(content: dict, ignored: Iterable[str]) -> dict:

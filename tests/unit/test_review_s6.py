@@ -20,8 +20,6 @@ from reshard.jobs.processes import _woken_by
 from tests.conftest import ROOT
 
 
-@pytest.mark.xfail(strict=True, reason="verify compares sets as ordered lists: one set read back in "
-                                       "another member order is 'diverged' (a false failure that blocks cutover)")
 @pytest.mark.parametrize("tag, members", [("SS", ["a", "b"]), ("NS", ["1", "2"]), ("BS", [b"\x01", b"\x02"])])
 def test_one_set_listed_in_another_order_is_no_difference(tag, members):
     """DynamoDB's sets are unordered (the order a read lists members in is not part of the
@@ -89,3 +87,28 @@ def test_an_epoch_seconds_source_the_shim_wrote_maps_back():
     values = m.fields(item, m.old)
     copy, _ = m.remap(item)
     assert m.fields(copy, m.new) == values
+
+
+def test_the_recorder_digests_a_set_in_any_order_alike_and_a_list_in_another_order_apart():
+    """The scan's records (the join's first look) agree with the judge: a set listed in
+    another order at any depth is the same value; a list in another order is not."""
+    from reshard.core.join import NEW, OLD, Recorder
+
+    m = KeyMapper(load(ROOT / "migrations" / "0001_sensor_events.toml"))
+    r = Recorder(m)
+    base = {"sensor_id": {"S": "s-1"}, "ts": {"S": "t"}, "event_id": {"S": "e-1"}}
+
+    def records(old_value, new_value):
+        old = m.to_physical({**base, "x": old_value}, m.old)
+        new, _ = m.remap(old)
+        new["x"] = new_value
+        return (r.record(old, OLD, m.fields(old, m.old)).digest, r.record(new, NEW, m.fields(new, m.new)).digest)
+
+    a, b = records({"M": {"n": {"NS": ["10", "9", "1.5"]}}}, {"M": {"n": {"NS": ["1.5", "9", "10"]}}})
+    assert a == b
+    a, b = records({"L": [{"SS": ["b", "a"]}]}, {"L": [{"SS": ["a", "b"]}]})
+    assert a == b
+    a, b = records({"L": [{"S": "a"}, {"S": "b"}]}, {"L": [{"S": "b"}, {"S": "a"}]})
+    assert a != b
+    a, b = records({"SS": ["a", "b"]}, {"SS": ["a", "c"]})
+    assert a != b
