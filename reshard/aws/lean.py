@@ -44,6 +44,8 @@ from urllib.parse import urlsplit
 import botocore.exceptions
 from botocore.awsrequest import AWSPreparedRequest
 
+from reshard.aws.signing import SIGN_DATE
+
 try:  # a faster encoder when installed; the standard one otherwise
     import orjson
 
@@ -200,8 +202,9 @@ class LeanSender:
         headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": _TARGET + op}
         if creds.token:
             headers["X-Amz-Security-Token"] = creds.token
+        when = SIGN_DATE.get()  # a horizon's date (reshard/aws/signing.py), else now
         headers.update(sign(self._signing_key, creds.access_key, creds.secret_key, self.region, self.host_header,
-                            headers, body, time.gmtime()))
+                            headers, body, time.gmtime() if when is None else time.gmtime(when)))
         headers["User-Agent"] = self.user_agent
         answered = None
         request = AWSPreparedRequest("POST", self.url, headers, body, False)
