@@ -16,7 +16,7 @@ Why every transition waits for the fleet
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -59,6 +59,11 @@ class Routing:
         monotonically per item and mirror writes can be ordered by them.
     ``hold``: the fleet is switching authority (:data:`SWITCH`): requests wait, and
         never act on either layout, until the switch is over.
+    ``catch_up``: the layout (``"old"``/``"new"``) that may hold a newer copy than the
+        authoritative one after an authority switch (a mirror that never landed): reads
+        read it too (newest wins), and a write first reads its copy and, when it is newer,
+        puts it onto the authoritative key (docs/late-writes.md, "Catch-up"). None: no
+        such layout.
     """
 
     writes: tuple[str, ...]
@@ -66,6 +71,7 @@ class Routing:
     tombstones: bool
     fenced: bool
     hold: bool = False
+    catch_up: str | None = None
 
     @property
     def authoritative(self) -> str:
@@ -103,9 +109,22 @@ def changes_authority(frm: Phase, to: Phase) -> bool:
     return bool(a and b and a.writes and b.writes and a.authoritative != b.authoritative)
 
 
-def routing_of(phase: Phase, switching: bool = False) -> Routing:
-    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it."""
-    return SWITCH if switching else ROUTING[phase]
+def routing_of(phase: Phase, switching: bool = False, newer_may_be: str | None = None) -> Routing:
+    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it.
+
+    ``newer_may_be`` (the control row's catch-up flag, ``"old"`` after backfill -> cutover,
+    ``"new"`` after cutover -> backfill, None once a verify cleared it): when it names a
+    layout other than the authoritative one, reads also read that layout (newest wins) and
+    writes catch up from it first (:attr:`Routing.catch_up`). The gates of :func:`decide`
+    keep a phase that reads one layout from starting while the other may be newer.
+    """
+    if switching:
+        return SWITCH
+    r = ROUTING[phase]
+    if newer_may_be not in ("old", "new") or not r.writes or newer_may_be == r.authoritative:
+        return r
+    reads = r.reads if newer_may_be in r.reads else (*r.reads, newer_may_be)
+    return replace(r, reads=reads, catch_up=newer_may_be)
 
 
 #: The shim's routing when no migration is registered for its table at all.
@@ -138,6 +157,10 @@ class Facts:
     #: A job that may still write (a backfill or verify lease not yet released or quiet
     #: long enough, see :func:`reshard.control.runs.await_no_writers`): cutover waits for it.
     writers: str | None = None
+    #: The control row's catch-up flag (:func:`routing_of`): ``"old"``, ``"new"`` or None.
+    newer_may_be: str | None = None
+    #: The command that clears it (a passing verify started in this phase version).
+    verify_command: str = "reshard verify"
 
 
 @dataclass(frozen=True)
@@ -215,7 +238,29 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
                 refusals.append(missing)
     if action is Action.ADVANCE and target is Phase.COMPLETE and facts.cleanup_missing:
         refusals.append(facts.cleanup_missing)
+    catch_up = catch_up_refusal(target, facts.newer_may_be, facts.verify_command)
+    if catch_up:
+        refusals.append(catch_up)
     return Decision(action, phase, target, tuple(refusals))
+
+
+def catch_up_refusal(target: Phase, newer_may_be: str | None, verify_command: str = "reshard verify") -> str | None:
+    """Why a move into ``target`` must wait for the catch-up verify, or None.
+
+    After an authority switch the layout that was authoritative before may hold a write
+    whose mirror never landed (``newer_may_be``). A phase that reads only the other layout
+    would no longer see it: ``cleanup`` (and on) reads only new, so it waits while old may
+    be newer; ``aborted``, ``dual_write`` and ``planned`` read only old, so they wait while
+    new may be newer. A verify that started in this phase version and passed (its repairs
+    copy the newer copy over the older, in both directions) clears the flag.
+    """
+    reads_only = {Phase.CLEANUP: "new", Phase.COMPLETE: "new", Phase.ABORTED: "old",
+                  Phase.DUAL_WRITE: "old", Phase.PLANNED: "old"}.get(target)
+    if reads_only is None or newer_may_be not in ("old", "new") or newer_may_be == reads_only:
+        return None
+    return (f"the {newer_may_be} layout may hold writes the {reads_only} layout lacks (a mirror lost across the "
+            f"authority switch), and {target} reads only the {reads_only} layout: run `{verify_command}` (with "
+            "--repair if it finds differences) until a run started in this phase passes, then retry")
 
 
 #: The data jobs, by name (run records, leases and status use these names).
