@@ -135,3 +135,15 @@ def await_before_removal(store: ControlStore, state: MigrationState, job: str, *
     return await_phase_age(store, state, state.request_horizon, say=say, sleep=sleep,
                            why=f"before {job}: every write that obeyed the phase before it must have landed or "
                                "expired, so none lands behind the scan")
+
+
+def retire_settled(state: MigrationState, server_now: float | None) -> bool:
+    """Whether a retired migration's retire is at least its request horizon + DATE_MARGIN old
+    on the server's clock (``server_now``: the ``Date`` of a control-table answer): no copy of
+    it can land any more, so removing its copies is final. A retire with no recorded date (a
+    writer that died before stamping it, an earlier release) or without a server deadline
+    counts at once: its abort's cleanup pass already waited for its copies."""
+    since = state.phase_since
+    if not state.server_deadline or since is None:
+        return True
+    return server_now is not None and phase_left(since, server_now, state.request_horizon) <= 0

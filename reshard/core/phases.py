@@ -283,9 +283,11 @@ JOB_RULES: dict[str, JobRule] = {
     BACKFILL_JOB: JobRule((Phase.BACKFILL,), "the shims must dual-write before the copy races them; "
                                             "`reshard advance` gets there"),
     VERIFY_JOB: JobRule((Phase.BACKFILL, Phase.CUTOVER), "it compares the layouts the backfill filled"),
-    # --repair writes from the old layout, which is authoritative only up to backfill.
-    f"{VERIFY_JOB} --repair": JobRule((Phase.BACKFILL,), "--repair writes from the old layout, which is "
-                                                        "authoritative only up to backfill"),
+    # --repair copies the newer copy over the older (version-fenced), in either direction:
+    # the catch-up after a switch (newer_may_be) needs it on both sides of the switch.
+    f"{VERIFY_JOB} --repair": JobRule((Phase.BACKFILL, Phase.CUTOVER),
+                                      "--repair copies the newer copy over the older, which needs both layouts "
+                                      "written (backfill and cutover)"),
     CLEANUP_JOB: JobRule((Phase.CLEANUP, Phase.ABORTED), "old items may be retired only once no shim reads them, "
                                                          "and new copies removed only once a migration is aborted"),
     # complete: one layout, unfenced, no tombstones (ROUTING), so no write compares a

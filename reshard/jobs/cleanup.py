@@ -45,9 +45,8 @@ from reshard.aws.dynamo import Dynamo
 from reshard.aws.inspect import ttl_status
 from reshard.control.runs import await_no_writers
 from reshard.control.store import ControlStore
-from reshard.control.horizon import await_before_removal
+from reshard.control.horizon import await_before_removal, retire_settled
 from reshard.control.transition import WRITING_JOBS, retire
-from reshard.core.deadlines import phase_left
 from reshard.core.layout import GONE_ATTR, NEW_COPY_ATTR, KeyMapper, is_tombstone, item_size, not_data
 from reshard.core.migration import Migration
 from reshard.core.phases import CLEANUP_JOB, Phase
@@ -233,14 +232,6 @@ def retired_migrations(store: ControlStore, table: str, but: str) -> set[str]:
     now = store.dynamo.answer_date()
     return {s.id for s in states if s.table == table and s.id != but and s.phase is Phase.ABORTED and s.retired
             and retire_settled(s, now)}
-
-
-def retire_settled(state, server_now: float | None) -> bool:
-    """Whether a retired migration's retire is old enough on the server's clock (see above)."""
-    since = state.phase_since
-    if not state.server_deadline or since is None:
-        return True
-    return server_now is not None and phase_left(since, server_now, state.request_horizon) <= 0
 
 
 def _make_page(ctx: JobContext):

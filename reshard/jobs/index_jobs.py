@@ -71,7 +71,7 @@ from reshard.core.index_join import (GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, 
 from reshard.core.index_join import verdict as index_verdict
 from reshard.core.index_planning import index_entry_size
 from reshard.core.join import COLUMNS, fields_from_text, from_row
-from reshard.core.layout import VERSION_ATTR, is_tombstone, item_size
+from reshard.core.layout import VERSION_ATTR, is_tombstone, item_size, not_data
 from reshard.core.migration import Keys
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Phase
 from reshard.core.settle import Watch, decide, settle_window
@@ -135,8 +135,10 @@ class IndexRewrite:
         """What the rewrite does to one scanned item: (counter, [(mapper, seen, value)]).
 
         The changes of every index of the item go into one UpdateItem."""
-        if is_tombstone(item):
-            return "not_indexed", []  # a leftover delete marker of an earlier migration: not an item
+        if is_tombstone(item) or not_data(item):
+            # A leftover delete marker of an earlier migration, the table marker, an old item a
+            # cleanup retired (``_rs_gone``): not an item.
+            return "not_indexed", []
         changes, indexed = [], False
         for m in self.mappers:
             if not m.in_index(item):
@@ -254,7 +256,7 @@ class IndexVerifier(RunRecords):
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         for item in items:
-            if is_tombstone(item):
+            if is_tombstone(item) or not_data(item):
                 continue
             checked = False
             for m in self.mappers:

@@ -378,7 +378,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
                            poll_seconds=opts.poll_seconds,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
-                           guard=facts, join=spec.join, idle_wait=idle_wait)
+                           guard=facts, join=spec.join, idle_wait=idle_wait, phase_version=state.phase_version)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None
