@@ -518,7 +518,7 @@ class Demo:
                         break
                 elif phase is Phase.CUTOVER:
                     # The switch may have left a write whose mirror to the new layout never
-                    # landed: a verify started in cutover clears the catch-up flag (and
+                    # landed: a verify started in cutover lifts the catch-up flag (and
                     # `cutover -> cleanup` waits for it; docs/late-writes.md).
                     self.report["steps"]["catch_up_verify"] = self.verify_step()
                     if self.report["failures"]:

@@ -27,13 +27,15 @@ from reshard.control import horizon as horizons
 from reshard.control import marker as markers
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
+from reshard.control.gates import catch_up_verified
 from reshard.control.records import META, MigrationState, Transition
 from reshard.control.runs import (allowed_unmappable, backfill_run, describe, item_total, read_run, runs,
                                   segment_records, sum_counters, unmappable_items, verify_verdict)
 from reshard.control.store import ControlStore, resolve
 from reshard.core import capacity, hints, iam, planning
 from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, MAX_HORIZON_SECONDS, MIN_HORIZON_SECONDS, clamp_horizon
-from reshard.core.layout import not_data
+from reshard.core.layout import GONE_ATTR, not_data
+from reshard.core.marker import MARKER_ATTR
 from reshard.core.wire import S
 from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
@@ -219,7 +221,10 @@ def count_items(dynamo: Dynamo, table: str, *, segments: int = 8, max_rcu: float
 
     say(f"counting the items of {table} (Select=COUNT scan, {segments} segments"
         + (f", at most {max_rcu:g} RCU/s)" if max_rcu else ")"))
-    return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0))
+    # The table marker and an earlier migration's retired leftovers are not items to migrate.
+    return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0),
+                               exclude=("attribute_not_exists(#rs_m) AND attribute_not_exists(#rs_g)",
+                                        {"#rs_m": MARKER_ATTR, "#rs_g": GONE_ATTR}))
 
 
 def next_hint(store: ControlStore, state: MigrationState, census: Census | None = None) -> str:
@@ -243,6 +248,8 @@ class Status:
     advance: Decision  # whether `advance` would be allowed now, and why not
     jobs: list[dict]  # every job run, as :func:`job_runs` describes it
     next: str = ""  # the ``next:`` hint, from the same facts as ``advance``
+    #: The passing verify run that lifts the catch-up flag (the next transition clears it), or None.
+    catch_up_run: int | None = None
 
 
 def status_migration(store: ControlStore, ref: str | None) -> str:
@@ -280,8 +287,9 @@ def status(store: ControlStore, migration_id: str,
         j["progress"] = job_progress_of(j, now, total)
     hint = (hints.next_step(state.id, state.phase, facts, retired=state.retired, switching=state.switching)
             if state.active else hints.next_step(state.id, state.phase, retired=state.retired))
+    verified = catch_up_verified(store, state) if state.newer_may_be else None
     return Status(state=state, control_table=store.table, now=now, history=store.history(migration_id),
-                  census=census, advance=decision, jobs=jobs, next=hint)
+                  census=census, advance=decision, jobs=jobs, next=hint, catch_up_run=verified)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def give_back(dynamo: Dynamo, store: ControlStore, migration_id: str, table: str
     try:
         key = key_for(desc or dynamo.describe_table(table))
         item = read(dynamo, table, key)
-    except errors.ResourceNotFound:
+    except (errors.ResourceNotFound, errors.TableProblem):  # describe_table says TableProblem
         return f"table {table!r} is gone (nothing to give back)"
     owner = owner_of(item)
     if owner is None or owner.migration_id != migration_id or owner.control_table != store.table:

@@ -15,7 +15,7 @@ from typing import Callable
 from reshard import errors
 from reshard.control import fleet
 from reshard.control import marker as markers
-from reshard.control.gates import gate_facts
+from reshard.control.gates import catch_up_verified, gate_facts
 from reshard.control.horizon import await_phase_age, horizon_for
 from reshard.control.records import MigrationState
 from reshard.control.store import ControlStore, operator_name
@@ -38,9 +38,12 @@ def facts(store: ControlStore, state: MigrationState, census: fleet.Census, gate
     ``allow_no_shims``: the operator vouches that no application writes the table, so an
     empty census is not a reason to refuse (otherwise it is: see :func:`decide`).
     """
+    flag = state.newer_may_be
+    if flag is not None and catch_up_verified(store, state) is not None:
+        flag = None  # a passing verify started after the switch: the next transition clears it
     return Facts(lagging=tuple(census.describe_lagging()),
                  live_shims=None if allow_no_shims else len(census.live) + len(census.foreign),
-                 newer_may_be=state.newer_may_be, verify_command=f"reshard verify {state.id}",
+                 newer_may_be=flag, verify_command=f"reshard verify {state.id}",
                  **gates(store, state))
 
 
@@ -112,14 +115,26 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
         raise errors.RefusedTransition(
             f"{action.value} refused for {migration_id!r}: the fleet is switching to {state.phase}; run "
             f"`reshard advance {migration_id}` to finish the switch or `reshard rollback {migration_id}` to undo it")
-    decision = _judge(store, state, action, gates, allow_no_shims, lease_wait)
+    if state.newer_may_be is not None and catch_up_verified(store, state) is not None:
+        # A verify started after the switch passed: clear the catch-up flag (the operator's
+        # write: workers may not write the phase row), conditioned on this phase version.
+        if store.clear_newer_may_be(migration_id, state.phase_version, state.newer_may_be):
+            state = store.load_state(migration_id)
+    writers = None
+    if action is Action.ADVANCE and state.phase is Phase.BACKFILL and not state.server_deadline:
+        # Cutover makes the new layout authoritative: no backfill or repair worker may
+        # still be able to write (a stalled one stops at its own deadline; we wait it out).
+        # With a server deadline its writes expire at their horizon instead (the switch
+        # lasts H + 2 s on the server's clock), so nothing is watched.
+        writers = await_no_writers(store, migration_id, WRITING_JOBS, lease_wait)
+    decision = _judge(store, state, action, gates, allow_no_shims, writers)
     if state.server_deadline:
         # Refusals first (they need no wait), then the phase's minimum age, then judge again
         # on what is true after the wait.
         state = await_phase_age(store, state, horizon_for(state), say=say, sleep=sleep,
                                 why=f"before {action.value} to {decision.target}: requests that obeyed the phase "
                                     "before it must have landed or expired")
-        decision = _judge(store, state, action, gates, allow_no_shims, lease_wait)
+        decision = _judge(store, state, action, gates, allow_no_shims, writers)
     if needs_switch(state, state.phase, decision.target):
         held = store.set_phase(state, decision.target, action.value, who, switching=True)
         return state, finish_switch(store, held, who, switch_wait, sleep, say)
@@ -132,15 +147,11 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
 
 
 def _judge(store: ControlStore, state: MigrationState, action: Action, gates: Gates, allow_no_shims: bool,
-           lease_wait: float) -> Decision:
-    """The rules' decision on ``action`` now (census, gates, index rules); raises the refusal."""
+           writers: str | None) -> Decision:
+    """The rules' decision on ``action`` now (census, gates, index rules, ``writers``: what
+    :func:`await_no_writers` said); raises the refusal."""
     census = fleet.census(store, state.id, state.phase_version)
-    found = facts(store, state, census, gates, allow_no_shims)
-    if action is Action.ADVANCE and state.phase is Phase.BACKFILL and not state.server_deadline:
-        # Cutover makes the new layout authoritative: no backfill or repair worker may
-        # still be able to write (a stalled one stops at its own deadline; we wait it out).
-        # With a server deadline its writes expire at their horizon instead (the switch lasts H).
-        found = replace(found, writers=await_no_writers(store, state.id, WRITING_JOBS, lease_wait))
+    found = replace(facts(store, state, census, gates, allow_no_shims), writers=writers)
     decision = decide(action, state.phase, found)
     index_refusal = index_transition_refusal(action, state.phase, decision.target) \
         if state.migration().indexes else None

@@ -159,7 +159,7 @@ class Facts:
     writers: str | None = None
     #: The control row's catch-up flag (:func:`routing_of`): ``"old"``, ``"new"`` or None.
     newer_may_be: str | None = None
-    #: The command that clears it (a passing verify started in this phase version).
+    #: The command that lifts it (a passing verify started in this phase version).
     verify_command: str = "reshard verify"
 
 
@@ -252,7 +252,7 @@ def catch_up_refusal(target: Phase, newer_may_be: str | None, verify_command: st
     would no longer see it: ``cleanup`` (and on) reads only new, so it waits while old may
     be newer; ``aborted``, ``dual_write`` and ``planned`` read only old, so they wait while
     new may be newer. A verify that started in this phase version and passed (its repairs
-    copy the newer copy over the older, in both directions) clears the flag.
+    copy the newer copy over the older, in both directions) lifts the flag.
     """
     reads_only = {Phase.CLEANUP: "new", Phase.COMPLETE: "new", Phase.ABORTED: "old",
                   Phase.DUAL_WRITE: "old", Phase.PLANNED: "old"}.get(target)

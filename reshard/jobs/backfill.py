@@ -117,8 +117,10 @@ class Backfill:
         for item in items:
             if not_data(item):
                 # The table marker, or an old item an earlier migration's cleanup retired
-                # (``_rs_gone``, TTL pending): not data, never copied (case 6 of issue 25).
+                # (``_rs_gone``, TTL pending): not data, never copied (case 6 of issue 25), and
+                # not counted as scanned (the progress total counts items, not these).
                 counts["not_data"] += 1
+                counts["scanned"] -= 1
                 continue
             # The table holds both layouts: a new-layout copy (a shim's mirror write, or a
             # copy made earlier) carries the _rs_new marker and is not an old item at all.

@@ -106,12 +106,17 @@ class Cleaner:
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
                   "new_copies_removed": 0, "retired_copies_removed": 0, "untouched": 0, "unmoved": 0,
-                  "unmappable": 0, "changed_meanwhile": 0}
+                  "unmappable": 0, "changed_meanwhile": 0, "not_data": 0}
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
-        counts["scanned"] = len(items)
         writes = []
         for item in items:
+            if not_data(item):
+                # The table marker, an old item a cleanup already retired (_rs_gone): not data,
+                # not counted as scanned (progress counts items).
+                counts["not_data"] += 1
+                continue
+            counts["scanned"] += 1
             action = self.action(item)
             if action in ("untouched", "unmoved", "unmappable"):
                 counts[action] += 1

@@ -62,11 +62,11 @@ class Stripper:
         counts = dict.fromkeys(COUNTERS, 0)
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
-        counts["scanned"] = len(items)
         for item in items:
             if not_data(item):  # the table marker (it stays after complete), a retired leftover
                 counts["not_data"] += 1
                 continue
+            counts["scanned"] += 1
             action, attrs = strip_action(item)
             if action == "clean":
                 counts["clean"] += 1

@@ -67,7 +67,7 @@ from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control.fleet import heartbeats
 from reshard.control.records import example_prefix
-from reshard.control.runs import allowed_unmappable, backfill_run, read_run, verify_verdict
+from reshard.control.runs import allowed_unmappable, backfill_run, read_run
 from reshard.control.store import ControlStore
 from reshard.aws.inspect import ttl_status
 from reshard.core.compare import INFO, KINDS, Difference, Judgement, differences, judge, passes
@@ -604,27 +604,9 @@ def _make_page(ctx: JobContext):
                     authoritative=ROUTING[ctx.state.phase].authoritative).page
 
 
-def clear_catch_up(store: ControlStore, migration_id: str, run: int) -> bool:
-    """After a verify run finished: clear the catch-up flag (``newer_may_be``) when the run
-    passed, started in the phase version the migration is still at, and the flag is set --
-    a compare-and-set on that version (:meth:`ControlStore.clear_newer_may_be`). Returns
-    whether it cleared it."""
-    state = store.load_state(migration_id)
-    info = read_run(store, migration_id, VERIFY_JOB, run)
-    if state.newer_may_be is None or info is None or info.phase_version != state.phase_version:
-        return False
-    if not verify_verdict(store, migration_id, run, shown=0)["passed"]:
-        return False
-    return store.clear_newer_may_be(migration_id, state.phase_version, state.newer_may_be)
-
-
-def _finish(ctx: JobContext, result) -> None:
-    clear_catch_up(ctx.store, ctx.state.id, ctx.run)
-
-
 #: ``reshard verify``: a fresh run each time (a finished run is a verdict), joined by
 #: other hosts while it is unfinished. Its last segment is the join (``join=True``).
-VERIFY = JobSpec(VERIFY_JOB, _make_page, check=_after_backfill, fresh=True, join=True, finish=_finish)
+VERIFY = JobSpec(VERIFY_JOB, _make_page, check=_after_backfill, fresh=True, join=True)
 
 
 # --------------------------------------------------------------------------- read-only verify

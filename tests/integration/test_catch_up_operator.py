@@ -91,9 +91,9 @@ def test_rollback_from_cutover_holds_abort_until_a_verify_brought_old_up_to_date
     assert old_a["temp"] == {"N": "77"} and old_a[VERSION_ATTR] == newer[VERSION_ATTR]  # the newer copy went back
     old_b = scan_all(dynalite, m.table)[key_str(mapper.to_physical(b, mapper.old))]
     assert TOMBSTONE_ATTR in old_b  # ... and the delete too
-    assert verify(dynalite, store, m.id).passed
-    assert store.load_state(m.id).newer_may_be is None  # cleared by the passing run of this phase version
-    assert advance(store, m.id, Action.ABORT).phase is Phase.ABORTED
+    assert verify(dynalite, store, m.id).passed  # a run of this phase version: lifts the flag
+    aborted = advance(store, m.id, Action.ABORT)
+    assert aborted.phase is Phase.ABORTED and aborted.newer_may_be is None  # the operator's move cleared it
 
 
 def test_cutover_to_cleanup_waits_for_the_verify_after_the_switch(dynalite, unique_name):
@@ -115,16 +115,20 @@ def test_cutover_to_cleanup_waits_for_the_verify_after_the_switch(dynalite, uniq
     assert verify(dynalite, store, m.id, repair=True).repaired == 1  # old -> new, fenced, in cutover
     new_a = scan_all(dynalite, m.table)[key_str(mapper.to_physical(a, mapper.new))]
     assert new_a["temp"] == {"N": "55"}
-    assert verify(dynalite, store, m.id).passed and store.load_state(m.id).newer_may_be is None
-    assert advance(store, m.id).phase is Phase.CLEANUP
+    assert verify(dynalite, store, m.id).passed
+    assert store.load_state(m.id).newer_may_be == "old"  # the worker does not write the phase row...
+    cleanup = advance(store, m.id)
+    assert cleanup.phase is Phase.CLEANUP and cleanup.newer_may_be is None  # ... the operator's move clears it
 
 
-def test_a_verify_run_started_before_the_switch_does_not_clear_the_flag(dynalite, unique_name):
+def test_a_verify_run_started_before_the_switch_does_not_lift_the_flag(dynalite, unique_name):
     m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=unique_name + "-c")
     shim = Shim(dynalite, mapper, m.table)
     cut = to_cutover(dynalite, store, m, shim, moving_items(mapper, 1))
-    from reshard.jobs.verify import clear_catch_up
+    from reshard.control.gates import catch_up_verified
     from reshard.control.runs import latest_run
     run = latest_run(store, m.id, "verify")  # passed, but in backfill's phase version
     assert run.phase_version < cut.phase_version
-    assert not clear_catch_up(store, m.id, run.run) and store.load_state(m.id).newer_may_be == "old"
+    assert catch_up_verified(store, cut) is None
+    with pytest.raises(errors.RefusedTransition, match="old layout may hold writes"):
+        advance(store, m.id)

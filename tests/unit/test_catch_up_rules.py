@@ -1,5 +1,5 @@
 """The catch-up flag's pure rules (docs/late-writes.md, "Catch-up"; issue 25 case 3):
-routing while it is set, and the transitions it holds back until a verify clears it."""
+routing while it is set, and the transitions it holds back until a verify lifts it."""
 
 from __future__ import annotations
 
