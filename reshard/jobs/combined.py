@@ -231,7 +231,7 @@ def combined_verifier(dynamo: Dynamo, store, migration_id: str, run: int, migrat
         fixer = IndexRewrite(shared.replaying, store, migration_id, VERIFY_JOB, index_mappers, migration.keys,
                              migration.table, budget, NEW, _projections(dynamo, migration.table))
     index = IndexVerifier(shared.replaying, store, migration_id, run, index_mappers, migration.keys, migration.table,
-                          budget, opts, sleep, repair=fixer)
+                          budget, opts, sleep, repair=fixer, horizon=horizon)
     return CombinedVerifier(table, index, opts.segments)
 
 

@@ -705,7 +705,7 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
                             horizon=settle_horizon(state))
     else:
         verifier = IndexVerifier(dynamo, store, migration_id, 0, mappers(migration.indexes), migration.keys,
-                                 migration.table, budget, opts, sleep)
+                                 migration.table, budget, opts, sleep, horizon=settle_horizon(state))
     verifier.collected = []
     # Stop at the next page once the migration left verify's phases, as a recorded run does.
     guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)
