@@ -219,6 +219,19 @@ def test_a_copy_held_past_cutover_and_cleanup_never_resurrects_a_deleted_item(pr
     assert key_str(mapper.to_physical(x, mapper.new)) not in scan_all(dynamo, m.table), "resurrected"
     assert outcome["code"] == "InvalidSignatureException", outcome
 
+    # The jobs that remove or mark start only once their phase lasted H + 2 s of server time
+    # (and say so): cleanup in cleanup, --strip-bookkeeping in complete.
+    for job, then in (("cleanup", Phase.COMPLETE), ("strip-bookkeeping", None)):
+        state = store.load_state(m.id)
+        said = []
+        assert operations.run_data_job(job, dynamo, store, m.id, JobOptions(**OPTS, delete=True), say=said.append,
+                                       sleep=fast).done
+        first_scan = proxy.now()
+        assert said and f"before {job}" in said[0], said
+        assert first_scan - state.phase_since >= H + DATE_MARGIN_SECONDS
+        if then:
+            assert move(store, m.id, fast).phase is then
+
 
 def test_a_copy_held_past_an_abort_its_cleanup_and_retire_never_reaches_the_retry(proxy, dynalite, unique_name):
     dynamo = client(proxy.endpoint)
