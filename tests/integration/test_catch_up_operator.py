@@ -19,7 +19,6 @@ from reshard.control.transition import transition
 from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, TOMBSTONE_ATTR
 from reshard.core.phases import Action, Phase
 from reshard.core.versions import VersionClock
-from reshard.core.wire import key_of
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.runner import JobOptions, run_job
 from reshard.jobs.verify import VERIFY

@@ -21,7 +21,7 @@ import dataclasses
 
 import pytest
 
-from reshard import errors, operations
+from reshard import operations
 from reshard.aws.dynamo import Dynamo, RetryPolicy
 
 # The fidelity proxy (issue 29, step 1) lands on main from another branch: until it is merged

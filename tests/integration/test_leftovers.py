@@ -27,7 +27,6 @@ from reshard.core.layout import GONE_ATTR, NEW_COPY_ATTR, VERSION_ATTR, KeyMappe
 from reshard.core.migration import parse
 from reshard.core.phases import Action, Phase
 from reshard.core.versions import VersionClock
-from reshard.core.wire import key_of
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.cleanup import CLEANUP
 from reshard.jobs.runner import JobOptions, run_job
