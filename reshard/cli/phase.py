@@ -144,6 +144,13 @@ def advance(env: Env, migration: str | None, wait: float | None, from_phase: str
     own lease deadline). Of two operators advancing at once, exactly one wins.
 
     \b
+    Late writes: with a server deadline (`start` without --no-server-deadline), the move
+    first waits until the phase has lasted the request horizon + 2 s on the server's
+    clock, saying so (out of planned at least 17 s); the switch to cutover holds about as
+    long. cutover -> cleanup is refused until a `reshard verify` started in cutover
+    passed (the catch-up after the switch; the move then clears the flag).
+
+    \b
     Example:
       reshard advance --wait 60
       reshard advance migrations/0001_sensor_events.toml
@@ -164,7 +171,10 @@ def rollback(env: Env, migration: str | None, wait: float | None, from_phase: st
     \b
     cutover -> backfill -> dual_read -> dual_write -> planned. Refused (exit 2) from
     cleanup and complete: cleanup retires old-layout items. Like every transition it
-    waits for the live shims' acknowledgement (--wait).
+    waits for the live shims' acknowledgement (--wait) and, with a server deadline, until
+    the phase lasted the request horizon + 2 s. After a rollback from cutover, a rollback
+    to dual_write or planned (and abort) is refused until a `reshard verify` passes (the
+    catch-up: a cutover write whose mirror to the old layout was lost).
 
     \b
     Example:
@@ -184,7 +194,8 @@ def abort(env: Env, migration: str | None, wait: float | None, from_phase: str |
 
     \b
     Allowed from planned, dual_write, dual_read and backfill. From cutover roll back
-    first (`reshard rollback`), then abort; refused from cleanup and complete.
+    first (`reshard rollback`), then run `reshard verify` until it passes (the catch-up
+    after the switch), then abort; refused from cleanup and complete.
 
     \b
     Example:
