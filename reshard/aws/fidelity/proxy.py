@@ -136,6 +136,10 @@ class ControlAPI:
         """Forget a held request: it never lands (its waiting client's connection is closed)."""
         return self._call("drop", handle=handle)
 
+    def ttl_sweep(self) -> int:
+        """Run one TTL sweep now (``ttl`` on); returns how many expired items it deleted."""
+        return self._call("ttl_sweep")
+
     def stats(self) -> dict:
         """Counters (requests, forwarded, refusals by kind, rules applied, ...) and ``cpu_seconds``."""
         return self._call("stats")
@@ -148,11 +152,14 @@ class FidelityProxy(ControlAPI):
     """The proxy, served by threads of this process (see the module docstring).
 
     ``upstream``: dynalite's (or moto server's) endpoint. ``clock``: real time by default
-    (tests inject one); the proxy's clock is ``clock() + clock_offset``. Settings as keywords.
+    (tests inject one); the proxy's clock is ``clock() + clock_offset``. ``monotonic``: the
+    behaviours' time (how long ago a write was, how full a partition's bucket is; tests
+    inject one to step it). Settings as keywords.
     """
 
     def __init__(self, upstream: str, *, port: int = 0, host: str = "127.0.0.1", seed: int = 0,
-                 clock: Callable[[], float] = time.time, **settings):
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 **settings):
         if not _is_loopback(host):
             raise ValueError(f"the fidelity proxy listens on loopback only, not {host!r}")
         up = urlsplit(upstream)
@@ -162,6 +169,7 @@ class FidelityProxy(ControlAPI):
         self.up_host, self.up_port = up.hostname, up.port
         self.up_hostport = f"{up.hostname}:{up.port}"
         self.clock = clock
+        self.monotonic = monotonic  # the behaviours' time (stale-read history, partition buckets)
         self.rng = random.Random(seed)
         self.lock = threading.RLock()
         self.config: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in DEFAULTS.items()}
@@ -619,6 +627,9 @@ class FidelityProxy(ControlAPI):
             self.count("dropped")
         held.released.set()
         return held.describe()
+
+    def _op_ttl_sweep(self) -> int:
+        return self.behaviours.ttl.sweep()
 
     def _op_stats(self) -> dict:
         with self.lock:
