@@ -42,6 +42,7 @@ from reshard.core.wire import N
 from reshard.control.budget import BudgetMembership, read_shares
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
+from reshard.jobs.pacing import DEFAULT_KEY_WCU
 from reshard.jobs.subscribers import Subscriber
 
 DEFAULT_PAGE_SIZE = 500
@@ -69,6 +70,9 @@ class JobOptions:
     page_size: int = DEFAULT_PAGE_SIZE
     max_wcu: float | None = None
     max_rcu: float | None = None
+    #: The copy's write rate per new partition key, WCU/s, for this host (divided among its
+    #: processes; reshard.jobs.pacing); None or 0: not paced per key.
+    max_wcu_per_key: float | None = DEFAULT_KEY_WCU
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: How long a job watches what it must wait for: held backfill/verify leases going

@@ -27,7 +27,7 @@ from reshard.aws.fidelity.ttl import TimeToLive
 DATA_OPS = READS | WRITES
 TABLE_CHANGES = frozenset({"CreateTable", "DeleteTable", "UpdateTable"})
 TTL_OPS = frozenset({"UpdateTimeToLive", "DescribeTimeToLive"})
-_TYPES = {bool: (bool,), float: (int, float), str: (str,)}
+_TYPES = {bool: (bool,), float: (int, float), str: (str,), list: (list, tuple)}
 
 
 class Behaviours:
@@ -54,12 +54,15 @@ class Behaviours:
             kind = type(defaults[k])
             if not isinstance(v, _TYPES[kind]) or (kind is not bool and isinstance(v, bool)):
                 raise ValueError(f"setting {k} takes a {kind.__name__}, not {v!r}")
+            if kind is list and not all(isinstance(x, str) for x in v):
+                raise ValueError(f"setting {k} takes a list of table names, not {v!r}")
             if kind is float and v < 0:
                 raise ValueError(f"setting {k} cannot be negative ({v!r})")
             if k == "throttle_error":
                 self.partitions.check(v)
-        self.config.update({k: (float(v) if type(defaults[k]) is float else v) for k, v in settings.items()})
-        if any(k.startswith("partition_") for k in settings):
+        self.config.update({k: (float(v) if type(defaults[k]) is float else list(v) if type(defaults[k]) is list
+                                else v) for k, v in settings.items()})
+        if any(k.startswith("partition_") and k != "partition_tables" for k in settings):
             self.partitions.buckets.clear()  # new rates: every partition starts full again
         if settings.get("ttl"):
             self.ttl._wake.set()

@@ -55,7 +55,7 @@ class Refused(Exception):
 class Partitions:
     DEFAULTS = {"partition_throughput": False, "partition_wcu": 1000.0, "partition_rcu": 3000.0,
                 "partition_burst_seconds": 1.0, "throttle_error": "ProvisionedThroughputExceededException",
-                "unprocessed_rate": 0.0}
+                "unprocessed_rate": 0.0, "partition_tables": []}
 
     def __init__(self, behaviours, clock=time.monotonic):
         self.b = behaviours
@@ -67,6 +67,13 @@ class Partitions:
     @property
     def on(self) -> bool:
         return self.b.config["partition_throughput"]
+
+    def limited(self, table: str) -> bool:
+        """``partition_tables`` (empty: every table) names the tables whose partitions are limited:
+        a test that scales the limit down to what a local server reaches scales it for the data
+        table, not for the control table."""
+        tables = self.b.config["partition_tables"]
+        return not tables or table in tables
 
     def check(self, value) -> None:
         if value not in THROTTLE_ERRORS:
@@ -145,7 +152,7 @@ class Partitions:
         cfg = self.b.config
         if op in ("PutItem", "UpdateItem", "DeleteItem") and self.on:
             info = infos(body.get("TableName"))
-            if info is not None:
+            if info is not None and self.limited(info.name):
                 item = body.get("Item") if op == "PutItem" else body.get("Key") or {}
                 units = write_units(item_size(item)) if op == "PutItem" else 1
                 refused = self._admit_write(info, item, units)
@@ -154,7 +161,7 @@ class Partitions:
             return req, None
         if op in ("GetItem", "Query") and self.on:
             info = infos(body.get("TableName"))
-            if info is not None:
+            if info is not None and self.limited(info.name):
                 index, value = self._read_partition(info, body)
                 units = 1.0 if body.get("ConsistentRead") else 0.5
                 if value is not None and not self._take(info.name, index, value, "read", units):
@@ -197,7 +204,7 @@ class Partitions:
                 if busy:
                     refused.append(e)
                     continue
-                if self.on and info is not None:
+                if self.on and info is not None and self.limited(table):
                     if kind == "write":
                         item = (e.get("PutRequest") or {}).get("Item")
                         units = write_units(item_size(item)) if item is not None else 1
@@ -236,6 +243,8 @@ class Partitions:
         if not self.on or answer.status != 200:
             return
         op, body = req.op, req.json
+        if body.get("TableName") and not self.limited(body["TableName"]):
+            return
         if op == "GetItem":
             info = infos(body.get("TableName"))
             item = answer.json.get("Item")

@@ -7,7 +7,8 @@ been deleted by TTL, still appear in reads, queries, and scans"; an item whose e
 than five years in the past is not deleted; an item updated to a later expiry (or without the
 attribute) before the deletion stays. The proxy (``ttl`` on) answers the two TTL calls from its
 own per-table setting and a sweeper thread deletes, every ``ttl_sweep_seconds``, the items whose
-expiry is more than ``ttl_delay`` seconds behind the proxy's clock: a conditional DeleteItem
+expiry is more than ``ttl_delay`` seconds behind the proxy's clock (plus ``ttl_time_offset``,
+which lets a test pass days of ``retain_hours`` for TTL alone): a conditional DeleteItem
 (the attribute still holds the expired value), the way the service's own deletes skip an item
 updated meanwhile. A deleted item's last state goes into the stale-read history.
 """
@@ -23,7 +24,7 @@ FIVE_YEARS = 5 * 365 * 86400
 
 
 class TimeToLive:
-    DEFAULTS = {"ttl": False, "ttl_delay": 2.0, "ttl_sweep_seconds": 0.5}
+    DEFAULTS = {"ttl": False, "ttl_delay": 2.0, "ttl_sweep_seconds": 0.5, "ttl_time_offset": 0.0}
 
     def __init__(self, behaviours):
         self.b = behaviours
@@ -99,7 +100,9 @@ class TimeToLive:
             specs = dict(self.specs)
             self.counts["ttl_sweeps"] += 1
         deleted = 0
-        now = self.b.proxy._now()
+        # ttl_time_offset: time for TTL alone (days of retain_hours in a test), the signatures'
+        # and Date's clock left where it is.
+        now = self.b.proxy._now() + self.b.config["ttl_time_offset"]
         for table, attr in specs.items():
             info = self.b.tables.get(table)
             if info is None:
