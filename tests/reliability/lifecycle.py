@@ -47,6 +47,10 @@ KEY_WCU = 1.6
 #: ``RESHARD_CHAOS_FIDELITY=1``: every lifecycle runs with every behaviour (the soak);
 #: ``RESHARD_CHAOS_LATE=1``: and with issue 25's late requests and lost answers (they fail today).
 SOAK_FIDELITY = os.environ.get("RESHARD_CHAOS_FIDELITY") == "1"
+#: ``RESHARD_CHAOS_FIDELITY_SETTINGS='{"stale_window": 2, "stale_probability": 1}'``: other
+#: settings over EVERY_BEHAVIOUR (a harsher soak).
+if os.environ.get("RESHARD_CHAOS_FIDELITY_SETTINGS"):
+    EVERY_BEHAVIOUR = {**EVERY_BEHAVIOUR, **json.loads(os.environ["RESHARD_CHAOS_FIDELITY_SETTINGS"])}
 LATE_FAULTS = os.environ.get("RESHARD_CHAOS_LATE") == "1"
 WRITE_OPS = ["PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"]
 

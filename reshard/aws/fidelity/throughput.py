@@ -63,6 +63,8 @@ class Partitions:
         self.buckets: dict[tuple, TokenBucket] = {}
         self._admitted = 0
         self.counts = {"partition_throttles": 0, "unprocessed_items": 0, "throttle_reasons": {}}
+        #: (table, index, key, second) of every throttle: how long keys spent over their limit.
+        self._throttled_seconds: set = set()
 
     @property
     def on(self) -> bool:
@@ -111,12 +113,14 @@ class Partitions:
         for key in [k for k, b in self.buckets.items() if now - b.last > horizon and b.tokens >= 0]:
             del self.buckets[key]
 
-    def _throttle(self, info: TableInfo, kind: str, index: str = ""):
+    def _throttle(self, info: TableInfo, kind: str, index: str = "", value=None):
         reason = f"{'Index' if index else 'Table'}{'Write' if kind == 'write' else 'Read'}KeyRangeThroughputExceeded"
         resource = info.arn + (f"/index/{index}" if index else "")
         code = self.b.config["throttle_error"]
         with self.b.lock:
             self.counts["partition_throttles"] += 1
+            if len(self._throttled_seconds) < 1_000_000:
+                self._throttled_seconds.add((info.name, index, value, kind, int(self.clock())))
             self.counts["throttle_reasons"][reason] = self.counts["throttle_reasons"].get(reason, 0) + 1
         reasons = [{"reason": reason, "resource": resource}]
         if code == "ThrottlingException":  # its member is lower-case in DynamoDB's model
@@ -132,8 +136,8 @@ class Partitions:
             if ix.is_global and all(a in item for a in ix.key):
                 yield ix.name, _hash(ix.key[0], item)
 
-    def _admit_write(self, info: TableInfo, item: dict, units: float) -> str | None:
-        """None when admitted (every partition charged), else the index ("" the table) that refused."""
+    def _admit_write(self, info: TableInfo, item: dict, units: float) -> tuple | None:
+        """None when admitted (every partition charged), else (index ("" the table), key value) that refused."""
         taken = []
         for index, value in self._write_targets(info, item, units):
             if value is None:
@@ -141,7 +145,7 @@ class Partitions:
             if not self._take(info.name, index, value, "write", units):
                 for t in taken:  # not written after all: nothing charged
                     self._charge(info.name, t[0], t[1], "write", -units)
-                return index
+                return index, value
             taken.append((index, value))
         return None
 
@@ -157,7 +161,7 @@ class Partitions:
                 units = write_units(item_size(item)) if op == "PutItem" else 1
                 refused = self._admit_write(info, item, units)
                 if refused is not None:
-                    raise Refused(self._throttle(info, "write", refused))
+                    raise Refused(self._throttle(info, "write", *refused))
             return req, None
         if op in ("GetItem", "Query") and self.on:
             info = infos(body.get("TableName"))
@@ -165,7 +169,7 @@ class Partitions:
                 index, value = self._read_partition(info, body)
                 units = 1.0 if body.get("ConsistentRead") else 0.5
                 if value is not None and not self._take(info.name, index, value, "read", units):
-                    raise Refused(self._throttle(info, "read", index))
+                    raise Refused(self._throttle(info, "read", index, value))
             return req, None
         if op == "BatchWriteItem" and (self.on or cfg["unprocessed_rate"]):
             return self._batch(req, infos, "write")
@@ -276,6 +280,7 @@ class Partitions:
             return {"partition_throttles": self.counts["partition_throttles"],
                     "unprocessed_items": self.counts["unprocessed_items"],
                     "throttle_reasons": dict(self.counts["throttle_reasons"]),
+                    "throttled_key_seconds": len(self._throttled_seconds),
                     "partition_buckets": len(self.buckets)}
 
 
