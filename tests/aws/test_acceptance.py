@@ -58,6 +58,7 @@ from reshard.shim.table import ShardedTable
 
 from tests.backfill_support import migration_text
 from tests.conftest import AWS_VARS, CALLER_AWS_ENV, ROOT
+from tests.shim_helpers import scan
 
 REGION = os.environ.get("RESHARD_AWS_TEST_REGION")
 ENDPOINT = os.environ.get("RESHARD_AWS_TEST_ENDPOINT") or None
@@ -286,13 +287,7 @@ def test_a_small_migration_through_every_phase_on_real_dynamodb(tmp_path):
                 and reader.get_item(Key=key(i), ConsistentRead=True).get("Item") != want]
         reader.close()
         assert not lost, f"{len(lost)} keys differ from their last acknowledged write: {lost[:10]}"
-        items, start = [], None
-        while True:
-            resp = raw.call("scan", TableName=table, ConsistentRead=True, **({"ExclusiveStartKey": start} if start else {}))
-            items += resp["Items"]
-            start = resp.get("LastEvaluatedKey")
-            if not start:
-                break
+        items = scan(raw, table)
         per_item: dict = {}
         for it in items:
             if it == unmappable:

@@ -25,6 +25,7 @@ from reshard.jobs.pacing import KeyPacer
 from reshard.jobs.runner import JobOptions, run_job
 
 from tests.backfill_support import migration_text
+from tests.shim_helpers import scan
 
 LIMIT = 20.0     # WCU/s per partition key at the proxy
 PACED = 16.0     # the copy's pace per new key
@@ -69,22 +70,12 @@ def test_a_copy_into_two_new_keys_is_throttled_unless_paced_per_key(dynalite, dy
             assert result.done
             stats = proxy.stats()
         throttles[label] = stats["throttle_reasons"].get("TableWriteKeyRangeThroughputExceeded", 0)
-        new_keys = {it["PK"]["S"] for it in _scan(dynalite, table) if mapper.is_new_copy(it)}
+        new_keys = {it["PK"]["S"] for it in scan(dynalite, table) if mapper.is_new_copy(it)}
         assert len(new_keys) == 2  # every copy in one of two partition keys
-        assert sum(1 for it in _scan(dynalite, table) if mapper.is_new_copy(it)) == ITEMS - result.totals["unmoved"]
+        assert sum(1 for it in scan(dynalite, table) if mapper.is_new_copy(it)) == ITEMS - result.totals["unmoved"]
     print(f"\n[hot new shards] per-key throttles: unpaced {throttles['unpaced']}, paced {throttles['paced']}")
     assert throttles["unpaced"] >= 10
     assert throttles["paced"] <= 2 < throttles["unpaced"]
-
-
-def _scan(dynamo, table):
-    out, start = [], None
-    while True:
-        resp = dynamo.call("scan", TableName=table, ConsistentRead=True, **({"ExclusiveStartKey": start} if start else {}))
-        out += resp["Items"]
-        start = resp.get("LastEvaluatedKey")
-        if not start:
-            return out
 
 
 def test_the_pacer_spaces_writes_per_key_and_leaves_other_keys_alone():

@@ -99,11 +99,7 @@ class Request:
     def json(self) -> dict:
         """The body, parsed once (an unreadable body reads as ``{}``: upstream refuses it)."""
         if self._json is None:
-            try:
-                parsed = loads(self.body) if self.body else {}
-            except ValueError:
-                parsed = {}
-            self._json = parsed if isinstance(parsed, dict) else {}
+            self._json = _object(self.body)
         return self._json
 
     def with_body(self, req: dict) -> "Request":
@@ -128,6 +124,15 @@ class Request:
                  if line[:line.find(b":")].strip().lower() not in _HOP]
         return (f"{self.method} {self.path} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1") + b"\r\n".join(lines)
                 + f"\r\ncontent-length: {len(self.body)}\r\n\r\n".encode("latin-1") + self.body)
+
+
+def _object(body: bytes) -> dict:
+    """A JSON object body, or ``{}`` for anything else (empty, unreadable, not an object)."""
+    try:
+        parsed = loads(body) if body else {}
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 _HOP = frozenset({b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"expect", b"host"})
@@ -156,11 +161,7 @@ class Answer:
     @property
     def json(self) -> dict:
         if self._json is None:
-            try:
-                parsed = loads(self.body) if self.body else {}
-            except ValueError:
-                parsed = {}
-            self._json = parsed if isinstance(parsed, dict) else {}
+            self._json = _object(self.body)
         return self._json
 
     @property
