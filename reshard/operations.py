@@ -23,6 +23,7 @@ from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
 from reshard.control import doctor as doctors
 from reshard.control import fleet
+from reshard.control import live
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
 from reshard.control.records import MigrationState, Transition
@@ -639,6 +640,28 @@ def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None,
     elif repair:
         repairs = []
     return DoctorReport(store.table, diagnosis, repairs)
+
+
+# ---------------------------------------------------------------------- throttle, pause, resume
+
+@dataclass(frozen=True)
+class Controlled:
+    """What ``reshard throttle``, ``pause`` or ``resume`` did: one entry per running job run."""
+
+    migration: str
+    action: str
+    runs: list[live.Changed]
+
+
+def control_job(store: ControlStore, migration_id: str, action: str, *, job: str | None = None,
+                who: str | None = None, **fields) -> Controlled:
+    """Change the live control of every unfinished job run of the migration (or of ``job``'s):
+    ``max_wcu``/``max_rcu`` (throttle), ``paused`` and ``release_leases`` (pause, resume). Each
+    run is one conditional write (:func:`reshard.control.live.change`); every process of the
+    run adopts it at its next budget beat."""
+    found = live.targets(store, migration_id, job, action)
+    return Controlled(migration_id, action, [live.change(store, migration_id, name, run, action, who=who, **fields)
+                                             for name, run in found])
 
 
 # ---------------------------------------------------------------------- backfill, verify, cleanup
