@@ -390,7 +390,7 @@ def _shown_value(field: str, value) -> str:
         return "paused" if value else "running"
     if field == "release_leases":
         return "leases released" if value else "leases kept"
-    return "none" if value is None else f"{value:g}"
+    return "(each process's own option)" if value is None else f"{value:g}"
 
 
 @dataclass(frozen=True)

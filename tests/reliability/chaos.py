@@ -54,6 +54,8 @@ class FaultProxy:
         self.enabled = True
         self.blocked_tables: set[str] = set()
         self.counts: dict[str, int] = {"calls": 0, "throttle": 0, "5xx": 0, "split": 0, "blocked": 0}
+        #: Write requests (PutItem, UpdateItem, DeleteItem, BatchWriteItem) forwarded, per table.
+        self.writes: dict[str, int] = {}
         self.lock = threading.Lock()
         self._local = threading.local()
         proxy = self
@@ -160,6 +162,10 @@ class FaultProxy:
                     self._count("split")
                     hdrs = [(k, v) for k, v in hdrs if k.lower() != "x-amz-crc32"]
                     return 200, hdrs, json.dumps(resp).encode()
+        if op in WRITE_OPS:
+            with self.lock:
+                for t in tables:
+                    self.writes[t] = self.writes.get(t, 0) + 1
         return self._forward(headers, body)
 
     def faults(self) -> dict[str, int]:
