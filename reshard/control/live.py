@@ -78,6 +78,8 @@ def change(store: ControlStore, migration_id: str, job: str, run: int, action: s
         before = read_control(store, migration_id, job, run) or RunControl(migration_id, job, run)
         now = before.values()
         diff = {k: v for k, v in wanted.items() if now[k] != v}
+        if diff.get("paused") and "release_leases" in wanted:
+            diff["release_leases"] = wanted["release_leases"]  # a pause says what it does with the leases
         if not diff:
             return Changed(job, run, before, before)
         at = store.clock()

@@ -223,6 +223,8 @@ class EventLog(Subscriber):
     def on_segment_failed(self, segment, error, attempts, final) -> None: self._add("failed", segment, error, attempts, final)
     def on_lease_lost(self, segment, reason) -> None: self._add("lease_lost", segment, reason)
     def on_throttle(self, reason) -> None: self._add("throttle", reason)
+    def on_hold(self, segment, reason) -> None: self._add("hold", segment, reason)
+    def on_takeover(self, segment, previous_owner) -> None: self._add("takeover", segment, previous_owner)
     def on_run_done(self, result) -> None: self._add("run_done", result.done)
 
     def kinds(self, kind: str) -> list[tuple]:
