@@ -168,6 +168,7 @@ def test_a_pause_that_releases_the_leases_gives_the_segment_back_and_the_page_is
 def test_two_operators_changing_one_run_at_once_both_count(control, unique_name, monkeypatch):
     """Forced: operator B's pause lands between operator A's read and A's write. A's write is
     conditional on the version it read, fails, and A applies its throttle on top of B's pause."""
+    live.change(control, unique_name, "backfill", 1, "throttle", who="c", max_rcu=100.0)  # the row exists: version 1
     real = live.read_control
     forced = []
 
@@ -182,9 +183,10 @@ def test_two_operators_changing_one_run_at_once_both_count(control, unique_name,
     monkeypatch.undo()
     assert forced and done.changed
     now = live.read_control(control, unique_name, "backfill", 1)
-    assert now.paused and now.max_wcu == 50.0 and now.version == 2
+    assert now.paused and now.max_wcu == 50.0 and now.max_rcu == 100.0 and now.version == 3
     assert [(c.who, c.action, c.text()) for c in now.changes] == [
-        ("b", "pause", "paused, leases kept"), ("a", "throttle", "max_wcu (each process's own option) -> 50")]
+        ("c", "throttle", "max_rcu (each process's own option) -> 100"), ("b", "pause", "paused, leases kept"),
+        ("a", "throttle", "max_wcu (each process's own option) -> 50")]
 
 
 def test_the_operators_budget_wins_over_every_process_own_option(control, unique_name):
