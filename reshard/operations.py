@@ -31,6 +31,7 @@ from reshard.control.runs import (allowed_unmappable, backfill_run, describe, it
                                   segment_records, sum_counters, unmappable_items, verify_verdict)
 from reshard.control.store import ControlStore, resolve
 from reshard.core import capacity, hints, iam, planning
+from reshard.core.doctor import NOTES as doctor_notes
 from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
@@ -586,10 +587,11 @@ class DoctorReport:
 
     @property
     def remaining(self) -> list:
-        """Findings still there: all of them read-only, else those not repaired."""
+        """Findings still there (notes aside: a paused run is no problem): all of them read-only,
+        else those not repaired."""
         if self.repairs is None:
-            return list(self.diagnosis.findings)
-        return [r.finding for r in self.repairs if r.outcome != "repaired"]
+            return [f for f in self.diagnosis.findings if f.kind not in doctor_notes]
+        return [r.finding for r in self.repairs if r.outcome != "repaired" and r.finding.kind not in doctor_notes]
 
     @property
     def healthy(self) -> bool:
@@ -613,7 +615,7 @@ class DoctorReport:
         lines = [f"doctor: control table {self.control_table}: {d.migrations} migration(s), {d.locks} table "
                  f"lock(s); data: {scanned or 'none'}"]
         if self.repairs is None:
-            lines += [f"FOUND {f.line()}" for f in d.findings]
+            lines += [f"{'NOTE' if f.kind in doctor_notes else 'FOUND'} {f.line()}" for f in d.findings]
         else:
             lines += [r.line() for r in self.repairs]
         lines.append("healthy" if self.healthy else f"{len(self.remaining)} finding(s) remain")

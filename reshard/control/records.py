@@ -450,12 +450,16 @@ class Hold:
     since: float
     release_leases: bool = False
 
-    def reason(self) -> str:
-        """Why the job sends nothing (its progress line, ``status``)."""
+    def summary(self) -> str:
+        """Who paused it, when, and what became of its leases."""
         leases = ("its segment leases released (any process may take them once resumed)" if self.release_leases
                   else "its segment leases kept and renewed")
         when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.since)) if self.since else "?"
-        return f"paused by {self.by} at {when}, {leases}: `reshard resume {self.migration_id}` lets it go on"
+        return f"paused by {self.by} at {when}, {leases}"
+
+    def reason(self) -> str:
+        """Why the job sends nothing (its progress line, the metrics' hold reason)."""
+        return f"{self.summary()}: `reshard resume {self.migration_id}` lets it go on"
 
 
 @dataclass(frozen=True)
