@@ -55,8 +55,10 @@ def _rate_now(report: dict, previous: dict | None, elapsed: float) -> None:
         j["rate_now"] = round((j["totals"].get(counter, 0) - old["totals"].get(counter, 0)) / elapsed, 1)
 
 
-def watch_status(env, mid: str, interval: float, *, sleep: Callable[[float], None] = time.sleep,
+def watch_status(env, mid: str, interval: float, *, sleep: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, tty: bool | None = None) -> None:
+    """Frames until the job or the phase changes (see the module's docstring)."""
+    sleep = sleep or _pause
     store = env.store()
     tty = sys.stdout.isatty() if tty is None else tty
     first = previous = None
@@ -77,6 +79,10 @@ def watch_status(env, mid: str, interval: float, *, sleep: Callable[[float], Non
             return
         previous = report
         sleep(interval)
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 def _draw(env, report: dict, tty: bool) -> None:
