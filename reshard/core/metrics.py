@@ -86,7 +86,7 @@ JOB_METRICS: tuple[JobMetric, ...] = (
               "PagesRedone", "Count", "pages_redone"),
     JobMetric("reshard_job_pages_total", COUNTER, "pages", "Pages this command completed", "Pages", "Count",
               "pages"),
-    JobMetric("reshard_job_segments_done", GAUGE, "segments", "Segments of the run done (by anyone)",
+    JobMetric("reshard_job_segments_done", GAUGE, "segments", "Segments this command completed (of the run: reshard_job_segments)",
               "SegmentsDone", "Count", "segments_done"),
     JobMetric("reshard_job_segments", GAUGE, "segments", "Segments of the run", "Segments", "Count", "segments"),
     JobMetric("reshard_job_progress_ratio", GAUGE, "ratio",
