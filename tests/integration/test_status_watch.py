@@ -66,25 +66,37 @@ def test_control_refusals_are_one_line(dynalite, dynalite_server, unique_name, c
     assert code == 2 and "--max-wcu" in err and len(err.strip().splitlines()) == 1
 
 
-def test_status_watch_redraws_until_the_job_finishes(dynalite, dynalite_server, unique_name, capsys):
+def test_status_watch_redraws_until_the_job_finishes(dynalite, dynalite_server, unique_name, capsys, monkeypatch):
+    """The run is paused while the watch draws its first frames (whatever the machine's load), then
+    resumed from the watch's second wait: it finishes, and the watch ends on that."""
+    from reshard.control import live
+    from reshard.jobs.backfill import BACKFILL
+    from reshard.jobs.runner import JobOptions, run_job
+    import reshard.cli.watch as watch
     m, store = setup(dynalite, unique_name, n=60, segments=2)
-
-    def finish_the_run():
-        time.sleep(0.6)
-        from reshard.jobs.backfill import BACKFILL
-        from reshard.jobs.runner import JobOptions, run_job
-        run_job(BACKFILL, dynalite, store, m.id, JobOptions(segments=2, max_wcu=100))
-    t = threading.Thread(target=finish_the_run)
+    live.change(store, m.id, "backfill", 1, "pause", who="op", paused=True, release_leases=False)
+    t = threading.Thread(target=run_job, args=(BACKFILL, dynalite, store, m.id,
+                                               JobOptions(segments=2, max_wcu=200, budget_refresh_seconds=0.2,
+                                                          budget_liveness_seconds=2.0)))
     t.start()
+    waits = []
+
+    def pause(seconds):
+        waits.append(seconds)
+        if len(waits) == 2:
+            live.change(store, m.id, "backfill", 1, "resume", who="op", paused=False)
+        time.sleep(seconds)
+    monkeypatch.setattr(watch, "_pause", pause)
     code, out, err = cli(capsys, dynalite_server.endpoint, store, "--output", "json", "status", m.id, "--watch",
                          "--interval", "0.2")
-    t.join(30)
+    t.join(60)
     assert code == 0, err
     frames = [json.loads(line) for line in out.splitlines()]
-    assert len(frames) >= 3
+    assert len(frames) >= 3 and len(frames) == len(waits) + 1
     assert all("watch_ended" not in f for f in frames[:-1])
     assert frames[-1]["watch_ended"] == "backfill run 1 finished"
     first = frames[0]["jobs"][0]
+    assert first["control"]["paused"] and first["control"]["paused_by"] == "op"
     # The fields the watch shows are in the JSON: progress (rate, ETA), budget, control, lagging shims.
     assert {"progress", "budget", "control", "members", "rate_now"} <= set(first)
     assert {"done", "total", "pct", "rate", "eta_seconds"} <= set(first["progress"])
