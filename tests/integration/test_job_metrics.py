@@ -147,3 +147,21 @@ def test_a_busy_metrics_port_is_one_clear_line(dynalite, dynalite_server, unique
                      "--segments", "1", "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"])
     err = capsys.readouterr().err
     assert code == 2 and f"--metrics-port {port}: cannot listen there" in err and "Traceback" not in err
+
+
+def test_a_processes_parent_serves_its_childrens_metrics_added_up(dynalite, dynalite_server, unique_name, capsys):
+    """--processes 2: the children relay their budget beats and page events; the parent's EMF
+    lines count both processes (the children's capacity added up, Processes = 2)."""
+    m, store = table_of(dynalite, unique_name, 120)
+    code = main(["--endpoint-url", dynalite_server.endpoint, "--control-table", store.table, "backfill", m.id,
+                 "--segments", "4", "--processes", "2", "--page-size", "20", "--max-wcu", "200", "--metrics", "emf",
+                 "--metrics-interval", "0.3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    docs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    last = docs[-1]
+    assert last["Processes"] == 2 and last["WriteCapacityBudget"] == 200
+    main_lines = [d for d in docs if "Reason" not in d]
+    copied = sum(d.get("ItemsCopied", 0) for d in main_lines)
+    consumed = sum(d.get("ConsumedWriteCapacityUnits", 0) for d in main_lines)
+    assert copied > 0 and consumed >= copied  # both children's writes, one WCU at least per copy
