@@ -274,6 +274,11 @@ class Dynamo:
         for fn in self._capacity_listeners:
             fn(table, units)
 
+    def throttle_reasons(self) -> dict:
+        """Throttled answers so far by reason (:attr:`CallStats.throttle_reasons`), a copy."""
+        with self._lock:
+            return dict(self.stats.throttle_reasons)
+
     def add_throttle_listener(self, fn: Callable[[str], None]) -> None:
         self._throttle_listeners.append(fn)
 

@@ -224,8 +224,11 @@ class LeanSender:
             parsed = {}
         if status >= 300 or "__type" in parsed:
             code = str(parsed.get("__type", "")).rpartition("#")[2] or str(status)
-            parsed = {"Error": {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""},
-                      "ResponseMetadata": meta}
+            error = {"Error": {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""},
+                     "ResponseMetadata": meta}
+            if "ThrottlingReasons" in parsed:  # a modeled member of the throttling errors, where botocore puts it
+                error["ThrottlingReasons"] = parsed["ThrottlingReasons"]
+            parsed = error
         else:
             if op in _READS and _BINARY_TAG.search(content):  # no B/BS tag in the text: nothing to decode
                 _decode_answer(parsed)

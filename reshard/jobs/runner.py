@@ -442,7 +442,7 @@ def budget_state(m: BudgetMembership, dynamo: Dynamo, guard, phase: str) -> dict
     out = {"member": m.member, "pid": os.getpid(), "members": m.live_members,
            "phase": getattr(guard, "phase", lambda: None)() or phase,
            "budget_wait_seconds": round(budget.waited, 3),
-           "throttles": dict(dynamo.stats.throttle_reasons)}
+           "throttles": dynamo.throttle_reasons()}
     for kind, unit in (("write", "wcu"), ("read", "rcu")):
         lane = budget.lanes[kind]
         out[f"consumed_{unit}"] = round(lane.consumed, 3)
