@@ -25,6 +25,7 @@ from reshard.control import doctor as doctors
 from reshard.control import fleet
 from reshard.control import horizon as horizons
 from reshard.control import marker as markers
+from reshard.control import live
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
 from reshard.control.gates import catch_up_verified
@@ -37,6 +38,7 @@ from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, MAX_HORIZON_SECONDS,
 from reshard.core.layout import GONE_ATTR, not_data
 from reshard.core.marker import MARKER_ATTR
 from reshard.core.wire import S
+from reshard.core.doctor import NOTES as doctor_notes
 from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
@@ -642,10 +644,11 @@ class DoctorReport:
 
     @property
     def remaining(self) -> list:
-        """Findings still there: all of them read-only, else those not repaired."""
+        """Findings still there (notes aside: a paused run is no problem): all of them read-only,
+        else those not repaired."""
         if self.repairs is None:
-            return list(self.diagnosis.findings)
-        return [r.finding for r in self.repairs if r.outcome != "repaired"]
+            return [f for f in self.diagnosis.findings if f.kind not in doctor_notes]
+        return [r.finding for r in self.repairs if r.outcome != "repaired" and r.finding.kind not in doctor_notes]
 
     @property
     def healthy(self) -> bool:
@@ -669,7 +672,7 @@ class DoctorReport:
         lines = [f"doctor: control table {self.control_table}: {d.migrations} migration(s), {d.locks} table "
                  f"lock(s); data: {scanned or 'none'}"]
         if self.repairs is None:
-            lines += [f"FOUND {f.line()}" for f in d.findings]
+            lines += [f"{'NOTE' if f.kind in doctor_notes else 'FOUND'} {f.line()}" for f in d.findings]
         else:
             lines += [r.line() for r in self.repairs]
         lines.append("healthy" if self.healthy else f"{len(self.remaining)} finding(s) remain")
@@ -696,6 +699,28 @@ def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None,
     elif repair:
         repairs = []
     return DoctorReport(store.table, diagnosis, repairs)
+
+
+# ---------------------------------------------------------------------- throttle, pause, resume
+
+@dataclass(frozen=True)
+class Controlled:
+    """What ``reshard throttle``, ``pause`` or ``resume`` did: one entry per running job run."""
+
+    migration: str
+    action: str
+    runs: list[live.Changed]
+
+
+def control_job(store: ControlStore, migration_id: str, action: str, *, job: str | None = None,
+                who: str | None = None, **fields) -> Controlled:
+    """Change the live control of every unfinished job run of the migration (or of ``job``'s):
+    ``max_wcu``/``max_rcu`` (throttle), ``paused`` and ``release_leases`` (pause, resume). Each
+    run is one conditional write (:func:`reshard.control.live.change`); every process of the
+    run adopts it at its next budget beat."""
+    found = live.targets(store, migration_id, job, action)
+    return Controlled(migration_id, action, [live.change(store, migration_id, name, run, action, who=who, **fields)
+                                             for name, run in found])
 
 
 # ---------------------------------------------------------------------- backfill, verify, cleanup

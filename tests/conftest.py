@@ -51,7 +51,8 @@ install_moto_speedups()
 #: while the others are idle (the whole suite must stay near 5 minutes).
 SLOW_FIRST = ("tests/reliability/", "tests/integration/test_backfill_dynalite.py::test_sigkill",
               "tests/functional/test_demo.py", "tests/integration/test_lifecycle.py",
-              "tests/integration/test_key_shapes_lifecycle.py", "tests/integration/test_runbooks.py")
+              "tests/integration/test_key_shapes_lifecycle.py", "tests/integration/test_runbooks.py",
+              "tests/integration/test_live_control.py")
 
 
 def pytest_collection_modifyitems(config, items):

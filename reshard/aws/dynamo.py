@@ -89,6 +89,9 @@ class CallStats:
     calls: dict = field(default_factory=dict)
     retries: dict = field(default_factory=dict)
     throttles: int = 0
+    #: Throttles by why: DynamoDB's ThrottlingReasons (e.g. TableWriteKeyRangeThroughputExceeded)
+    #: when it says, else the error code; UnprocessedItems/UnprocessedKeys for a batch's leftovers.
+    throttle_reasons: dict = field(default_factory=dict)
     consumed: dict = field(default_factory=dict)  # table -> capacity units
 
     def add(self, bucket: dict, key: str, n: float = 1) -> None:
@@ -112,6 +115,16 @@ class _since(stop_base):
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         return time.monotonic() - self.started >= self.seconds
+
+
+def throttle_reason(exc: BaseException) -> str:
+    """Why DynamoDB throttled: the first of its ``ThrottlingReasons`` when the answer has them
+    (the API reference's ThrottlingReason), else the error code."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        reasons = exc.response.get("ThrottlingReasons") or exc.response.get("Error", {}).get("ThrottlingReasons")
+        if isinstance(reasons, list) and reasons and isinstance(reasons[0], dict) and reasons[0].get("reason"):
+            return str(reasons[0]["reason"])[:100]
+    return _code(exc)
 
 
 def _code(exc: BaseException) -> str:
@@ -268,6 +281,11 @@ class Dynamo:
         for fn in self._capacity_listeners:
             fn(table, units)
 
+    def throttle_reasons(self) -> dict:
+        """Throttled answers so far by reason (:attr:`CallStats.throttle_reasons`), a copy."""
+        with self._lock:
+            return dict(self.stats.throttle_reasons)
+
     def add_throttle_listener(self, fn: Callable[[str], None]) -> None:
         self._throttle_listeners.append(fn)
 
@@ -334,6 +352,7 @@ class Dynamo:
                 self.stats.add(self.stats.retries, operation)
                 if code in THROTTLE_CODES:
                     self.stats.throttles += 1
+                    self.stats.add(self.stats.throttle_reasons, throttle_reason(exc))
             if code in THROTTLE_CODES:
                 for fn in self._throttle_listeners:
                     fn(operation)
@@ -419,6 +438,8 @@ class Dynamo:
                 pending = resp.get("UnprocessedItems") or {}
                 if pending:
                     attempt += 1
+                    with self._lock:
+                        self.stats.add(self.stats.throttle_reasons, "UnprocessedItems")
                     for fn in self._throttle_listeners:
                         fn("batch_write_item")
                     self._backoff(attempt)
@@ -449,6 +470,8 @@ class Dynamo:
                 pending = resp.get("UnprocessedKeys") or {}
                 if pending:
                     attempt += 1
+                    with self._lock:
+                        self.stats.add(self.stats.throttle_reasons, "UnprocessedKeys")
                     for fn in self._throttle_listeners:
                         fn("batch_get_item")
                     self._backoff(attempt)

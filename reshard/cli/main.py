@@ -13,7 +13,7 @@ import traceback
 import click
 
 from reshard import errors
-from reshard.cli import backfill, demo, doctor, iam, phase, plan, verify
+from reshard.cli import backfill, control, demo, doctor, iam, phase, plan, verify
 from reshard.cli.options import global_options
 
 
@@ -39,6 +39,10 @@ def cli() -> None:
       reshard cleanup
       reshard advance            # complete
       reshard list               # every migration of the control table
+
+    \b
+    A running job is steered without a restart (every host, within a second):
+      reshard throttle --max-wcu 500    reshard pause    reshard resume
     """
 
 
@@ -56,6 +60,9 @@ cli.add_command(verify.cleanup)
 cli.add_command(doctor.doctor)
 cli.add_command(iam.iam_policy)
 cli.add_command(demo.demo)
+cli.add_command(control.throttle)
+cli.add_command(control.pause)
+cli.add_command(control.resume)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -258,10 +258,18 @@ def job_progress(env: "Env", job: str, mid: str, options) -> list:
         interval = float(os.environ.get(PROGRESS_SECONDS_ENV, "10"))
     except ValueError:
         raise errors.BadInput(f"${PROGRESS_SECONDS_ENV} must be a number of seconds") from None
+    from reshard.cli.metrics import job_metrics
+
     store, dynamo = env.store(), env.dynamo()
     segments = options.segments + (job == "verify")  # verify's last segment is its join
-    return [ProgressReporter(job, mid, segments, options.worker_count,
-                             total=lambda: operations.progress_total(dynamo, store.load_state(mid)),
-                             done_before=lambda run: operations.done_items(store, mid, job, run),
+
+    def total():
+        return operations.progress_total(dynamo, store.load_state(mid))
+
+    def done_before(run: int) -> int:
+        return operations.done_items(store, mid, job, run)
+
+    return [ProgressReporter(job, mid, segments, options.worker_count, total=total, done_before=done_before,
                              say=env.info, tty=is_tty() and not env.machine, interval=interval,
-                             processes=options.processes)]
+                             processes=options.processes),
+            *job_metrics(env, job, mid, options, total, done_before)]

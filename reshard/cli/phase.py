@@ -84,13 +84,19 @@ def start(env: Env, file: str, allow_unmappable: int, sample: int, segments: int
 # ---------------------------------------------------------------------- status
 @command("status")
 @migration_argument
-def status(env: Env, migration: str | None) -> None:
+@click.option("--watch", is_flag=True, help="Redraw every --interval seconds (progress, rate, ETA, budget, who "
+              "paused or throttled a job, lagging shims) until the job or the phase changes; Ctrl-C stops it "
+              "(exit 130). With --output json: one JSON document per line.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="SECONDS",
+              help="Seconds between two frames of --watch.")
+def status(env: Env, migration: str | None, watch: bool, interval: float) -> None:
     """Phase, history, live shims and what each acknowledged, and job progress.
 
     \b
     Also whether `advance` is allowed now (and why not), and the next command.
     Per job: items done / total, %, rate and ETA (the total is DescribeTable's
-    ItemCount, an estimate), and why the budget throttles it.
+    ItemCount, an estimate), why the budget throttles it, and who paused or
+    throttled it (`reshard pause`, `reshard throttle`) and when.
     Without MIGRATION: the active migration, else the most recently started one
     (so it still answers after `complete`); `reshard list` shows them all.
 
@@ -99,9 +105,14 @@ def status(env: Env, migration: str | None) -> None:
       reshard status
       reshard status sensor-events-16-to-32 --output json
       reshard status --query 'jobs[].progress'
+      reshard status --watch --interval 2
     """
     store = env.store()
     mid = operations.status_migration(store, migration)
+    if watch:
+        from reshard.cli.watch import watch_status
+        watch_status(env, mid, interval)
+        return
     result = operations.status(store, mid, progress_total=lambda state: operations.progress_total(env.dynamo(), state))
     report = render.status_data(result)
     env.emit(report, lambda: render.status_text(report))

@@ -133,6 +133,7 @@ def _render_job(j: dict) -> list[str]:
     if j.get("last_throttle"):
         label = "last budget decision" if j["finished_at"] else "throttling"
         lines.append(f"    {label}: {j['last_throttle']}")
+    lines += _control_lines(j)
     if j.get("budget") and not j["finished_at"]:
         b = j["budget"]
         units = [(lane, unit.upper(), b[f"max_{unit}"]) for lane, unit in (("write", "wcu"), ("read", "rcu"))
@@ -150,6 +151,24 @@ def _render_job(j: dict) -> list[str]:
         err = f" error: {seg['last_error']}" if seg["last_error"] else ""
         lines.append(f"    segment {seg['segment']:>4} {seg['state']:<8}{owner} {progress}{err}".rstrip())
     return lines
+
+
+def _control_lines(j: dict) -> list[str]:
+    """The run's live control (``reshard throttle/pause/resume``): who paused or throttled it, when."""
+    c = j.get("control")
+    if not c:
+        return []
+    out = []
+    if c["paused"] and not j["finished_at"]:
+        leases = "leases released" if c["release_leases"] else "leases kept and renewed"
+        out.append(f"    PAUSED by {c['paused_by']} since {_when(c['paused_since'])} ({leases}): no data write "
+                   f"until `reshard resume`")
+    budget = [f"{c[f]:g} {f[4:].upper()}/s (by {c['set_by'][f]})" for f in ("max_wcu", "max_rcu") if c.get(f)]
+    if budget and not j["finished_at"]:
+        out.append(f"    budget set by `reshard throttle`: {', '.join(budget)}; it wins over the processes' options")
+    for ch in c["changes"][-3:]:
+        out.append(f"    control v{ch['version']} {_when(ch['at'])} {ch['action']:<8} {ch['text']}  by {ch['who']}")
+    return out
 
 
 def _key_text(key: dict | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from reshard import errors, operations
+from reshard.cli.metrics import metrics_options
 from reshard.cli.options import (Env, command, concurrency_option, host_id_option, job_progress,
                                  lease_seconds_option, max_rcu_option, max_wcu_option, migration_argument,
                                  page_size_option, processes_option, resolve_processes, segments_option,
@@ -55,6 +56,7 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
 @host_id_option
 @page_size_option()
 @lease_seconds_option()
+@metrics_options
 def verify(env: Env, migration, segments, processes, workers, repair, no_record, examples, settle_seconds,
            records_dir, max_rcu, max_wcu, host_id, page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
@@ -171,6 +173,7 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
 @host_id_option
 @page_size_option()
 @lease_seconds_option()
+@metrics_options
 def cleanup(env: Env, migration, segments, processes, workers, concurrency, delete, enable_ttl, strip_bookkeeping, max_wcu,
             max_rcu, host_id, page_size, lease_seconds):
     """Retire what the migration no longer needs.

@@ -8,6 +8,10 @@ Rows, in the job's partition ``J#<id>#<job>`` (the worker role's, IAM ``LeadingK
                                   request_seconds, host, pid (written by that member only)
 
 The rules (who takes what, when a member is gone) are pure: :mod:`reshard.core.shares`.
+Every refresh also reads the run's live-control row (``M#<id>`` / ``C#<job>#<run>``,
+:mod:`reshard.control.live`): the operator's ``reshard throttle`` budget replaces the
+processes' own ``--max-wcu`` / ``--max-rcu`` on the lanes it sets, and ``reshard pause``
+holds the process (:attr:`CapacityBudget.hold`, which the segment engine obeys).
 This module reads and writes the rows; every change of the budget row is conditional on
 its ``version`` (or on its absence, for the first member), so two members that rebalance
 at once never overwrite each other's share: the loser re-reads and decides again.
@@ -21,7 +25,8 @@ import threading
 import time
 
 from reshard import errors
-from reshard.control.records import check_row
+from reshard.control.live import read_control
+from reshard.control.records import RunControl, check_row
 from reshard.control.store import ControlStore
 from reshard.core.leases import LeaseWatch
 from reshard.core.shares import (DEFAULT_LIVENESS_SECONDS, DEFAULT_REFRESH_SECONDS, LANES, Member, Rebalance, Shares,
@@ -148,7 +153,9 @@ class BudgetMembership:
     ``share``, ``valid_until``, ``clock``; control never imports jobs).
     ``totals``: the budget this process was started with (lane -> units/s; None: join the
     run's budget as the row states it). The latest process started with a budget sets the
-    run's budget; the others follow at their next refresh.
+    run's budget; the others follow at their next refresh -- unless an operator set that
+    lane with ``reshard throttle`` (the run's control row): the operator's budget wins, for
+    every process, also one started later with another ``--max-wcu``.
     """
 
     def __init__(self, store, migration_id: str, job: str, run: int, budget,
@@ -168,6 +175,10 @@ class BudgetMembership:
             raise errors.BadInput(f"the budget's liveness window ({self.liveness_seconds:g}s) must exceed two "
                                   f"refreshes ({self.refresh_seconds:g}s each)")
         self.live_members = 0
+        #: The run's live control as last read (None: never changed by an operator).
+        self.control: RunControl | None = None
+        #: Called after every refresh (the job's metrics and its progress read the state then).
+        self.listeners: list = []
         #: This member holds less than the even split of some lane (it waits for others to shrink).
         self.below_split = False
         self.last_error = ""
@@ -186,6 +197,7 @@ class BudgetMembership:
     def join(self) -> "BudgetMembership":
         """Take this process's first share (raises on a control-table error), then keep refreshing."""
         self.refresh()
+        self.notify()
         self._thread = threading.Thread(target=self._loop, name=f"{self.job}-budget", daemon=True)
         self._thread.start()
         return self
@@ -212,6 +224,15 @@ class BudgetMembership:
                 self.refresh()
             except Exception as e:  # noqa: BLE001 - retried next refresh; the share lapses meanwhile
                 self.last_error = f"{type(e).__name__}: {e}"
+            self.notify()
+
+    def notify(self) -> None:
+        """Call every listener with this membership (after each refresh, and once at the end)."""
+        for fn in self.listeners:
+            try:
+                fn(self)
+            except Exception as e:  # noqa: BLE001 - a metrics listener never stops the budget
+                self.last_error = f"listener: {type(e).__name__}: {e}"
 
     # -- one refresh
     def refresh(self, attempts: int = 8) -> bool:
@@ -219,16 +240,25 @@ class BudgetMembership:
         this process holds a share it may pace at until ``budget.valid_until``."""
         with self._lock:
             sent = self.budget.clock()  # before sending: the share lapses counting from here
+            # The operator's live control first: a pause holds the workers at their next data
+            # write, a throttle replaces this process's own totals (reshard.control.live).
+            self.control = read_control(self.store, self.migration_id, self.job, self.run)
+            self.budget.hold = self.control.hold if self.control else None
+            totals = self.effective_totals()
+            if not totals and read_shares(self.store, self.migration_id, self.job, self.run) is None:
+                return False  # the run has no budget (nothing to share); the control was read
             self._beat += 1
             # Lanes without demand for two refreshes: aim at 0, the active members share the budget.
-            idle = frozenset(k for k in LANES if self.budget.idle(k, 2 * self.refresh_seconds))
+            # A held (paused) process keeps its share: its workers wait for `resume`, not for work.
+            idle = frozenset() if self.budget.hold else \
+                frozenset(k for k in LANES if self.budget.idle(k, 2 * self.refresh_seconds))
             beat(self.store, self.migration_id, self.job, self.run, self.member, self._beat,
                  self.liveness_seconds, self.request_seconds, self.host, idle)
             for _ in range(attempts):
                 # The row before the members: a member in the row beat before it was written
                 # into it, so the member query that follows sees its beat (never dropped unseen).
                 row = read_shares(self.store, self.migration_id, self.job, self.run)
-                if row is None and not self.totals:
+                if row is None and not totals:
                     return False  # the run has no budget (nothing to share)
                 members = read_members(self.store, self.migration_id, self.job, self.run)
                 now = self.budget.clock()
@@ -236,7 +266,7 @@ class BudgetMembership:
                 live = [m.member for m in judged]
                 resting = {k: {m.member for m in judged if k in m.idle and m.member != self.member}
                            | ({self.member} if k in idle else set()) for k in LANES}
-                decided = rebalance(row or Shares(self.totals or {}), self.member, live, self.totals, resting)
+                decided = rebalance(row or Shares(totals or {}), self.member, live, totals, resting)
                 self.live_members = len(set(live) | {self.member})
                 if decided.write:
                     # Lower before the write lands, raise only after: the shares in use never
@@ -269,6 +299,17 @@ class BudgetMembership:
             self.budget.valid_until = sent + self.liveness_seconds
             return True
 
+    def effective_totals(self) -> dict | None:
+        """The totals this process writes into the run's budget row: the operator's (``reshard
+        throttle``) on the lanes it set, this process's own options on the others; None: neither."""
+        own = self.totals or {}
+        set_by_operator = self.control.totals if self.control else {}
+        out = {lane: set_by_operator.get(lane) if set_by_operator.get(lane) is not None else own.get(lane)
+               for lane in LANES}
+        for lane, field in TOTAL_ATTR.items():
+            self.budget.set_by[lane] = self.control.set_by(field) if set_by_operator.get(lane) is not None else ""
+        return {k: v for k, v in out.items() if v is not None} or None
+
     def _apply(self, shares: dict, totals: dict) -> None:
         """Pace at ``shares`` (lanes with a budget)."""
         for kind, share in shares.items():
@@ -283,4 +324,10 @@ class BudgetMembership:
             if lane.total is not None:
                 out[f"max_{unit}"] = lane.total
                 out[f"share_{unit}"] = lane.budget
+        if len(out) == 1:
+            return {}  # no budget on either lane
+        by = {unit: self.budget.set_by[kind] for kind, unit in (("write", "wcu"), ("read", "rcu"))
+              if self.budget.set_by.get(kind)}
+        if by:
+            out["set_by"] = by  # lanes whose budget an operator set with `reshard throttle`
         return out

@@ -36,6 +36,7 @@ from reshard.aws.dynamo import Dynamo
 from reshard.control import budget, fleet, runs
 from reshard.control import marker as markers
 from reshard.control.horizon import retire_settled
+from reshard.control.live import read_control
 from reshard.control.records import TABLE_LOCK_SK, MigrationState, check_row, run_sk, segment_sk, table_lock_pk
 from reshard.control.store import ControlStore, operator_name
 from reshard.core import doctor as rules
@@ -70,7 +71,8 @@ class Diagnosis:
 
     def as_dict(self) -> dict:
         return {"findings": [f.as_dict() for f in self.findings], "migrations": self.migrations,
-                "locks": self.locks, "tables_scanned": self.tables, "healthy": not self.findings}
+                "locks": self.locks, "tables_scanned": self.tables,
+                "healthy": not [f for f in self.findings if f.kind not in rules.NOTES]}
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,12 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
                                         latest_run=latest, now=now)
                 found += [f] if f else []
             for r in all_runs:
+                control = read_control(store, s.id, job, r.run) if not r.finished and r.run == latest else None
+                hold = control.hold if control else None
                 f = rules.run_finding(m, job, r.run, finished=r.finished, abandoned=r.abandoned_at is not None,
                                       latest_run=latest, segments=r.total_segments,
-                                      held_leases=sum(1 for _, run, _ in held if run == r.run))
+                                      held_leases=sum(1 for _, run, _ in held if run == r.run),
+                                      paused=hold.summary() if hold else None)
                 found += [f] if f else []
             for row in budget.member_rows(store, s.id, job):
                 run = int(get_n(row, "run", 0))

@@ -7,6 +7,10 @@ and sort key ``sk``, both strings)::
     M#<id>          META                        the migration: file text + hash, operator
                                                 table, phase, phase_version
     M#<id>          H#<phase_version:08d>       one transition                  operator
+    M#<id>          C#<job>#<run:06d>           a job run's live control: the   operator
+                                                operator's budget, pause, and
+                                                every change (who, when, old ->
+                                                new); budget members read it
     S#<id>          S#<instance id>             a shim heartbeat: host, pid,    app (shim)
                                                 phase_version it acts on, beat
     J#<id>#<job>    R#<job>#<run:06d>           a job run: started/finished     worker
@@ -30,6 +34,7 @@ row of an unknown schema or one whose contents disagree with the key it sits und
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from reshard import errors
@@ -38,7 +43,7 @@ from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS
 from reshard.core.settle import assumed_write_seconds
 from reshard.core.migration import Migration, parse
 from reshard.core.phases import Phase, TERMINAL
-from reshard.core.wire import get_n, get_s
+from reshard.core.wire import N, S, get_n, get_s
 
 META = "META"
 #: The row format this release writes (attribute ``schema``); a row without it was written
@@ -96,6 +101,11 @@ def example_prefix(job: str, run: int) -> str:
     return f"D#{job}#{run:06d}#"
 
 
+def control_sk(job: str, run: int) -> str:
+    """A job run's live-control row (``reshard throttle/pause/resume``), in the operator's partition."""
+    return f"C#{job}#{run:06d}"
+
+
 def table_lock_pk(table: str) -> str:
     return f"T#{table}"
 
@@ -132,6 +142,11 @@ def check_row(item: dict) -> None:
         _same(where, "instance", get_s(item, "instance", ""), sk[2:])
     elif kind == "M" and sk.startswith("H#"):
         pass
+    elif kind == "M" and sk.startswith("C#"):
+        _same(where, "id", get_s(item, "id", ""), rest)
+        job = sk[2:].rpartition("#")[0]
+        if "job" in item:
+            _same(where, "job", get_s(item, "job", ""), job)
     elif kind == "J":
         mid, _, job = rest.rpartition("#")
         if not mid or not sk.startswith(tuple(f"{p}#{job}#" for p in "RJUDB")):
@@ -372,3 +387,190 @@ class RunInfo:
         return cls(migration_id, job, int(run), int(get_n(item, "total_segments", 0)),
                    float(get_n(item, "started_at", 0)), float(fin) if fin is not None else None, totals,
                    float(abandoned) if abandoned is not None else None, int(pv) if pv is not None else None)
+
+
+# --------------------------------------------------------------------------- live control of a job run
+
+#: The changes a run's control row keeps (the oldest drop off; ``status`` shows the last few).
+CONTROL_CHANGES_KEPT = 50
+#: The fields of a run's control row an operator sets, as ``reshard throttle/pause`` name them.
+CONTROL_FIELDS = ("max_wcu", "max_rcu", "paused", "release_leases")
+
+
+def _bad(item: dict, why: str) -> errors.ForeignControlRow:
+    where = f"control row ({get_s(item, 'pk', '')!r}, {get_s(item, 'sk', '')!r})"
+    return errors.ForeignControlRow(f"{where} {why}: refusing to act on it")
+
+
+def _typed(item: dict, attr: str, kind: str, what: str):
+    """``item[attr]`` of wire type ``kind`` (None when absent); a wrong type is a foreign row."""
+    if attr not in item:
+        return None
+    value = item[attr]
+    if not isinstance(value, dict) or kind not in value:
+        raise _bad(item, f"has {attr} of the wrong type (expected {what})")
+    return value[kind]
+
+
+def _capacity(item: dict, attr: str) -> float | None:
+    text = _typed(item, attr, "N", "a number")
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise _bad(item, f"has {attr} {text!r}, not a number") from None
+    if not 0 < value < 1e9:  # a budget in units/s: positive and finite
+        raise _bad(item, f"has {attr} {text}, outside (0, 1e9) units/s")
+    return value
+
+
+def _shown_value(field: str, value) -> str:
+    if field == "paused":
+        return "paused" if value else "running"
+    if field == "release_leases":
+        return "leases released" if value else "leases kept"
+    return "(each process's own option)" if value is None else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class ControlChange:
+    """One recorded change of a run's control: who, when, and each field's old and new value."""
+
+    version: int
+    action: str  # throttle | pause | resume
+    who: str
+    at: float
+    before: dict
+    after: dict
+
+    def text(self) -> str:
+        """``max_wcu 40 -> 10`` (one clause per field that changed)."""
+        return ", ".join(f"{k} {_shown_value(k, self.before.get(k))} -> {_shown_value(k, self.after.get(k))}"
+                         if k in ("max_wcu", "max_rcu") else _shown_value(k, self.after.get(k))
+                         for k in CONTROL_FIELDS if k in self.after) or "no change"
+
+    def as_dict(self) -> dict:
+        return {"version": self.version, "action": self.action, "who": self.who, "at": self.at,
+                "before": dict(self.before), "after": dict(self.after), "text": self.text()}
+
+    def to_wire(self) -> dict:
+        def fields(d: dict) -> dict:
+            return {"M": {k: ({"NULL": True} if v is None else {"BOOL": v} if isinstance(v, bool) else N(v))
+                          for k, v in d.items()}}
+        return {"M": {"version": N(self.version), "action": S(self.action), "who": S(self.who), "at": N(self.at),
+                      "before": fields(self.before), "after": fields(self.after)}}
+
+    @classmethod
+    def from_wire(cls, row: dict, value) -> "ControlChange":
+        m = value.get("M") if isinstance(value, dict) else None
+        if not isinstance(m, dict):
+            raise _bad(row, "has a change that is not a map")
+
+        def fields(name: str) -> dict:
+            out = {}
+            for k, v in (m.get(name, {}).get("M") or {}).items():
+                if k not in CONTROL_FIELDS or not isinstance(v, dict):
+                    raise _bad(row, f"has a change of an unknown field {k!r}")
+                out[k] = None if "NULL" in v else v["BOOL"] if "BOOL" in v else float(v.get("N", "nan"))
+            return out
+        try:
+            return cls(int(m["version"]["N"]), m["action"]["S"], m["who"]["S"], float(m["at"]["N"]),
+                       fields("before"), fields("after"))
+        except (KeyError, TypeError, ValueError):
+            raise _bad(row, "has a change without version, action, who or at") from None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A paused run as its workers see it: no data write until ``reshard resume``."""
+
+    migration_id: str
+    by: str
+    since: float
+    release_leases: bool = False
+
+    def summary(self) -> str:
+        """Who paused it, when, and what became of its leases."""
+        leases = ("its segment leases released (any process may take them once resumed)" if self.release_leases
+                  else "its segment leases kept and renewed")
+        when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.since)) if self.since else "?"
+        return f"paused by {self.by} at {when}, {leases}"
+
+    def reason(self) -> str:
+        """Why the job sends nothing (its progress line, the metrics' hold reason)."""
+        return f"{self.summary()}: `reshard resume {self.migration_id}` lets it go on"
+
+
+@dataclass(frozen=True)
+class RunControl:
+    """A job run's live control (``M#<id>`` / ``C#<job>#<run>``), written only by ``reshard
+    throttle/pause/resume`` (compare-and-set on ``version``) and read by every budget member of
+    the run at each beat: the budget the operator set (None: the processes' own ``--max-wcu`` /
+    ``--max-rcu``), whether the run is paused and whether a pause releases the leases, and the
+    last :data:`CONTROL_CHANGES_KEPT` changes."""
+
+    migration_id: str
+    job: str
+    run: int
+    version: int = 0
+    max_wcu: float | None = None
+    max_rcu: float | None = None
+    paused: bool = False
+    release_leases: bool = False
+    updated_by: str = ""
+    updated_at: float = 0.0
+    changes: tuple = ()
+
+    @property
+    def totals(self) -> dict:
+        """lane -> the operator's budget (None: the lane follows the processes' own options)."""
+        return {"write": self.max_wcu, "read": self.max_rcu}
+
+    @property
+    def hold(self) -> Hold | None:
+        if not self.paused:
+            return None
+        since = next((c.at for c in reversed(self.changes) if c.after.get("paused")), self.updated_at)
+        by = next((c.who for c in reversed(self.changes) if c.after.get("paused")), self.updated_by)
+        return Hold(self.migration_id, by, since, self.release_leases)
+
+    def set_by(self, field: str) -> str:
+        """Who last changed ``field`` ("" if nobody)."""
+        return next((c.who for c in reversed(self.changes) if field in c.after), "")
+
+    def values(self) -> dict:
+        """The fields an operator sets, as they are now."""
+        return {k: getattr(self, k) for k in CONTROL_FIELDS}
+
+    def as_dict(self) -> dict:
+        return {**self.values(), "version": self.version, "updated_by": self.updated_by or None,
+                "updated_at": self.updated_at or None, "changes": [c.as_dict() for c in self.changes]}
+
+    def to_item(self) -> dict:
+        item = {"pk": S(migration_pk(self.migration_id)), "sk": S(control_sk(self.job, self.run)),
+                "id": S(self.migration_id), "job": S(self.job), "run": N(self.run), "version": N(self.version),
+                "paused": {"BOOL": self.paused}, "release_leases": {"BOOL": self.release_leases},
+                "updated_by": S(self.updated_by), "updated_at": N(self.updated_at),
+                "changes": {"L": [c.to_wire() for c in self.changes[-CONTROL_CHANGES_KEPT:]]}}
+        for attr in ("max_wcu", "max_rcu"):
+            if getattr(self, attr) is not None:
+                item[attr] = N(float(getattr(self, attr)))
+        return item
+
+    @classmethod
+    def from_item(cls, item: dict) -> "RunControl":
+        """Decode a control row, every field's type and bounds checked (a wrong one: ForeignControlRow)."""
+        check_row(item)
+        sk = get_s(item, "sk", "")
+        job, _, run = sk[2:].rpartition("#")
+        version = _typed(item, "version", "N", "a number")
+        if not run.isdigit() or version is None or not str(version).isdigit():
+            raise _bad(item, "has no valid run or version")
+        changes = _typed(item, "changes", "L", "a list") or []
+        return cls(get_s(item, "id"), job, int(run), int(version), _capacity(item, "max_wcu"),
+                   _capacity(item, "max_rcu"), bool(_typed(item, "paused", "BOOL", "a boolean")),
+                   bool(_typed(item, "release_leases", "BOOL", "a boolean")),
+                   _typed(item, "updated_by", "S", "a string") or "",
+                   float(_typed(item, "updated_at", "N", "a number") or 0),
+                   tuple(ControlChange.from_wire(item, c) for c in changes))

@@ -12,7 +12,8 @@ import json
 import time
 from typing import Callable, Iterable
 
-from reshard.control.budget import read_shares
+from reshard.control.budget import read_members, read_shares
+from reshard.control.live import read_control
 from reshard.control.records import (META, RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
 from reshard.control.store import ControlStore
 from reshard.core.compare import differences, failing, passes
@@ -100,11 +101,22 @@ def describe(store: ControlStore, migration_id: str, job: str, run: int,
     budget = None if shared is None else {
         **{f"max_{u}": shared.total.get(lane) for lane, u in (("write", "wcu"), ("read", "rcu"))},
         "shares": {m: dict(v) for m, v in sorted(shared.shares.items())}}
+    control = read_control(store, migration_id, job, run)
+    hold = control.hold if control else None
     return {"job": job, "run": run, "total_segments": info.total_segments, "started_at": info.started_at,
             "finished_at": info.finished_at, "done": sum(r.done for r in recs),
             "failed": [r.segment for r in recs if r.failed and not r.done],
             "totals": sum_counters(recs), "last_throttle": throttles[-1] if throttles else None,
-            "budget": budget, "segments": [r.as_dict(now) for r in recs]}
+            "budget": budget,
+            # The operator's live control (reshard throttle/pause/resume): None until first used.
+            "control": None if control is None else {
+                **control.as_dict(), "set_by": {f: control.set_by(f) or None for f in ("max_wcu", "max_rcu")},
+                "paused_by": hold.by if hold else None, "paused_since": hold.since if hold else None},
+            # The processes beating in the run's budget row (runs with a budget only).
+            "members": [] if shared is None or info.finished_at else
+            [{"member": mm.member, "host": mm.host, "pid": mm.pid, "idle": sorted(mm.idle)}
+             for mm in read_members(store, migration_id, job, run)],
+            "segments": [r.as_dict(now) for r in recs]}
 
 
 def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now: float) -> list[str]:

@@ -34,6 +34,8 @@ KINDS = {
     "expired_lease": "a segment lease is held past its expiry by its holder's own clock (the worker died?)",
     "unfinished_run": "a job run stopped before it finished and can still be resumed",
     "abandoned_run": "a job run never finished and can never be resumed (superseded, or its phase is over)",
+    "paused_run": "a job run an operator paused (`reshard pause`): its processes hold, not stuck; a note, "
+                  "not a problem (`reshard resume` lets it go on)",
     "stale_shim": "a shim heartbeats a phase version its migration has left (lagging, or gone)",
     "foreign_shim": "a shim heartbeats a finished migration's file while another migration is active on "
                     "its table",
@@ -55,6 +57,10 @@ KINDS = {
 #: active migration: versions are hybrid-logical-clock strings stamped with the writer's
 #: wall clock, so "older" keeps a wide margin (a tombstone near the start is kept).
 TOMBSTONE_CLOCK_MARGIN_SECONDS = 3600.0
+
+
+#: Kinds that are notes, not problems: shown, but ``doctor`` stays healthy (exit 0) with them.
+NOTES = frozenset({"paused_run"})
 
 
 @dataclass(frozen=True)
@@ -156,12 +162,16 @@ def lease_finding(m: MigrationFacts, job: str, run: int, rec: SegmentRecord, *, 
 
 
 def run_finding(m: MigrationFacts, job: str, run: int, *, finished: bool, abandoned: bool, latest_run: int,
-                segments: int, held_leases: int) -> Finding | None:
-    """A run that never finished: resumable (the job's command), or never resumable (repair marks it)."""
+                segments: int, held_leases: int, paused: str | None = None) -> Finding | None:
+    """A run that never finished: resumable (the job's command), or never resumable (repair marks
+    it); ``paused``: an operator paused it (who, since when, what of its leases): a note."""
     if finished or abandoned:
         return None
     subject = f"{job} run {run}"
     if job_can_run(job, m) and run == latest_run:
+        if paused:
+            return Finding("paused_run", m.id, subject, f"{paused}; not stuck",
+                           f"reshard resume {m.id} --job {job} (when it should go on)")
         if held_leases:
             return None  # being worked on (a dead holder shows up as an expired lease)
         return Finding("unfinished_run", m.id, subject, "stopped before every segment was done, no worker holds it",

@@ -16,7 +16,9 @@ partitions of the control table it may write); a role is a list of commands
   Never the phase row, history, heartbeats or lock.
 * ``operator``: transitions (``start``, ``advance``, ``rollback``, ``abort``, the retire
   that ends the cleanup of an aborted migration), ``cleanup --enable-ttl``, ``doctor
-  --repair``, and everything above.
+  --repair``, the live control of a running job (``throttle``, ``pause``, ``resume``: a
+  row in the operator's partition ``M#<id>``, which a worker cannot write, so a worker's
+  credentials cannot lift a pause or a budget), and everything above.
 
 Control-table writes are limited with ``dynamodb:LeadingKeys`` (the partition key of
 every item a request touches), because the control table keys rows by who writes them
@@ -87,6 +89,8 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
                                                  Need(DATA, ("PutItem", "DeleteItem"), (MARKER_PARTITION,)),
                                                  Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
     "cleanup --enable-ttl": (Need(DATA, ("DescribeTimeToLive", "UpdateTimeToLive")),),
+    # Live control: the run's control row C#<job>#<run> in the operator's partition (workers read it).
+    "throttle / pause / resume": (Need(CONTROL, READ_CONTROL), Need(CONTROL, ("PutItem",), ("M#{id}",))),
     "doctor --repair": (Need(DATA, ("DescribeTable", "Scan", "GetItem", "DeleteItem")),
                         Need(DATA, ("PutItem",), (MARKER_PARTITION,)),
                         Need(CONTROL, READ_CONTROL + WRITE_ROWS)),

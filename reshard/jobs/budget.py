@@ -92,6 +92,13 @@ class CapacityBudget:
         #: A member of a shared budget paces nothing after this instant of ``clock`` (its
         #: last beat's liveness window; :class:`BudgetMembership` sets it). None: not shared.
         self.valid_until: float | None = None
+        #: The run is paused (``reshard pause``; :class:`reshard.control.records.Hold`): the segment
+        #: engine sends no data write while it is set. The budget membership sets it every beat.
+        self.hold = None
+        #: lane -> who set the run's budget with ``reshard throttle`` ("" : the processes' options).
+        self.set_by = {"write": "", "read": ""}
+        #: Seconds requests waited for the budget (pacing and holds), for the job's metrics.
+        self.waited = 0.0
         #: How long a request waits for a share before the page fails (BudgetUnavailable).
         self.hold_limit = 60.0
         self.hold_poll = 0.05
@@ -166,6 +173,8 @@ class CapacityBudget:
             wait = self._admit(lane, estimate)
             if wait > 0:
                 lane.paced_at = self.clock()
+                with self._lock:
+                    self.waited += wait
                 self.sleep(wait)
         finally:
             with self._lock:
@@ -205,6 +214,8 @@ class CapacityBudget:
             if now - held_since > self.hold_limit:
                 raise errors.BudgetUnavailable(f"waited {self.hold_limit:g}s for capacity: {why}")
             lane.paced_at = now
+            with self._lock:
+                self.waited += self.hold_poll
             self.sleep(self.hold_poll)
         return wait
 
@@ -253,8 +264,13 @@ class CapacityBudget:
         AIMD backing off after DynamoDB throttled, or requests waiting at --max-wcu/--max-rcu;
         else the latest decision (what happened last), or "" if the budget never acted."""
         now = self.clock()
+        hold = self.hold
+        if hold is not None:
+            return hold.reason()
         with self._lock:
             for kind, option in (("write", "--max-wcu"), ("read", "--max-rcu")):
+                if self.set_by.get(kind):
+                    option += f" (set by `reshard throttle`, {self.set_by[kind]})"
                 lane = self.lanes[kind]
                 aimd = lane.aimd
                 if aimd.rate is not None and aimd.ceiling is not None and aimd.rate < aimd.ceiling:

@@ -120,6 +120,18 @@ class LeaseDeadline(LeaseLost):
     """Our lease may have expired by now (the local deadline passed): send no further write."""
 
 
+class Paused(LeaseLost):
+    """The run was paused with ``--release-leases`` (or stopped, or its phase moved, while
+    paused) before a data write: the page in flight sends nothing more and its lease is
+    released; whoever claims it after ``reshard resume`` redoes the page from the checkpoint."""
+
+
+#: How often a held worker looks whether the run was resumed (its own process's state: no request).
+HOLD_POLL_SECONDS = 0.1
+#: How often a held worker tells its subscribers why it waits (the progress line says it).
+HOLD_SAY_SECONDS = 1.0
+
+
 @dataclass
 class Lease:
     """A held segment lease: the fencing token and the renewal bookkeeping (monotonic clock)."""
@@ -193,7 +205,9 @@ class PageContext:
 
     def write_guard(self) -> None:
         """Immediately before each data write request (pass it as ``guard=`` to
-        :meth:`Dynamo.call`): the time fence, then a renewal if due (never past the deadline)."""
+        :meth:`Dynamo.call`): a pause holds here (the lease renewed meanwhile), then the time
+        fence, then a renewal if due (never past the deadline)."""
+        self._engine.hold_here(self.lease, in_page=True)
         self.check_deadline()
         self.ensure_lease()
 
@@ -223,11 +237,15 @@ class SegmentEngine:
                  invocation: str | None = None, host: str | None = None,
                  is_dead: Callable[[str], bool] | None = None,
                  guard: Callable[[], str | None] | None = None, join: bool = False,
-                 idle_wait: Callable[[float], None] | None = None, phase_version: int | None = None):
+                 idle_wait: Callable[[float], None] | None = None, phase_version: int | None = None,
+                 hold: Callable[[], object | None] | None = None):
         self.store = store
         #: The migration's phase version the run is started in (recorded on a new run: verify's
         #: catch-up flag is cleared only by a run that started in the current version).
         self.phase_version = phase_version
+        #: ``hold() -> Hold | None``: the run is paused (``reshard pause``; the budget membership
+        #: reads it at every beat). Workers send no data write and claim nothing while it is set.
+        self.hold = hold
         #: The last segment is a join: claimed only once every other segment is done.
         self.join = join
         #: A worker of this engine saw the run stamped finished (it did it, or found it done).
@@ -456,6 +474,35 @@ class SegmentEngine:
             pass
         self._run_stamped = True
 
+    # ---------------------------------------------------------------- a paused run
+    def hold_here(self, lease: Lease | None, in_page: bool = False) -> None:
+        """Wait here while the run is paused (``reshard pause``): no data write is sent.
+
+        ``lease``: the segment this worker holds (None: between segments). Kept-lease pause: it
+        is renewed while held (its token changes, so nobody takes it over and no page is
+        redone). ``--release-leases``: raise :class:`Paused` at once; the caller releases it.
+        In a page (``in_page``, before one of its writes), a stop or a phase change while held
+        raises :class:`Paused` too: the page is redone from its checkpoint by whoever claims it.
+        At a page boundary they just end the wait (the caller looks at both next).
+        """
+        held = self.hold() if self.hold is not None else None
+        said = None
+        while held is not None:
+            if lease is not None and getattr(held, "release_leases", False):
+                raise Paused(f"segment {lease.segment}: {held.reason()}")
+            if self.stop_event.is_set() or (self.guard is not None and self.guard()):
+                if in_page and lease is not None:
+                    raise Paused(f"segment {lease.segment}: stopped while paused")
+                return
+            now = self.monotonic()
+            if said is None or now - said >= HOLD_SAY_SECONDS:
+                said = now
+                self.subs.on_hold(lease.segment if lease else None, held.reason())
+            if lease is not None:
+                self._renew_if_due(lease)  # a kept lease stays ours for as long as the pause lasts
+            self.stop_event.wait(HOLD_POLL_SECONDS)
+            held = self.hold()
+
     # ---------------------------------------------------------------- workers
     def run_all(self) -> RunResult:
         """Work until every segment is done, or failed in this invocation, or we are stopped."""
@@ -522,6 +569,9 @@ class SegmentEngine:
         rng = random.Random(f"{me}")
         try:
             while not self.stop_event.is_set():
+                if self.hold is not None and self.hold() is not None:
+                    self.hold_here(None)  # paused: claim nothing until resumed (or stopped)
+                    continue
                 recs = self.records()
                 open_ = [r for r in recs if not r.done and not (r.failed and r.failed_by == self.invocation)]
                 ready = open_
@@ -565,6 +615,8 @@ class SegmentEngine:
             self.stop_event.set()
 
     def _work(self, lease: Lease, rec: SegmentRecord, decision: LeaseDecision) -> None:
+        if decision.takeover:
+            self.subs.on_takeover(rec.segment, rec.owner)
         self.subs.on_segment_start(rec.segment, rec.checkpoint is not None, decision.reason)
         counters = dict(rec.counters)
         key = rec.checkpoint
@@ -575,6 +627,13 @@ class SegmentEngine:
                 if self.stop_event.is_set():
                     self.release(lease)
                     return
+                if self.hold is not None and self.hold() is not None:
+                    try:
+                        self.hold_here(lease)  # paused at a page boundary: the lease kept and renewed
+                    except Paused:
+                        self.release(lease)  # --release-leases: checkpoint kept, segment free
+                        return
+                    continue  # look at the stop and the phase again before the next page
                 # The first page after a claim reads the phase afresh: a lease claimed after
                 # an abort's cleanup looked for held leases must see the abort before writing.
                 why = (getattr(self.guard, "fresh", self.guard)() if first else self.guard()) if self.guard else None
@@ -588,6 +647,11 @@ class SegmentEngine:
                     return
                 try:
                     counts, next_key = self.page(ctx, key)
+                except Paused:
+                    # Paused with --release-leases (or stopped while paused) before one of the
+                    # page's writes: nothing more of it is sent; the page is redone after resume.
+                    self.release(lease)
+                    return
                 except LeaseDeadline:
                     # Nothing more is sent; give the lease back if it is still ours (fenced
                     # on the token, so a lease taken over meanwhile is left alone).

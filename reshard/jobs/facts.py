@@ -65,6 +65,7 @@ class JobFacts:
         self._lock = threading.Lock()
         self._read_at = -1e18  # monotonic time of the last read (any outcome)
         self._why: str | None = None
+        self._phase: str | None = None
         #: The fact: the server's Date of the latest read that saw an allowed phase, and our
         #: monotonic time when that answer came (server time since = our time since).
         self._fact_date: float | None = None
@@ -86,6 +87,7 @@ class JobFacts:
         self.reads += 1
         self.enforced = state.server_deadline
         self.horizon_seconds = state.request_horizon
+        self._phase = state.phase.value
         if state.phase in self.phases:
             self._why = None
             if date is not None:
@@ -103,6 +105,10 @@ class JobFacts:
 
     def fresh(self) -> str | None:
         return self(fresh=True)
+
+    def phase(self) -> str | None:
+        """The phase as last read (None before the first read): the job's metrics show it."""
+        return self._phase
 
     # -- every data write
     def server_now(self) -> float | None:

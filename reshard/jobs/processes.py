@@ -174,6 +174,9 @@ class _Forward(Subscriber):
         self._send("segment_failed", segment, error, attempts, final)
     def on_lease_lost(self, segment, reason) -> None: self._send("lease_lost", segment, reason)
     def on_throttle(self, reason) -> None: self._send("throttle", reason)
+    def on_hold(self, segment, reason) -> None: self._send("hold", segment, reason)
+    def on_takeover(self, segment, previous_owner) -> None: self._send("takeover", segment, previous_owner)
+    def on_budget_state(self, state) -> None: self._send("budget_state", dict(state))
 
 
 def _stop_once(signum, frame):
@@ -393,6 +396,12 @@ def _relay(c: _Child, event: tuple, subs: Fanout, box: dict, reasons: dict) -> N
         subs.on_lease_lost(*event[1:])
     elif kind == "throttle":
         subs.on_throttle(event[1])
+    elif kind == "hold":
+        subs.on_hold(*event[1:])
+    elif kind == "takeover":
+        subs.on_takeover(*event[1:])
+    elif kind == "budget_state":
+        subs.on_budget_state({**event[1], "process": c.index + 1})
     elif kind in ("result", "error"):
         c.outcome = event
 

@@ -39,7 +39,7 @@ from reshard.core.migration import Migration
 from reshard.core.phases import VERIFY_JOB, Phase, job_rule
 from reshard.core.versions import Fence
 from reshard.core.wire import N
-from reshard.control.budget import BudgetMembership, read_shares
+from reshard.control.budget import BudgetMembership
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.facts import DatedWrites, JobFacts
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
@@ -376,21 +376,25 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     mapper = KeyMapper(migration) if migration.changes_table else None
     ctx = JobContext(dynamo, store, state, migration, mapper, run, budget, opts, clock, sleep)
     spec.prepare(ctx)
+    guard = facts  # the page guard (the job's metrics read the phase it last saw)
     engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments + spec.join, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
                            poll_seconds=opts.poll_seconds,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
-                           guard=facts, join=spec.join, idle_wait=idle_wait, phase_version=state.phase_version)
+                           guard=facts, join=spec.join, idle_wait=idle_wait, phase_version=state.phase_version,
+                           hold=lambda: budget.hold)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None
     try:
         membership = shared_budget(lease_store, migration_id, spec.name, run, budget, opts, engine)
-        if membership:
-            membership.join()
+        membership.listeners.append(lambda m: [s.on_budget_state(budget_state(m, dynamo, guard, state.phase.value))
+                                               for s in subscribers])
+        membership.join()  # the run's control (a pause, an operator's budget) before the first claim
         segments = engine.run_all()
+        membership.notify()  # the last counters, for the job's metrics
     finally:
         if membership:
             membership.leave()
@@ -404,14 +408,15 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
 
 
 def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, budget: CapacityBudget,
-                  opts: JobOptions, engine: SegmentEngine) -> BudgetMembership | None:
-    """This process's membership of the run's budget row: when it was given ``--max-wcu`` /
-    ``--max-rcu``, or when the run already has a budget (a process started without one must
-    not spend outside the run's budget). None: the run has no budget at all."""
+                  opts: JobOptions, engine: SegmentEngine) -> BudgetMembership:
+    """This process's membership of the run's budget row and reader of its live control.
+
+    It paces at a share of the run's budget when it was given ``--max-wcu`` / ``--max-rcu``,
+    when the run has a budget (a process started without one must not spend outside the
+    run's budget), or once an operator sets one (``reshard throttle``); without any it only
+    reads the run's control row at each beat (a pause, or a budget to join)."""
     totals = {"write": opts.max_wcu, "read": opts.max_rcu}
     if opts.max_wcu is None and opts.max_rcu is None:
-        if read_shares(store, migration_id, job, run) is None:
-            return None
         totals = None
     # Named after the host (or --host-id) and pid; the invocation keeps a restarted process
     # with a recycled pid (pid 1 in a container) apart from its predecessor.
@@ -420,6 +425,27 @@ def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, bu
                             request_seconds=engine.max_request_seconds,
                             refresh_seconds=opts.budget_refresh_seconds,
                             liveness_seconds=opts.budget_liveness_seconds, host=engine.host)
+
+
+def budget_state(m: BudgetMembership, dynamo: Dynamo, guard, phase: str) -> dict:
+    """What a budget beat tells the job's subscribers (its metrics): this process's budget,
+    what it consumed, its throttles by reason, the run's control, the phase as last read."""
+    budget = m.budget
+    out = {"member": m.member, "pid": os.getpid(), "members": m.live_members,
+           "phase": getattr(guard, "phase", lambda: None)() or phase,
+           "budget_wait_seconds": round(budget.waited, 3),
+           "throttles": dynamo.throttle_reasons()}
+    for kind, unit in (("write", "wcu"), ("read", "rcu")):
+        lane = budget.lanes[kind]
+        out[f"consumed_{unit}"] = round(lane.consumed, 3)
+        out[f"max_{unit}"] = lane.total if lane.total is not None else lane.budget
+        out[f"share_{unit}"] = lane.budget if lane.total is not None else None
+        out[f"set_by_{unit}"] = budget.set_by.get(kind) or None
+    hold = budget.hold
+    out.update({"paused": hold is not None, "release_leases": bool(hold and hold.release_leases),
+                "hold_reason": hold.reason() if hold else None,
+                "control_version": m.control.version if m.control else 0})
+    return out
 
 
 # --------------------------------------------------------------------------- data-table writes jobs share

@@ -29,6 +29,14 @@ class Subscriber:
     def on_lease_lost(self, segment: int, reason: str) -> None: ...
     def on_throttle(self, reason: str) -> None: ...
     def on_run_done(self, result: "RunResult") -> None: ...
+    def on_hold(self, segment: int | None, reason: str) -> None:
+        """A worker waits while the run is paused (about every second while it lasts)."""
+    def on_takeover(self, segment: int, previous_owner: str) -> None:
+        """This process took over a lease its owner never released (the page since its checkpoint is redone)."""
+    def on_budget_state(self, state: dict) -> None:
+        """After every budget beat: this process's budget, consumption and control state
+        (:func:`reshard.jobs.runner.budget_state`); a ``--processes`` parent gets each child's
+        with ``state["process"]`` set."""
 
 
 class Fanout(Subscriber):
@@ -114,6 +122,7 @@ class ProgressReporter(Subscriber):
         self.started = self.last_line = 0.0
         self.throttle = ""
         self._reason: Callable[[], str] | None = None
+        self.held: tuple[float, str] | None = None  # (when, why) a worker last said it waits for `resume`
         self.lines: list[str] = []  # every log line said (tests and the final summary read them)
 
     def on_run_start(self, run: "RunInfo") -> None:
@@ -139,6 +148,9 @@ class ProgressReporter(Subscriber):
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall()))
         out = (f"{at} {self.job} {self.migration_id}: {self.progress().text()}; "
                f"{self.segments_done}/{self.segments} segments done here")
+        held = self.held
+        if held is not None and self.clock() - held[0] <= 3.0:
+            return out + f"; HELD: {held[1]}"  # paused: the line says what the job waits for
         why = self._reason() if self._reason else self.throttle
         return out + (f"; throttling: {why}" if why else "")
 
@@ -164,6 +176,13 @@ class ProgressReporter(Subscriber):
 
     def on_budget(self, reason: Callable[[], str]) -> None:
         self._reason = reason
+
+    def on_hold(self, segment: int | None, reason: str) -> None:
+        # A paused job writes no page: without this its log would go silent for the whole pause.
+        with self._lock:
+            self.held = (self.clock(), reason)
+            if self.started:
+                self._maybe_say()
 
     def on_throttle(self, reason: str) -> None:
         # No lock: the budget calls this holding its own lock, and on_page (holding ours)
@@ -204,6 +223,8 @@ class EventLog(Subscriber):
     def on_segment_failed(self, segment, error, attempts, final) -> None: self._add("failed", segment, error, attempts, final)
     def on_lease_lost(self, segment, reason) -> None: self._add("lease_lost", segment, reason)
     def on_throttle(self, reason) -> None: self._add("throttle", reason)
+    def on_hold(self, segment, reason) -> None: self._add("hold", segment, reason)
+    def on_takeover(self, segment, previous_owner) -> None: self._add("takeover", segment, previous_owner)
     def on_run_done(self, result) -> None: self._add("run_done", result.done)
 
     def kinds(self, kind: str) -> list[tuple]:

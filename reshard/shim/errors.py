@@ -27,11 +27,13 @@ always was (so ``except reshard.errors.ConditionalCheckFailed`` works too):
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable, TypeVar
 
 import botocore.exceptions
 
 from reshard import errors
+from reshard.shim import metrics
 
 
 class ShimClientError(botocore.exceptions.ClientError):
@@ -115,16 +117,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def client_errors(operation: str) -> Callable[[F], F]:
-    """Decorate a public shim method: reshard's errors leave it as ``ClientError``\\ s."""
+    """Decorate a public shim method: reshard's errors leave it as ``ClientError``\\ s, and a
+    method of the table itself records its latency (and a ``ShimUnavailable``) in the shim's
+    metrics (:mod:`reshard.shim.metrics`; a no-op without an OpenTelemetry SDK)."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
-        def method(*args, **kwargs):
+        def method(self, *args, **kwargs):
+            started = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                return fn(self, *args, **kwargs)
             except errors.ReshardError as e:
+                if isinstance(e, errors.ShimUnavailable) and hasattr(self, "_phases"):
+                    metrics.unavailable(self.migration.id, as_client_error(e, operation).response["Error"]["Code"])
                 if isinstance(e, botocore.exceptions.ClientError):
                     raise
                 raise as_client_error(e, operation) from e
+            finally:
+                if hasattr(self, "_phases"):  # the table's methods (a batch writer's are the table's calls)
+                    metrics.request_done(self.migration.id, self._phases.phase, operation,
+                                         time.perf_counter() - started)
         return method  # type: ignore[return-value]
     return wrap

@@ -35,6 +35,7 @@ from reshard.core.migration import Migration
 from reshard.core.phases import ROUTING, STEADY, Phase, Routing, routing_of
 from reshard.core.settle import shim_write_seconds
 from reshard.core.wire import get_s
+from reshard.shim import metrics
 
 # The logger name predates this module; applications may already configure it.
 log = logging.getLogger("reshard.shim.table")
@@ -138,6 +139,7 @@ class PhaseCache:
         except errors.ReshardError as e:
             log.warning("reshard shim %s: first heartbeat failed: %s", self.instance_id, e)
         self.refresh()
+        metrics.watch(self)  # the age of our last successful refresh, in the shim's metrics
         self._thread = threading.Thread(target=self._run, name=f"reshard-shim-{self.instance_id}", daemon=True)
         self._thread.start()
 
@@ -145,6 +147,7 @@ class PhaseCache:
         """Stop the refresh thread and remove our heartbeat (we leave the census at once)."""
         self._stop.set()
         self._wake.set()
+        metrics.forget(self)
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
@@ -255,6 +258,7 @@ class PhaseCache:
                     self._state = None  # a wrong file or another migration's table: refuse now
                 self._refused = False
             log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
+            metrics.refresh_failed(self.migration.id)
             return False
 
     def _ack_state_locked(self) -> PhaseState:
@@ -310,12 +314,15 @@ class PhaseCache:
                 self._check_live_locked(now)
                 if not st.routing.hold:
                     self._inflight[st.version] = self._inflight.get(st.version, 0) + 1
+                    if give_up_at is not None:  # it was held by the switch: how long
+                        metrics.held(self.migration.id, now - (give_up_at - self.switch_hold_seconds), "switched")
                     return st
             if give_up_at is None:
                 give_up_at = now + self.switch_hold_seconds
                 self._wake.set()  # acknowledge the switch now if nothing else runs under the old version
             left = give_up_at - now
             if left <= 0:
+                metrics.held(self.migration.id, self.switch_hold_seconds, "timed_out")
                 raise errors.SwitchInProgress(
                     f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}): the fleet "
                     f"is switching authority to {st.phase} and did not finish within {self.switch_hold_seconds:g}s; "
@@ -341,6 +348,10 @@ class PhaseCache:
         else:
             with self._refreshed:
                 self._refreshed.wait(timeout)
+
+    def refresh_age(self) -> float:
+        """Seconds since the start of our last successful refresh (on the cache's clock)."""
+        return max(0.0, self._clock() - self._last_ok)
 
     def check_live(self) -> None:
         """Raise :class:`~reshard.errors.ShimUnavailable` once our liveness window ran out.

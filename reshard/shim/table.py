@@ -97,6 +97,7 @@ from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, Templ
 from reshard.core import expressions
 from reshard.core.phases import Phase, Routing
 from reshard.core.versions import VersionClock, fence_for, newest, version_of
+from reshard.shim import metrics as shim_metrics
 from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
@@ -505,6 +506,7 @@ class ShardedTable:
         except errors.ReshardError as e:
             # The authoritative write landed; this layout misses it until the next write,
             # a backfill re-run or verify --repair (README, Limits). Say so loudly.
+            shim_metrics.mirror_failed(self.migration.id, self._phases.phase)
             log.warning("reshard shim %s: mirror write of %s to table %r failed after the authoritative write "
                         "landed (re-run `reshard verify` before the next transition): %s",
                         self.instance_id, {k: item[k] for k in self.mapper.old.key_attrs if k in item}, self.table, e)

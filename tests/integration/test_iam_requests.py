@@ -111,6 +111,16 @@ def record_every_role(dynalite_server, tmp_path_factory):
         for _ in range(3):  # dual_write, dual_read, backfill
             run("operator", "advance", m.id, "--allow-no-shims")
             with_shim()
+        # A backfill run that has started (a worker's run row), steered by the operator's live
+        # control (its control row in M#<id>), then worked by the worker, who reads that row.
+        from reshard.control.store import ControlStore
+        from reshard.jobs.engine import SegmentEngine
+        rec.role = "worker"
+        SegmentEngine(ControlStore(Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1"), control), m.id,
+                      "backfill", 1, 2, page=lambda ctx, key: ({}, None)).start_run()
+        run("operator", "throttle", m.id, "--max-wcu", "500")
+        run("operator", "pause", m.id, "--release-leases")
+        run("operator", "resume", m.id)
         run("worker", "backfill", m.id, "--segments", "2", "--max-wcu", "1000", "--host-id", "pod-0")  # + the budget rows
         run("worker", "verify", m.id, "--segments", "2", "--repair")
         run("observer", "verify", m.id, "--segments", "2", "--no-record")
@@ -169,6 +179,8 @@ def what_other_roles_must_never_send_is_denied(recorded):
     assert {q.operation for q in transitions} >= {"PutItem", "UpdateItem"}
     for role in ("app", "observer", "worker"):
         assert [str(q) for q in transitions if allowed(pols[role], q)] == [], role
+    # throttle / pause / resume: three conditional puts of the run's control row, the operator's only.
+    assert len([q for q in transitions if q.operation == "PutItem" and q.leading_keys == {f"M#{m.id}"}]) >= 3
     # The observer writes nothing: it sent no write, and every write the worker sent is
     # refused to it -- data, leases, and the recorded verify run (R#verify#..., segments and
     # examples in J#<id>#verify): an observer replaying it would forge a passing verify.
@@ -197,6 +209,9 @@ def what_other_roles_must_never_send_is_denied(recorded):
     ("app", Request("app", "Scan", "{table}")),
     ("app", Request("app", "CreateTable", "{control}")),
     ("worker", Request("worker", "UpdateItem", "{control}", None, frozenset({"M#{id}"}))),  # a transition
+    # The run's control row (M#<id>/C#...): a worker cannot lift a pause or an operator's budget.
+    ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"M#{id}"}))),
+    ("observer", Request("observer", "PutItem", "{control}", None, frozenset({"M#{id}"}))),
     ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"H#{id}"}))),
     ("worker", Request("worker", "DeleteItem", "{control}", None, frozenset({"T#{table}"}))),
     ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"S#{id}"}))),  # forge a heartbeat

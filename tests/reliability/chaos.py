@@ -72,6 +72,7 @@ class FaultProxy(FidelityProxy):
                          fault_rates={"throttle": throttle, "5xx": error5xx, "split": split}, **settings)
         self.upstream_port = upstream_port
         self.blocked_tables = _BlockedTables(self)
+        self._writes: dict[str, int] = {}
 
     @property
     def rates(self) -> dict:
@@ -94,6 +95,19 @@ class FaultProxy(FidelityProxy):
 
     def faults(self) -> dict[str, int]:
         return {k: v for k, v in self.counts.items() if k != "calls"}
+
+    @property
+    def writes(self) -> dict[str, int]:
+        """Write requests (PutItem, UpdateItem, DeleteItem, BatchWriteItem) forwarded, per table."""
+        with self.lock:
+            return dict(self._writes)
+
+    def forward(self, req):
+        if req.op in ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"):
+            with self.lock:
+                for t in req.tables():
+                    self._writes[t] = self._writes.get(t, 0) + 1
+        return super().forward(req)
 
 
 # ---------------------------------------------------------------------------------- oracle
