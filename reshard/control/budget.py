@@ -23,6 +23,7 @@ import time
 from reshard import errors
 from reshard.control.records import check_row
 from reshard.control.store import ControlStore
+from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, seconds
 from reshard.core.leases import LeaseWatch
 from reshard.core.shares import (DEFAULT_LIVENESS_SECONDS, DEFAULT_REFRESH_SECONDS, LANES, Member, Rebalance, Shares,
                                  rebalance, silence_bound)
@@ -61,8 +62,11 @@ def read_members(store: ControlStore, migration_id: str, job: str, run: int) -> 
     out = []
     for i in store.query(store.jpk(migration_id, job), member_prefix(job, run)):
         check_row(i)
-        out.append(Member(get_s(i, "member"), int(get_n(i, "beat", 0)), float(get_n(i, "liveness_seconds", 0)),
-                          float(get_n(i, "request_seconds", 0)), get_s(i, "host", "?"), int(get_n(i, "pid", 0)),
+        # The silence it asks the others to wait out is clamped (reshard.core.decode).
+        out.append(Member(get_s(i, "member"), int(get_n(i, "beat", 0)),
+                          seconds(get_n(i, "liveness_seconds"), MAX_LIVENESS_SECONDS),
+                          seconds(get_n(i, "request_seconds"), MAX_REQUEST_SECONDS), get_s(i, "host", "?"),
+                          int(get_n(i, "pid", 0)),
                           frozenset(v["S"] for v in i.get("idle", {}).get("L", []))))
     return out
 
