@@ -49,7 +49,7 @@ from reshard.control.transition import WRITING_JOBS, retire
 from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone, item_size
 from reshard.core.migration import Migration
 from reshard.core.phases import CLEANUP_JOB, Phase
-from reshard.core.versions import parse_version, unchanged, version_of
+from reshard.core.versions import unchanged, version_ms, version_of
 from reshard.core.wire import N, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
@@ -159,7 +159,10 @@ class Cleaner:
         """Written by the retired migration's era: unversioned, or a version not after its retire.
         (A later writer that kept the marker -- an update of the item -- stamped a newer one.)"""
         version = version_of(item)
-        return not version or parse_version(version)[0] <= retired_at * 1000
+        if not version:
+            return True
+        ms = version_ms(version)
+        return ms is not None and ms <= retired_at * 1000  # a version no writer wrote: left alone
 
     def _delete_if_unchanged(self, guard: Callable[[], None], item: dict) -> bool:
         """Delete an item only if its version is still the one scanned (a newer write wins).

@@ -95,8 +95,10 @@ from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, 
                                  hash_shard, is_tombstone, item_size, to_av)
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
+from reshard.core.decode import safe_text
+from reshard.core.wire import dump_key
 from reshard.core.phases import Phase, Routing
-from reshard.core.versions import VersionClock, fence_for, newest, version_of
+from reshard.core.versions import VersionClock, fence_for, newest, stored_version, version_of
 from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
@@ -535,8 +537,11 @@ class ShardedTable:
                     raise  # no fence in this phase: only the app's condition can have failed
                 # Consistent: a stale (older) version would turn our fence loss into a
                 # false "condition failed" for the application.
-                stored = version_of(self.dynamo.call("get_item", TableName=self.table, Key=key,
-                                                     ConsistentRead=True).get("Item"))
+                # A stored version is input: one no reshard writer wrote (malformed, or further
+                # ahead than the clocks' skew) is never adopted; this item's write is refused.
+                stored = stored_version(self.dynamo.call("get_item", TableName=self.table, Key=key,
+                                                         ConsistentRead=True).get("Item"),
+                                        self.versions.now(), f"item {_key_text(key)} of table {self.table!r}")
                 if stored >= version:
                     self.versions.observe(stored)  # another writer is ahead: go above it
                 elif app_condition:
@@ -1407,3 +1412,8 @@ class BatchWriter:
 
     def __exit__(self, *exc) -> None:
         self.flush()
+
+
+def _key_text(key: Mapping[str, Any]) -> str:
+    """A physical key as a message names it (``{"PK": "s-1#3", "SK": "..."}``)."""
+    return safe_text(dump_key(key))
