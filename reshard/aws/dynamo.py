@@ -30,7 +30,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from tenacity.stop import stop_base
 
 from reshard import errors
-from reshard.aws.lean import lean_sender
+from reshard.aws.lean import UnreadableAnswer, lean_sender
 
 #: Error codes that mean "slow down": retried, and reported to throttle listeners.
 THROTTLE_CODES = frozenset({
@@ -45,6 +45,7 @@ _NETWORK_ERRORS = (
     botocore.exceptions.ConnectionClosedError,  # an HTTPClientError, not a ConnectionError
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectTimeoutError,
+    UnreadableAnswer,  # the lean path's: no DynamoDB answer (a proxy's junk, a cut body): like a dropped one
 )
 
 _serializer = TypeSerializer()
@@ -127,6 +128,7 @@ def translate(operation: str, exc: BaseException) -> errors.AWSError:
     own ``except errors.ConditionalCheckFailed`` both see it.
     """
     if isinstance(exc, botocore.exceptions.ClientError):
+        _scrub_client_error(exc)
         err = exc.response.get("Error", {})
         code = err.get("Code", "Unknown")
         msg = err.get("Message", "") or str(exc)
@@ -153,6 +155,16 @@ def translate(operation: str, exc: BaseException) -> errors.AWSError:
                         botocore.exceptions.InvalidConfigError, botocore.exceptions.CredentialRetrievalError)):
         return errors.AWSConfigError(operation, type(exc).__name__, str(exc))
     return errors.AWSError(operation, type(exc).__name__, str(exc))
+
+
+def _scrub_client_error(exc: botocore.exceptions.ClientError) -> None:
+    """Scrub a botocore error in place: it stays attached as the ``__cause__`` of ours, so a
+    logged traceback prints its text too (``errors.scrub``: an InvalidSignatureException
+    quotes the signed request, session token included)."""
+    err = exc.response.get("Error") if isinstance(exc.response, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("Message"), str):
+        err["Message"] = errors.scrub(err["Message"])
+    exc.args = tuple(errors.scrub(a) if isinstance(a, str) else a for a in exc.args)
 
 
 _COMBINED: dict[tuple[type, type], type] = {}
