@@ -30,6 +30,7 @@ from reshard.control.runs import (allowed_unmappable, backfill_run, describe, it
                                   segment_records, sum_counters, unmappable_items, verify_verdict)
 from reshard.control.store import ControlStore, resolve
 from reshard.core import capacity, hints, iam, planning
+from reshard.core.decode import utc_text
 from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
@@ -731,7 +732,7 @@ def _stored_count_source(dynamo: Dynamo, state: MigrationState) -> tuple[int, st
     raw = state.raw
     if "item_count" not in raw:
         return None
-    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(raw.get("item_count_at", {}).get("N", 0))))
+    at = utc_text(float(raw.get("item_count_at", {}).get("N", 0)))
     source = raw.get("item_count_source", {}).get("S", "count")
     return int(raw["item_count"]["N"]), f"{source} stored by `reshard start` at {at}"
 

@@ -48,6 +48,10 @@ _NETWORK_ERRORS = (
     UnreadableAnswer,  # the lean path's: no DynamoDB answer (a proxy's junk, a cut body): like a dropped one
 )
 
+#: What botocore's response parsing raises on an answer of the wrong shape (not a hook's own
+#: exception: tests stop actors with classes of their own, which pass through unchanged).
+_PARSER_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
+
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
@@ -298,7 +302,17 @@ class Dynamo:
             def method(**kw):
                 return lean.send(operation, kw)
         else:
-            method = getattr(self.client, operation)
+            client_method = getattr(self.client, operation)
+
+            def method(**kw):
+                try:
+                    return client_method(**kw)
+                except _PARSER_ERRORS as e:
+                    # botocore's parser met an answer that is no DynamoDB answer (a 2xx body
+                    # ``[]`` raises AttributeError in it): a bad answer, like the lean path's,
+                    # never a raw exception out of the choke point.
+                    raise UnreadableAnswer(operation=operation, size="?",
+                                           why=f"botocore raised {type(e).__name__}: {e}") from e
         if guard is not None:
             send = method
 

@@ -15,6 +15,7 @@ at once never overwrite each other's share: the loser re-reads and decides again
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -27,8 +28,10 @@ from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, secon
 from reshard.core.leases import LeaseWatch
 from reshard.core.shares import (DEFAULT_LIVENESS_SECONDS, DEFAULT_REFRESH_SECONDS, LANES, Member, Rebalance, Shares,
                                  rebalance, silence_bound)
+from reshard.core.survive import FailureLog, describe
 from reshard.core.wire import N, S, get_n, get_s
 
+log = logging.getLogger("reshard.jobs")
 #: The row attribute of each lane's total.
 TOTAL_ATTR = {"write": "max_wcu", "read": "max_rcu"}
 
@@ -180,6 +183,9 @@ class BudgetMembership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one refresh at a time (the thread, and join/leave)
+        # The thread survives every failure (a garbled budget row, a bad answer): logged once
+        # per kind, and the share lapses until a refresh works again (reshard.core.survive).
+        self._failures = FailureLog(log, f"{job} budget beat of {member}")
         if totals:
             for kind, total in totals.items():
                 if total is not None:
@@ -215,7 +221,10 @@ class BudgetMembership:
             try:
                 self.refresh()
             except Exception as e:  # noqa: BLE001 - retried next refresh; the share lapses meanwhile
-                self.last_error = f"{type(e).__name__}: {e}"
+                self.last_error = describe(e)
+                self._failures.failed(e)
+            else:
+                self._failures.recovered()
 
     # -- one refresh
     def refresh(self, attempts: int = 8) -> bool:

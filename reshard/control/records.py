@@ -206,8 +206,9 @@ class MigrationState:
     raw: dict = field(repr=False, default_factory=dict)
 
     def migration(self) -> Migration:
-        """The migration file as registered (the control table is the source of truth)."""
-        return parse(self.file_text, f"control-table:{self.id}")
+        """The migration file as registered (the control table is the source of truth); a
+        ``shard_function`` is looked for where ``start`` read the file (its ``file_path``)."""
+        return parse(self.file_text, f"control-table:{self.id}", origin=get_s(self.raw, "file_path", ""))
 
     @property
     def retired(self) -> bool:

@@ -39,6 +39,7 @@ import hashlib
 import json
 import math
 import re
+import time
 from typing import Any, Mapping
 
 from reshard import errors
@@ -233,6 +234,15 @@ def check_bound(what: str, value: float, maximum: float, fix: str) -> None:
 
 
 # --------------------------------------------------------------------------- display
+
+def utc_text(at: float | int | None) -> str:
+    """An epoch time from a row as ``%Y-%m-%d %H:%M:%SZ``; ``?`` for none, or for one no clock
+    shows (``1E+125`` overflows ``gmtime``: a row must not crash the renderer)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(at))) if at else "?"
+    except (OverflowError, ValueError, OSError, TypeError):
+        return "?"
+
 
 #: C0 and C1 controls, DEL, and the Unicode format characters that reorder or hide text
 #: (bidirectional overrides and isolates, zero-width joiners, the BOM).

@@ -167,10 +167,11 @@ def version_of(item: Mapping[str, Any] | None) -> str:
     return v if isinstance(v, str) else ""
 
 
-def stored_version(item: Mapping[str, Any] | None, now: int, what: str) -> str:
+def stored_version(item: Mapping[str, Any] | None, now: int | None, what: str) -> str:
     """The version a writer may adopt from a stored ``item`` (``""``: none stored), checked
     with :func:`check_version`; otherwise :class:`~reshard.errors.BadVersion` naming ``what``
-    (the item) and the value, and how to clear it. Pure."""
+    (the item) and the value, and how to clear it. ``now`` None: the format only (a job that
+    copies or compares a version adopts none: it never judges another host's clock). Pure."""
     if not item or VERSION_ATTR not in item:
         return ""
     av = item[VERSION_ATTR]
@@ -178,7 +179,10 @@ def stored_version(item: Mapping[str, Any] | None, now: int, what: str) -> str:
     try:
         if not isinstance(v, str):
             raise errors.BadVersion(f"{VERSION_ATTR} is {quoted(json.dumps(av, default=repr))}, not a string")
-        check_version(v, now)
+        if now is None:
+            parse_version(v)
+        else:
+            check_version(v, now)
     except errors.BadVersion as e:
         raise errors.BadVersion(
             f"{what} carries a {VERSION_ATTR} that no reshard writer wrote ({e}); refusing to write it "

@@ -61,7 +61,7 @@ from reshard.core.capacity import items_read_units, items_write_units
 from reshard.core.index import NEW, IndexMapper, reindexed
 from reshard.core.layout import SOURCE_ATTR, VERSION_ATTR, KeyMapper, item_size
 from reshard.core.phases import BACKFILL_JOB, Phase
-from reshard.core.versions import copy_fence, copy_outcome, now_ms, stored_version, version_of
+from reshard.core.versions import copy_fence, copy_outcome, stored_version, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
@@ -113,7 +113,6 @@ class Backfill:
             self._avg_bytes = 0.8 * self._avg_bytes + 0.2 * (sum(map(item_size, sample)) / len(sample))
 
         moving = []
-        now = now_ms()
         for item in items:
             # The table holds both layouts: a new-layout copy (a shim's mirror write, or a
             # copy made earlier) carries the _rs_new marker and is not an old item at all.
@@ -124,7 +123,7 @@ class Backfill:
                 # A version no reshard writer wrote (a plain client's) is reported, not copied:
                 # every fenced write after the copy would refuse the item anyway.
                 if VERSION_ATTR in item:
-                    stored_version(item, now, "the item")
+                    stored_version(item, None, "the item")
                 new_item, moves = self.mapper.remap(item)
                 if moves and self.indexes:
                     new_item = reindexed(new_item, self.indexes, NEW)

@@ -77,7 +77,7 @@ from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_sha
 from reshard.core.migration import SHARD
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, job_rule
 from reshard.core.settle import Watch, decide, settle_window
-from reshard.core.versions import fence_for, now_ms, stored_version, unchanged, version_of
+from reshard.core.versions import fence_for, stored_version, unchanged, version_of
 from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import LeaseLost, PageContext
@@ -198,7 +198,6 @@ class Verifier(RunRecords):
         record = self.recorder.record
         mapper = self.mapper
         old, new, fields_of, is_new_copy = mapper.old, mapper.new, mapper.fields, mapper.is_new_copy
-        now = now_ms()
         for item in items:
             if counts is not None:
                 counts["checked"] += 1
@@ -231,7 +230,7 @@ class Verifier(RunRecords):
                 continue
             try:
                 if VERSION_ATTR in item:
-                    stored_version(item, now, "the item")  # a plain client's _rs_v: reported, never judged
+                    stored_version(item, None, "the item")  # a plain client's _rs_v: reported, never judged
                 fields = fields_of(item, old)
                 new_key = new.key(fields)
             except errors.UnmappableItem as e:
