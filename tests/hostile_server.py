@@ -48,6 +48,8 @@ class HostileProxy:
         self.upstream = urlsplit(upstream)
         self.fault: Callable[[str, dict], Fault | None] | None = None
         self.faults_served = 0
+        #: The headers of every request received (name -> value), in order.
+        self.requests: list[dict] = []
         proxy = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -88,6 +90,7 @@ class HostileProxy:
                 break
             name, _, value = h.decode("latin-1").partition(":")
             headers[name.strip()] = value.strip()
+        self.requests.append(dict(headers))
         lower = {k.lower(): v for k, v in headers.items()}
         body = rfile.read(int(lower.get("content-length", "0")))
         target = lower.get("x-amz-target", "").rpartition(".")[2]

@@ -488,7 +488,7 @@ def _read_response(reader) -> tuple[int, dict, bytes]:
         total = 0
         while True:
             size_text = _line(reader, "a chunk size").split(b";", 1)[0].strip()
-            if not size_text or len(size_text) > 16:
+            if not size_text or len(size_text) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
                 raise ValueError(f"bad chunk size {size_text[:20]!r}")
             size = int(size_text, 16)
             if size == 0:
@@ -506,7 +506,7 @@ def _read_response(reader) -> tuple[int, dict, bytes]:
         content = b"".join(chunks)
     else:
         text = headers.get("content-length", "0")
-        if not text.isdigit() or len(text) > 12:
+        if not text.isascii() or not text.isdigit() or len(text) > 20:
             raise ValueError(f"bad Content-Length {text[:20]!r}")
         length = int(text)
         if length > MAX_BODY_BYTES:
