@@ -43,6 +43,7 @@ import time
 from typing import Any, Mapping
 
 from reshard import errors
+from reshard.core.wire import load_key
 
 MAX_LIVENESS_SECONDS = 600.0
 MAX_REQUEST_SECONDS = 300.0
@@ -153,6 +154,15 @@ def check_types(item: Mapping, kind: str | None = None) -> None:
             if problem:
                 raise errors.ForeignControlRow(f"{where(item)}: attribute {quoted(name)} {problem} (reshard writes "
                                                f"{_spelled(expected)}): refusing to act on it")
+    if kind == "segment" and "checkpoint" in item:
+        cp = item["checkpoint"]["S"]
+        try:
+            key = load_key(cp) if cp else {}
+            if not isinstance(key, dict):
+                raise ValueError("not a key")
+        except (ValueError, TypeError, AttributeError, KeyError):
+            raise errors.ForeignControlRow(f"{where(item)}: its checkpoint {quoted(cp)} is no key reshard wrote: "
+                                           "refusing to act on it") from None
 
 
 def _type_problem(value: Any, expected: str) -> str | None:
