@@ -27,7 +27,7 @@ from reshard import errors
 from reshard.control.records import DEFAULT_LIVENESS_SECONDS, Heartbeat, shim_sk
 from reshard.control.store import ControlStore
 from reshard.core import decode
-from reshard.core.wire import N, S
+from reshard.core.wire import N, S, still_as_read
 
 
 @dataclass(frozen=True)
@@ -180,14 +180,8 @@ def reap(store: ControlStore, migration_id: str, gone: Iterable[Heartbeat]) -> i
 def unchanged_row(raw: dict) -> dict:
     """The condition (``condition``, ``names``, ``values``) that a heartbeat row still holds
     exactly what the census read of it (every attribute it projects: equal, or still absent)."""
-    conds, names, values = [], {}, {}
-    for n, attr in enumerate(a for a in HEARTBEAT_ATTRIBUTES if a not in ("pk", "sk")):
-        names[f"#u{n}"] = attr
-        if attr in raw:
-            values[f":u{n}"] = raw[attr]
-            conds.append(f"#u{n} = :u{n}")
-        else:
-            conds.append(f"attribute_not_exists(#u{n})")
+    names, values = {}, {}
+    conds = still_as_read([a for a in HEARTBEAT_ATTRIBUTES if a not in ("pk", "sk")], raw, "u", names, values)
     return {"condition": " AND ".join(conds), "names": names, "values": values or None}
 
 

@@ -78,7 +78,7 @@ ROW_TYPES: dict[str, dict[str, str]] = {
                 "updated_at": "N", "finished_at": "N", "last_error": "S", "failed_by": "S", "released_by": "S"},
     "unmappable": {"job": "S", "old_key": "S", "reason": "S", "detail": "S", "size": "N", "at": "N",
                    "other_key": "S"},
-    "example": {"body": "S"},
+    "example": {"body": "S", "job": "S"},
     "budget": {"job": "S", "run": "N", "version": "N", "at": "N", "shares": "M:M:N", "max_wcu": "N",
                "max_rcu": "N"},
     "member": {"job": "S", "run": "N", "member": "S", "beat": "N", "liveness_seconds": "N",

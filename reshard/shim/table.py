@@ -96,7 +96,7 @@ from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, 
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
 from reshard.core.decode import safe_text
-from reshard.core.wire import dump_key
+from reshard.core.wire import dump_key, still_as_read
 from reshard.core.phases import Phase, Routing
 from reshard.core.versions import VersionClock, fence_for, newest, stored_version, version_of
 from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
@@ -873,14 +873,7 @@ class ShardedTable:
                 continue
             names = {"#rs_g": im.attr}
             values = {":rs_g": value, ":rs_was": full[im.attr]}
-            cond = ["#rs_g = :rs_was"]
-            for i, f in enumerate(im.layout(side).needed_fields):
-                names[f"#rs_f{i}"] = f
-                if f in full:
-                    values[f":rs_f{i}"] = full[f]
-                    cond.append(f"#rs_f{i} = :rs_f{i}")
-                else:
-                    cond.append(f"attribute_not_exists(#rs_f{i})")
+            cond = ["#rs_g = :rs_was", *still_as_read(im.layout(side).needed_fields, full, "rs_f", names, values)]
             try:
                 self.dynamo.call("update_item", guard=self._phases.check_live, TableName=self.table, Key=key,
                                  UpdateExpression="SET #rs_g = :rs_g", ConditionExpression=" AND ".join(cond),

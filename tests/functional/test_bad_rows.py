@@ -27,23 +27,13 @@ from reshard.control.store import ControlStore
 from reshard.core import decode
 from reshard.core.settle import settle_window
 
+from tests.functional.test_control_store import FakeClock as Clock
 from tests.functional.test_phase_cli import CT, MID, SENSOR_FILE, make_table
 
 pytestmark = pytest.mark.functional
 
 HUGE = "1E+125"
 ESC = "\x1b]0;owned\x07\x1b[2J"
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
 
 
 @pytest.fixture
@@ -146,3 +136,27 @@ def test_a_wait_polls_only_the_heartbeat_rows_whatever_the_app_stuffs_into_its_p
     assert len(polls) >= 10  # it polled (two partitions a poll) ...
     assert [s for s in sent if s[0] == "Scan"] == [("Scan", 1)]  # ... after one look for other migrations
     assert max(n for _, n in polls) <= 1  # and read no junk row
+
+
+def test_a_rewrite_between_the_look_and_the_removal_keeps_an_unreadable_row(store):
+    """Forced interleaving: a wait watched an unreadable heartbeat row unchanged past the bound
+    and removes it; its writer rewrites it between the census's read and the delete. The
+    delete is conditioned on the content read, so the rewritten row stays (and counts again)."""
+    put_row(store, f"S#{MID}", "S#odd", instance={"S": "odd"}, pid={"S": "x"}, beat={"N": "1"})
+    clock = Clock()
+    watcher = ControlStore(store.dynamo, store.table, clock=clock)
+    fleet.census(watcher, MID, 1)  # the first look starts the watch
+    clock.t += decode.MAX_LIVENESS_SECONDS + decode.MAX_REQUEST_SECONDS + 1
+    delete = watcher.delete
+
+    def rewritten_first(pk, sk, **kw):
+        if sk == "S#odd":
+            put_row(store, f"S#{MID}", "S#odd", instance={"S": "odd"}, pid={"S": "x"}, beat={"N": "2"})
+        return delete(pk, sk, **kw)
+
+    watcher.delete = rewritten_first
+    c = fleet.census(watcher, MID, 1)
+    assert [h.instance for h in c.expired] == ["odd"]
+    assert fleet.reap(watcher, MID, c.expired) == 0
+    (h,) = fleet.heartbeats(store, MID)
+    assert h.unreadable and h.raw["beat"] == {"N": "2"}  # the rewrite stayed
