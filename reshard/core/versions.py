@@ -117,8 +117,8 @@ class VersionClock:
     def __init__(self, writer_id: str | None = None, now_ms: Callable[[], int] | None = None):
         self.writer_id = writer_id or os.urandom(4).hex()
         if not _WRITER_RE.fullmatch(self.writer_id):
-            raise ValueError(f"writer id must be 1-{MAX_WRITER_CHARS} printable ASCII characters without '.' or "
-                             f"blanks (got {self.writer_id!r})")
+            raise errors.BadInput(f"writer id must be 1-{MAX_WRITER_CHARS} printable ASCII characters without '.' "
+                                  f"or blanks (got {quoted(self.writer_id)}): it ends every version the writer stamps")
         self._now_ms = now_ms or globals()["now_ms"]
         self._lock = threading.Lock()
         self._ms = 0
