@@ -39,6 +39,7 @@ from reshard.core.layout import GONE_ATTR, not_data
 from reshard.core.marker import MARKER_ATTR
 from reshard.core.wire import S
 from reshard.core.doctor import NOTES as doctor_notes
+from reshard.core.decode import utc_text
 from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
@@ -822,7 +823,7 @@ def _stored_count_source(dynamo: Dynamo, state: MigrationState) -> tuple[int, st
     raw = state.raw
     if "item_count" not in raw:
         return None
-    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(raw.get("item_count_at", {}).get("N", 0))))
+    at = utc_text(float(raw.get("item_count_at", {}).get("N", 0)))
     source = raw.get("item_count_source", {}).get("S", "count")
     return int(raw["item_count"]["N"]), f"{source} stored by `reshard start` at {at}"
 

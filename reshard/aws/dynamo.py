@@ -31,7 +31,7 @@ from tenacity.stop import stop_base
 
 from reshard import errors
 from reshard.aws import signing
-from reshard.aws.lean import lean_sender
+from reshard.aws.lean import UnreadableAnswer, lean_sender
 from reshard.core.deadlines import parse_http_date, sign_epoch
 
 #: Error codes that mean "slow down": retried, and reported to throttle listeners.
@@ -47,7 +47,12 @@ _NETWORK_ERRORS = (
     botocore.exceptions.ConnectionClosedError,  # an HTTPClientError, not a ConnectionError
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectTimeoutError,
+    UnreadableAnswer,  # the lean path's: no DynamoDB answer (a proxy's junk, a cut body): like a dropped one
 )
+
+#: What botocore's response parsing raises on an answer of the wrong shape (not a hook's own
+#: exception: tests stop actors with classes of their own, which pass through unchanged).
+_PARSER_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -142,6 +147,7 @@ def translate(operation: str, exc: BaseException) -> errors.AWSError:
     own ``except errors.ConditionalCheckFailed`` both see it.
     """
     if isinstance(exc, botocore.exceptions.ClientError):
+        _scrub_client_error(exc)
         err = exc.response.get("Error", {})
         code = err.get("Code", "Unknown")
         msg = err.get("Message", "") or str(exc)
@@ -168,6 +174,16 @@ def translate(operation: str, exc: BaseException) -> errors.AWSError:
                         botocore.exceptions.InvalidConfigError, botocore.exceptions.CredentialRetrievalError)):
         return errors.AWSConfigError(operation, type(exc).__name__, str(exc))
     return errors.AWSError(operation, type(exc).__name__, str(exc))
+
+
+def _scrub_client_error(exc: botocore.exceptions.ClientError) -> None:
+    """Scrub a botocore error in place: it stays attached as the ``__cause__`` of ours, so a
+    logged traceback prints its text too (``errors.scrub``: an InvalidSignatureException
+    quotes the signed request, session token included)."""
+    err = exc.response.get("Error") if isinstance(exc.response, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("Message"), str):
+        err["Message"] = errors.scrub(err["Message"])
+    exc.args = tuple(errors.scrub(a) if isinstance(a, str) else a for a in exc.args)
 
 
 _COMBINED: dict[tuple[type, type], type] = {}
@@ -329,7 +345,17 @@ class Dynamo:
             def method(**kw):
                 return lean.send(operation, kw)
         else:
-            method = getattr(self.client, operation)
+            client_method = getattr(self.client, operation)
+
+            def method(**kw):
+                try:
+                    return client_method(**kw)
+                except _PARSER_ERRORS as e:
+                    # botocore's parser met an answer that is no DynamoDB answer (a 2xx body
+                    # ``[]`` raises AttributeError in it): a bad answer, like the lean path's,
+                    # never a raw exception out of the choke point.
+                    raise UnreadableAnswer(operation=operation, size="?",
+                                           why=f"botocore raised {type(e).__name__}: {e}") from e
         if guard is not None or horizon is not None:
             send = method
 

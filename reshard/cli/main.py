@@ -13,6 +13,7 @@ import traceback
 import click
 
 from reshard import errors
+from reshard.core.decode import safe_text
 from reshard.cli import backfill, control, demo, doctor, iam, phase, plan, verify
 from reshard.cli.options import global_options
 
@@ -74,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except errors.ReshardError as e:
         if verbose:
-            traceback.print_exc()
-        click.echo(f"reshard: error: {e}", err=True)
+            _traceback()
+        _error(f"reshard: error: {e}")
         return e.exit_code
     except click.exceptions.Exit as e:
         return e.exit_code
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = ""
         if isinstance(e, click.UsageError) and e.ctx is not None:
             hint = f" (see `{e.ctx.command_path} --help`)"
-        click.echo(f"reshard: error: {e.format_message()}{hint}", err=True)
+        _error(f"reshard: error: {e.format_message()}{hint}")
         return 2
     except click.exceptions.Abort:
         click.echo("reshard: aborted", err=True)
@@ -96,10 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as e:  # a bug of ours: still one line, unless --verbose
         if verbose:
-            traceback.print_exc()
-        click.echo(f"reshard: internal error: {type(e).__name__}: {e} (run with --verbose for the traceback)",
-                   err=True)
+            _traceback()
+        _error(f"reshard: internal error: {type(e).__name__}: {e} (run with --verbose for the traceback)")
         return 1
+
+
+def _error(line: str) -> None:
+    """The error line (and a refusal's `  - ` lines): no credential a server quoted, no
+    control character a row held (``errors.scrub``, ``decode.safe_text``)."""
+    click.echo(safe_text(errors.scrub(line), None, keep_lines=True), err=True)
+
+
+def _traceback() -> None:
+    """``--verbose``'s traceback, scrubbed the same way (a chained botocore error's text too)."""
+    click.echo(safe_text(errors.scrub(traceback.format_exc()), None, keep_lines=True), err=True, nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

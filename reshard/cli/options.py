@@ -21,6 +21,7 @@ from reshard import errors
 from reshard.cli import formats
 from reshard.aws.dynamo import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, Dynamo
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
+from reshard.core.decode import MAX_LEASE_SECONDS, safe_text
 from reshard.core.phases import Phase
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 
@@ -74,11 +75,11 @@ class Env:
     def emit(self, data: dict, text: str | Callable[[], str]) -> None:
         """Print a command's result: ``data`` through --query and --output, or ``text`` for people
         (the one rendering path, :func:`reshard.cli.formats.emit_text`)."""
-        click.echo(formats.emit_text(data, text, self.output, self._query))
+        click.echo(safe_text(formats.emit_text(data, text, self.output, self._query), None, keep_lines=True))
 
     def info(self, message: str) -> None:
         """A progress or banner line: stderr unless stdout is plain text, so stdout stays data."""
-        click.echo(message, err=self.machine)
+        click.echo(safe_text(errors.scrub(message), None, keep_lines=True), err=self.machine)
 
 
 def _store_global(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -217,7 +218,8 @@ def lease_seconds_option(help: str = "How long a segment lease lasts without a r
                                      "may take the segment over.") -> Callable:
     """``--lease-seconds`` of the data jobs (the help differs a little per command; the
     time fence that goes with it is the same for all)."""
-    return click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
+    return click.option("--lease-seconds", type=click.FloatRange(min=1.0, max=MAX_LEASE_SECONDS),
+                        default=DEFAULT_LEASE_SECONDS,
                         show_default=True, help=f"{help} {LEASE_FENCE_HELP}")
 
 

@@ -7,11 +7,11 @@ people, from the same data, so the two never tell different stories.
 from __future__ import annotations
 
 import shlex
-import time
 
 from reshard.control.store import MigrationState
 from reshard.control.fleet import Census
 from reshard.core import planning
+from reshard.core.decode import safe_text, utc_text
 from reshard.core.progress import describe as describe_progress, duration
 from reshard.core.phases import TERMINAL, Phase
 from reshard.operations import IndexPlanReport, Listed, Plan, Started, Status, Transitioned
@@ -108,13 +108,14 @@ def _render_job(j: dict) -> list[str]:
             diffs = ", ".join(f"{n} {k}" for k, n in r["counts"].items() if n) or "no differences"
             lines.append(f"    verdict: {'PASSED' if r['passed'] else 'FAILED'} ({diffs})")
             for e in r["examples"]:
-                lines.append(f"      {e['kind']}: old {e['old_key']} new {e['new_key']} {e['detail']}".rstrip())
+                example = f"{e.get('kind', '?')}: old {e.get('old_key')} new {e.get('new_key')} {e.get('detail', '')}"
+                lines.append("      " + safe_text(example, 1000).rstrip())
     if j.get("unmappable", {}).get("count"):
         u = j["unmappable"]
         lines.append(f"    unmappable items (left in place): {u['count']}, allowed {u.get('allowed', 0)} "
                      "(start --allow-unmappable)" + _more(u))
         for e in u["examples"]:
-            lines.append(f"      {_key_text(e['old_key'])}: {e['reason']}: {e['detail']}")
+            lines.append(f"      {_key_text(e['old_key'])}: {safe_text(e['reason'])}: {safe_text(e['detail'], 1000)}")
     if j.get("collisions", {}).get("count"):
         c = j["collisions"]
         lines.append(f"    COLLISIONS (two pre-migration copies of one item differ; whichever the backfill met "
@@ -147,8 +148,8 @@ def _render_job(j: dict) -> list[str]:
     for seg in j["segments"]:
         c = seg["counters"]
         progress = " ".join(f"{k}={int(c[k]) if float(c[k]).is_integer() else c[k]}" for k in shown if c.get(k))
-        owner = f" owner {seg['owner']} ({seg['lease_seconds_left']}s left)" if seg["owner"] else ""
-        err = f" error: {seg['last_error']}" if seg["last_error"] else ""
+        owner = f" owner {safe_text(seg['owner'])} ({seg['lease_seconds_left']}s left)" if seg["owner"] else ""
+        err = f" error: {safe_text(seg['last_error'], 500)}" if seg["last_error"] else ""
         lines.append(f"    segment {seg['segment']:>4} {seg['state']:<8}{owner} {progress}{err}".rstrip())
     return lines
 
@@ -175,8 +176,10 @@ def _key_text(key: dict | None) -> str:
     """``PK='a#1', SK='0'`` for a key in the attribute-value format (as ``plan`` shows keys)."""
     if not key:
         return "?"
-    return ", ".join(f"{a}={(next(iter(v.values())) if isinstance(v, dict) and len(v) == 1 else v)!r}"
-                     for a, v in key.items())
+    if not isinstance(key, dict):
+        return safe_text(key)  # a recorded key that was no JSON key: shown as its text
+    return safe_text(", ".join(f"{a}={(next(iter(v.values())) if isinstance(v, dict) and len(v) == 1 else v)!r}"
+                               for a, v in key.items()), 500)
 
 
 def _more(report: dict) -> str:
@@ -187,11 +190,11 @@ def _more(report: dict) -> str:
 
 
 def _when(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at)) if at else "?"
+    return utc_text(at)  # "?" for a time from a row that is no time at all (1E+125)
 
 
 def _since(history: list[dict]) -> str:
-    return f", since {_when(history[-1]['at'])} by {history[-1]['who']}" if history else ""
+    return f", since {_when(history[-1]['at'])} by {safe_text(history[-1]['who'])}" if history else ""
 
 
 def status_text(r: dict) -> str:
@@ -225,8 +228,8 @@ def status_text(r: dict) -> str:
     lines += ["", "history:"]
     for t in r["history"]:
         frm = t["from"] or "-"
-        lines.append(f"  v{t['phase_version']:<3} {_when(t['at'])}  {t['action']:<8} {frm:>10} -> {t['to']:<10}"
-                     f"  by {t['who']}")
+        lines.append(f"  v{t['phase_version']:<3} {_when(t['at'])}  {safe_text(t['action']):<8} {safe_text(frm):>10} "
+                     f"-> {safe_text(t['to']):<10}  by {safe_text(t['who'])}")
 
     f = r["fleet"]
     ack = (f"all acknowledged phase version {f['phase_version']}" if f["acknowledged"]
@@ -237,8 +240,12 @@ def status_text(r: dict) -> str:
                      "writes the table)")
     for s in r["shims"]:
         mark = "expired" if not s["live"] else ("ok" if s["acknowledged"] else "LAGGING")
-        lines.append(f"  {s['instance']:<24} {s['host']} pid {s['pid']:<7} on {s['phase']} v{s['phase_version']:<4}"
-                     f" {s['seconds_ago']:>7}s ago  {mark}")
+        if s.get("unreadable"):
+            # A row the census could not decode: named, never printed raw (it counts as lagging).
+            lines.append(f"  {safe_text(s['instance']):<24} UNREADABLE ({safe_text(s['unreadable'])})  {mark}")
+            continue
+        lines.append(f"  {safe_text(s['instance']):<24} {safe_text(s['host'])} pid {s['pid']:<7} on "
+                     f"{safe_text(s['phase'])} v{s['phase_version']:<4} {s['seconds_ago']:>7}s ago  {mark}")
 
     lines += ["", "jobs:" if r["jobs"] else "jobs:      none yet"]
     for j in r["jobs"]:

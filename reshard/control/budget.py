@@ -19,6 +19,7 @@ at once never overwrite each other's share: the loser re-reads and decides again
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -28,11 +29,14 @@ from reshard import errors
 from reshard.control.live import read_control
 from reshard.control.records import RunControl, check_row
 from reshard.control.store import ControlStore
+from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, seconds
 from reshard.core.leases import LeaseWatch
 from reshard.core.shares import (DEFAULT_LIVENESS_SECONDS, DEFAULT_REFRESH_SECONDS, LANES, Member, Rebalance, Shares,
                                  rebalance, silence_bound)
+from reshard.core.survive import FailureLog, describe
 from reshard.core.wire import N, S, get_n, get_s
 
+log = logging.getLogger("reshard.jobs")
 #: The row attribute of each lane's total.
 TOTAL_ATTR = {"write": "max_wcu", "read": "max_rcu"}
 
@@ -66,8 +70,11 @@ def read_members(store: ControlStore, migration_id: str, job: str, run: int) -> 
     out = []
     for i in store.query(store.jpk(migration_id, job), member_prefix(job, run)):
         check_row(i)
-        out.append(Member(get_s(i, "member"), int(get_n(i, "beat", 0)), float(get_n(i, "liveness_seconds", 0)),
-                          float(get_n(i, "request_seconds", 0)), get_s(i, "host", "?"), int(get_n(i, "pid", 0)),
+        # The silence it asks the others to wait out is clamped (reshard.core.decode).
+        out.append(Member(get_s(i, "member"), int(get_n(i, "beat", 0)),
+                          seconds(get_n(i, "liveness_seconds"), MAX_LIVENESS_SECONDS),
+                          seconds(get_n(i, "request_seconds"), MAX_REQUEST_SECONDS), get_s(i, "host", "?"),
+                          int(get_n(i, "pid", 0)),
                           frozenset(v["S"] for v in i.get("idle", {}).get("L", []))))
     return out
 
@@ -187,6 +194,9 @@ class BudgetMembership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one refresh at a time (the thread, and join/leave)
+        # The thread survives every failure (a garbled budget row, a bad answer): logged once
+        # per kind, and the share lapses until a refresh works again (reshard.core.survive).
+        self._failures = FailureLog(log, f"{job} budget beat of {member}")
         if totals:
             for kind, total in totals.items():
                 if total is not None:
@@ -223,7 +233,10 @@ class BudgetMembership:
             try:
                 self.refresh()
             except Exception as e:  # noqa: BLE001 - retried next refresh; the share lapses meanwhile
-                self.last_error = f"{type(e).__name__}: {e}"
+                self.last_error = describe(e)
+                self._failures.failed(e)
+            else:
+                self._failures.recovered()
             self.notify()
 
     def notify(self) -> None:
@@ -232,7 +245,7 @@ class BudgetMembership:
             try:
                 fn(self)
             except Exception as e:  # noqa: BLE001 - a metrics listener never stops the budget
-                self.last_error = f"listener: {type(e).__name__}: {e}"
+                self.last_error = f"listener: {describe(e)}"
 
     # -- one refresh
     def refresh(self, attempts: int = 8) -> bool:

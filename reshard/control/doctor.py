@@ -41,6 +41,7 @@ from reshard.control.records import TABLE_LOCK_SK, MigrationState, check_row, ru
 from reshard.control.store import ControlStore, operator_name
 from reshard.core import doctor as rules
 from reshard.core.doctor import Finding, MigrationFacts
+from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, seconds
 from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR
 from reshard.core.marker import Owner, owner_of
 from reshard.core.leases import FREE, LeaseWatch, SegmentRecord
@@ -122,8 +123,8 @@ class _Screened(ControlStore):
             resp = dict(resp, Items=[i for i in resp["Items"] if self._keep(i)])
         return resp
 
-    def query(self, pk: str, prefix: str = "", consistent: bool = True) -> list[dict]:
-        return [i for i in super().query(pk, prefix, consistent) if self._keep(i)]
+    def query(self, pk: str, prefix: str = "", consistent: bool = True, **kwargs) -> list[dict]:
+        return [i for i in super().query(pk, prefix, consistent, **kwargs) if self._keep(i)]
 
     def check_every_row(self) -> None:
         """One Scan of the whole control table (it is small), so a foreign row in a
@@ -183,8 +184,9 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
                 run = int(get_n(row, "run", 0))
                 f = rules.budget_member_finding(
                     m, job, run, get_s(row, "member", "?"), int(get_n(row, "beat", 0)),
-                    last_beat_at=float(get_n(row, "at", 0)), liveness_seconds=float(get_n(row, "liveness_seconds", 0)),
-                    request_seconds=float(get_n(row, "request_seconds", 0)), now=now,
+                    last_beat_at=float(get_n(row, "at", 0)),
+                    liveness_seconds=seconds(get_n(row, "liveness_seconds"), MAX_LIVENESS_SECONDS),
+                    request_seconds=seconds(get_n(row, "request_seconds"), MAX_REQUEST_SECONDS), now=now,
                     run_over=not rules.job_can_run(job, m) or run < latest or bool(
                         info.get(run) and (info[run].finished or info[run].abandoned_at is not None)))
                 found += [f] if f else []

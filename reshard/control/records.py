@@ -29,7 +29,10 @@ and nothing else, a worker's to ``J#<id>#<job>`` and never the phase row
 that place too, so a shim of an older release is counted (fail closed).
 
 Every row reshard writes carries ``schema`` (:data:`SCHEMA`); :func:`check_row` refuses a
-row of an unknown schema or one whose contents disagree with the key it sits under.
+row of an unknown schema, one whose contents disagree with the key it sits under, or one
+with an attribute of another type than reshard writes (:mod:`reshard.core.decode`, the
+decoding layer every codec below goes through: times a row asks readers to wait are
+clamped there to documented maxima).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from dataclasses import dataclass, field
 
 from reshard import errors
 from reshard.core.deadlines import clamp_horizon
+from reshard.core import decode
+from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, MAX_WRITE_SECONDS, quoted, safe_text
 from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS
 from reshard.core.settle import assumed_write_seconds
 from reshard.core.migration import Migration, parse
@@ -122,10 +127,14 @@ def check_row(item: dict) -> None:
     row says about itself matches the key it sits under: a META row names its own
     migration, a heartbeat its own instance, a job row its partition's job, the table lock
     a migration. A row that fails was forged, or written by a newer release whose format
-    we do not know: acting on it could move or hide a migration, so readers stop.
+    we do not know: acting on it could move or hide a migration, so readers stop. Also every
+    attribute reshard reads must have the type reshard writes it with
+    (:func:`reshard.core.decode.check_types`): a ``pid`` stored as a string is refused here
+    in one line, never a KeyError further on.
     """
+    decode.check_keys(item)
     pk, sk = get_s(item, "pk", ""), get_s(item, "sk", "")
-    where = f"control row ({pk!r}, {sk!r})"
+    where = decode.where(item)
     schema = item.get("schema")
     if schema is not None:
         value = schema.get("N") if isinstance(schema, dict) else None
@@ -133,6 +142,7 @@ def check_row(item: dict) -> None:
             raise errors.ForeignControlRow(f"{where} has schema {_shown(schema)}, which this release does not know "
                                            f"(it writes {SCHEMA}): refusing to act on it; upgrade reshard, or "
                                            "remove the row if nobody should have written it")
+    decode.check_types(item)
     kind, _, rest = pk.partition("#")
     if kind == "M" and sk == META:
         _same(where, "id", get_s(item, "id", ""), rest)
@@ -151,7 +161,7 @@ def check_row(item: dict) -> None:
         mid, _, job = rest.rpartition("#")
         if not mid or not sk.startswith(tuple(f"{p}#{job}#" for p in "RJUDB")):
             raise errors.ForeignControlRow(f"{where}: a job row that names another job than its partition's "
-                                           f"({job!r}): refusing to act on it")
+                                           f"({quoted(job)}): refusing to act on it")
         if "job" in item:
             _same(where, "job", get_s(item, "job", ""), job)
     elif kind == "T" and sk == TABLE_LOCK_SK:
@@ -163,12 +173,12 @@ def check_row(item: dict) -> None:
 
 def _same(where: str, attribute: str, found: str, expected: str) -> None:
     if found != expected:
-        raise errors.ForeignControlRow(f"{where} says {attribute} {found!r} but sits under {expected!r} "
+        raise errors.ForeignControlRow(f"{where} says {attribute} {quoted(found)} but sits under {quoted(expected)} "
                                        "(forged, or copied from another row): refusing to act on it")
 
 
 def _shown(value) -> str:
-    return repr(next(iter(value.values()))) if isinstance(value, dict) and value else repr(value)
+    return quoted(next(iter(value.values()))) if isinstance(value, dict) and value else quoted(value)
 
 
 # --------------------------------------------------------------------------- rows
@@ -190,6 +200,7 @@ class Transition:
 
     @classmethod
     def from_item(cls, i: dict) -> "Transition":
+        check_row(i)
         return cls(int(get_n(i, "phase_version", 0)), get_s(i, "from", ""), get_s(i, "to", ""),
                    get_s(i, "action", ""), get_s(i, "who", "?"), float(get_n(i, "at", 0)))
 
@@ -211,8 +222,9 @@ class MigrationState:
     raw: dict = field(repr=False, default_factory=dict)
 
     def migration(self) -> Migration:
-        """The migration file as registered (the control table is the source of truth)."""
-        return parse(self.file_text, f"control-table:{self.id}")
+        """The migration file as registered (the control table is the source of truth); a
+        ``shard_function`` is looked for where ``start`` read the file (its ``file_path``)."""
+        return parse(self.file_text, f"control-table:{self.id}", origin=get_s(self.raw, "file_path", ""))
 
     @property
     def retired(self) -> bool:
@@ -306,11 +318,18 @@ class Heartbeat:
     #: The longest one of its writes can still be completing after its authoritative copy
     #: landed (the mirror and every retry; 0: not reported): verify's settle window.
     write_seconds: float = 0.0
+    #: Why this row could not be decoded (:meth:`unreadable_row`); "" for a readable row.
+    unreadable: str = ""
+    #: An unreadable row's content fingerprint: it changes whenever anyone rewrites the row.
+    fingerprint: str = ""
+    #: An unreadable row as read (a removal is conditioned on it being still the same).
+    raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def token(self) -> tuple:
-        """What changes with every heartbeat (``at`` too, for rows written before ``beat``)."""
-        return (self.beat, self.at)
+        """What changes with every heartbeat (``at`` too, for rows written before ``beat``;
+        an unreadable row's whole content)."""
+        return (self.beat, self.at, self.fingerprint)
 
     @property
     def silence_seconds(self) -> float:
@@ -330,26 +349,50 @@ class Heartbeat:
         return self.write_seconds or assumed_write_seconds(self.request_seconds)
 
     def describe(self) -> str:
-        return f"{self.instance} ({self.host} pid {self.pid}, on {self.phase} v{self.phase_version})"
+        if self.unreadable:
+            return (f"an unreadable heartbeat row {quoted(self.row_pk)}/{quoted('S#' + self.instance)} "
+                    f"({self.unreadable}; counted as a lagging shim until it stays unchanged for "
+                    f"{self.silence_seconds:g}s: `reshard doctor` shows it)")
+        return f"{safe_text(self.instance)} ({safe_text(self.host)} pid {self.pid}, on {safe_text(self.phase)} " \
+               f"v{self.phase_version})"
 
     def describe_foreign(self) -> str:
-        return (f"{self.instance} ({self.host} pid {self.pid}, runs migration {self.migration_id!r}, on {self.phase} "
-                f"v{self.phase_version})")
+        if self.unreadable:
+            return self.describe()
+        return (f"{safe_text(self.instance)} ({safe_text(self.host)} pid {self.pid}, runs migration "
+                f"{quoted(self.migration_id)}, on {safe_text(self.phase)} v{self.phase_version})")
 
     def as_dict(self, now: float, live: bool) -> dict:
         """For status; ``seconds_ago`` is by the shim's clock against ours (skew included)."""
-        return {"instance": self.instance, "host": self.host, "pid": self.pid, "phase": self.phase,
-                "phase_version": self.phase_version, "seconds_ago": round(now - self.at, 1), "live": live}
+        out = {"instance": self.instance, "host": self.host, "pid": self.pid, "phase": self.phase,
+               "phase_version": self.phase_version, "seconds_ago": round(now - self.at, 1), "live": live}
+        if self.unreadable:
+            out.update(seconds_ago=None, unreadable=self.unreadable)
+        return out
 
     @classmethod
     def from_item(cls, i: dict) -> "Heartbeat":
         check_row(i)
+        # The waits a heartbeat asks for are clamped to reshard's bounds (reshard.core.decode):
+        # a liveness of 1E+125 would make its shim impossible to watch go silent.
         return cls(get_s(i, "instance"), get_s(i, "host", "?"), int(get_n(i, "pid", 0)), get_s(i, "phase", "?"),
                    int(get_n(i, "phase_version", 0)), float(get_n(i, "at", 0)),
-                   float(get_n(i, "liveness_seconds", DEFAULT_LIVENESS_SECONDS)),
-                   float(get_n(i, "refresh_seconds", 0.0)), get_s(i, "pk", "M#")[2:],
-                   int(get_n(i, "beat", 0)), float(get_n(i, "request_seconds", 0.0)), get_s(i, "pk", ""),
-                   float(get_n(i, "write_seconds", 0.0)))
+                   decode.seconds(get_n(i, "liveness_seconds"), MAX_LIVENESS_SECONDS, DEFAULT_LIVENESS_SECONDS),
+                   decode.seconds(get_n(i, "refresh_seconds"), MAX_LIVENESS_SECONDS), get_s(i, "pk", "M#")[2:],
+                   int(get_n(i, "beat", 0)), decode.seconds(get_n(i, "request_seconds"), MAX_REQUEST_SECONDS),
+                   get_s(i, "pk", ""), decode.seconds(get_n(i, "write_seconds"), MAX_WRITE_SECONDS))
+
+    @classmethod
+    def unreadable_row(cls, i: dict, reason: str) -> "Heartbeat":
+        """A heartbeat row that failed :func:`check_row`, as the census counts it: a shim that
+        lags every version (fail closed: it may be a shim of a newer release), live until its
+        whole content stayed unchanged for the longest any shim may be silent -- so a row
+        nobody rewrites stops holding the fleet back after that, and one rewritten with every
+        beat keeps counting, like any live shim."""
+        pk = i["pk"]["S"] if isinstance(i.get("pk"), dict) and isinstance(i["pk"].get("S"), str) else "?"
+        sk = i["sk"]["S"] if isinstance(i.get("sk"), dict) and isinstance(i["sk"].get("S"), str) else "S#?"
+        return cls(sk[2:], "?", 0, "?", -1, 0.0, MAX_LIVENESS_SECONDS, 0.0, pk[2:], 0, MAX_REQUEST_SECONDS, pk,
+                   MAX_WRITE_SECONDS, unreadable=reason, fingerprint=decode.digest(i), raw=dict(i))
 
 
 @dataclass(frozen=True)
@@ -376,6 +419,9 @@ class RunInfo:
     def from_item(cls, migration_id: str, item: dict) -> "RunInfo":
         check_row(item)
         _, job, run = get_s(item, "sk").split("#", 2)
+        if not run.isdigit():
+            raise errors.ForeignControlRow(f"{decode.where(item)}: a run row whose run number {quoted(run)} is not "
+                                           "a number: refusing to act on it")
         fin = get_n(item, "finished_at")
         abandoned = get_n(item, "abandoned_at")
         totals = {k: float(v["N"]) for k, v in item.get("totals", {}).get("M", {}).items()}

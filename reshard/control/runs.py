@@ -14,7 +14,8 @@ from typing import Callable, Iterable
 
 from reshard.control.budget import read_members, read_shares
 from reshard.control.live import read_control
-from reshard.control.records import (META, RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
+from reshard.control.records import (META, RunInfo, check_row, example_prefix, run_sk, segment_prefix, segment_sk,
+                                     unmappable_sk)
 from reshard.control.store import ControlStore
 from reshard.core.compare import differences, failing, passes
 from reshard.core.leases import FREE, LeaseWatch, SegmentRecord, quiet_remaining
@@ -124,6 +125,7 @@ def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now
     out = []
     for job in jobs:
         for item in store.query(store.jpk(migration_id, job), f"J#{job}#"):
+            check_row(item)
             if get_s(item, "owner", FREE) != FREE and float(get_n(item, "lease_expires", 0)) > now:
                 out.append(f"{job} segment {int(get_n(item, 'segment', -1))} ({get_s(item, 'owner')})")
     return out
@@ -135,6 +137,7 @@ def held_leases(store: ControlStore, migration_id: str,
     out = []
     for job in jobs:
         for item in store.query(store.jpk(migration_id, job), f"J#{job}#"):
+            check_row(item)  # types first: a segment number stored as a string is refused in one line
             rec = SegmentRecord.from_item(int(get_n(item, "segment", -1)), item)
             if rec.held:
                 out.append((job, int(get_n(item, "run", 0)), rec))
@@ -185,16 +188,37 @@ def unmappable_items(store: ControlStore, migration_id: str, job: str = BACKFILL
     unversioned old copies of one logical item that differ) also names the other old key."""
     out = []
     for i in store.query(store.jpk(migration_id, job), unmappable_sk(job, "")):
-        row = {"old_key": load_key(get_s(i, "old_key")), "reason": get_s(i, "reason"), "detail": get_s(i, "detail")}
+        check_row(i)
+        row = {"old_key": _key_or_text(get_s(i, "old_key", "")), "reason": get_s(i, "reason", "?"),
+               "detail": get_s(i, "detail", "")}
         if "other_key" in i:
-            row["other_key"] = load_key(get_s(i, "other_key"))
+            row["other_key"] = _key_or_text(get_s(i, "other_key"))
         out.append(row)
     return out
 
 
+def _key_or_text(text: str):
+    """A key a worker recorded (JSON), or its text as it is when it is none (shown, never used)."""
+    try:
+        key = load_key(text)
+        return key if isinstance(key, dict) else text
+    except (ValueError, TypeError, AttributeError):
+        return text
+
+
 def examples(store: ControlStore, migration_id: str, job: str, run: int) -> list[dict]:
-    """The example differences a run recorded (``D#<job>#<run>#...``)."""
-    return [json.loads(get_s(i, "body")) for i in store.query(store.jpk(migration_id, job), example_prefix(job, run))]
+    """The example differences a run recorded (``D#<job>#<run>#...``; a body that is no JSON
+    object is shown as its text)."""
+    out = []
+    for i in store.query(store.jpk(migration_id, job), example_prefix(job, run)):
+        check_row(i)
+        body = get_s(i, "body", "")
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        out.append(parsed if isinstance(parsed, dict) else {"kind": "?", "detail": body})
+    return out
 
 
 def backfill_progress(store: ControlStore, migration_id: str) -> dict | None:
@@ -213,6 +237,8 @@ def allowed_unmappable(store: ControlStore, migration_id: str) -> int:
     cutover gate stays closed.
     """
     item = store.get(store.mpk(migration_id), META)
+    if item:
+        check_row(item)
     return int(get_n(item, "allow_unmappable", 0)) if item else 0
 
 
@@ -226,6 +252,7 @@ def item_total(store: ControlStore, migration_id: str) -> dict | None:
     item = store.get(store.mpk(migration_id), META)
     if not item or "item_count" not in item:
         return None
+    check_row(item)
     return {"items": int(get_n(item, "item_count")), "source": get_s(item, "item_count_source"),
             "at": float(get_n(item, "item_count_at", 0))}
 

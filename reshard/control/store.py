@@ -22,13 +22,13 @@ from typing import Any, Callable
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo, expression_kwargs
-from reshard.control.records import (META, SCHEMA, TABLE_LOCK_SK, MigrationState, Transition, heartbeat_pk, history_sk,
-                                     jobs_pk, migration_pk, table_lock_pk)
+from reshard.control.records import (META, SCHEMA, TABLE_LOCK_SK, MigrationState, Transition, check_row, heartbeat_pk,
+                                     history_sk, jobs_pk, migration_pk, table_lock_pk)
 from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, clamp_horizon
 from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration, load
 from reshard.core.phases import Phase
-from reshard.core.wire import N, S, get_s
+from reshard.core.wire import N, S, get_s, projection
 
 DEFAULT_CONTROL_TABLE = "reshard-control"
 #: What an operator needs on the control table (named in permission errors).
@@ -131,9 +131,17 @@ class ControlStore:
                           ConsistentRead=consistent)
         return resp.get("Item")
 
-    def query(self, pk: str, prefix: str = "", consistent: bool = True) -> list[dict]:
+    def query(self, pk: str, prefix: str = "", consistent: bool = True, attributes: tuple[str, ...] = (),
+              page_size: int | None = None) -> list[dict]:
+        """Every row of partition ``pk`` whose sort key starts with ``prefix``; ``attributes``:
+        only these (a ProjectionExpression: junk attributes are not transferred or parsed);
+        ``page_size``: at most this many rows per request (Limit)."""
         kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": consistent,
                                   "ExpressionAttributeValues": {":pk": S(pk)}}
+        if attributes:
+            kwargs.update(projection(attributes))
+        if page_size:
+            kwargs["Limit"] = page_size
         if prefix:
             kwargs["KeyConditionExpression"] = "pk = :pk AND begins_with(sk, :p)"
             kwargs["ExpressionAttributeValues"][":p"] = S(prefix)
@@ -242,6 +250,8 @@ class ControlStore:
         except errors.ConditionalCheckFailed:
             pass
         owner = self.get(table_lock_pk(m.table), TABLE_LOCK_SK)
+        if owner:
+            check_row(owner)
         other = get_s(owner or {}, "migration_id", "?")
         other_state = self.load_state(other, missing_ok=True)
         if other_state is not None and other_state.active:

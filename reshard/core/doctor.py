@@ -22,10 +22,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping
 
+from reshard.core.decode import quoted
 from reshard.core.layout import NEW_COPY_ATTR, is_tombstone
 from reshard.core.leases import SegmentRecord
 from reshard.core.phases import JOB_RULES, STRIP_JOB, Phase
-from reshard.core.versions import parse_version, version_of
+from reshard.core.versions import version_ms, version_of
 
 #: Every kind of finding, and what it means (``doctor --help`` and the runbook list them).
 KINDS = {
@@ -112,7 +113,7 @@ def foreign_row_finding(control_table: str, pk: str, sk: str, reason: str) -> Fi
     break that release."""
     kind, _, rest = pk.partition("#")
     migration = rest.rpartition("#")[0] if kind == "J" else rest if kind in ("M", "S") else ""
-    where = f"control row ({pk!r}, {sk!r})"
+    where = f"control row ({quoted(pk)}, {quoted(sk)})"  # as reshard.core.decode.where names it
     detail = reason[len(where):].lstrip(": ") if reason.startswith(where) else reason
     key = shlex.quote(json.dumps({"pk": {"S": pk}, "sk": {"S": sk}}, ensure_ascii=False))
     table = shlex.quote(control_table)
@@ -257,7 +258,10 @@ def leftover_tombstone(item: Mapping[str, Any], cutoff_ms: int | None) -> bool:
     if not is_tombstone(item):
         return False
     version = version_of(item)
-    return cutoff_ms is None or not version or parse_version(version)[0] < cutoff_ms
+    if cutoff_ms is None or not version:
+        return True
+    ms = version_ms(version)
+    return ms is not None and ms < cutoff_ms  # a version no writer wrote: not judged a leftover
 
 
 def retired_copy_of(item: Mapping[str, Any], retired: Collection[str]) -> str | None:

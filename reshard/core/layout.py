@@ -27,7 +27,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
 from reshard.errors import UnmappableItem
-from reshard.core.migration import JUMP, SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, resolve_function
+from reshard.core.migration import JUMP, SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, load_function
 from reshard.core.marker import MARKER_ATTR
 
 #: Bookkeeping attributes, all under the one reserved prefix, never shown to the app.
@@ -319,6 +319,21 @@ def derive_time(value: Any, fmt: str, field: str) -> str:
 
 # --------------------------------------------------------------------------- layouts
 
+class _LazyFunction:
+    """A layout's ``shard_function``, imported at its first call (never when a file is parsed
+    or a layout built: importing runs the module's code; :func:`load_function`)."""
+
+    def __init__(self, spec: LayoutSpec):
+        self.spec = spec
+        self._fn: Callable[[str, int], int] | None = None
+
+    def __call__(self, key: str, shards: int) -> int:
+        if self._fn is None:
+            self._fn = load_function(self.spec.shard_function, self.spec.origin, self.spec.origin or "<migration>",
+                                     f"{self.spec.side}.shard_function")
+        return self._fn(key, shards)
+
+
 class Layout:
     """One side of a migration, compiled: computes and parses physical keys."""
 
@@ -340,8 +355,7 @@ class Layout:
         self.derived = dict(spec.fields)
         self.shard_by = spec.shard_by
         if spec.shard_function:
-            fn = resolve_function(spec.shard_function)
-            self._shard_fn: Callable[[str, int], int] = fn
+            self._shard_fn: Callable[[str, int], int] = _LazyFunction(spec)
         else:
             algorithm = spec.hash or "sha256"
             self._shard_fn = lambda s, n: hash_shard(s, n, algorithm)

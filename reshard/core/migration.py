@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import re
 import string
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,12 @@ HASHES = ("sha256", "md5", JUMP)
 #: so random layouts are held to :data:`MAX_RANDOM_SHARDS`.
 MAX_SHARDS = 1000
 MAX_RANDOM_SHARDS = 99
+
+#: The widest a ``{shard:...}`` format spec may pad (width or precision).
+MAX_FORMAT_WIDTH = 32
+#: Python's format-spec mini-language for an integer: [[fill]align][sign][z][#][0][width][grouping][.precision][type].
+_SPEC_RE = re.compile(r"(?:(?P<fill>.)?(?P<align>[<>=^]))?(?P<sign>[-+ ])?z?#?0?(?P<width>\d+)?[_,]?"
+                      r"(?:\.(?P<precision>\d+))?(?P<type>[bcdoxXn])?", re.S)
 
 #: The field name a template uses for the shard number.
 SHARD = "shard"
@@ -98,6 +106,9 @@ class LayoutSpec:
     hash: str | None
     shard_function: str | None
     fields: Mapping[str, DerivedField] = field(default_factory=dict)
+    #: Where a ``shard_function``'s module may be loaded from: the migration file's path
+    #: (:func:`load_function`); not part of the layout's meaning.
+    origin: str = field(default="", compare=False)
 
     @property
     def random(self) -> bool:
@@ -209,19 +220,27 @@ def load(path: str | Path) -> Migration:
     return parse(text, str(path))
 
 
-def parse(text: str, path: str = "<migration>") -> Migration:
-    """Validate the TOML text of a migration file; ``path`` is only used in messages."""
+def parse(text: str, path: str = "<migration>", origin: str | None = None) -> Migration:
+    """Validate the TOML text of a migration file; ``path`` is only used in messages.
+
+    ``origin``: where the file was read from, for a ``shard_function``'s allow-list
+    (default ``path``). A text read back from the control table (``origin`` given: the path
+    ``start`` registered it from) was checked when it was registered: its function is
+    checked again only where it is loaded (:func:`load_function`), so a host without the
+    application's code can still read the migration."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise MigrationFileError(path, None, f"TOML syntax error: {e}") from None
-    v = _Validator(path)
+    v = _Validator(path, origin)
     return v.migration(doc, text)
 
 
 class _Validator:
-    def __init__(self, path: str):
+    def __init__(self, path: str, origin: str | None = None):
         self.path = path
+        self.origin = path if origin is None else origin
+        self.check_functions = origin is None
 
     def fail(self, key: str | None, problem: str):
         raise MigrationFileError(self.path, key, problem)
@@ -416,9 +435,13 @@ class _Validator:
                 if hash_name is not None:
                     self.fail(f"{where}.shard_function", "set either hash or shard_function, not both")
                 self.string(fn, f"{where}.shard_function")
-                if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", fn):
+                if not _FUNCTION_RE.match(fn):
                     self.fail(f"{where}.shard_function", f"must look like 'package.module:function' (got {fn!r})")
-                resolve_function(fn, self.path, f"{where}.shard_function")
+                # Checked, never imported here: parsing a file runs no code of it
+                # (load_function imports the module where the function is first called).
+                problem = function_refusal(fn, self.origin) if self.check_functions else None
+                if problem:
+                    self.fail(f"{where}.shard_function", problem)
             else:
                 if hash_name is None:
                     hash_name = "sha256"
@@ -426,7 +449,7 @@ class _Validator:
                     self.fail(f"{where}.hash", f"unknown hash {hash_name!r} (known: {', '.join(HASHES)})")
         return LayoutSpec(side, partition, ptext, sort, stext, shards, shard_by,
                           hash_name if shard_by is not None and fn is None else None,
-                          fn if shard_by is not None else None, fields)
+                          fn if shard_by is not None else None, fields, origin=self.origin)
 
     def template(self, text: str, key: str) -> tuple[TemplatePart, ...]:
         try:
@@ -448,6 +471,14 @@ class _Validator:
             if spec and fname != SHARD:
                 self.fail(key, f"only {{shard}} may carry a format spec (got {{{fname}:{spec}}})")
             if spec:
+                m = _SPEC_RE.fullmatch(spec)
+                if m is None:
+                    self.fail(key, f"bad format spec {{shard:{spec}}} (an integer format such as {{shard:02d}})")
+                width, precision = (int(g) if g else 0 for g in m.group("width", "precision"))
+                if width > MAX_FORMAT_WIDTH or precision > MAX_FORMAT_WIDTH:
+                    # Python would pad every key formatted to that width (300 MB for 300000000).
+                    self.fail(key, f"format spec {{shard:{spec}}}: width and precision are limited to "
+                                   f"{MAX_FORMAT_WIDTH} (a key attribute holds at most 2048 bytes)")
                 try:
                     format(7, spec)
                 except ValueError:
@@ -511,17 +542,114 @@ class _Validator:
                                "so no item can supply it")
 
 
-def resolve_function(spec: str, path: str = "<migration>", key: str = "shard_function"):
-    """Import ``package.module:function`` and return the callable (the escape hatch)."""
+# --------------------------------------------------------------------------- shard_function
+
+#: ``package.module:function``.
+_FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+#: Packages (comma-separated dotted prefixes) whose callables a ``shard_function`` may name,
+#: wherever they are installed: the deployment says which, not the migration file.
+FUNCTION_PACKAGES_ENV = "RESHARD_SHARD_FUNCTION_PACKAGES"
+#: Never the application's own: the standard library and reshard itself (``shutil:rmtree``,
+#: ``os:system`` would pass any signature check and run at the first key computed).
+_NEVER = frozenset(sys.stdlib_module_names) | {"reshard", "builtins", "__main__"}
+
+
+def _declared_packages() -> tuple[str, ...]:
+    return tuple(p.strip() for p in os.environ.get(FUNCTION_PACKAGES_ENV, "").split(",") if p.strip())
+
+
+def _declared(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in _declared_packages())
+
+
+def _search_dirs(origin: str) -> list[Path]:
+    """Where an application module next to a migration file lives: the file's directory and
+    the one holding it (``app/migrations/x.toml``: ``app/``, the project). None for a file
+    read from the control table (``control-table:<id>``): only declared packages then."""
+    if not origin or origin.startswith(("control-table:", "<")):
+        return []
+    here = Path(origin).resolve().parent
+    return [here, here.parent]
+
+
+def _module_file(module: str, origin: str) -> Path | None:
+    """The source of ``module`` under a search directory (a module or a package), else None.
+    Only the filesystem is looked at: nothing is imported."""
+    rel = Path(*module.split("."))
+    for d in _search_dirs(origin):
+        for candidate in (d / rel.with_suffix(".py"), d / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def function_refusal(spec: str, origin: str) -> str | None:
+    """Why ``spec`` (``package.module:function``) may not be a shard function, or None. Pure of
+    imports: a module of the standard library or of reshard is refused; an application's module
+    must be found next to the migration file (or in its project directory), or belong to a
+    package the deployment declared in ``$RESHARD_SHARD_FUNCTION_PACKAGES``."""
+    module = spec.partition(":")[0]
+    top = module.split(".")[0]
+    if top in _NEVER:
+        return (f"{spec!r} names a module of the standard library or of reshard; a shard function must be the "
+                "application's own (a module next to the migration file, or a package named in "
+                f"${FUNCTION_PACKAGES_ENV})")
+    if _declared(module) or _module_file(module, origin) is not None:
+        return None
+    where = " or ".join(str(d) for d in _search_dirs(origin)) or "(a file read from the control table: none)"
+    return (f"module {module!r} is neither next to the migration file (looked in {where}) nor in a package named "
+            f"in ${FUNCTION_PACKAGES_ENV} (comma-separated, e.g. 'myapp,company.sharding'); reshard imports only "
+            "the application's own modules")
+
+
+def load_function(spec: str, origin: str = "", path: str = "<migration>", key: str = "shard_function"):
+    """Import ``package.module:function`` and return the callable (the escape hatch).
+
+    Called where the function is first needed (a key computed), never when a file is
+    parsed: importing the module runs its code. The same allow-list as
+    :func:`function_refusal`; a module found next to the migration file is loaded from
+    there (not from whatever ``sys.path`` holds under that name), and the callable must be
+    defined in that module (``from shutil import rmtree`` in it is refused)."""
+    problem = function_refusal(spec, origin)
+    if problem:
+        raise MigrationFileError(path, key, problem)
     mod_name, _, fn_name = spec.partition(":")
     try:
-        mod = importlib.import_module(mod_name)
+        mod = sys.modules.get(mod_name)
+        if mod is None and not _declared(mod_name):
+            mod = _import_from(mod_name, origin)
+        if mod is None:
+            mod = importlib.import_module(mod_name)
     except Exception as e:  # ImportError and whatever the module raises at import
         raise MigrationFileError(path, key, f"cannot import {mod_name!r}: {e}") from None
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise MigrationFileError(path, key, f"{mod_name!r} has no callable {fn_name!r}")
+    if getattr(fn, "__module__", mod_name) != mod_name:
+        raise MigrationFileError(path, key, f"{spec!r} is {getattr(fn, '__module__', '?')}.{fn_name}, imported into "
+                                            f"{mod_name!r}: name the application's own function")
     return fn
+
+
+def _import_from(module: str, origin: str):
+    """Import ``module`` from the search directory that holds it (its top-level package
+    loaded from that file, then the rest through the package's path)."""
+    import importlib.util
+    top, _, rest = module.partition(".")
+    source = _module_file(top, origin)
+    if source is None:
+        return None
+    package = source.name == "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        top, source, submodule_search_locations=[str(source.parent)] if package else None)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[top] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(top, None)
+        raise
+    return importlib.import_module(module) if rest else mod
 
 
 def _describe(value: Any) -> str:

@@ -60,9 +60,9 @@ from reshard.control.runs import entered_at
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, items_write_units
 from reshard.core.index import NEW, IndexMapper, reindexed
-from reshard.core.layout import SOURCE_ATTR, KeyMapper, item_size, not_data
+from reshard.core.layout import SOURCE_ATTR, VERSION_ATTR, KeyMapper, item_size, not_data
 from reshard.core.phases import BACKFILL_JOB, Phase
-from reshard.core.versions import copy_fence, copy_outcome, version_of
+from reshard.core.versions import copy_fence, copy_outcome, stored_version, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
@@ -132,6 +132,10 @@ class Backfill:
                 counts["new_layout"] += 1
                 continue
             try:
+                # A version no reshard writer wrote (a plain client's) is reported, not copied:
+                # every fenced write after the copy would refuse the item anyway.
+                if VERSION_ATTR in item:
+                    stored_version(item, None, "the item")
                 new_item, moves = self.mapper.remap(item)
                 if moves and self.indexes:
                     new_item = reindexed(new_item, self.indexes, NEW)

@@ -81,6 +81,7 @@ from reshard import errors
 from reshard.control.records import RunInfo, run_sk, segment_sk
 from reshard.control.runs import read_run, segment_records, sum_counters
 from reshard.control.store import ControlStore
+from reshard.core.decode import MAX_LEASE_SECONDS, MAX_REQUEST_SECONDS, check_bound
 from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS, FREE, LeaseDecision, LeaseWatch, SegmentRecord, lease_decision
 from reshard.core.wire import N, S, dump_key
 from reshard.jobs.subscribers import Fanout, Subscriber
@@ -265,6 +266,11 @@ class SegmentEngine:
                 f"--lease-seconds {lease_seconds:g} must exceed the longest a request can be in flight "
                 f"({max_request_seconds:g}s: connect + read timeout), or a worker could never write safely; "
                 f"use at least {2 * max_request_seconds:g}")
+        # Observers clamp what a segment row says to these bounds (reshard.core.decode): a
+        # lease or request bound above them would be judged shorter than it is.
+        check_bound("--lease-seconds", lease_seconds, MAX_LEASE_SECONDS, "use a shorter lease")
+        check_bound("the longest request (connect + read timeout)", max_request_seconds, MAX_REQUEST_SECONDS,
+                    "use shorter timeouts")
         self.lease_seconds = lease_seconds
         self.max_request_seconds = max_request_seconds
         self.max_attempts = max_attempts
@@ -660,7 +666,7 @@ class SegmentEngine:
                 except LeaseLost:
                     raise
                 except Exception as e:  # noqa: BLE001 - any failure releases the segment with its error
-                    msg = f"{type(e).__name__}: {e}"
+                    msg = errors.scrub(f"{type(e).__name__}: {e}")  # stored in the control table, shown by status
                     after = self.release(lease, msg)
                     attempts = after.attempts if after else 0
                     self.subs.on_segment_failed(rec.segment, msg, attempts,

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from reshard.core.decode import safe_text
 from reshard.core.progress import Progress, progress_counter
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
@@ -83,7 +84,7 @@ class TqdmSubscriber(Subscriber):
     def on_segment_failed(self, segment: int, error: str, attempts: int, final: bool) -> None:
         if self.bar is not None and final:
             with self._lock:
-                self.bar.write(f"segment {segment} failed after {attempts} attempts: {error}")
+                self.bar.write(f"segment {segment} failed after {attempts} attempts: {safe_text(error, 1000)}")
 
     def on_run_done(self, result: RunResult) -> None:
         if self.bar is not None:
@@ -194,7 +195,7 @@ class ProgressReporter(Subscriber):
     def on_segment_failed(self, segment: int, error: str, attempts: int, final: bool) -> None:
         if self.bar is not None and final:
             with self._lock:
-                self.bar.write(f"segment {segment} failed after {attempts} attempts: {error}")
+                self.bar.write(f"segment {segment} failed after {attempts} attempts: {safe_text(error, 1000)}")
 
     def on_run_done(self, result: "RunResult") -> None:
         with self._lock:

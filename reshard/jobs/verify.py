@@ -78,7 +78,7 @@ from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, Key
 from reshard.core.migration import SHARD
 from reshard.core.phases import BACKFILL_JOB, ROUTING, VERIFY_JOB, job_rule
 from reshard.core.settle import Watch, decide, settle_window
-from reshard.core.versions import fence_for, unchanged, version_of
+from reshard.core.versions import fence_for, stored_version, unchanged, version_of
 from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import LeaseLost, PageContext
@@ -241,6 +241,8 @@ class Verifier(RunRecords):
                     out.append(record(item, MISPLACED, fields))
                 continue
             try:
+                if VERSION_ATTR in item:
+                    stored_version(item, None, "the item")  # a plain client's _rs_v: reported, never judged
                 fields = fields_of(item, old)
                 new_key = new.key(fields)
             except errors.UnmappableItem as e:

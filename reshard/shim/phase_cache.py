@@ -29,11 +29,13 @@ from reshard import errors
 from reshard.aws.dynamo import Dynamo
 # DEFAULT_* are re-exported for table.py, so this stays the shim's one control-plane module.
 from reshard.control import fleet
-from reshard.control.records import DEFAULT_LIVENESS_SECONDS, TABLE_LOCK_SK, table_lock_pk  # noqa: F401
+from reshard.control.records import DEFAULT_LIVENESS_SECONDS, TABLE_LOCK_SK, check_row, table_lock_pk  # noqa: F401
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore  # noqa: F401
+from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, MAX_WRITE_SECONDS, check_bound
 from reshard.core.migration import Migration
 from reshard.core.phases import ROUTING, STEADY, Phase, Routing, routing_of
 from reshard.core.settle import shim_write_seconds
+from reshard.core.survive import FailureLog, describe
 from reshard.core.wire import get_s
 from reshard.shim import metrics
 
@@ -89,6 +91,16 @@ class PhaseCache:
         self.switch_hold_seconds = (refresh_seconds * 1.2 + SWITCH_HOLD_SLACK_SECONDS
                                     if switch_hold_seconds is None else switch_hold_seconds)
         self._clock = clock
+        if control_table:
+            # The census clamps what a heartbeat says to these bounds (reshard.core.decode): a
+            # shim publishing more would be dropped by it while still acting.
+            check_bound("the shim's liveness_seconds", liveness_seconds, MAX_LIVENESS_SECONDS,
+                        "pass a smaller liveness_seconds")
+            check_bound("one request attempt of the shim's client (connect + read timeout)", dynamo.attempt_seconds,
+                        MAX_REQUEST_SECONDS, "give its botocore config shorter timeouts")
+            check_bound("the longest a shim write can take after its first copy landed (its client's timeouts "
+                        "and retries)", shim_write_seconds(dynamo.attempt_seconds, dynamo.max_request_seconds),
+                        MAX_WRITE_SECONDS, "give its botocore config shorter timeouts")
         # control_clock: the wall clock heartbeats are stamped with (default time.time);
         # injectable so a test's logical clock drives both liveness and the census.
         self._control = (ControlStore(dynamo, control_table, **({"clock": control_clock} if control_clock else {}))
@@ -115,6 +127,8 @@ class PhaseCache:
         self._refresh_lock = threading.Lock()
         self._refreshed = threading.Condition()
         self._last_poll = 0.0
+        # Failures of the refresh (the thread survives every one): logged once per kind.
+        self._failures = FailureLog(log, f"reshard shim {instance_id}: phase refresh")
 
     @property
     def controlled(self) -> bool:
@@ -136,8 +150,8 @@ class PhaseCache:
             self._heartbeat("starting", 0)
         except errors.ResourceNotFound:
             pass  # no control table: no migration can be registered either; refresh says STEADY
-        except errors.ReshardError as e:
-            log.warning("reshard shim %s: first heartbeat failed: %s", self.instance_id, e)
+        except Exception as e:  # noqa: BLE001 - the refresh below (and its thread) try again
+            self._failures.failed(e)
         self.refresh()
         metrics.watch(self)  # the age of our last successful refresh, in the shim's metrics
         self._thread = threading.Thread(target=self._run, name=f"reshard-shim-{self.instance_id}", daemon=True)
@@ -155,10 +169,13 @@ class PhaseCache:
         if self._control is not None and not self._pinned and self._announced:
             try:
                 fleet.forget(self._control, self.migration.id, self.instance_id)
-            except errors.ReshardError as e:
-                log.warning("could not remove heartbeat of %s: %s", self.instance_id, e)
+            except Exception as e:  # noqa: BLE001 - the census drops a silent heartbeat anyway
+                log.warning("could not remove heartbeat of %s: %s", self.instance_id, describe(e))
 
     def _run(self) -> None:
+        # The thread lives as long as the shim: whatever one refresh raises is logged (once per
+        # kind) and the next one tries again, so the shim serves again by itself once the
+        # cause is gone -- without it, requests fail with ShimUnavailable until a restart.
         while not self._stop.is_set():
             st = self._state
             if st is not None and st.routing.hold:
@@ -169,7 +186,10 @@ class PhaseCache:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception as e:  # noqa: BLE001 - _refresh_locked catches; this is the last line
+                self._failures.failed(e)
 
     # ------------------------------------------------------------------ refresh
     def refresh(self) -> bool:
@@ -207,7 +227,10 @@ class PhaseCache:
                        else f"control table {self._control.table!r} is missing")
                     + "; keeping the last known phase until the liveness window ends (check --control-table)")
             # Another migration owns the table (case 7): its shims write a layout ours
-            # neither reads nor fences against. Refuse at once, whatever our own phase.
+            # neither reads nor fences against. Refuse at once, whatever our own phase. The
+            # lock row is checked like any row (a mistyped owner is refused, not a KeyError).
+            if lock:
+                check_row(lock)
             owner = get_s(lock, "migration_id", "") if lock else ""
             if owner and owner != self.migration.id:
                 other = self._control.load_state(owner, missing_ok=True)
@@ -250,14 +273,25 @@ class PhaseCache:
                 # before the heartbeat's timestamp, so we stop before the census drops us.
                 self._last_ok = started
                 self._last_error = None
+            self._failures.recovered()
             return True
         except errors.ReshardError as e:
             with self._lock:
-                self._last_error = str(e)
-                if isinstance(e, errors.BadInput) or self._refused:
+                self._last_error = describe(e)
+                if (isinstance(e, errors.BadInput) and not isinstance(e, errors.ForeignControlRow)) \
+                        or self._refused:
                     self._state = None  # a wrong file or another migration's table: refuse now
                 self._refused = False
-            log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
+            self._failures.failed(e)
+            metrics.refresh_failed(self.migration.id)
+            return False
+        except Exception as e:  # noqa: BLE001 - anything else a server or a row can cause
+            # Not ours to understand (a 2xx answer that is no DynamoDB answer, a bug): a failed
+            # refresh like an outage -- the last phase holds until the liveness window ends.
+            with self._lock:
+                self._last_error = describe(e)
+                self._refused = False
+            self._failures.failed(e)
             metrics.refresh_failed(self.migration.id)
             return False
 

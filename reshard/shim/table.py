@@ -95,8 +95,10 @@ from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, 
                                  hash_shard, is_tombstone, item_size, to_av)
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
+from reshard.core.decode import safe_text
+from reshard.core.wire import dump_key, still_as_read
 from reshard.core.phases import Phase, Routing
-from reshard.core.versions import VersionClock, fence_for, newest, version_of
+from reshard.core.versions import VersionClock, fence_for, newest, stored_version, version_of
 from reshard.shim import metrics as shim_metrics
 from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
@@ -537,8 +539,11 @@ class ShardedTable:
                     raise  # no fence in this phase: only the app's condition can have failed
                 # Consistent: a stale (older) version would turn our fence loss into a
                 # false "condition failed" for the application.
-                stored = version_of(self.dynamo.call("get_item", TableName=self.table, Key=key,
-                                                     ConsistentRead=True).get("Item"))
+                # A stored version is input: one no reshard writer wrote (malformed, or further
+                # ahead than the clocks' skew) is never adopted; this item's write is refused.
+                stored = stored_version(self.dynamo.call("get_item", TableName=self.table, Key=key,
+                                                         ConsistentRead=True).get("Item"),
+                                        self.versions.now(), f"item {_key_text(key)} of table {self.table!r}")
                 if stored >= version:
                     self.versions.observe(stored)  # another writer is ahead: go above it
                 elif app_condition:
@@ -870,14 +875,7 @@ class ShardedTable:
                 continue
             names = {"#rs_g": im.attr}
             values = {":rs_g": value, ":rs_was": full[im.attr]}
-            cond = ["#rs_g = :rs_was"]
-            for i, f in enumerate(im.layout(side).needed_fields):
-                names[f"#rs_f{i}"] = f
-                if f in full:
-                    values[f":rs_f{i}"] = full[f]
-                    cond.append(f"#rs_f{i} = :rs_f{i}")
-                else:
-                    cond.append(f"attribute_not_exists(#rs_f{i})")
+            cond = ["#rs_g = :rs_was", *still_as_read(im.layout(side).needed_fields, full, "rs_f", names, values)]
             try:
                 self.dynamo.call("update_item", guard=self._phases.check_live, TableName=self.table, Key=key,
                                  UpdateExpression="SET #rs_g = :rs_g", ConditionExpression=" AND ".join(cond),
@@ -1409,3 +1407,8 @@ class BatchWriter:
 
     def __exit__(self, *exc) -> None:
         self.flush()
+
+
+def _key_text(key: Mapping[str, Any]) -> str:
+    """A physical key as a message names it (``{"PK": "s-1#3", "SK": "..."}``)."""
+    return safe_text(dump_key(key))

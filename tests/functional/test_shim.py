@@ -169,7 +169,8 @@ def test_bad_input_is_refused(moto_dynamo, sensor):
 def test_fence_loss_retries_above_newer_version(moto_dynamo, sensor):
     """A writer whose clock lags loses the fence, observes the stored version, retries above it --
     and is not mistaken for its own condition failing."""
-    ahead = shim(sensor, moto_dynamo, "cutover", version_clock=VersionClock("ahead", lambda: 2_000_000_000_000))
+    # A minute apart: within the clock-skew bound (core.versions.MAX_AHEAD_MS) a version is adopted.
+    ahead = shim(sensor, moto_dynamo, "cutover", version_clock=VersionClock("ahead", lambda: 1_000_000_060_000))
     behind = shim(sensor, moto_dynamo, "backfill", version_clock=VersionClock("behind", lambda: 1_000_000_000_000))
     moved, _ = moved_and_unmoved(sensor)
     item = event(moved, temp=Decimal(1))
@@ -178,7 +179,7 @@ def test_fence_loss_retries_above_newer_version(moto_dynamo, sensor):
     for t in (ahead, behind):
         assert t.get_item(Key=key_of(item), ConsistentRead=True).get("Item")["temp"] == Decimal(2)
     found = where(moto_dynamo, sensor, item)
-    assert found["old"][0]["_rs_v"]["S"] == found["new"][0]["_rs_v"]["S"] > "2000000000000"
+    assert found["old"][0]["_rs_v"]["S"] == found["new"][0]["_rs_v"]["S"] > "1000000060000"
     with pytest.raises(errors.ConditionalCheckFailed):
         behind.put_item(Item=item, ConditionExpression="attribute_not_exists(#t)", ExpressionAttributeNames={"#t": "temp"})
 
