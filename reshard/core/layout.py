@@ -42,6 +42,11 @@ NEW_COPY_ATTR = RESERVED_PREFIX + "new"
 #: key (``dump_key``). It tells the backfill's idempotent redo of the same copy from a
 #: copy of another unversioned old item of the same logical item (a collision).
 SOURCE_ATTR = RESERVED_PREFIX + "src"
+#: On an old-layout item that ``reshard cleanup`` retired (its value: the migration id): the
+#: item stays until its TTL deletes it, but every reader -- the shim, every job -- treats it as
+#: absent (docs/late-writes.md, case 6). Unlike a tombstone it says nothing about the logical
+#: item: it is not a delete, just a copy that no longer counts.
+GONE_ATTR = RESERVED_PREFIX + "gone"
 #: What ``reshard cleanup --strip-bookkeeping`` removes from live items after ``complete``
 #: (a tombstone's ``_rs_del`` is never stripped: that would turn a delete into an item).
 BOOKKEEPING_ATTRS = (VERSION_ATTR, NEW_COPY_ATTR, SOURCE_ATTR)
@@ -620,6 +625,11 @@ def strip_action(item: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
 def is_tombstone(item: Mapping[str, Any] | None) -> bool:
     """True for a delete marker left by the shim."""
     return bool(item) and TOMBSTONE_ATTR in item
+
+
+def is_gone(item: Mapping[str, Any] | None) -> bool:
+    """True for an old-layout copy a cleanup retired (:data:`GONE_ATTR`): no copy at all."""
+    return bool(item) and GONE_ATTR in item
 
 
 def key_of(item: Mapping[str, Any], attrs: Iterable[str]) -> Wire:

@@ -59,6 +59,9 @@ class Routing:
         monotonically per item and mirror writes can be ordered by them.
     ``hold``: the fleet is switching authority (:data:`SWITCH`): requests wait, and
         never act on either layout, until the switch is over.
+    ``catch_up``: the layout that may hold a newer copy than the authoritative one (the
+        control row's ``newer_may_be`` after an authority switch, docs/late-writes.md): it is
+        read too (newest wins), and a write first brings the authoritative copy up to it.
     """
 
     writes: tuple[str, ...]
@@ -66,6 +69,7 @@ class Routing:
     tombstones: bool
     fenced: bool
     hold: bool = False
+    catch_up: str | None = None
 
     @property
     def authoritative(self) -> str:
@@ -103,9 +107,34 @@ def changes_authority(frm: Phase, to: Phase) -> bool:
     return bool(a and b and a.writes and b.writes and a.authoritative != b.authoritative)
 
 
-def routing_of(phase: Phase, switching: bool = False) -> Routing:
-    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it."""
-    return SWITCH if switching else ROUTING[phase]
+def routing_of(phase: Phase, switching: bool = False, newer_may_be: str | None = None) -> Routing:
+    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it.
+
+    ``newer_may_be`` (the control row's flag, ``"old"`` / ``"new"``): a mirror to that layout may
+    have been lost before the last authority switch, so its copy may be newer than the
+    authoritative one. Until a verify clears the flag, shims *catch up*: they read both layouts
+    (newest wins, a tombstone is absent) and, before each write, put a newer copy of the flagged
+    layout onto the authoritative key (version-fenced) so the write builds on it -- in every
+    phase, also one the gates should have kept the flag out of (fail safe). A flag naming the
+    authoritative layout itself changes nothing.
+    """
+    if switching:
+        return SWITCH
+    base = ROUTING[phase]
+    if newer_may_be not in ("old", "new") or newer_may_be == base.authoritative:
+        return base
+    return _CATCH_UP[(phase, newer_may_be)]
+
+
+def _with_catch_up(r: Routing, other: str) -> Routing:
+    reads = r.reads + (other,) if other not in r.reads else r.reads
+    return Routing(r.writes, reads, tombstones=r.tombstones, fenced=r.fenced, hold=r.hold, catch_up=other)
+
+
+#: The catch-up routing of every phase, per flagged (non-authoritative) layout.
+_CATCH_UP: dict[tuple[Phase, str], Routing] = {
+    (p, side): _with_catch_up(r, side) for p, r in ROUTING.items() for side in ("old", "new")
+    if side != r.authoritative}
 
 
 #: The shim's routing when no migration is registered for its table at all.
