@@ -81,14 +81,14 @@ class Run:
         self.move(target, newer_may_be=newer_may_be)
 
     # -- items
-    def moving(self, n: int = 0, **extra) -> dict:
-        """A logical item whose old and new physical keys differ (the ``n``-th such)."""
+    def moving(self, index: int = 0, **extra) -> dict:
+        """A logical item whose old and new physical keys differ (the ``index``-th such)."""
         found = 0
         for i in range(1000):
             item = {"sensor_id": "s-1", "event_id": f"e-{i}", "ts": f"2024-10-27T15:00:{i % 60:02d}.{i:04d}Z"}
             fields = self.mapper.logical_fields(to_wire(item))
             if self.mapper.old.key(fields) != self.mapper.new.key(fields):
-                if found == n:
+                if found == index:
                     return {**item, **extra}
                 found += 1
         raise AssertionError("no moving item")

@@ -109,3 +109,126 @@ def test_case1_a_frozen_mirror_cannot_overwrite_an_update_after_complete_and_str
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------------------------ case 3
+def _without_mirror(run: Run, shim, item: dict, mirror_key: dict) -> None:
+    """``shim`` puts ``item``; its authoritative write lands and its mirror never does (it fails
+    every attempt: the writer died between its two writes, as far as the other layout knows)."""
+    rule = run.proxy.fail(op="PutItem", key=plain(mirror_key), times=None, status=400,
+                          code="com.amazonaws.dynamodb.v20120810#ValidationException", message="injected")
+    with pytest.raises(errors.AWSError):
+        shim.put_item(Item=item)
+    run.proxy.remove_rule(rule)
+
+
+def _layouts_equal(run: Run, item: dict) -> dict:
+    old_key, new_key = run.keys(item)
+    old, new = run.stored(old_key), run.stored(new_key)
+    drop = set(old_key) | {"_rs_new"}
+    assert {k: v for k, v in old.items() if k not in drop} == {k: v for k, v in new.items() if k not in drop}
+    return new
+
+
+def test_case3_rollback_after_a_half_written_cutover_write_catches_the_old_layout_up(run):
+    """In cutover A's new-layout write lands and every reader sees it; its old-layout mirror never
+    lands. Rollback to backfill (``newer_may_be = "new"``): a read returns A's write, an ``ADD``
+    builds on it, and its mirror leaves both layouts equal. Before the fix the ``ADD`` was applied
+    to the stale old copy and mirrored over A's write (lost)."""
+    assert run_job(BACKFILL, run.dynamo, run.store, run.migration.id, FAST).done
+    run.switch("cutover", newer_may_be=None)
+    a, b = run.shim(), run.shim()
+    try:
+        item = run.moving(val=1, n=Decimal(10))
+        old_key, _ = run.keys(item)
+        assert a.phase == "cutover" and b.phase == "cutover"
+        _without_mirror(run, a, item, old_key)
+        assert run.stored(old_key) is None
+        assert b.get_item(Key=key_of(item), ConsistentRead=True)["Item"] == item  # every reader sees it
+
+        run.switch("backfill", newer_may_be="new")  # rollback: a switch, the new layout may be newer
+        assert b.refresh() and b.phase == "backfill"
+        assert b.get_item(Key=key_of(item), ConsistentRead=True)["Item"] == item
+        out = b.update_item(Key=key_of(item), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1},
+                            ReturnValues="ALL_NEW")
+        assert out["Attributes"] == {**item, "n": 11}
+        assert b.get_item(Key=key_of(item), ConsistentRead=True)["Item"] == {**item, "n": 11}
+        assert _layouts_equal(run, item)["n"] == {"N": "11"}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_case3_forward_a_backfill_write_without_its_mirror_is_not_lost_by_cutover(run):
+    """The forward direction: in backfill A's old-layout write lands, its mirror to the new layout
+    never does; the switch to cutover sets ``newer_may_be = "old"``. A cutover read returns A's
+    write, an ``ADD`` builds on it, both layouts end equal. Before the fix cutover read the stale
+    new copy (A's acknowledged write invisible) and the ``ADD`` overwrote it."""
+    a, b = run.shim(), run.shim()
+    try:
+        first = run.moving(val=1, n=Decimal(10))
+        a.put_item(Item=first)  # both layouts
+        assert run_job(BACKFILL, run.dynamo, run.store, run.migration.id, FAST).done
+        item = {**first, "val": 2, "n": Decimal(20)}
+        _without_mirror(run, a, item, run.keys(item)[1])
+        assert run.stored(run.keys(item)[1])["val"] == {"N": "1"}  # the new layout is behind
+
+        run.switch("cutover", newer_may_be="old")
+        assert b.refresh() and b.phase == "cutover"
+        assert b.get_item(Key=key_of(item), ConsistentRead=True)["Item"] == item
+        got = b.query(Key={"sensor_id": "s-1"}, ConsistentRead=True)["Items"]
+        assert got == [item]
+        out = b.update_item(Key=key_of(item), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1},
+                            ReturnValues="ALL_NEW")
+        assert out["Attributes"] == {**item, "n": 21}
+        assert _layouts_equal(run, item)["n"] == {"N": "21"}
+    finally:
+        a.close()
+        b.close()
+
+
+# ------------------------------------------------------------------------------------ case 4
+@pytest.mark.parametrize("phase", ["cutover", "complete"])
+def test_case4_a_lost_answer_is_recognised_as_the_writers_own_landed_attempt(run, phase):
+    """The proxy applies a create-if-absent put and an ``ADD`` update, then loses each answer;
+    ``Dynamo.call`` retries. The retry meets the writer's own landed attempt (stored ``_rs_v`` ==
+    its version): the app gets success, the mirror is written (cutover), the ``ADD`` is applied
+    once. Before the fix the put's retry read as another writer's newer write
+    (ConditionalCheckFailed, no mirror) and the ``ADD`` was applied twice."""
+    assert run_job(BACKFILL, run.dynamo, run.store, run.migration.id, FAST).done
+    run.switch("cutover", newer_may_be=None)
+    if phase == "complete":
+        run.move("cleanup")
+        run.move("complete")
+    t = run.shim()
+    try:
+        assert t.phase == phase
+        item = run.moving(val=1, n=Decimal(10))
+        old_key, new_key = run.keys(item)
+        run.proxy.lose_answer(op="PutItem", key=plain(new_key))
+        out = t.put_item(Item=item, ConditionExpression="attribute_not_exists(sensor_id)")
+        assert "Attributes" not in out
+        assert run.proxy.stats()["rule_lose_answer"] == 1
+        if phase == "cutover":
+            assert run.stored(old_key)[VERSION_ATTR] == run.stored(new_key)[VERSION_ATTR], "the mirror was written"
+
+        run.proxy.lose_answer(op="UpdateItem", key=plain(new_key))
+        out = t.update_item(Key=key_of(item), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1},
+                            ReturnValues="UPDATED_NEW")
+        assert out["Attributes"] == {"n": 11}
+        assert run.proxy.stats()["rule_lose_answer"] == 2
+        assert t.get_item(Key=key_of(item), ConsistentRead=True)["Item"] == {**item, "n": 11}, "ADD applied twice"
+        if phase == "cutover":
+            assert _layouts_equal(run, item)["n"] == {"N": "11"}
+
+        # Old values were only in the lost answer: a clear error, after the write completed.
+        run.proxy.lose_answer(op="UpdateItem", key=plain(new_key))
+        with pytest.raises(shim_errors.OldValuesUnknown) as e:
+            t.update_item(Key=key_of(item), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1},
+                          ReturnValues="ALL_OLD")
+        assert e.value.response["Error"]["Code"] == "ReshardOldValuesUnknown" and e.value.landed
+        assert t.get_item(Key=key_of(item), ConsistentRead=True)["Item"] == {**item, "n": 12}
+        if phase == "cutover":
+            assert _layouts_equal(run, item)["n"] == {"N": "12"}
+    finally:
+        t.close()
