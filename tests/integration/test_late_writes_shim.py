@@ -232,3 +232,77 @@ def test_case4_a_lost_answer_is_recognised_as_the_writers_own_landed_attempt(run
             assert _layouts_equal(run, item)["n"] == {"N": "12"}
     finally:
         t.close()
+
+
+# ----------------------------------------------------------------------- a frozen shim's request
+def _steady(proxy, name: str) -> Run:
+    """No migration registered for the table (its control table exists): a steady-state shim."""
+    from reshard.control.store import ControlStore
+    from tests.late_support import client
+    from tests.shim_helpers import create_table, migration
+    dynamo = client(proxy.endpoint)
+    m = migration("sensor", table=name)
+    create_table(dynamo, m)
+    store = ControlStore(dynamo, f"{name}-ctl")
+    store.ensure_table()
+    from reshard.core.layout import KeyMapper
+    return Run(proxy, dynamo, m, KeyMapper(m), store, f"{name}-ctl")
+
+
+@pytest.mark.parametrize("phase", ["steady", "backfill"])
+def test_a_request_signed_before_a_freeze_is_refused_after_its_horizon(proxy, unique_name, phase):
+    """A thread freezes after its put was dated (the attempt's horizon chosen) and before it is on
+    the wire; the server's clock passes the horizon (H + 1 s; a steady shim's H is
+    STEADY_HORIZON_SECONDS); the thread resumes and sends it: DynamoDB (the proxy) refuses it, it
+    never lands, the app gets ShimUnavailable. Before the fix it landed whenever it arrived."""
+    from reshard.core.deadlines import STEADY_HORIZON_SECONDS
+    run = Run.start(proxy, unique_name) if phase == "backfill" else _steady(proxy, unique_name)
+    horizon = H if phase == "backfill" else STEADY_HORIZON_SECONDS
+    t = run.shim()
+    try:
+        assert t.phase == phase
+        item = run.moving(val=1)
+        old_key, new_key = run.keys(item)
+        frozen, thaw = threading.Event(), threading.Event()
+        lean = t.dynamo._lean
+        send = lean.send
+
+        def freezing_send(operation, kwargs):
+            if operation == "put_item" and all(kwargs["Item"].get(k) == v for k, v in old_key.items()):
+                frozen.set()
+                thaw.wait(30)
+            return send(operation, kwargs)
+        lean.send = freezing_send
+        put = Background(lambda: t.put_item(Item=item))
+        assert frozen.wait(30)
+        proxy.advance_clock(horizon + 1)
+        thaw.set()
+        with pytest.raises(errors.ShimUnavailable, match="refused a put_item that had to land by"):
+            put.result()
+        assert run.stored(old_key) is None and run.stored(new_key) is None, "a frozen shim's request landed"
+        assert proxy.stats()["refused_signature"] == 1
+        # The shim is not stuck: its next refresh dates a new fact, and requests go on.
+        assert t.refresh()
+        t.put_item(Item=item)
+        assert t.get_item(Key=key_of(item), ConsistentRead=True)["Item"] == item
+    finally:
+        t.close()
+
+
+def test_a_request_held_in_the_network_past_its_horizon_never_lands(run):
+    """The same through the network: the proxy holds a shim's put (its client waits), the
+    server's clock passes the horizon, the proxy delivers it: refused, never applied."""
+    t = run.shim(read_timeout=60)
+    try:
+        item = run.moving(val=1)
+        old_key, new_key = run.keys(item)
+        rule = run.proxy.hold(op="PutItem", key=plain(old_key))
+        put = Background(lambda: t.put_item(Item=item))
+        handle = run.proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
+        run.proxy.advance_clock(H + 1)
+        assert "expired" in run.proxy.release(handle)["message"]
+        with pytest.raises(errors.ShimUnavailable):
+            put.result()
+        assert run.stored(old_key) is None and run.stored(new_key) is None
+    finally:
+        t.close()
