@@ -97,7 +97,7 @@ from reshard.core.marker import is_marker
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
 from reshard.core.phases import Phase, Routing
-from reshard.core.versions import VersionClock, fence_for, newest, not_version, own_attempt, version_of
+from reshard.core.versions import VersionClock, fence_for, newest, not_version, own_attempt, unchanged, version_of
 from reshard.shim.errors import ItemTooLarge, OldValuesUnknown, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
@@ -636,7 +636,8 @@ class ShardedTable:
                  version_of(best) or "unversioned")
 
     def _authoritative(self, st: PhaseState, key: dict, app_condition: str | None,
-                       attempt: Callable[[str | None, str | None, dict, dict], dict]) -> tuple[str | None, dict]:
+                       attempt: Callable[[str | None, str | None, dict, dict], dict],
+                       update: bool = False) -> tuple[str | None, dict]:
         """Run ``attempt(version, condition, names, values)`` on the authoritative copy.
 
         In fenced phases the condition is the app's AND the version fence; in stamped phases
@@ -648,6 +649,10 @@ class ShardedTable:
           happened exactly once, and is not applied again (an ``ADD`` stays single);
         * fenced, stored version >= ours: a fence loss: observe it and retry above it;
         * otherwise the application's condition failed.
+
+        A copy a cleanup retired (``_rs_gone``) at the key is no item: when it fails a condition
+        (an ``update`` never writes over one: it would keep its stale attributes) it is deleted,
+        still retired and unchanged, and the write is tried again.
         """
         version = self.versions.next() if st.stamps else None
         for _ in range(MAX_FENCE_RETRIES + 1):
@@ -656,7 +661,11 @@ class ShardedTable:
             condition = app_condition
             fence = fence_for(version) if st.routing.fenced else not_version(version) if version else None
             if fence is not None:
-                condition = and_conditions(app_condition, fence.expression)
+                ours = fence.expression
+                if update:
+                    ours = f"({ours}) AND attribute_not_exists(#rs_gone)"
+                    names["#rs_gone"] = GONE_ATTR
+                condition = and_conditions(app_condition, ours)
                 names.update(fence.names)
                 values.update(fence.values)
             try:
@@ -666,7 +675,10 @@ class ShardedTable:
                     raise  # no condition of ours in this phase: only the app's can have failed
                 # Consistent: a stale (older) version would turn our fence loss into a
                 # false "condition failed" for the application.
-                item, _ = self._get(key, True)
+                item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+                if is_gone(item):
+                    self._remove_retired(key, item)
+                    continue
                 stored = version_of(item)
                 if own_attempt(version, item) or (not st.routing.fenced and not app_condition):
                     # (Unfenced with no app condition: only `_rs_v <> :v` can have failed, so our
@@ -687,6 +699,18 @@ class ShardedTable:
         # the request loudly instead of spinning.
         raise errors.AWSError("write", "ReshardVersionConflict",
                               f"lost the version race on {key} {MAX_FENCE_RETRIES + 1} times; retry the request")
+
+    def _remove_retired(self, key: dict, item: Mapping[str, Any]) -> None:
+        """Delete a copy a cleanup retired (``_rs_gone``), if it is still that copy: no reader
+        counts it, its TTL would remove it later, and a write must not build on it."""
+        fence = unchanged(version_of(item), self.mapper.keys.partition)
+        try:
+            self._call("delete_item", guard=self._phases.check_live, TableName=self.table, Key=key,
+                       ConditionExpression=f"attribute_exists(#rs_gone) AND ({fence.expression})",
+                       ExpressionAttributeNames={**fence.names, "#rs_gone": GONE_ATTR},
+                       **({"ExpressionAttributeValues": fence.values} if fence.values else {}))
+        except errors.ConditionalCheckFailed:
+            pass  # changed since: the retried write meets what is there now
 
     @staticmethod
     def _app_names_values(names: Mapping | None, values: Mapping | None) -> tuple[dict, dict]:
@@ -903,7 +927,7 @@ class ShardedTable:
                     return self._call("update_item", guard=self._phases.check_live, **kwargs)
 
                 try:
-                    _, resp = self._authoritative(st, keys[0], condition, attempt)
+                    _, resp = self._authoritative(st, keys[0], condition, attempt, update=True)
                     break
                 except errors.ConditionalCheckFailed:
                     # Ours or the app's condition: without an app condition it was ours; with
