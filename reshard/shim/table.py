@@ -1052,7 +1052,11 @@ class ShardedTable:
                            UpdateExpression="SET #rs_g = :rs_g", ConditionExpression=" AND ".join(cond),
                            ExpressionAttributeNames=names, ExpressionAttributeValues=values)
             except errors.ConditionalCheckFailed:
-                continue  # changed since: that write computed the value from what it wrote
+                # Changed since (that write computed the value from what it wrote) -- or this very
+                # update landed and its answer was lost: then the item holds our value.
+                now, _ = self._get(key, True)
+                if now is None or now.get(im.attr) != value:
+                    continue
             fixed[im.attr] = value
         return fixed
 

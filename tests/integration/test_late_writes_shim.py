@@ -306,3 +306,23 @@ def test_a_request_held_in_the_network_past_its_horizon_never_lands(run):
         assert run.stored(old_key) is None and run.stored(new_key) is None
     finally:
         t.close()
+
+
+def test_case4_the_sharded_gsi_follow_up_recognises_its_own_landed_attempt(proxy, unique_name):
+    """An update moves the item's GSI value to the phase's layout with a follow-up UpdateItem;
+    the proxy applies it and loses its answer. The retry's condition (the value as read) fails
+    on its own landed attempt: ``ALL_NEW`` still carries the value now stored. Before the fix it
+    was taken for a racing write, and the answer carried the old value."""
+    from tests.integration.test_shim_sharded_index import create_gsi_table, header, index_migration, new_shard
+    from tests.late_support import client
+    from tests.shim_helpers import shim
+    dynamo = client(proxy.endpoint)
+    create_gsi_table(dynamo, unique_name)
+    m = index_migration(unique_name)
+    shim(m, dynamo).put_item(Item=header("inv-7", "US", 1))
+    t = shim(m, dynamo, "backfill")
+    proxy.lose_answer(op="UpdateItem", contains="SET #rs_g = :rs_g")
+    out = t.update_item(Key={"PK": "inv-7", "SK": "header"}, UpdateExpression="SET amount = :a",
+                        ExpressionAttributeValues={":a": 3}, ReturnValues="ALL_NEW")
+    assert proxy.stats()["rule_lose_answer"] == 1
+    assert out["Attributes"]["gsi_shard"] == new_shard("inv-7") and out["Attributes"]["amount"] == 3
