@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from reshard.errors import UnmappableItem
 from reshard.core.migration import JUMP, SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, resolve_function
+from reshard.core.marker import MARKER_ATTR
 
 #: Bookkeeping attributes, all under the one reserved prefix, never shown to the app.
 VERSION_ATTR = RESERVED_PREFIX + "v"  # write version, see reshard.core.versions
@@ -42,10 +43,9 @@ NEW_COPY_ATTR = RESERVED_PREFIX + "new"
 #: key (``dump_key``). It tells the backfill's idempotent redo of the same copy from a
 #: copy of another unversioned old item of the same logical item (a collision).
 SOURCE_ATTR = RESERVED_PREFIX + "src"
-#: On an old-layout item that ``reshard cleanup`` retired (its value: the migration id): the
-#: item stays until its TTL deletes it, but every reader -- the shim, every job -- treats it as
-#: absent (docs/late-writes.md, case 6). Unlike a tombstone it says nothing about the logical
-#: item: it is not a delete, just a copy that no longer counts.
+#: On an old-layout item cleanup retired (its TTL is set, it waits for DynamoDB to expire it):
+#: the migration that retired it. Every reader and job treats such an item as absent: it is
+#: a leftover, and a later migration must not copy it back (docs/late-writes.md, case 6).
 GONE_ATTR = RESERVED_PREFIX + "gone"
 #: What ``reshard cleanup --strip-bookkeeping`` removes from live items after ``complete``
 #: (a tombstone's ``_rs_del`` is never stripped: that would turn a delete into an item).
@@ -627,9 +627,15 @@ def is_tombstone(item: Mapping[str, Any] | None) -> bool:
     return bool(item) and TOMBSTONE_ATTR in item
 
 
-def is_gone(item: Mapping[str, Any] | None) -> bool:
-    """True for an old-layout copy a cleanup retired (:data:`GONE_ATTR`): no copy at all."""
+def is_retired(item: Mapping[str, Any] | None) -> bool:
+    """True for an old-layout item a cleanup retired (``_rs_gone``): absent for every reader."""
     return bool(item) and GONE_ATTR in item
+
+
+def not_data(item: Mapping[str, Any] | None) -> bool:
+    """An item no job copies, compares or counts: the table marker (``core/marker.py``) or a
+    retired leftover (:func:`is_retired`). Neither is unmappable nor missing: it is not data."""
+    return bool(item) and (GONE_ATTR in item or MARKER_ATTR in item)
 
 
 def key_of(item: Mapping[str, Any], attrs: Iterable[str]) -> Wire:

@@ -16,7 +16,7 @@ Why every transition waits for the fleet
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -59,9 +59,11 @@ class Routing:
         monotonically per item and mirror writes can be ordered by them.
     ``hold``: the fleet is switching authority (:data:`SWITCH`): requests wait, and
         never act on either layout, until the switch is over.
-    ``catch_up``: the layout that may hold a newer copy than the authoritative one (the
-        control row's ``newer_may_be`` after an authority switch, docs/late-writes.md): it is
-        read too (newest wins), and a write first brings the authoritative copy up to it.
+    ``catch_up``: the layout (``"old"``/``"new"``) that may hold a newer copy than the
+        authoritative one after an authority switch (a mirror that never landed): reads
+        read it too (newest wins), and a write first reads its copy and, when it is newer,
+        puts it onto the authoritative key (docs/late-writes.md, "Catch-up"). None: no
+        such layout.
     """
 
     writes: tuple[str, ...]
@@ -110,31 +112,19 @@ def changes_authority(frm: Phase, to: Phase) -> bool:
 def routing_of(phase: Phase, switching: bool = False, newer_may_be: str | None = None) -> Routing:
     """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it.
 
-    ``newer_may_be`` (the control row's flag, ``"old"`` / ``"new"``): a mirror to that layout may
-    have been lost before the last authority switch, so its copy may be newer than the
-    authoritative one. Until a verify clears the flag, shims *catch up*: they read both layouts
-    (newest wins, a tombstone is absent) and, before each write, put a newer copy of the flagged
-    layout onto the authoritative key (version-fenced) so the write builds on it -- in every
-    phase, also one the gates should have kept the flag out of (fail safe). A flag naming the
-    authoritative layout itself changes nothing.
+    ``newer_may_be`` (the control row's catch-up flag, ``"old"`` after backfill -> cutover,
+    ``"new"`` after cutover -> backfill, None once a verify cleared it): when it names a
+    layout other than the authoritative one, reads also read that layout (newest wins) and
+    writes catch up from it first (:attr:`Routing.catch_up`). The gates of :func:`decide`
+    keep a phase that reads one layout from starting while the other may be newer.
     """
     if switching:
         return SWITCH
-    base = ROUTING[phase]
-    if newer_may_be not in ("old", "new") or newer_may_be == base.authoritative:
-        return base
-    return _CATCH_UP[(phase, newer_may_be)]
-
-
-def _with_catch_up(r: Routing, other: str) -> Routing:
-    reads = r.reads + (other,) if other not in r.reads else r.reads
-    return Routing(r.writes, reads, tombstones=r.tombstones, fenced=r.fenced, hold=r.hold, catch_up=other)
-
-
-#: The catch-up routing of every phase, per flagged (non-authoritative) layout.
-_CATCH_UP: dict[tuple[Phase, str], Routing] = {
-    (p, side): _with_catch_up(r, side) for p, r in ROUTING.items() for side in ("old", "new")
-    if side != r.authoritative}
+    r = ROUTING[phase]
+    if newer_may_be not in ("old", "new") or not r.writes or newer_may_be == r.authoritative:
+        return r
+    reads = r.reads if newer_may_be in r.reads else (*r.reads, newer_may_be)
+    return replace(r, reads=reads, catch_up=newer_may_be)
 
 
 #: The shim's routing when no migration is registered for its table at all.

@@ -92,8 +92,7 @@ from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from reshard.core.index import IndexMapper
 from reshard.core.layout import (GONE_ATTR, MAX_ITEM_BYTES, NEW_COPY_ATTR, SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR,
-                                 KeyMapper, Layout, hash_shard, is_gone, is_tombstone, item_size, to_av)
-from reshard.core.marker import is_marker
+                                 KeyMapper, Layout, hash_shard, is_retired, is_tombstone, item_size, not_data, to_av)
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
 from reshard.core.phases import Phase, Routing
@@ -132,7 +131,7 @@ def _late(e: errors.AWSError) -> bool:
 def _hidden(item: Mapping[str, Any] | None) -> bool:
     """An item no read returns, not even as a tombstone: the table marker, or an old-layout copy
     a cleanup retired (``_rs_gone``): for the shim it is no copy at all."""
-    return bool(item) and (is_gone(item) or is_marker(item))
+    return not_data(item)
 
 
 class _Landed(dict):
@@ -676,7 +675,7 @@ class ShardedTable:
                 # Consistent: a stale (older) version would turn our fence loss into a
                 # false "condition failed" for the application.
                 item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
-                if is_gone(item):
+                if is_retired(item):
                     self._remove_retired(key, item)
                     continue
                 stored = version_of(item)
@@ -1004,7 +1003,7 @@ class ShardedTable:
         resp = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True,
                           ProjectionExpression=", ".join(names), ExpressionAttributeNames=names)
         item = resp.get("Item") or {}
-        return {} if is_gone(item) else dict(item)
+        return {} if is_retired(item) else dict(item)
 
     def _fix_index_values(self, st: PhaseState, key: dict, full: Mapping[str, Any]) -> dict:
         """After an update: give each GSI attribute of the resulting item ``full`` the value of
