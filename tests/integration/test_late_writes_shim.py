@@ -289,15 +289,21 @@ def test_a_request_signed_before_a_freeze_is_refused_after_its_horizon(proxy, un
         t.close()
 
 
-def test_a_request_held_in_the_network_past_its_horizon_never_lands(run):
-    """The same through the network: the proxy holds a shim's put (its client waits), the
-    server's clock passes the horizon, the proxy delivers it: refused, never applied."""
+@pytest.mark.parametrize("op", ["PutItem", "UpdateItem"])
+def test_a_request_held_in_the_network_past_its_horizon_never_lands(run, op):
+    """The same through the network: the proxy holds a shim's write (its client waits), the
+    server's clock passes the horizon, the proxy delivers it: refused, never applied. A put
+    takes reshard's lean request path, an update returning values botocore's (its dated signer)."""
     t = run.shim(read_timeout=60)
     try:
         item = run.moving(val=1)
         old_key, new_key = run.keys(item)
-        rule = run.proxy.hold(op="PutItem", key=plain(old_key))
-        put = Background(lambda: t.put_item(Item=item))
+        rule = run.proxy.hold(op=op, key=plain(old_key))
+        if op == "PutItem":
+            put = Background(lambda: t.put_item(Item=item))
+        else:
+            put = Background(lambda: t.update_item(Key=key_of(item), UpdateExpression="SET val = :v",
+                                                   ExpressionAttributeValues={":v": 1}, ReturnValues="ALL_NEW"))
         handle = run.proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
         run.proxy.advance_clock(H + 1)
         assert "expired" in run.proxy.release(handle)["message"]
