@@ -679,13 +679,15 @@ class ShardedTable:
                     self._remove_retired(key, item)
                     continue
                 stored = version_of(item)
-                if own_attempt(version, item) or (not st.routing.fenced and not app_condition):
-                    # (Unfenced with no app condition: only `_rs_v <> :v` can have failed, so our
-                    # attempt landed, even if a newer write replaced it before this read.)
+                if own_attempt(version, item) or (not st.routing.fenced and not app_condition and not update):
+                    # (An unfenced put with no app condition: only `_rs_v <> :v` can have failed, so
+                    # our attempt landed, even if a newer write replaced it before this read.)
                     log.info("reshard shim %s: %s landed on a lost answer's first attempt; not applied again",
                              self.instance_id, key)
                     return version, _Landed(Attributes=item)
                 if not st.routing.fenced:
+                    if not app_condition:
+                        continue  # an update's retired-copy guard, and that copy is gone since: again
                     raise  # not ours: the app's condition failed
                 if stored >= version:
                     self.versions.observe(stored)  # another writer is ahead: go above it
