@@ -83,8 +83,8 @@ class Facts:
 
     A fact is one refresh (control reads + marker read), dated by the earliest server ``Date``
     of their answers; a request under phase version ``v`` may land until ``horizon(v)`` =
-    that date + ``H``. The server's clock now is estimated as the latest answer's ``Date`` plus
-    the time elapsed since on ``clock`` (the shim's monotonic clock): the ``Date`` header is
+    that date + ``H``. The server's clock now is estimated as the latest refresh's latest
+    ``Date`` plus the time elapsed since on ``clock`` (the shim's monotonic clock): the ``Date`` header is
     whole seconds, rounded down, so the estimate is early by up to a second, which
     ``deadlines.SEND_MARGIN_SECONDS`` absorbs; an estimate that is too early only makes the
     server refuse a request we thought still in time (fail closed), never the reverse.
@@ -100,13 +100,12 @@ class Facts:
         self.horizon_seconds = STEADY_HORIZON_SECONDS
 
     def note_answer(self, date: float | None) -> None:
-        """The server's ``Date`` of an answer that just arrived."""
+        """The server's ``Date`` of an answer that just arrived: the clock estimate's new anchor."""
         if date is None:
             return
         now = self._clock()
         with self._lock:
-            if self._answer is None or date - now > self._answer[0] - self._answer[1]:
-                self._answer = (date, now)
+            self._answer = (date, now)
 
     def saw(self, version: int, fact_date: float | None, horizon_seconds: float) -> None:
         """A fact dated ``fact_date`` (None: no answer carried a date) saw ``version``."""
