@@ -51,6 +51,16 @@ Phase
     the phase to act on (never the control table) and tells it when it is done, so a
     new phase is acknowledged only after the requests on the old one drain.
 
+Late requests (docs/late-writes.md)
+    Every request to the data table goes through :meth:`ShardedTable._call` (or
+    ``_batch_get``): signed so that DynamoDB refuses it once the server's clock passes the
+    horizon of the phase fact it obeys (``PhaseCache.horizon``), a refusal for lateness being
+    ``ShimUnavailable``. A write retried after a lost answer recognises its own landed attempt
+    (``_authoritative``). While the control row's ``newer_may_be`` is set, reads read both
+    layouts and each write first catches the authoritative copy up (``_catch_up``). The table
+    marker and copies a cleanup retired (``_rs_gone``) are no items to any read, and no
+    update builds on a retired copy.
+
 Reserved names: every bookkeeping attribute starts with ``_rs_`` and never reaches the
 application; placeholders ``#rs_*`` / ``:rs_*`` are reserved in expressions.
 
