@@ -20,9 +20,8 @@ from reshard.core.layout import VERSION_ATTR
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.runner import JobOptions, run_job
 from reshard.shim import errors as shim_errors
+from reshard.aws import fidelity
 from tests.late_support import H, Background, Run, key_of, plain
-
-fidelity = pytest.importorskip("reshard.aws.fidelity", reason="the fidelity proxy (issue 29, step 1) is not merged yet")
 
 FAST = JobOptions(segments=1, workers=1, page_size=50)
 
