@@ -44,7 +44,7 @@ from reshard.control import fleet
 from reshard.control.records import DEFAULT_LIVENESS_SECONDS, TABLE_LOCK_SK, table_lock_pk  # noqa: F401
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore  # noqa: F401
 from reshard.core import marker
-from reshard.core.deadlines import STEADY_HORIZON_SECONDS, amz_date, usable
+from reshard.core.deadlines import DATE_MARGIN_SECONDS, STEADY_HORIZON_SECONDS, amz_date, usable
 from reshard.core.migration import Migration
 from reshard.core.phases import STEADY, Phase, Routing, routing_of
 from reshard.core.settle import shim_write_seconds
@@ -166,10 +166,8 @@ class PhaseCache:
         self.instance_id = instance_id
         self.refresh_seconds = refresh_seconds
         self.liveness_seconds = liveness_seconds
-        # A switch ends once every shim noticed it (within ~1.2 refresh intervals): hold
-        # requests that long, plus slack, before giving up with a retryable error.
-        self.switch_hold_seconds = (refresh_seconds * 1.2 + SWITCH_HOLD_SLACK_SECONDS
-                                    if switch_hold_seconds is None else switch_hold_seconds)
+        self._switch_hold = switch_hold_seconds
+        self._enforced = False  # the migration's server deadline is enforced: a switch lasts H + 2 s
         self._clock = clock
         # control_clock: the wall clock heartbeats are stamped with (default time.time);
         # injectable so a test's logical clock drives both liveness and the census.
@@ -200,8 +198,22 @@ class PhaseCache:
         #: Fact dates and request horizons (the server-enforced bound on every data request).
         self.facts = Facts(clock)
         self._marker_key: dict | None = None  # the data table's marker key (DescribeTable once)
+        self._marker: tuple[dict | None, float | None] | None = None  # the last marker read, and its Date
         self._replaced: marker.Owner | None = None  # the owner our migration's marker replaced
         self._signed = threading.local()  # the horizon of this thread's last request (for messages)
+
+    @property
+    def switch_hold_seconds(self) -> float:
+        """How long a request is held during a switch before it fails with SwitchInProgress.
+
+        A switch ends once every shim noticed it (within ~1.2 refresh intervals) and, with a
+        server deadline, once it lasted ``H + 2`` s of server time (no request of the old
+        authority can land after): hold that long, plus slack, unless told otherwise.
+        """
+        if self._switch_hold is not None:
+            return self._switch_hold
+        wait = self.facts.horizon_seconds + DATE_MARGIN_SECONDS if self._enforced else 0.0
+        return self.refresh_seconds * 1.2 + SWITCH_HOLD_SLACK_SECONDS + wait
 
     @property
     def controlled(self) -> bool:
@@ -256,20 +268,23 @@ class PhaseCache:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self.refresh()
+            self.refresh(marker_again=not (st is not None and st.routing.hold))
 
     # ------------------------------------------------------------------ refresh
-    def refresh(self) -> bool:
+    def refresh(self, marker_again: bool = True) -> bool:
         """Read the phase and write the heartbeat now. True on success."""
         if self._pinned or self._control is None:
             return True
         with self._refresh_lock:
-            ok = self._refresh_locked()
+            ok = self._refresh_locked(marker_again)
         with self._refreshed:
             self._refreshed.notify_all()
         return ok
 
-    def _refresh_locked(self) -> bool:
+    def _refresh_locked(self, marker_again: bool = True) -> bool:
+        """One refresh (see :meth:`refresh`). ``marker_again`` False (the switch's polls, every
+        150 ms): the marker read of the last refresh stands in -- its older date only makes the
+        fact older (a shorter horizon), and the marker changes only at ``start`` and a retire."""
         started = self._clock()
         dates: list[float] = []  # the server's Date of every answer this fact rests on
 
@@ -316,7 +331,14 @@ class PhaseCache:
                         f"Deploy {path} (migration {owner!r}) to this application, or use "
                         f"ShardedTable.from_migration_id({owner!r})")
             # The marker, in the data table itself: a fact no control-table mistake can hide.
-            self._check_marker(dated(self._read_marker), state)
+            if marker_again or not self._marker_fresh():
+                item = dated(self._read_marker)
+                self._marker = (item, self._dynamo.answer_date())
+            else:
+                item = self._marker[0]
+                if self._marker[1] is not None:
+                    dates.append(self._marker[1])
+            self._check_marker(item, state)
             if state is None:
                 new = PhaseState(STEADY_NAME, 0, STEADY)
             else:
@@ -339,6 +361,7 @@ class PhaseCache:
             self.facts.note_answer(max(dates, default=None))
             self.facts.saw(new.version, min(dates, default=None),
                            state.request_horizon if state is not None else STEADY_HORIZON_SECONDS)
+            self._enforced = state is not None and state.server_deadline
             # New requests use the new phase at once; the heartbeat may still name an
             # older one (see _ack_state_locked) until the requests on it drain.
             with self._lock:
@@ -364,6 +387,13 @@ class PhaseCache:
                 self._refused = False
             log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
             return False
+
+    def _marker_fresh(self) -> bool:
+        """The last marker read may stand in for a new one: it is less than H/3 old."""
+        if self._marker is None or self._marker[1] is None:
+            return False
+        now = self.facts.server_now()
+        return now is not None and now - self._marker[1] < self.facts.horizon_seconds / 3
 
     # ------------------------------------------------------------------ the table marker
     def _read_marker(self) -> dict | None:
@@ -486,7 +516,7 @@ class PhaseCache:
                 if pause > 0:
                     self._sleep(min(pause, timeout))
                 self._last_poll = self._clock()
-                ok = self._refresh_locked()
+                ok = self._refresh_locked(marker_again=False)
             finally:
                 self._refresh_lock.release()
             with self._refreshed:

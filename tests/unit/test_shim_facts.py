@@ -148,3 +148,16 @@ def test_a_pinned_cache_signs_nothing():
     c.facts.note_answer(5000.0)
     c.pin("cutover")
     assert c.horizon(c.current()) is None
+
+
+def test_a_switch_holds_requests_as_long_as_it_lasts():
+    """With a server deadline a switch lasts H + 2 s of server time before the fleet may act on
+    the new authority: a held request waits that long too (plus the fleet's acknowledgement),
+    rather than fail with SwitchInProgress in every switch."""
+    c = _Cache(Clock())
+    assert c.switch_hold_seconds == 5 * 1.2 + 2.0  # no server deadline (test servers): as before
+    c._enforced = True
+    c.facts.saw(1, 5000.0, 6.0)
+    assert c.switch_hold_seconds == 5 * 1.2 + 2.0 + 6.0 + 2.0
+    c._switch_hold = 1.5  # given explicitly: as given
+    assert c.switch_hold_seconds == 1.5
