@@ -95,14 +95,20 @@ def _job(job: str, data: tuple[str, ...]) -> tuple[Need, ...]:
     return (Need(DATA, data), Need(CONTROL, READ_CONTROL), Need(CONTROL, WRITE_ROWS, (f"J#{{id}}#{job}",)))
 
 
+#: What the shim's refresh thread sends to the data table, whatever the app calls: the table
+#: marker's key types (DescribeTable, once) and the marker itself (GetItem, every refresh).
+SHIM_REFRESH: tuple[str, ...] = ("DescribeTable", "GetItem")
+
+
 def _shim_data() -> tuple[str, ...]:
-    return tuple(dict.fromkeys(a for actions in SHIM_METHODS.values() for a in actions))
+    return tuple(dict.fromkeys(a for actions in (*SHIM_METHODS.values(), SHIM_REFRESH) for a in actions))
 
 
 #: command -> what it sends. The request-recording test (tests/integration/test_iam_requests.py)
 #: runs the commands on dynalite and checks every request against the policies built from this.
 COMMANDS: dict[str, tuple[Need, ...]] = {
-    # The shim: data items (SHIM_METHODS); the migration's and (on a foreign lock) another
+    # The shim: data items (SHIM_METHODS; and the table marker: one GetItem per refresh, its key
+    # types read once by DescribeTable); the migration's and (on a foreign lock or marker) another
     # migration's META row and the table lock; its own heartbeats.
     "shim": (Need(DATA, _shim_data()),
              Need(CONTROL, ("GetItem",), ("M#*", "T#{table}")),

@@ -51,7 +51,7 @@ def test_shim_metrics_across_a_switch_with_the_sdk_in_memory_reader(dynalite_ser
         transition(store, m.id, Action.ADVANCE, gates=OPEN, allow_no_shims=True)
     dyn = FailingMirror(endpoint_url=dynalite_server.endpoint, region="us-east-1",
                         retry=RetryPolicy(max_attempts=1, base_seconds=0.01))
-    shim = ShardedTable(m, dyn, control_table=ctl, refresh_seconds=3600, liveness_seconds=3600,
+    shim = ShardedTable(m, dyn, control_table=ctl, refresh_seconds=600, liveness_seconds=600,
                         switch_hold_seconds=20, writer_id="a")
     key = {"sensor_id": "s-1", "event_id": "e-1", "ts": "2024-10-27T15:00:00Z"}
     try:
