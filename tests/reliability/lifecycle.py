@@ -186,11 +186,14 @@ class Lifecycle:
 
     def add_late_faults(self) -> None:
         """Issue 25's faults on the data table's writes: about one in a hundred held and delivered
-        seconds later while its client retries at once, one in a hundred answers lost after the
-        write landed, one in two hundred delivered a second time seconds later."""
-        self.proxy.hold(table=self.table, op=WRITE_OPS, probability=0.01, times=None, mode="lose", delay=3.0)
+        3 s later (judged as if 4 minutes late: inside AWS's 5) while its client retries at once,
+        one in a hundred answers lost after the write landed, one in two hundred delivered a
+        second time 2 s later (as if 4 minutes)."""
+        self.proxy.hold(table=self.table, op=WRITE_OPS, probability=0.01, times=None, mode="lose", delay=3.0,
+                        age=240)
         self.proxy.lose_answer(table=self.table, op=WRITE_OPS, probability=0.01, times=None)
-        self.proxy.duplicate(table=self.table, op=WRITE_OPS, probability=0.005, times=None, copy="delay", delay=2.0)
+        self.proxy.duplicate(table=self.table, op=WRITE_OPS, probability=0.005, times=None, copy="delay", delay=2.0,
+                             age=240)
         self.log("late requests, lost answers and late duplicates on")
 
     # ------------------------------------------------------------------ phases
