@@ -30,7 +30,7 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from reshard import errors
-from reshard.aws.fidelity import FidelityProxy
+from reshard.aws.fidelity import FidelityProcess, FidelityProxy
 
 # ---------------------------------------------------------------------------------- proxy
 class _BlockedTables(set):
@@ -90,6 +90,35 @@ class FaultProxy(FidelityProxy):
         """The old counters: calls (every request), throttle, 5xx, split, blocked."""
         with self.lock:
             c = dict(self._counts)
+        return {"calls": c.get("requests", 0), **{k: c.get(k, 0) for k in ("throttle", "5xx", "split", "blocked")}}
+
+    def faults(self) -> dict[str, int]:
+        return {k: v for k, v in self.counts.items() if k != "calls"}
+
+
+class FaultProcess(FidelityProcess):
+    """:class:`FaultProxy` as a process of its own (``python -m reshard.aws.fidelity``): the same
+    attributes, driven over its control API; its CPU (every behaviour on costs it more than a
+    client request) stays out of the test process, where the application threads run."""
+
+    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
+                 split: float = 0.20, **settings):
+        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed, faults_enabled=True,
+                         fault_rates={"throttle": throttle, "5xx": error5xx, "split": split}, **settings)
+        self.upstream_port = upstream_port
+        self.blocked_tables = _BlockedTables(self)
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings()["faults_enabled"]
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self.configure(faults_enabled=bool(on))
+
+    @property
+    def counts(self) -> dict:
+        c = self.stats()
         return {"calls": c.get("requests", 0), **{k: c.get(k, 0) for k in ("throttle", "5xx", "split", "blocked")}}
 
     def faults(self) -> dict[str, int]:
