@@ -163,6 +163,8 @@ class Held:
         self.kind = kind                # "held" (the request itself) or "copy" (a duplicate's second delivery)
         self.state = "held"
         self.outcome = None             # the Answer of its delivery
+        self.kept_at = time.monotonic()
+        self.held_seconds: float | None = None  # from arrival to delivery (or drop)
         self.released = threading.Event()   # a waiting client's thread delivers when this is set
         self.done = threading.Event()       # delivered or dropped
         self.lock = threading.Lock()
@@ -177,6 +179,7 @@ class Held:
 
     def finish(self, outcome, state: str = "delivered") -> None:
         self.outcome, self.state = outcome, state
+        self.held_seconds = time.monotonic() - self.kept_at
         self.done.set()
 
     def describe(self) -> dict[str, Any]:
@@ -189,4 +192,6 @@ class Held:
             out["due_in"] = max(0.0, self.due - time.monotonic())
         if self.outcome is not None:
             out["outcome"] = self.outcome.summary()
+        if self.held_seconds is not None:
+            out["held_seconds"] = self.held_seconds
         return out
