@@ -56,55 +56,11 @@ class _BlockedTables(set):
         self._sync()
 
 
-class FaultProxy(FidelityProxy):
-    """The chaos suite's faults on the fidelity proxy (reshard/aws/fidelity), in a thread of
-    this process, in front of dynalite on ``upstream_port``; see the module docstring.
+class _Faults:
+    """What the chaos suite reads of its proxy, in-process or a process: the switch and the
+    old counters, through the control API both have (``settings``, ``configure``, ``stats``)."""
 
-    A thin wrapper: the rates become the proxy's ``fault_rates``, ``enabled`` its
-    ``faults_enabled``, ``blocked_tables`` its ``blocked_tables``; everything else of the
-    proxy (signature dates, held requests, lost answers, duplicates, the behaviours of
-    issue 29) is there too, each off until switched on.
-    """
-
-    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
-                 split: float = 0.20, **settings):
-        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed, faults_enabled=True,
-                         fault_rates={"throttle": throttle, "5xx": error5xx, "split": split}, **settings)
-        self.upstream_port = upstream_port
-        self.blocked_tables = _BlockedTables(self)
-
-    @property
-    def rates(self) -> dict:
-        return self.config["fault_rates"]
-
-    @property
-    def enabled(self) -> bool:
-        return self.config["faults_enabled"]
-
-    @enabled.setter
-    def enabled(self, on: bool) -> None:
-        self.configure(faults_enabled=bool(on))
-
-    @property
-    def counts(self) -> dict:
-        """The old counters: calls (every request), throttle, 5xx, split, blocked."""
-        with self.lock:
-            c = dict(self._counts)
-        return {"calls": c.get("requests", 0), **{k: c.get(k, 0) for k in ("throttle", "5xx", "split", "blocked")}}
-
-    def faults(self) -> dict[str, int]:
-        return {k: v for k, v in self.counts.items() if k != "calls"}
-
-
-class FaultProcess(FidelityProcess):
-    """:class:`FaultProxy` as a process of its own (``python -m reshard.aws.fidelity``): the same
-    attributes, driven over its control API; its CPU (every behaviour on costs it more than a
-    client request) stays out of the test process, where the application threads run."""
-
-    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
-                 split: float = 0.20, **settings):
-        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed, faults_enabled=True,
-                         fault_rates={"throttle": throttle, "5xx": error5xx, "split": split}, **settings)
+    def _faults_init(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.blocked_tables = _BlockedTables(self)
 
@@ -118,11 +74,50 @@ class FaultProcess(FidelityProcess):
 
     @property
     def counts(self) -> dict:
+        """The old counters: calls (every request), throttle, 5xx, split, blocked."""
         c = self.stats()
         return {"calls": c.get("requests", 0), **{k: c.get(k, 0) for k in ("throttle", "5xx", "split", "blocked")}}
 
     def faults(self) -> dict[str, int]:
         return {k: v for k, v in self.counts.items() if k != "calls"}
+
+
+def _fault_settings(throttle: float, error5xx: float, split: float, settings: dict) -> dict:
+    return {"faults_enabled": True, "fault_rates": {"throttle": throttle, "5xx": error5xx, "split": split},
+            **settings}
+
+
+class FaultProxy(_Faults, FidelityProxy):
+    """The chaos suite's faults on the fidelity proxy (reshard/aws/fidelity), in a thread of
+    this process, in front of dynalite on ``upstream_port``; see the module docstring.
+
+    A thin wrapper: the rates become the proxy's ``fault_rates``, ``enabled`` its
+    ``faults_enabled``, ``blocked_tables`` its ``blocked_tables``; everything else of the
+    proxy (signature dates, held requests, lost answers, duplicates, the behaviours of
+    issue 29) is there too, each off until switched on.
+    """
+
+    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
+                 split: float = 0.20, **settings):
+        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed,
+                         **_fault_settings(throttle, error5xx, split, settings))
+        self._faults_init(upstream_port)
+
+    @property
+    def rates(self) -> dict:
+        return self.config["fault_rates"]  # the live dict: a test may update it in place
+
+
+class FaultProcess(_Faults, FidelityProcess):
+    """:class:`FaultProxy` as a process of its own (``python -m reshard.aws.fidelity``): the same
+    attributes, driven over its control API; its CPU (every behaviour on costs it more than a
+    client request) stays out of the test process, where the application threads run."""
+
+    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
+                 split: float = 0.20, **settings):
+        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed,
+                         **_fault_settings(throttle, error5xx, split, settings))
+        self._faults_init(upstream_port)
 
 
 # ---------------------------------------------------------------------------------- oracle
