@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from reshard import errors
-from reshard.aws.dynamo import RetryPolicy
+from reshard.aws.dynamo import Dynamo, RetryPolicy
 from reshard.aws.fidelity import FidelityProxy
 from reshard.aws.fidelity.ordering import create_key
 from reshard.aws.fidelity.throughput import ON_DEMAND_MESSAGE, PROVISIONED_MESSAGE
@@ -248,18 +248,21 @@ def test_batch_calls_leave_refused_items_unprocessed_and_the_client_finishes(pro
     assert proxy.stats()["unprocessed_items"] > 20
 
 
-def test_throttles_are_retried_by_dynamo_call_until_the_partition_refills(dynalite_server, unique_name):
-    with FidelityProxy(dynalite_server.endpoint, partition_throughput=True, partition_wcu=20.0) as p:
-        dynamo = client(p.endpoint, retry=RetryPolicy(max_attempts=30, max_seconds=20, base_seconds=0.02,
-                                                      max_backoff_seconds=0.2))
-        make_table(dynamo, unique_name, sort=True)
-        throttles = []
-        dynamo.add_throttle_listener(throttles.append)
-        for i in range(40):
-            dynamo.call("put_item", TableName=unique_name, Item=item("hot", str(i)))
-        assert throttles and p.stats()["partition_throttles"] == len(throttles)
-        assert dynamo.call("query", TableName=unique_name, KeyConditionExpression="pk = :p", Select="COUNT",
-                           ExpressionAttributeValues={":p": {"S": "hot"}})["Count"] == 40
+def test_throttles_are_retried_by_dynamo_call_until_the_partition_refills(proxy, clock, unique_name):
+    # The client's backoff sleeps move the proxy's clock (nothing waits): the partition refills
+    # exactly as fast as the retries back off, whatever the machine's speed.
+    dynamo = Dynamo(endpoint_url=proxy.endpoint, region="us-east-1", connect_timeout=1, read_timeout=5,
+                    retry=RetryPolicy(max_attempts=30, max_seconds=600, base_seconds=0.02, max_backoff_seconds=0.2),
+                    sleep=lambda s: setattr(clock, "t", clock.t + s))
+    make_table(dynamo, unique_name, sort=True)
+    proxy.configure(partition_throughput=True, partition_wcu=20.0)
+    throttles = []
+    dynamo.add_throttle_listener(throttles.append)
+    for i in range(40):  # 20 from the full bucket, 20 more only as it refills
+        dynamo.call("put_item", TableName=unique_name, Item=item("hot", str(i)))
+    assert len(throttles) >= 1 and proxy.stats()["partition_throttles"] == len(throttles)
+    assert dynamo.call("query", TableName=unique_name, KeyConditionExpression="pk = :p", Select="COUNT",
+                       ExpressionAttributeValues={":p": {"S": "hot"}})["Count"] == 40
 
 
 # ---------------------------------------------------------------------------------- TTL

@@ -145,18 +145,32 @@ def test_a_late_request_lands_over_a_newer_write_unless_its_signature_is_too_old
         proxy.configure(clock_offset=0)
 
 
+def test_a_held_request_can_be_judged_as_if_held_for_minutes(proxy, dynalite, table):
+    """``age``: a request held a moment is judged on delivery as if it had been held minutes."""
+    dynamo = client(proxy.endpoint)
+    within = proxy.hold(op="PutItem", table=table, key={"pk": "m1"}, mode="lose", age=240)
+    past = proxy.hold(op="PutItem", table=table, key={"pk": "m2"}, mode="lose", age=301)
+    dupe = proxy.duplicate(op="PutItem", table=table, key={"pk": "m3"}, copy="hold", age=301)
+    for pk in ("m1", "m2", "m3"):
+        dynamo.call("put_item", **put(pk, 1, table))  # each retry (or the original) lands now
+    (h1,), (h2,), (h3,) = proxy.wait_held(1, within), proxy.wait_held(1, past), proxy.held(dupe)
+    assert proxy.release(h1["handle"])["status"] == 200        # 4 minutes late: still inside AWS's 5
+    late = proxy.release(h2["handle"])
+    assert late["code"] == "InvalidSignatureException" and late["message"].endswith(" - 5 min.)")
+    assert proxy.release(h3["handle"])["code"] == "InvalidSignatureException"
+    assert proxy.rules()[0]["age"] == 240 and proxy.now() < time.time() + 5  # the proxy's clock did not move
+
+
 def test_a_held_request_with_a_delay_is_delivered_by_the_proxy(proxy, dynalite, table):
     dynamo = client(proxy.endpoint)
-    rule = proxy.hold(op="PutItem", table=table, delay=0.3, mode="lose")
-    t0 = time.monotonic()
-    dynamo.call("put_item", **put("d", 1, table))  # the retry lands at once
-    dynamo.call("delete_item", TableName=table, Key={"pk": {"S": "d"}})
-    deadline = time.monotonic() + 10
+    rule = proxy.hold(op="PutItem", table=table, key={"pk": "d"}, delay=0.3, mode="lose")
+    dynamo.call("put_item", **put("d", 1, table))  # the original is held; the retry lands at once
+    deadline = time.monotonic() + 30
     while not proxy.held(rule, state="delivered") and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert time.monotonic() - t0 >= 0.3
-    assert proxy.held(rule, state="delivered")[0]["outcome"]["status"] == 200
-    assert get(dynalite, table, "d")["v"] == {"N": "1"}  # the late put resurrected the deleted item
+    delivered, = proxy.held(rule, state="delivered")
+    assert delivered["outcome"]["status"] == 200 and delivered["held_seconds"] >= 0.3
+    assert get(dynalite, table, "d")["v"] == {"N": "1"}
 
 
 def test_a_lost_answers_request_is_applied_once_and_its_retry_sees_it(proxy, dynalite, table):

@@ -10,6 +10,8 @@ everything either way.
 
 from __future__ import annotations
 
+import threading
+import time
 from decimal import Decimal
 
 from reshard.aws.dynamo import Dynamo, RetryPolicy, to_wire
@@ -55,16 +57,36 @@ def seed(dynamo: Dynamo, mapper: KeyMapper, table: str) -> None:
     dynamo.batch_write(table, reqs)
 
 
+class StepClock:
+    """The proxy's time in the unpaced run: it moves only as the client's retries back off, so the
+    copy meets the limit however fast or slow the machine is (nothing waits for it)."""
+
+    def __init__(self):
+        self.t = 1000.0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        with self.lock:
+            self.t += seconds
+
+
 def test_a_copy_into_two_new_keys_is_throttled_unless_paced_per_key(dynalite, dynalite_server, unique_name):
     throttles = {}
     for label, per_key in (("unpaced", None), ("paced", PACED)):
         table = f"{unique_name}-{label}"
         m, mapper, store = two_shards(dynalite, table)
         seed(dynalite, mapper, table)
-        with FidelityProxy(dynalite_server.endpoint, partition_throughput=True, partition_wcu=LIMIT) as proxy:
+        # Unpaced: the proxy's clock moves with the retries' backoff (the burst goes, then each
+        # write waits for its key to refill). Paced: real time, the pacer's own.
+        step = StepClock() if per_key is None else None
+        with FidelityProxy(dynalite_server.endpoint, partition_throughput=True, partition_wcu=LIMIT,
+                           monotonic=step or time.monotonic) as proxy:
             data = Dynamo(endpoint_url=proxy.endpoint, region="us-east-1", connect_timeout=1, read_timeout=4,
-                          retry=RetryPolicy(max_attempts=40, max_seconds=60, base_seconds=0.01,
-                                            max_backoff_seconds=0.2))
+                          retry=RetryPolicy(max_attempts=60, max_seconds=120, base_seconds=0.01,
+                                            max_backoff_seconds=0.2), sleep=step.sleep if step else None)
             result = run_job(BACKFILL, data, store, m.id,
                              JobOptions(segments=4, workers=4, concurrency=4, page_size=50, max_wcu_per_key=per_key))
             assert result.done

@@ -30,7 +30,7 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from reshard import errors
-from reshard.aws.fidelity import FidelityProxy
+from reshard.aws.fidelity import FidelityProcess, FidelityProxy
 
 # ---------------------------------------------------------------------------------- proxy
 class _BlockedTables(set):
@@ -56,7 +56,38 @@ class _BlockedTables(set):
         self._sync()
 
 
-class FaultProxy(FidelityProxy):
+class _Faults:
+    """What the chaos suite reads of its proxy, in-process or a process: the switch and the
+    old counters, through the control API both have (``settings``, ``configure``, ``stats``)."""
+
+    def _faults_init(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.blocked_tables = _BlockedTables(self)
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings()["faults_enabled"]
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self.configure(faults_enabled=bool(on))
+
+    @property
+    def counts(self) -> dict:
+        """The old counters: calls (every request), throttle, 5xx, split, blocked."""
+        c = self.stats()
+        return {"calls": c.get("requests", 0), **{k: c.get(k, 0) for k in ("throttle", "5xx", "split", "blocked")}}
+
+    def faults(self) -> dict[str, int]:
+        return {k: v for k, v in self.counts.items() if k != "calls"}
+
+
+def _fault_settings(throttle: float, error5xx: float, split: float, settings: dict) -> dict:
+    return {"faults_enabled": True, "fault_rates": {"throttle": throttle, "5xx": error5xx, "split": split},
+            **settings}
+
+
+class FaultProxy(_Faults, FidelityProxy):
     """The chaos suite's faults on the fidelity proxy (reshard/aws/fidelity), in a thread of
     this process, in front of dynalite on ``upstream_port``; see the module docstring.
 
@@ -68,33 +99,14 @@ class FaultProxy(FidelityProxy):
 
     def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
                  split: float = 0.20, **settings):
-        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed, faults_enabled=True,
-                         fault_rates={"throttle": throttle, "5xx": error5xx, "split": split}, **settings)
-        self.upstream_port = upstream_port
-        self.blocked_tables = _BlockedTables(self)
+        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed,
+                         **_fault_settings(throttle, error5xx, split, settings))
+        self._faults_init(upstream_port)
         self._writes: dict[str, int] = {}
 
     @property
     def rates(self) -> dict:
-        return self.config["fault_rates"]
-
-    @property
-    def enabled(self) -> bool:
-        return self.config["faults_enabled"]
-
-    @enabled.setter
-    def enabled(self, on: bool) -> None:
-        self.configure(faults_enabled=bool(on))
-
-    @property
-    def counts(self) -> dict:
-        """The old counters: calls (every request), throttle, 5xx, split, blocked."""
-        with self.lock:
-            c = dict(self._counts)
-        return {"calls": c.get("requests", 0), **{k: c.get(k, 0) for k in ("throttle", "5xx", "split", "blocked")}}
-
-    def faults(self) -> dict[str, int]:
-        return {k: v for k, v in self.counts.items() if k != "calls"}
+        return self.config["fault_rates"]  # the live dict: a test may update it in place
 
     @property
     def writes(self) -> dict[str, int]:
@@ -108,6 +120,18 @@ class FaultProxy(FidelityProxy):
                 for t in req.tables():
                     self._writes[t] = self._writes.get(t, 0) + 1
         return super().forward(req)
+
+
+class FaultProcess(_Faults, FidelityProcess):
+    """:class:`FaultProxy` as a process of its own (``python -m reshard.aws.fidelity``): the same
+    attributes, driven over its control API; its CPU (every behaviour on costs it more than a
+    client request) stays out of the test process, where the application threads run."""
+
+    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
+                 split: float = 0.20, **settings):
+        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed,
+                         **_fault_settings(throttle, error5xx, split, settings))
+        self._faults_init(upstream_port)
 
 
 # ---------------------------------------------------------------------------------- oracle

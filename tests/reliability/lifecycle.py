@@ -28,7 +28,7 @@ from reshard.control import fleet
 
 from tests.backfill_support import create_table, migration_text
 from tests.integration.test_backfill_dynalite import Watchdog, _cli, _env
-from tests.reliability.chaos import ABSENT, AppThread, FaultProxy, Oracle, Workload, Write, total_ops
+from tests.reliability.chaos import ABSENT, AppThread, FaultProcess, FaultProxy, Oracle, Workload, Write, total_ops
 from reshard.aws.local import DynaliteServer
 from tests.shim_helpers import by_layout, scan, shim
 
@@ -97,10 +97,12 @@ class Lifecycle:
     """One migration under chaos (see the module docstring)."""
 
     def __init__(self, tmp_path, kind: str, seed: int, n_items: int, n_inserts: int, threads: int = 4,
-                 fidelity: dict | None = None, late_faults: bool = LATE_FAULTS):
+                 fidelity: dict | None = None, late_faults: bool = LATE_FAULTS, proxy_process: bool | None = None):
         """``fidelity``: the proxy's DynamoDB behaviours to switch on (EVERY_BEHAVIOUR, or all
         of them under RESHARD_CHAOS_FIDELITY=1); ``late_faults``: add late requests, lost
-        answers and late duplicates of data-table writes once the application starts."""
+        answers and late duplicates of data-table writes once the application starts;
+        ``proxy_process``: the proxy as a process of its own (default: when behaviours are on,
+        whose CPU per request exceeds a client's)."""
         self.kind, self.seed = kind, seed
         self.rng = random.Random(seed)
         self.server = DynaliteServer(tmp_path / "db")
@@ -112,7 +114,8 @@ class Lifecycle:
         if self.fidelity.get("partition_throughput"):
             self.fidelity.setdefault("partition_tables", [self.table])  # the scaled limit: the data table's
         self.late_faults = late_faults
-        self.proxy = FaultProxy(self.server.port, seed=seed, **self.fidelity).start()
+        process = bool(self.fidelity) if proxy_process is None else proxy_process
+        self.proxy = (FaultProcess if process else FaultProxy)(self.server.port, seed=seed, **self.fidelity).start()
         self.proxy.enabled = False  # setup and seeding run clean; chaos starts with the app
         self.raw = Dynamo(endpoint_url=self.server.endpoint, region="us-east-1", retry=PATIENT)
         self.faulty = Dynamo(endpoint_url=self.proxy.endpoint, region="us-east-1", retry=PATIENT)
@@ -186,11 +189,14 @@ class Lifecycle:
 
     def add_late_faults(self) -> None:
         """Issue 25's faults on the data table's writes: about one in a hundred held and delivered
-        seconds later while its client retries at once, one in a hundred answers lost after the
-        write landed, one in two hundred delivered a second time seconds later."""
-        self.proxy.hold(table=self.table, op=WRITE_OPS, probability=0.01, times=None, mode="lose", delay=3.0)
+        3 s later (judged as if 4 minutes late: inside AWS's 5) while its client retries at once,
+        one in a hundred answers lost after the write landed, one in two hundred delivered a
+        second time 2 s later (as if 4 minutes)."""
+        self.proxy.hold(table=self.table, op=WRITE_OPS, probability=0.01, times=None, mode="lose", delay=3.0,
+                        age=240)
         self.proxy.lose_answer(table=self.table, op=WRITE_OPS, probability=0.01, times=None)
-        self.proxy.duplicate(table=self.table, op=WRITE_OPS, probability=0.005, times=None, copy="delay", delay=2.0)
+        self.proxy.duplicate(table=self.table, op=WRITE_OPS, probability=0.005, times=None, copy="delay", delay=2.0,
+                             age=240)
         self.log("late requests, lost answers and late duplicates on")
 
     # ------------------------------------------------------------------ phases

@@ -25,7 +25,7 @@ from reshard.aws.fidelity import FidelityProxy
 from tests.conftest import ROOT
 
 
-def run_until(endpoint: str, line_pattern: str, sig: int, timeout: float = 120) -> tuple[int, str]:
+def run_until(endpoint: str, line_pattern: str, sig: int, timeout: float = 300) -> tuple[int, str]:
     """Run tests/aws against ``endpoint``; send ``sig`` once a line matches; its exit code and output."""
     env = dict(os.environ, RESHARD_AWS_TEST_REGION="us-east-1", RESHARD_AWS_TEST_ENDPOINT=endpoint,
                RESHARD_AWS_TEST_ITEMS="60", PYTHONPATH=str(ROOT))

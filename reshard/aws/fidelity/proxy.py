@@ -89,19 +89,20 @@ class ControlAPI:
         """Move the proxy's clock forward (``clock_offset += seconds``); returns the new offset."""
         return self._call("advance_clock", seconds=seconds)
 
-    def hold(self, *, delay: float | None = None, mode: str = "wait", **match) -> str:
+    def hold(self, *, delay: float | None = None, mode: str = "wait", age: float = 0.0, **match) -> str:
         """Hold matching requests; deliver each after ``delay`` seconds or on ``release``.
-        ``mode="lose"`` closes the client's connection at once. Returns the rule id."""
-        return self._call("add_rule", action="hold", delay=delay, mode=mode, **match)
+        ``mode="lose"`` closes the client's connection at once. ``age``: judge its signature
+        date on delivery as if it had been held that many seconds more. Returns the rule id."""
+        return self._call("add_rule", action="hold", delay=delay, mode=mode, age=age, **match)
 
     def lose_answer(self, **match) -> str:
         """Deliver matching requests, then close the client's connection without the answer."""
         return self._call("add_rule", action="lose_answer", **match)
 
-    def duplicate(self, *, copy: str = "now", delay: float | None = None, **match) -> str:
+    def duplicate(self, *, copy: str = "now", delay: float | None = None, age: float = 0.0, **match) -> str:
         """Deliver matching requests twice: the copy right after the original (``now``), after
-        ``delay`` seconds (``copy="delay"``), or when released (``copy="hold"``)."""
-        return self._call("add_rule", action="duplicate", copy=copy, delay=delay, **match)
+        ``delay`` seconds (``copy="delay"``), or when released (``copy="hold"``); ``age`` as for hold."""
+        return self._call("add_rule", action="duplicate", copy=copy, delay=delay, age=age, **match)
 
     def fail(self, *, status: int = 500, code: str = "InternalServerError", message: str = "injected by the proxy",
              **match) -> str:
@@ -318,16 +319,17 @@ class FidelityProxy(ControlAPI):
                 return answer
         return self.deliver(req)
 
-    def deliver(self, req: Request) -> Answer:
+    def deliver(self, req: Request, age: float = 0.0) -> Answer:
         """``req`` reaching DynamoDB now: the signature date first (AWS authenticates before
-        anything else), then the behaviours, then upstream."""
+        anything else), then the behaviours, then upstream. ``age``: judge the date as if the
+        request arrived that many seconds later (a held request's rule ``age``)."""
         window = self.config["signature_window"]
         if window:
             signed = req.header(b"x-amz-date")
             if signed:
                 signed_at = wire.parse_amz_date(signed)
                 if signed_at is not None:
-                    refusal = wire.signature_refusal(signed, signed_at, self._now(), window)
+                    refusal = wire.signature_refusal(signed, signed_at, self._now() + age, window)
                     if refusal is not None:
                         self.count("refused_signature")
                         return aws_error(400, CORAL_ERROR + "InvalidSignatureException", refusal)
@@ -445,7 +447,7 @@ class FidelityProxy(ControlAPI):
             if rule.copy == "now":
                 copy = self._keep(rule, req, client=False, kind="copy", due=None)
                 if copy.claim():
-                    copy.finish(self.deliver(req))
+                    copy.finish(self.deliver(req, rule.age))
             else:
                 self._keep(rule, req, client=False, kind="copy",
                            due=time.monotonic() + (rule.delay or 0.0) if rule.copy == "delay" else None)
@@ -461,7 +463,7 @@ class FidelityProxy(ControlAPI):
             if self._stopped.is_set():
                 held.finish(None, "dropped")
                 return CLOSE
-            answer = self.deliver(req)
+            answer = self.deliver(req, rule.age)
             held.finish(answer)
             return answer
         held.done.wait()
@@ -491,7 +493,7 @@ class FidelityProxy(ControlAPI):
                 _, _, handle = heapq.heappop(self._timers)
             held = self.held_.get(handle)
             if held is not None and held.claim():
-                held.finish(self.deliver(held.request))
+                held.finish(self.deliver(held.request, held.rule.age))
 
     # ------------------------------------------------------------------ control
     def _call(self, name: str, **kwargs):
@@ -605,7 +607,7 @@ class FidelityProxy(ControlAPI):
         if held.client:
             held.released.set()  # the waiting connection's thread delivers and answers its client
         elif held.claim():
-            held.finish(self.deliver(held.request))
+            held.finish(self.deliver(held.request, held.rule.age))
         if not held.done.wait(timeout):
             raise TimeoutError(f"{handle} was not delivered within {timeout:g}s")
         self.count("released")

@@ -20,6 +20,11 @@ each one it applies to:
 ``fail``
     The request is answered with an error (``status``, ``code``, ``message``) and never delivered.
 
+``age`` (hold, duplicate): a held request or a duplicate's copy is judged, when it is
+delivered, as if it reached upstream ``age`` more seconds later than it does: its signature
+date is checked against the proxy's clock plus ``age``. A test emulates a request held for
+minutes (``age=240``, within AWS's 5; ``age=400``, past them) while holding it for a moment.
+
 Every delivery, late ones too, goes through the same checks as a fresh request at the moment
 it reaches upstream (that is when DynamoDB would receive it): a held request whose signature
 date is now out of the window is refused with ``InvalidSignatureException``.
@@ -54,7 +59,7 @@ class Rule:
     def __init__(self, rule_id: str, action: str, *, op=None, table=None, key: dict | None = None,
                  contains: str | bytes | None = None, nth: int = 1, times: int | None = 1,
                  probability: float | None = None, where: Callable[[str, dict], bool] | None = None,
-                 delay: float | None = None, mode: str = "wait", copy: str = "now",
+                 delay: float | None = None, mode: str = "wait", copy: str = "now", age: float = 0.0,
                  status: int = 500, code: str = "InternalServerError", message: str = "injected by the proxy"):
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
@@ -69,7 +74,7 @@ class Rule:
         self.key = wire_key(key)
         self.contains = contains.encode() if isinstance(contains, str) else contains
         self.nth, self.times, self.probability, self.where = nth, times, probability, where
-        self.delay, self.mode, self.copy = delay, mode, copy
+        self.delay, self.mode, self.copy, self.age = delay, mode, copy, float(age or 0.0)
         self.status, self.code, self.message = status, code, message
         self.matched = 0   # requests that matched the predicate
         self.applied = 0   # of those, the ones the action was applied to
@@ -105,6 +110,8 @@ class Rule:
         for name in ("nth", "times", "probability", "delay", "key"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.age:
+            out["age"] = self.age
         if self.ops is not None:
             out["op"] = sorted(self.ops)
         if self.tables is not None:
@@ -156,6 +163,8 @@ class Held:
         self.kind = kind                # "held" (the request itself) or "copy" (a duplicate's second delivery)
         self.state = "held"
         self.outcome = None             # the Answer of its delivery
+        self.kept_at = time.monotonic()
+        self.held_seconds: float | None = None  # from arrival to delivery (or drop)
         self.released = threading.Event()   # a waiting client's thread delivers when this is set
         self.done = threading.Event()       # delivered or dropped
         self.lock = threading.Lock()
@@ -170,6 +179,7 @@ class Held:
 
     def finish(self, outcome, state: str = "delivered") -> None:
         self.outcome, self.state = outcome, state
+        self.held_seconds = time.monotonic() - self.kept_at
         self.done.set()
 
     def describe(self) -> dict[str, Any]:
@@ -182,4 +192,6 @@ class Held:
             out["due_in"] = max(0.0, self.due - time.monotonic())
         if self.outcome is not None:
             out["outcome"] = self.outcome.summary()
+        if self.held_seconds is not None:
+            out["held_seconds"] = self.held_seconds
         return out

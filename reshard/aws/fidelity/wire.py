@@ -283,7 +283,8 @@ class Stream:
             raise ValueError(f"not an HTTP answer: {status_line[:80]!r}")
         head = bytes(self.buf[first:i])
         low = head.lower()
-        lines = _OWN_LINES.sub(b"", head)[2:] + b"\r\n"
+        rest = _OWN_LINES.sub(b"", head)  # CRLF-led lines, or b"" when upstream sent only those
+        lines = rest[2:] + b"\r\n" if rest else b""
         close = b"\r\nconnection: close" in low
         if b"\r\ntransfer-encoding: chunked" in low:
             del self.buf[:i + 4]
