@@ -77,3 +77,44 @@ def test_scan_and_query_answer_as_written(hash_type, range_type):
                         break
                     kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
                 assert got == (want if forward else want[::-1])
+
+
+def test_the_speedups_run_only_on_the_moto_they_were_checked_against(tmp_path):
+    """A moto whose patched (or relied-on) code differs from every release checked is left
+    unpatched with one warning, or refused outright with strict=True (the test suite's way)."""
+    import subprocess
+    import sys
+
+    from reshard.aws import moto_speedups
+
+    assert moto_speedups.active()  # conftest installed them (strict): this moto is one checked
+    name = "moto.dynamodb.models.table:Table.query"
+    script = ("import logging, sys; logging.basicConfig(); from reshard.aws import moto_speedups as m; "
+              f"m.KNOWN_SOURCES[{name!r}] = frozenset({{'0000000000000000'}}); "
+              "strict = sys.argv[1] == 'strict'\n"
+              "try:\n    print(m.install(strict=strict), m.install(strict=strict))\n"
+              "except m.MotoNotRecognised as e:\n    print('refused:', e)\n"
+              "from moto.dynamodb.models.table import Table; print(Table.query.__name__)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RESHARD_MOTO_SPEEDUPS"}
+    for mode in ("lenient", "strict"):
+        run = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=60,
+                             cwd=str(tmp_path), env={**env, "PYTHONPATH": str(moto_speedups.__file__).rsplit("/reshard/", 1)[0]})
+        assert run.returncode == 0, run.stderr
+        lines = run.stdout.splitlines()
+        assert lines[-1] == "query"                                   # moto's own Query, unpatched
+        if mode == "lenient":
+            assert lines[0] == "False False"
+            assert run.stderr.count("not what reshard's moto speed-ups were checked against") == 1  # logged once
+            assert "changed: moto.dynamodb.models.table:Table.query" in run.stderr
+        else:
+            assert lines[0].startswith("refused: moto ") and "Table.query" in lines[0]
+
+
+def test_a_fingerprint_follows_the_source(tmp_path, monkeypatch):
+    from reshard.aws.moto_speedups import fingerprint
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "fp_probe_a.py").write_text("class T:\n    def f(self):\n        return 1\n")
+    (tmp_path / "fp_probe_b.py").write_text("class T:\n    def f(self):\n        return 2\n")
+    a, b = fingerprint("fp_probe_a:T.f"), fingerprint("fp_probe_b:T.f")
+    assert len(a) == 16 and a != b and fingerprint("fp_probe_a:T.g") == "missing"
