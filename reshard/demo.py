@@ -36,7 +36,7 @@ from decimal import Decimal
 from typing import Callable
 
 from reshard import errors, operations
-from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, from_wire, to_wire
+from reshard.aws.dynamo import FIRST_CONTACT_ATTEMPTS, SHIM_RETRIES, Dynamo, from_wire, to_wire
 from reshard.control.store import ControlStore
 from reshard.core.migration import Migration, parse
 from reshard.core.phases import ROUTING, Action, Phase
@@ -558,7 +558,7 @@ class Demo:
 def run_demo(opts: DemoOptions, endpoint_url: str | None = None, say: Callable[[str], None] = print) -> dict:
     """Run the demo on ``endpoint_url``, or on an embedded moto server started for it."""
     if endpoint_url:
-        return Demo(Dynamo(endpoint_url=endpoint_url), opts, say).run()
+        return Demo(Dynamo(endpoint_url=endpoint_url, first_contact_attempts=FIRST_CONTACT_ATTEMPTS), opts, say).run()
     from reshard.aws.local import EmbeddedDynamoDB
     with EmbeddedDynamoDB() as server:
         return Demo(Dynamo(endpoint_url=server.endpoint_url), opts, say).run()
