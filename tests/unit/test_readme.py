@@ -1,4 +1,5 @@
-"""README.md's second command is what CI runs (.ci/run), so the two cannot drift apart."""
+"""README.md's second command is what CI runs (.ci/run), in a fresh virtualenv, so the two cannot
+drift apart and an undeclared dependency fails CI (tests/unit/test_ci_run.py runs the script)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,21 @@ def readme_commands() -> list[str]:
     return block.group(1).splitlines()
 
 
-def ci_command() -> str:
+def ci_lines() -> list[str]:
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    commands = [line for line in lines
-                if line and not line.startswith("#") and not line.startswith(("set ", "cd "))]
-    assert len(commands) == 1, commands
-    return commands[0]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+#: What .ci/run does before the README's command, in this order: a virtualenv made anew
+#: (never with the machine's site-packages), activated, and the pinned versions.
+CI_PREAMBLE = ["set -euo pipefail", 'cd "$(dirname "$0")/.."', "rm -rf .ci/.venv", "python3 -m venv .ci/.venv",
+               ". .ci/.venv/bin/activate", 'export PIP_CONSTRAINT="$PWD/constraints.txt"']
+
+
+def ci_command() -> str:
+    lines = ci_lines()
+    assert lines[:-1] == CI_PREAMBLE, lines
+    return lines[-1]
 
 
 def test_readme_first_block_has_exactly_two_commands():
@@ -31,6 +41,14 @@ def test_readme_first_block_has_exactly_two_commands():
 
 def test_ci_runs_the_readme_second_command():
     assert readme_commands()[1] == ci_command()
+
+
+def test_ci_builds_its_own_virtualenv_first():
+    lines = ci_lines()
+    assert not any("system-site-packages" in line for line in lines)
+    assert lines.index("rm -rf .ci/.venv") < lines.index("python3 -m venv .ci/.venv") \
+        < lines.index(". .ci/.venv/bin/activate") < lines.index(ci_command())
+    assert ".venv/" in (ROOT / ".gitignore").read_text().split()  # the virtualenv is never committed
 
 
 def test_readme_starts_with_the_commands():
