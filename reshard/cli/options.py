@@ -60,9 +60,9 @@ class Env:
         return self._dynamo
 
     def client_factory(self) -> Callable[[], Dynamo]:
-        """How a ``--processes`` child builds its own client (picklable: the same global options)."""
-        return functools.partial(Dynamo, endpoint_url=self.endpoint_url, region=self.region, profile=self.profile,
-                                 first_contact_attempts=FIRST_CONTACT_ATTEMPTS)
+        """How a ``--processes`` child builds its own client (picklable: the same global options). The
+        whole retry policy from the first request: the parent's client has reached the endpoint."""
+        return functools.partial(Dynamo, endpoint_url=self.endpoint_url, region=self.region, profile=self.profile)
 
     def store(self) -> ControlStore:
         if self._store is None:
