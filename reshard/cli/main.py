@@ -13,7 +13,7 @@ import traceback
 import click
 
 from reshard import errors
-from reshard.cli import backfill, demo, doctor, iam, phase, plan, verify
+from reshard.cli import backfill, demo, doctor, iam, local, phase, plan, verify
 from reshard.cli.options import global_options
 
 
@@ -56,6 +56,7 @@ cli.add_command(verify.cleanup)
 cli.add_command(doctor.doctor)
 cli.add_command(iam.iam_policy)
 cli.add_command(demo.demo)
+cli.add_command(local.local)
 
 
 def main(argv: list[str] | None = None) -> int:
