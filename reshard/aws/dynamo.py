@@ -30,7 +30,9 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from tenacity.stop import stop_base
 
 from reshard import errors
+from reshard.aws import signing
 from reshard.aws.lean import lean_sender
+from reshard.core.deadlines import parse_http_date, sign_epoch
 
 #: Error codes that mean "slow down": retried, and reported to throttle listeners.
 THROTTLE_CODES = frozenset({
@@ -247,6 +249,11 @@ class Dynamo:
         cfg = getattr(getattr(client, "meta", None), "config", None)
         self._lean = lean_sender(client, connect_timeout=getattr(cfg, "connect_timeout", None) or connect_timeout,
                                  read_timeout=getattr(cfg, "read_timeout", None) or read_timeout)
+        # Requests with a horizon are signed with a chosen date (docs/late-writes.md): the lean
+        # path does it itself, a botocore client through a choose-signer handler.
+        if hasattr(getattr(client, "meta", None), "events"):
+            signing.install(client)
+        self._answers = threading.local()
 
     # -- time bounds
     @property
@@ -317,13 +324,31 @@ class Dynamo:
         other._throttle_listeners = self._throttle_listeners
         return other
 
+    # -- the server's clock
+    def answer_date(self) -> float | None:
+        """The server's clock (epoch seconds, from the HTTP ``Date`` header) of the last answer
+        this thread received through :meth:`call` -- an error's too; None if it carried none."""
+        return getattr(self._answers, "date", None)
+
+    def _note_answer(self, resp: dict | None) -> None:
+        headers = (resp or {}).get("ResponseMetadata", {}).get("HTTPHeaders") or {}
+        date = parse_http_date(headers.get("date") or headers.get("Date"))
+        if date is not None:
+            self._answers.date = date
+
     # -- the choke point
-    def call(self, operation: str, *, guard: Callable[[], None] | None = None, **kwargs) -> dict:
+    def call(self, operation: str, *, guard: Callable[[], None] | None = None,
+             horizon: Callable[[], float | None] | None = None, **kwargs) -> dict:
         """Call a DynamoDB operation (botocore's snake_case name) under the retry policy.
 
         ``guard`` runs before every attempt, after any backoff sleep, and may raise to
         stop the call before that attempt is sent (a job's lease deadline: a worker whose
         lease may have expired sends no further write, not even a retry).
+
+        ``horizon`` (after the guard, before every attempt) returns the last server time
+        (epoch seconds) at which this attempt may land, or None for none: the attempt is
+        signed ``horizon - W`` earlier, so DynamoDB refuses it after that time whatever
+        delays it (docs/late-writes.md). It may raise to stop the call, as ``guard``.
         """
         lean = self._lean
         if lean is not None and lean.handles(operation, kwargs):
@@ -331,12 +356,20 @@ class Dynamo:
                 return lean.send(operation, kw)
         else:
             method = getattr(self.client, operation)
-        if guard is not None:
+        if guard is not None or horizon is not None:
             send = method
 
             def method(**kw):
-                guard()
-                return send(**kw)
+                if guard is not None:
+                    guard()
+                when = horizon() if horizon is not None else None
+                if when is None:
+                    return send(**kw)
+                token = signing.SIGN_DATE.set(sign_epoch(when))
+                try:
+                    return send(**kw)
+                finally:
+                    signing.SIGN_DATE.reset(token)
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception()
@@ -360,6 +393,7 @@ class Dynamo:
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
             if isinstance(e, botocore.exceptions.ClientError):
                 _answered.add(self.endpoint_url)
+                self._note_answer(e.response)
             if not _is_retryable(e) or p.max_attempts <= 1:
                 raise self._failure(operation, e) from e
             first = e
@@ -395,8 +429,11 @@ class Dynamo:
             except errors.ReshardError:
                 raise
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+                if isinstance(e, botocore.exceptions.ClientError):
+                    self._note_answer(e.response)
                 raise self._failure(operation, e) from e
         _answered.add(self.endpoint_url)
+        self._note_answer(resp)
         with self._lock:
             self.stats.add(self.stats.calls, operation)
         cc = resp.get("ConsumedCapacity")

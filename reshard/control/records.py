@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reshard import errors
+from reshard.core.deadlines import clamp_horizon
 from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS
 from reshard.core.settle import assumed_write_seconds
 from reshard.core.migration import Migration, parse
@@ -207,6 +208,42 @@ class MigrationState:
     def switching(self) -> bool:
         """The fleet is switching authority into ``phase`` (shims hold requests until it is over)."""
         return bool(self.raw.get("switching", {}).get("BOOL", False))
+
+    # -- the request horizon (docs/late-writes.md); written by `start` and by each transition
+    @property
+    def request_horizon(self) -> float:
+        """``H``: how long after the control read it obeys DynamoDB still accepts a data request
+        of this migration (clamped to documented bounds; the default for rows without it)."""
+        raw = self.raw.get("request_horizon", {}).get("N")
+        try:
+            return clamp_horizon(float(raw)) if raw is not None else clamp_horizon(None)
+        except ValueError:
+            return clamp_horizon(None)
+
+    @property
+    def server_deadline(self) -> bool:
+        """Whether the server was found to enforce the signature window (``start``'s probe);
+        False for rows without it and for ``--no-server-deadline`` (test servers): nothing then
+        waits on the horizon."""
+        return self.raw.get("server_deadline", {}).get("S") == "enforced"
+
+    @property
+    def phase_since(self) -> float | None:
+        """The server's clock (epoch seconds) when the current phase (or switch) began, as the
+        transition's answer dated it; None if not recorded (the reader then counts from its own
+        first sight of this phase version)."""
+        raw = self.raw.get("phase_since", {}).get("N")
+        try:
+            return float(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+    @property
+    def newer_may_be(self) -> str | None:
+        """Catch-up after an authority switch: ``"old"`` or ``"new"``, the layout that may hold a
+        newer copy than the authoritative one (a lost mirror); None when a verify cleared it."""
+        v = self.raw.get("newer_may_be", {}).get("S")
+        return v if v in ("old", "new") else None
 
     @property
     def active(self) -> bool:

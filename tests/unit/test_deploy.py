@@ -305,7 +305,7 @@ def declared() -> list[str]:
     lines = cfg["options"]["install_requires"].splitlines()
     for extra in cfg["options.extras_require"].values():
         lines += extra.splitlines()
-    return [line.strip() for line in lines if line.strip()]
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
 def test_constraints_pin_every_declared_dependency_within_its_range():
