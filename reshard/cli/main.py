@@ -14,7 +14,7 @@ import click
 
 from reshard import errors
 from reshard.core.decode import safe_text
-from reshard.cli import backfill, control, demo, doctor, iam, phase, plan, verify
+from reshard.cli import backfill, control, demo, doctor, iam, local, phase, plan, verify
 from reshard.cli.options import global_options
 
 
@@ -64,6 +64,7 @@ cli.add_command(demo.demo)
 cli.add_command(control.throttle)
 cli.add_command(control.pause)
 cli.add_command(control.resume)
+cli.add_command(local.local)
 
 
 def main(argv: list[str] | None = None) -> int:

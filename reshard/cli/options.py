@@ -19,7 +19,7 @@ import click
 
 from reshard import errors
 from reshard.cli import formats
-from reshard.aws.dynamo import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, Dynamo
+from reshard.aws.dynamo import CONNECT_TIMEOUT_SECONDS, FIRST_CONTACT_ATTEMPTS, READ_TIMEOUT_SECONDS, Dynamo
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
 from reshard.core.decode import MAX_LEASE_SECONDS, safe_text
 from reshard.core.phases import Phase
@@ -56,11 +56,13 @@ class Env:
 
     def dynamo(self, **kwargs) -> Dynamo:
         if self._dynamo is None:
+            kwargs.setdefault("first_contact_attempts", FIRST_CONTACT_ATTEMPTS)  # a dead --endpoint-url: exit 2 at once
             self._dynamo = Dynamo(endpoint_url=self.endpoint_url, region=self.region, profile=self.profile, **kwargs)
         return self._dynamo
 
     def client_factory(self) -> Callable[[], Dynamo]:
-        """How a ``--processes`` child builds its own client (picklable: the same global options)."""
+        """How a ``--processes`` child builds its own client (picklable: the same global options). The
+        whole retry policy from the first request: the parent's client has reached the endpoint."""
         return functools.partial(Dynamo, endpoint_url=self.endpoint_url, region=self.region, profile=self.profile)
 
     def store(self) -> ControlStore:

@@ -233,10 +233,10 @@ def test_a_bad_query_is_refused_before_anything_happens(env, capsys):
 
 
 @pytest.mark.parametrize("args,setenv,says", [
-    (["--profile", "nosuch"], {}, "AWS configuration: The config profile (nosuch) could not be found"),
-    (["--endpoint-url", "notaurl", "--region", "us-east-1"], {}, "--endpoint-url 'notaurl': Invalid endpoint"),
+    (["--profile", "nosuch"], {}, "AWS profile 'nosuch' (--profile) is not in"),
+    (["--endpoint-url", "notaurl", "--region", "us-east-1"], {}, "--endpoint-url 'notaurl' has no scheme"),
     (["--endpoint-url", "http://dynamodb.invalid:9"], {"AWS_DEFAULT_REGION": None, "AWS_REGION": None},
-     "no AWS region set: use --region or AWS_REGION"),
+     "no AWS region set: use --region, AWS_REGION or AWS_DEFAULT_REGION"),
     # Signing fails before anything is sent: no request leaves the machine.
     (["--endpoint-url", "http://dynamodb.invalid:9", "--region", "us-east-1"],
      {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None, "AWS_PROFILE": None},
