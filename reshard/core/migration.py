@@ -16,6 +16,7 @@ keep their keys, ``Migration.source``/``target`` are None and ``changes_table`` 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import re
@@ -63,6 +64,8 @@ _INDEX_LAYOUT_KEYS = _LAYOUT_KEYS - {"sort"}
 #: DynamoDB's rule for table and index names.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
 _CLEANUP_KEYS = {"ttl_attribute", "retain_hours"}
+RANDOM_IN_TO = ('"random" is refused in [to] (the new layout must be deterministic: the shim and the backfill '
+                "must write the same logical item to the same key)")
 _DERIVED_KEYS = {"from", "format"}
 
 
@@ -290,9 +293,8 @@ class _Validator:
                          indexes)
 
     def deterministic_and_different(self, source: LayoutSpec, target: LayoutSpec, where: str) -> None:
-        if target.random:
-            self.fail(f"{where}to.shard_by", '"random" is refused in [to]: the new layout must be deterministic, '
-                      "so the shim and the backfill write the same logical item to the same key")
+        if target.random:  # pragma: no cover - layout() refuses it first
+            self.fail(f"{where}to.shard_by", RANDOM_IN_TO)
         if (source.partition_text, source.sort_text, source.shards, source.shard_by, source.hash,
                 source.shard_function, dict(source.fields)) == (
                 target.partition_text, target.sort_text, target.shards, target.shard_by, target.hash,
@@ -375,9 +377,12 @@ class _Validator:
                 if p.field and p.field.startswith(RESERVED_PREFIX):
                     self.fail(k, f"field {{{p.field}}} uses the reserved prefix {RESERVED_PREFIX!r}")
         shard_uses = [p for p in (*partition, *(sort or ())) if p.field == SHARD]
-        if len(shard_uses) != 1:
-            self.fail(f"{where}.partition", "must contain {shard} exactly once (in the partition or the sort template)"
-                      if not shard_uses else "{shard} may appear only once across the templates")
+        if not shard_uses:
+            self.fail(f"{where}.partition", "must contain {shard} exactly once (in the partition or the sort template)")
+        if len(shard_uses) > 1:
+            # Blame the template holding the second {shard} (the sort's, when both have one).
+            twice = f"{where}.sort" if any(p.field == SHARD for p in sort or ()) else f"{where}.partition"
+            self.fail(twice, "{shard} may appear only once across the templates")
 
         shards = doc["shards"]
         if isinstance(shards, bool) or not isinstance(shards, int):
@@ -394,6 +399,10 @@ class _Validator:
         fn = doc.get("shard_function")
         if sb is None:
             self.fail(f"{where}.shard_by", 'missing: a list of fields to hash, or "random"')
+        if sb == "random" and side == "to":
+            # The first thing to say about a random [to]: whatever else it sets (a hash, more
+            # than 99 shards) is moot, since [to] can never be random.
+            self.fail(f"{where}.shard_by", RANDOM_IN_TO)
         if sb == "random":
             shard_by = None
             if shards > MAX_RANDOM_SHARDS:
@@ -507,8 +516,40 @@ class _Validator:
                         continue
                     self.fail(f"to.fields.{n}.from", f"field {src!r} is in no [from] template or shard_by, "
                                                      "so no item can supply it")
-                self.fail(key, f"field {{{n}}} is in no [from] template, shard_by or derived field, "
-                               "so no item can supply it")
+                self.fail(*self.unsupplied(source, target, key, n))
+
+    @staticmethod
+    def unsupplied(source: LayoutSpec, target: LayoutSpec, key: str, name: str) -> tuple[str, str]:
+        """The key to blame, and the problem, for a [to] field ``name`` (at ``key``) no item supplies.
+
+        The usual cause is one field spelt two ways: ``{sensr_id}`` in ``[from]`` and
+        ``{sensor_id}`` in ``[to]``. The [to] name is the one nothing supplies, but the typo
+        may be on either side. A [from] template field that [to] never uses and that is spelt
+        almost like ``name`` is named too; the key blamed is the one whose spelling the file
+        uses less often, and on a tie (one use each) the [from] key, with both spellings in the
+        message: nothing in the file says which one is right.
+        """
+        plain = (f"field {{{name}}} is in no [from] template, shard_by or derived field, so no item can "
+                 "supply it")
+        used_by_to = {*target.template_fields(), *(target.shard_by or ()), *target.fields,
+                      *(d.source for d in target.fields.values())}
+        unused = [f for f in source.template_fields() if f != SHARD and f not in used_by_to]
+        close = difflib.get_close_matches(name, unused, n=1, cutoff=0.75)
+        if not close:
+            return key, plain
+        other = close[0]
+        from_key = "from.partition" if any(p.field == other for p in source.partition) else "from.sort"
+
+        def uses(f: str) -> int:
+            return sum(p.field == f for spec in (source, target) for p in (*spec.partition, *(spec.sort or ()))) \
+                + sum(list(spec.shard_by or ()).count(f) for spec in (source, target)) \
+                + sum(d.source == f for spec in (source, target) for d in spec.fields.values())
+
+        if uses(name) < uses(other):
+            return key, f"{plain}; did you mean {{{other}}}, as {from_key} has it?"
+        return from_key, (f"{{{other}}} here and {{{name}}} in {key} look like one field spelt two ways "
+                          f"({{{name}}} is in no [from] template, shard_by or derived field, so no item can "
+                          "supply it): correct the misspelt one")
 
 
 def resolve_function(spec: str, path: str = "<migration>", key: str = "shard_function"):
