@@ -66,6 +66,8 @@ class Started:
     allow_unmappable: int = 0
     item_count: dict | None = None  # the stored count (:func:`reshard.control.runs.item_total`)
     next: str = ""  # the ``next:`` hint (:func:`next_hint`)
+    #: The file is byte for byte the registered one (False: the same meaning, written otherwise).
+    same_bytes: bool = True
 
 
 def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, *, allow_unmappable: int = 0,
@@ -83,8 +85,8 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
     """
     desc = inspect.check_keys(dynamo, m)
     existing = store.load_state(m.id, missing_ok=True) if store.exists() else None
-    if existing is not None and existing.file_hash != m.content_hash:
-        store.register(m)  # refuses a changed file under a registered id, with a summary of the changes
+    if existing is not None and existing.changes_from(m):
+        store.register(m)  # refuses a change of meaning under a registered id, naming the changes
     analysis = None
     if existing is None:
         analysis = analyse(dynamo, m, sample=sample, segments=segments, desc=desc)
@@ -110,7 +112,8 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
     state = store.load_state(m.id)
     # A file registered before may be anywhere in its life: its hint reads the gates.
     return Started(state, store.table, created, created_table, analysis, allow_unmappable, total,
-                   next=hints.next_step(state.id, state.phase) if created else next_hint(store, state))
+                   next=hints.next_step(state.id, state.phase) if created else next_hint(store, state),
+                   same_bytes=state.file_hash == m.content_hash)
 
 
 def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis | IndexPlan,

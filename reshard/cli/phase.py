@@ -41,9 +41,11 @@ def start(env: Env, file: str, allow_unmappable: int, sample: int, segments: int
     key attribute types that cannot hold the templates (a number partition key cannot
     carry a "#shard" suffix), templates that match no sampled item, unmappable or
     too-large items beyond --allow-unmappable N, and old items that would collide on
-    one new key. Creates the control table if missing. Idempotent for the same file
-    (no checks again; a new --allow-unmappable is recorded). A changed file under the
-    same id is refused with a summary of the changes (give it a new id). Refused when
+    one new key. Creates the control table if missing. Idempotent for a file of the
+    same meaning: comments, whitespace, key order, quoting and description may differ
+    (no checks again; a new --allow-unmappable is recorded). A change of meaning under
+    the same id is refused naming each change, e.g. to.shards: 32 -> 64 (give it a new
+    id). Refused when
     the table does not exist, its keys differ from the file's [keys], or the table
     already has an active migration.
 

@@ -28,7 +28,7 @@ def start_data(r: Started) -> dict:
     state = r.state
     return {"migration": state.id, "table": state.table, "control_table": r.control_table, "created": r.created,
             "control_table_created": r.control_table_created, "phase": state.phase.value,
-            "phase_version": state.phase_version, "next": r.next,
+            "phase_version": state.phase_version, "next": r.next, "same_bytes": r.same_bytes,
             "allow_unmappable": r.allow_unmappable, "item_count": r.item_count,
             "checked": None if r.checked is None else {
                 "sampled": r.checked.scanned, "mappable": r.checked.mappable,
@@ -45,11 +45,15 @@ def start_text(r: Started) -> str:
                      f" (allowed: {r.allow_unmappable}), {a.collisions} collisions")
         if r.item_count:
             text += f"\nitems: {r.item_count['items']} ({r.item_count['source']})"
-    else:
+    elif r.same_bytes:
         text = (f"migration {state.id!r} is already registered with this file: phase {state.phase} "
                 f"(phase version {state.phase_version}); nothing changed")
-        if state.phase in TERMINAL:
-            text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
+    else:
+        text = (f"migration {state.id!r} is already registered with a file of the same meaning (this one differs "
+                "only in comments, whitespace, key order, quoting or description; the registered text stays): "
+                f"phase {state.phase} (phase version {state.phase_version}); nothing changed")
+    if not r.created and state.phase in TERMINAL:
+        text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
     return f"{text}\nnext: {r.next}"
 
 

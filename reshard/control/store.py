@@ -12,7 +12,6 @@ Row layout: :mod:`reshard.control.records`.
 
 from __future__ import annotations
 
-import difflib
 import getpass
 import os
 import pathlib
@@ -181,24 +180,29 @@ class ControlStore:
         return jobs_pk(migration_id, job)
 
     def register(self, m: Migration, who: str | None = None) -> tuple[MigrationState, bool]:
-        """Register a migration as ``planned``. Idempotent for the same file text.
+        """Register a migration as ``planned``. Idempotent for a file of the same meaning.
 
-        Returns (state, created). Refuses a changed file under the same id (with a diff
-        summary) and a second active migration on the same table.
+        Returns (state, created). A file that differs from the registered one only in what is
+        not meaning (comments, whitespace, key order, quoting, description) is the same
+        migration: the registered text stays. Refuses a change of meaning under the same id
+        (naming each change, ``to.shards: 32 -> 64``) and a second active migration on the
+        same table. The row keeps the hash of the bytes (``file_hash``, what earlier releases
+        compare) beside the hash of the meaning (``meaning_hash``).
         """
         self.ensure_table()
         who = who or operator_name()
         now = self.clock()
         existing = self.load_state(m.id, missing_ok=True)
         if existing is not None:
-            if existing.file_hash == m.content_hash:
+            changes = existing.changes_from(m)
+            if not changes:
                 return existing, False
-            raise errors.BadInput(f"migration {m.id!r} is already registered with different content; "
-                                  f"{diff_summary(existing.file_text, m.text)}. Give the changed file a new id.")
+            raise errors.BadInput(changed_meaning(m.id, changes))
         self._claim_table(m, now)
         item = {
             "pk": S(self.mpk(m.id)), "sk": S(META), "id": S(m.id), "table": S(m.table),
-            "file_text": S(m.text), "file_hash": S(m.content_hash), "file_path": S(m.path),
+            "file_text": S(m.text), "file_hash": S(m.content_hash), "meaning_hash": S(m.meaning_hash),
+            "file_path": S(m.path),
             "phase": S(Phase.PLANNED.value), "phase_version": N(1),
             "created_at": N(now), "created_by": S(who), "updated_at": N(now), "updated_by": S(who),
             "last_from": S(""), "last_to": S(Phase.PLANNED.value), "last_action": S("start"),
@@ -366,13 +370,12 @@ class ControlStore:
         return [s.id for s in self.list_states() if s.active]
 
 
-def diff_summary(old: str, new: str, limit: int = 6) -> str:
-    """One line saying how two migration files differ (changed lines, first few)."""
-    changes = [l for l in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
-               if l[:1] in "+-" and not l.startswith(("+++", "---"))]
-    shown = " | ".join(c.strip() for c in changes[:limit])
-    more = f" (+{len(changes) - limit} more)" if len(changes) > limit else ""
-    return f"{len(changes)} changed line(s): {shown}{more}"
+def changed_meaning(migration_id: str, changes: list[str], limit: int = 6) -> str:
+    """One line refusing a file whose meaning differs from the registered one, naming the changes."""
+    shown = "; ".join(changes[:limit]) + (f" (+{len(changes) - limit} more)" if len(changes) > limit else "")
+    return (f"migration {migration_id!r} is already registered with a different meaning: {shown}. A registered "
+            "migration cannot change; give the changed file a new id (comments, whitespace, key order, quoting "
+            "and description may differ)")
 
 
 def resolve(store: ControlStore, ref: str | None) -> str:

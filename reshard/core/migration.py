@@ -17,8 +17,10 @@ keep their keys, ``Migration.source``/``target`` are None and ``changes_table`` 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
+import json
 import re
 import string
 import tomllib
@@ -194,8 +196,113 @@ class Migration:
 
     @property
     def content_hash(self) -> str:
-        """sha256 of the file's text: `start` refuses a changed file under the same id."""
+        """sha256 of the file's bytes as text (kept beside :attr:`meaning_hash` on the control
+        row: a shim or `start` of an earlier release compares this one)."""
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def meaning(self) -> dict:
+        """What the file means, as plain data (:func:`meaning_of`)."""
+        return meaning_of(self)
+
+    @property
+    def meaning_hash(self) -> str:
+        """The hash of :meth:`meaning`: what identifies a migration file (PRODUCT.md), so a
+        comment, whitespace, key order or quoting edit changes nothing and a change of meaning
+        under the same id is refused by `start` and by shims. Prefixed with the form's version
+        (:data:`MEANING_FORM`)."""
+        return meaning_hash(meaning_of(self))
+
+
+# ----------------------------------------------------------------------------- meaning
+#
+# A migration is identified by its meaning, not its bytes. The meaning is the parsed,
+# validated file with every default filled in (an explicit ``hash = "sha256"`` equals an
+# omitted one, ``shard_by = "x"`` equals ``["x"]``, ``retain_hours = 168`` an omitted
+# ``[cleanup]``): the id, the table, its key names, both layouts of the table and of every
+# ``[index.NAME]`` (templates as written, shard counts, shard_by in order -- the order is
+# the hash input --, hash or shard_function, derived fields) and ``[cleanup]``. Not meaning:
+# ``description``, comments, whitespace, key order, quoting, inline vs dotted tables, the
+# order of ``[index.NAME]`` tables and of derived fields (both are looked up by name).
+
+#: The version of the canonical form :func:`meaning_of` builds; bump it when the form changes
+#: (a new key, another default), so a hash stored by another release is not compared with ours
+#: (:func:`registered_changes` parses the registered text again instead).
+MEANING_FORM = 1
+
+
+def _layout_meaning(spec: LayoutSpec) -> dict:
+    return {"partition": spec.partition_text, "sort": spec.sort_text, "shards": spec.shards,
+            "shard_by": "random" if spec.random else list(spec.shard_by), "hash": spec.hash,
+            "shard_function": spec.shard_function,
+            "fields": {n: {"from": d.source, "format": d.format} for n, d in spec.fields.items()}}
+
+
+def meaning_of(m: Migration) -> dict:
+    """The canonical form of ``m``'s meaning (plain JSON data; see the comment above)."""
+    return {"form": MEANING_FORM, "id": m.id, "table": m.table,
+            "keys": {"partition": m.keys.partition, "sort": m.keys.sort},
+            "from": _layout_meaning(m.source) if m.source else None,
+            "to": _layout_meaning(m.target) if m.target else None,
+            "index": {i.name: {"partition": i.partition, "sort": i.sort, "type": i.partition_type,
+                               "from": _layout_meaning(i.source), "to": _layout_meaning(i.target)}
+                      for i in m.indexes},
+            "cleanup": {"ttl_attribute": m.cleanup.ttl_attribute, "retain_hours": float(m.cleanup.retain_hours)}}
+
+
+def meaning_hash(meaning: dict) -> str:
+    """``m<form>:<sha256 of the canonical JSON>`` (sorted keys, no spaces)."""
+    canonical = json.dumps(meaning, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return f"m{meaning.get('form', MEANING_FORM)}:{hashlib.sha256(canonical.encode()).hexdigest()}"
+
+
+def meaning_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """What differs between two meanings, one ``key: old -> new`` each (``to.shards: 32 -> 64``)."""
+    out: list[str] = []
+    for k in sorted(set(old) | set(new), key=str):
+        if k == "form":
+            continue
+        a, b = old.get(k), new.get(k)
+        path = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += meaning_changes(a, b, f"{path}.")
+        elif a != b:
+            out.append(f"{path}: {_shown(a)} -> {_shown(b)}")
+    return out
+
+
+def _shown(v: Any) -> str:
+    if v is None:
+        return "(none)"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True, ensure_ascii=False)
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+@functools.lru_cache(maxsize=32)
+def _registered_meaning(text: str) -> dict:
+    """The meaning of a registered file's text (a shim asks at every refresh: parsed once)."""
+    return meaning_of(parse(text, "<registered>"))
+
+
+def registered_changes(m: Migration, text: str, file_hash: str = "", stored_meaning: str = "") -> list[str]:
+    """How ``m`` differs in meaning from the file registered as ``text`` ([] when it means the same).
+
+    ``file_hash`` / ``stored_meaning``: the hashes the control row holds (a row registered
+    by an earlier release has no meaning hash). The same bytes, or the same meaning hash of
+    this form, answer at once; otherwise the registered text is parsed and both meanings are
+    compared here, which also names what changed.
+    """
+    if file_hash and file_hash == m.content_hash:
+        return []
+    if stored_meaning and stored_meaning == m.meaning_hash:
+        return []
+    try:
+        registered = _registered_meaning(text)
+    except MigrationFileError as e:
+        return [f"the registered file is not valid for this release of reshard ({e.problem})"]
+    return meaning_changes(registered, meaning_of(m))
 
 
 def load(path: str | Path) -> Migration:

@@ -71,8 +71,7 @@ def test_a_changed_file_under_the_same_id_is_refused_with_a_diff(store):
     with pytest.raises(errors.BadInput) as e:
         store.register(migration(**{"shards = 32": "shards = 48"}))
     msg = str(e.value)
-    assert "already registered with different content" in msg
-    assert "2 changed line(s): -shards = 32 | +shards = 48" in msg
+    assert "already registered with a different meaning: to.shards: 32 -> 48." in msg
     assert store.load_state(MID).migration().target.shards == 32  # unchanged
 
 

@@ -120,8 +120,8 @@ def test_start_is_idempotent_and_refuses_a_changed_file(aws, capsys, tmp_path):
     changed.write_text(pathlib.Path(SENSOR_FILE).read_text().replace("retain_hours = 168", "retain_hours = 24"))
     code, out, err = run(capsys, "start", str(changed))
     line = one_error_line(err)
-    assert code == 2 and "already registered with different content" in line
-    assert "-retain_hours = 168 | +retain_hours = 24" in line and "new id" in line
+    assert code == 2 and "already registered with a different meaning" in line
+    assert "cleanup.retain_hours: 168 -> 24" in line and "new id" in line
 
 
 def test_start_checks_the_data_table(moto_dynamo, capsys, tmp_path):
