@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +27,11 @@ from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 
 _GLOBALS = ("endpoint_url", "region", "profile", "control_table", "output", "query", "verbose")
 
+#: When the running command started (wall clock; :func:`reshard.cli.main.main` sets ``at`` first
+#: thing, per thread: tests run commands in threads): a phase move recorded after it is one its
+#: operator cannot have seen.
+STARTED_AT = threading.local()
+
 
 @dataclass
 class Env:
@@ -38,6 +44,7 @@ class Env:
     output: str = "text"
     query: str | None = None
     verbose: bool = False
+    started_at: float | None = field(default_factory=lambda: getattr(STARTED_AT, "at", None))
     _dynamo: Dynamo | None = field(default=None, repr=False)
     _store: ControlStore | None = field(default=None, repr=False)
 
@@ -223,6 +230,12 @@ allow_no_shims_option = click.option(
     "--allow-no-shims", is_flag=True, default=False,
     help="Transition even though no live shim reports for the table (only when nothing writes it: an empty "
          "census also looks like shims reporting to another control table).")
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, default=False,
+    help="Say what the command would do now and why -- each precondition with its state -- and write nothing "
+         "(one look at the fleet and the job leases, no waiting). Exit 0 if it would go, 1 if it is refused only "
+         "for now (shims not caught up, a job lease still held: `reshard wait` may clear it), 2 if the rules "
+         "refuse it.")
 wait_option = click.option(
     "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
     help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "

@@ -260,8 +260,60 @@ def transition_text(t: Transitioned) -> str:
         if len(lag) > 20:
             lines.append(f"  ... and {len(lag) - 20} more")
         lines.append(f"the next transition is refused until they acknowledge {after.phase}; "
-                     "watch `reshard status`, or use `--wait SECONDS`")
+                     f"`reshard wait {after.id}` waits for them (and moves nothing)")
     lines.append(f"next: {t.next}")
+    return "\n".join(lines)
+
+
+def preview_data(p) -> dict:
+    """``--dry-run``: the move it would make, each precondition with its state (nothing written)."""
+    s = p.state
+    return {"migration": s.id, "action": p.action.value, "dry_run": True, "phase": s.phase.value,
+            "phase_version": s.phase_version, "switching": s.switching,
+            "to": p.target.value if p.target else None, "would_move": p.allowed, "through_switch": p.switch,
+            "exit_status": p.exit_code,
+            "preconditions": [{"what": c.what, "ok": c.ok, "state": c.state, "clears_by_waiting": c.clears_by_waiting}
+                              for c in p.checks],
+            "fleet": fleet_summary(p.census)}
+
+
+def preview_text(p) -> str:
+    s = p.state
+    head = f"{p.action.value} --dry-run: {s.id} is in {s.phase} (phase version {s.phase_version})"
+    if p.allowed:
+        how = (" through the switch (shims hold their requests until every live shim acknowledged it)"
+               if p.switch else "")
+        lines = [f"{head}; it would move {s.phase} -> {p.target} (phase version {s.phase_version + 1}){how}"]
+    elif p.target is None:
+        lines = [f"{head}; refused: there is no {p.action.value} from here"]
+    else:
+        why = "refused for now (a wait may clear it: `reshard wait`)" if p.exit_code == 1 else "refused"
+        lines = [f"{head}; {p.action.value} to {p.target}: {why}"]
+    for c in p.checks:
+        lines.append(f"  [{'ok' if c.ok else 'NO'}] {c.what}: {c.state}")
+    lines.append("nothing written (--dry-run)")
+    return "\n".join(lines)
+
+
+def wait_data(w) -> dict:
+    return {"migration": w.state.id, "phase": w.state.phase.value, "phase_version": w.state.phase_version,
+            "done": w.done, "waited_seconds": round(w.seconds, 1), "fleet": fleet_summary(w.census),
+            "job_leases": list(w.writers), "next": w.next}
+
+
+def wait_text(w) -> str:
+    s = w.state
+    if w.done:
+        shims = (f"all {len(w.census.live)} live shim(s) acknowledged" if w.census.live else "no live shim reports; "
+                 "nothing to acknowledge")
+        lines = [f"wait: {s.id} in {s.phase} (phase version {s.phase_version}): {shims}; no job lease held "
+                 f"(after {w.seconds:.1f}s; nothing moved)"]
+    else:
+        lines = [f"wait: {s.id} in {s.phase} (phase version {s.phase_version}): still waiting after "
+                 f"{w.seconds:.1f}s (nothing moved)"]
+        lines += [f"  shim {d}: has not acknowledged" for d in w.census.describe_lagging()[:20]]
+        lines += [f"  {d}" for d in w.writers[:20]]
+    lines.append(f"next: {w.next}")
     return "\n".join(lines)
 
 

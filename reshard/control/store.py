@@ -338,11 +338,16 @@ class ControlStore:
                                                  Phase.ABORTED.value, "retire", who, now))
 
     def lost_race(self, migration_id: str, version: int) -> errors.ConcurrentChange:
-        now = self.load_state(migration_id)
-        who = now.last.who if now.last else "?"
-        return errors.ConcurrentChange(
-            f"another operator ({who}) moved migration {migration_id!r} first: it is now in {now.phase} "
-            f"(phase version {now.phase_version}, you acted on {version}); check `reshard status` before acting again")
+        """The error of a compare-and-set on ``version`` that lost: names the move that won
+        (the history row right after ``version``; META's copy of the last move if that row is
+        not written yet)."""
+        won = next((t for t in self.history(migration_id) if t.phase_version == version + 1), None)
+        if won is None:
+            won = self.load_state(migration_id).last
+        if won is None:  # pragma: no cover - a registered migration always has a last move
+            return errors.ConcurrentChange(f"migration {migration_id!r} moved since phase version {version}; "
+                                           "nothing done; check `reshard status`")
+        return errors.ConcurrentChange(moved_meanwhile(won, migration_id))
 
     def release_table(self, table: str, migration_id: str) -> None:
         """Free the ``T#<table>`` lock if this migration still holds it."""
@@ -368,6 +373,18 @@ class ControlStore:
     def active_migration_ids(self) -> list[str]:
         """Ids of migrations that still own their table (not complete, not aborted-and-cleaned)."""
         return [s.id for s in self.list_states() if s.active]
+
+
+def moved_meanwhile(t: Transition, migration_id: str, after_start: bool = False) -> str:
+    """The line of an operator whose move another one made first: who moved the migration, from
+    what to what, when, and that nothing was done (``after_start``: that move came after this
+    command started, so its operator cannot have meant to move on from there)."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.at))
+    what = (f"finished the switch to {t.to_phase}" if t.action == "switch"
+            else f"moved it from {t.from_phase} to {t.to_phase}")
+    return (f"{t.who} already {what} at {when}" + (" (after this command started)" if after_start else "")
+            + f"; nothing done: {migration_id!r} is in {t.to_phase} (phase version {t.phase_version}); check "
+            "`reshard status`, then run the command again if you still mean it from there")
 
 
 def changed_meaning(migration_id: str, changes: list[str], limit: int = 6) -> str:

@@ -63,13 +63,15 @@ WRITING_JOBS = (BACKFILL_JOB, VERIFY_JOB)
 def transition(store: ControlStore, migration_id: str, action: Action, who: str | None = None,
                expected_version: int | None = None, gates: Gates = gate_facts,
                switch_wait: float | None = None, sleep: Callable[[float], None] = time.sleep,
-               allow_no_shims: bool = False, lease_wait: float = 0.0) -> tuple[MigrationState, MigrationState]:
+               allow_no_shims: bool = False, lease_wait: float = 0.0,
+               on_lease_wait: Callable[[list[str]], None] | None = None) -> tuple[MigrationState, MigrationState]:
     """Apply ``action`` if the rules allow it. Returns (before, after).
 
     ``expected_version``: act only on the version the operator saw (``--from``), so a
     retried script cannot move the migration twice. ``allow_no_shims``: move even when
     no live shim reports for the table (refused otherwise: fail closed). ``lease_wait``: how
-    long cutover may watch held job leases go quiet (:func:`reshard.control.runs.await_no_writers`).
+    long cutover may watch held job leases go quiet (:func:`reshard.control.runs.await_no_writers`;
+    ``on_lease_wait`` hears which, while it waits).
 
     A move that changes authority (backfill <-> cutover; for a sharded GSI, the value
     written: :func:`needs_switch`) is a *switch* of two
@@ -104,7 +106,8 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
     if action is Action.ADVANCE and state.phase is Phase.BACKFILL:
         # Cutover makes the new layout authoritative: no backfill or repair worker may
         # still be able to write (a stalled one stops at its own deadline; we wait it out).
-        found = replace(found, writers=await_no_writers(store, migration_id, WRITING_JOBS, lease_wait))
+        found = replace(found, writers=await_no_writers(store, migration_id, WRITING_JOBS, lease_wait,
+                                                        on_wait=on_lease_wait))
     decision = decide(action, state.phase, found)
     index_refusal = index_transition_refusal(action, state.phase, decision.target) \
         if state.migration().indexes else None
@@ -151,7 +154,16 @@ def finish_switch(store: ControlStore, held: MigrationState, who: str, switch_wa
             f"the switch of {held.id!r} to {held.phase} was abandoned: {len(census.lagging)} live shim(s) did not "
             f"reach it within {wait:g}s ({lagging}); the migration is back in {held.last.from_phase if held.last else '?'}"
             " and nothing acted on the new authority. Retry when they are healthy (see `reshard status`)")
-    return store.set_phase(held, held.phase, "switch", who, switching=False)
+    try:
+        return store.set_phase(held, held.phase, "switch", who, switching=False)
+    except errors.ConcurrentChange:
+        # Another operator's advance finished this very switch first: the move this operator
+        # began is done, not lost (reporting "nothing done" would be false).
+        now = store.load_state(held.id)
+        if now.phase_version == held.phase_version + 1 and now.phase is held.phase and not now.switching \
+                and now.last is not None and now.last.action == "switch":
+            return now
+        raise
 
 
 def abandon_switch(store: ControlStore, held: MigrationState, who: str, why: str) -> MigrationState:

@@ -76,6 +76,8 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
     "start": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan")),  # plan's checks, --count
               Need(CONTROL, READ_CONTROL + ("CreateTable",) + WRITE_ROWS)),
     "advance / rollback / abort": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
+    # Moves nothing: reads the census and the job leases, removes heartbeats it watched go silent.
+    "wait": (Need(CONTROL, READ_CONTROL), Need(CONTROL, ("DeleteItem",), ("S#{id}", "M#{id}"))),
     "cleanup (retire of an aborted migration)": (Need(CONTROL, READ_CONTROL + WRITE_ROWS),),
     "cleanup --enable-ttl": (Need(DATA, ("DescribeTimeToLive", "UpdateTimeToLive")),),
     "doctor --repair": (Need(DATA, ("DescribeTable", "Scan", "DeleteItem")), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),

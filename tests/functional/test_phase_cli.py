@@ -184,7 +184,8 @@ def test_advance_waits_for_the_fleet(aws, capsys, store):
     assert "fleet: NOT caught up: 1 of 1 live shim(s) still act on an earlier phase after waiting:" in out
     assert "i-1 (h1 pid 11, on planned v1)" in out
     assert one_error_line(err).endswith("1 live shim(s) have not acknowledged it: i-1 (h1 pid 11, on planned v1) "
-                                        "(runbooks/incident-shim-lagging.md)")
+                                        "(`reshard wait` waits for them without moving; "
+                                        "runbooks/incident-shim-lagging.md)")
 
     code, out, err = run(capsys, "advance", "--output", "json")
     assert code == 2 and "have not acknowledged dual_write" in one_error_line(err) and out == ""
@@ -262,9 +263,10 @@ def test_the_loser_of_a_race_is_told_in_one_line(aws, capsys, monkeypatch, store
     monkeypatch.setattr(dynamo_module, "make_client", make_client)
     code, out, err = run(capsys, "advance")
     assert code == 2 and fired
-    assert one_error_line(err) == (
-        f"reshard: error: another operator (rival@h9) moved migration '{MID}' first: it is now in dual_write "
-        "(phase version 2, you acted on 1); check `reshard status` before acting again")
+    assert re.fullmatch(
+        rf"reshard: error: rival@h9 already moved it from planned to dual_write at \S+Z; nothing done: '{MID}' is in "
+        r"dual_write \(phase version 2\); check `reshard status`, then run the command again if you still mean it "
+        r"from there", one_error_line(err)), err
     hist = store.history(MID)
     assert [(t.phase_version, t.to_phase, t.who) for t in hist][1:] == [(2, "dual_write", "rival@h9")]
 

@@ -182,13 +182,13 @@ def test_advance_wait_exits_1_naming_the_lagging_shims(env, capsys):
     assert code == 1 and "moved planned -> dual_write (phase version 2)" in out
     assert one_error_line(err.splitlines()[-1]).endswith(
         "1 live shim(s) have not acknowledged it: i-9 (app9 pid 99, on planned v1) "
-        "(runbooks/incident-shim-lagging.md)")
+        "(`reshard wait` waits for them without moving; runbooks/incident-shim-lagging.md)")
     # Without --wait nobody waited: the move is reported, exit 0, and the hint says to wait.
     fleet.heartbeat(store, mid, "i-9", "dual_write", 2, host="app9", pid=99, liveness_seconds=600)
     code, out, err = rs(capsys, env, "advance")
     assert code == 0 and "fleet: NOT caught up" in out
-    assert next_line(out) == f"wait for 1 lagging shim(s) to acknowledge dual_read: `reshard advance {mid} --wait 60` " \
-                             "(runbooks/incident-shim-lagging.md)"
+    assert next_line(out) == f"wait for 1 lagging shim(s) to acknowledge dual_read: `reshard wait {mid}` " \
+                             "(moves nothing; runbooks/incident-shim-lagging.md)"
 
 
 def test_status_shows_rate_eta_and_why_a_running_job_throttles(env, capsys, monkeypatch):

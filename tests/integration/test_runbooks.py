@@ -180,8 +180,8 @@ def test_every_runbook_command_runs_and_its_quoted_output_exists(world, capsys):
     # 09 and the lagging-shim incident: a second migration on its own control table.
     a = Walk(capsys, world["endpoint"], world["control"] + "-2", world["path2"])
     a.run(f"reshard start {FILE}")
-    a.runbook("incident-shim-lagging.md")  # its advance --wait 120: planned -> dual_write
-    for _ in range(2):
+    a.runbook("incident-shim-lagging.md")  # wait and advance --dry-run: nothing moves
+    for _ in range(3):
         a.run("reshard advance")  # GLUE: to backfill
     a.run("reshard backfill --segments 2")  # GLUE: to cutover, where 09's transcript starts
     a.run("reshard verify --segments 2")
