@@ -35,7 +35,7 @@ from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration
-from reshard.core.progress import Progress, progress_counter
+from reshard.core.progress import Progress, progress_done
 from reshard.core.index import index_transition_refusal
 from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase, Precondition, decide, preconditions
 from reshard.jobs.backfill import BACKFILL
@@ -924,13 +924,13 @@ def done_items(store: ControlStore, migration_id: str, job: str, run: int) -> in
     if info is None:
         return 0
     totals = sum_counters(segment_records(store, migration_id, job, run, info.total_segments))
-    return int(totals.get(progress_counter(job), 0))
+    return progress_done(job, totals)
 
 
 def job_progress_of(run: dict, now: float, total: tuple[int | None, str] | None) -> dict:
     """A recorded run's progress (``status``): items done, rate since the run started, and for a
     run in progress the percent and ETA against ``total`` (:func:`progress_total`)."""
-    done = int(run["totals"].get(progress_counter(run["job"]), 0))
+    done = progress_done(run["job"], run["totals"])
     end = run["finished_at"] or now
     items, source = (None, "") if run["finished_at"] or total is None else total
     return Progress(done, items, max(0.0, end - run["started_at"]), total_source=source).as_dict()

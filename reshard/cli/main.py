@@ -85,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             hint = f" (see `{e.ctx.command_path} --help`)"
         click.echo(f"reshard: error: {e.format_message()}{hint}", err=True)
         return 2
-    except click.exceptions.Abort:
-        click.echo("reshard: aborted", err=True)
+    except click.exceptions.Abort as e:
+        # click turns a KeyboardInterrupt (Ctrl-C, or SIGTERM through a job's handler) into Abort.
+        click.echo("reshard: interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "reshard: aborted",
+                   err=True)
         return 130
     except KeyboardInterrupt:
         click.echo("reshard: interrupted", err=True)

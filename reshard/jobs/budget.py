@@ -95,6 +95,27 @@ class CapacityBudget:
         #: How long a request waits for a share before the page fails (BudgetUnavailable).
         self.hold_limit = 60.0
         self.hold_poll = 0.05
+        #: Told, while a request is held without a share, what it waits for (progress reports
+        #: rate-limit them); :class:`BudgetMembership` adds who holds the share (``hold_detail``).
+        self.wait_listeners: list[Callable[[str], None]] = []
+        self.hold_detail: Callable[[], str] | None = None
+        #: Set by :meth:`stop` (Ctrl-C, SIGTERM): no request waits for capacity any more.
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """The job is stopping: wake every request sleeping for capacity; it and every later
+        one raises :class:`~reshard.errors.JobStopped` instead of being sent (its page is
+        abandoned, not checkpointed: the next run redoes it)."""
+        self._stopped.set()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep for the budget, cut short by :meth:`stop` (an injected ``sleep`` is called as is)."""
+        if self.sleep is time.sleep:
+            self._stopped.wait(seconds)
+        else:
+            self.sleep(seconds)
+        if self._stopped.is_set():
+            raise errors.JobStopped("the job is stopping: the request was not sent")
 
     # -- a share of a run's budget (BudgetMembership calls these)
     def set_share(self, kind: str, share: float, total: float) -> None:
@@ -159,6 +180,8 @@ class CapacityBudget:
         reported the estimate stands as the charge.
         """
         lane = self.lanes[kind]
+        if self._stopped.is_set():
+            raise errors.JobStopped("the job is stopping: the request was not sent")
         with self._lock:
             lane.waiting += 1  # demand (CapacityBudget.idle): held, or sleeping for the bucket
             lane.demand_at = self.clock()
@@ -166,7 +189,7 @@ class CapacityBudget:
             wait = self._admit(lane, estimate)
             if wait > 0:
                 lane.paced_at = self.clock()
-                self.sleep(wait)
+                self._pause(wait)
         finally:
             with self._lock:
                 lane.waiting -= 1
@@ -205,7 +228,13 @@ class CapacityBudget:
             if now - held_since > self.hold_limit:
                 raise errors.BudgetUnavailable(f"waited {self.hold_limit:g}s for capacity: {why}")
             lane.paced_at = now
-            self.sleep(self.hold_poll)
+            if self.wait_listeners:
+                detail = self.hold_detail() if self.hold_detail else ""
+                text = f"waiting {now - held_since:.0f}s for {lane.kind} capacity: {why}" + (
+                    f"; {detail}" if detail else "")
+                for fn in self.wait_listeners:
+                    fn(text)
+            self._pause(self.hold_poll)
         return wait
 
     def _on_capacity(self, table: str, units: float) -> None:

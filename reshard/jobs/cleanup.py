@@ -105,12 +105,14 @@ class Cleaner:
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
                   "new_copies_removed": 0, "retired_copies_removed": 0, "untouched": 0, "unmoved": 0,
-                  "unmappable": 0, "changed_meanwhile": 0}
+                  "unmappable": 0, "changed_meanwhile": 0, "new_layout": 0}
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         writes = []
         for item in items:
+            # The new layout's items, counted apart: progress counts the old layout's (core/progress).
+            counts["new_layout"] += self.mapper.is_new_copy(item)
             action = self.action(item)
             if action in ("untouched", "unmoved", "unmappable"):
                 counts[action] += 1

@@ -158,6 +158,7 @@ class _Forward(Subscriber):
         self.conn = conn
         self.lock = threading.Lock()  # one pipe, many worker threads
         self.reason: Callable[[], str] = lambda: ""
+        self.waits: dict = {}
 
     def _send(self, *event) -> None:
         with self.lock:
@@ -174,6 +175,13 @@ class _Forward(Subscriber):
         self._send("segment_failed", segment, error, attempts, final)
     def on_lease_lost(self, segment, reason) -> None: self._send("lease_lost", segment, reason)
     def on_throttle(self, reason) -> None: self._send("throttle", reason)
+    def on_wait(self, segment, what) -> None:
+        # A held request reports every 50 ms: pass on a change, or the same wait once a second.
+        now = time.monotonic()
+        last = self.waits.get(segment)
+        if last is None or last[0] != what or now - last[1] >= 1.0:
+            self.waits[segment] = (what, now)
+            self._send("wait", segment, what)
 
 
 def _stop_once(signum, frame):
@@ -296,6 +304,7 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     def forward(signum, frame) -> None:
         if not stopping.is_set():
             stopping.set()
+            subs.on_stopping("stopping: every process finishes the page in flight and releases its leases")
             for c in children:
                 if c.process.exitcode is None:
                     try:
@@ -336,8 +345,11 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
             os.kill(c.process.pid, signal.SIGTERM)
         for c in alive:
             c.process.join(options.lease_seconds)
-    return _combine(spec, job, dynamo, store, state, migration_id, options, run, children, subs, state_box,
-                    stopping.is_set(), time.monotonic() - started_at, sleep)
+    result = _combine(spec, job, dynamo, store, state, migration_id, options, run, children, subs, state_box,
+                      stopping.is_set(), time.monotonic() - started_at, sleep)
+    if stopping.is_set():
+        raise KeyboardInterrupt  # stopped by Ctrl-C or SIGTERM: the command exits 130, as one process does
+    return result
 
 
 def _pump(children: list[_Child], subs: Fanout, box: dict, wakes) -> None:
@@ -391,6 +403,8 @@ def _relay(c: _Child, event: tuple, subs: Fanout, box: dict, reasons: dict) -> N
         subs.on_lease_lost(*event[1:])
     elif kind == "throttle":
         subs.on_throttle(event[1])
+    elif kind == "wait":
+        subs.on_wait(*event[1:])
     elif kind in ("result", "error"):
         c.outcome = event
 

@@ -41,7 +41,8 @@ from reshard.core.versions import Fence
 from reshard.core.wire import N
 from reshard.control.budget import BudgetMembership, read_shares
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
+from reshard.jobs.engine import (DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult,
+                                 SegmentEngine, same_host_dead)
 from reshard.jobs.subscribers import Subscriber
 
 DEFAULT_PAGE_SIZE = 500
@@ -378,6 +379,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     budget.attach(dynamo, migration.table)
     subscribers = list(subscribers)
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
+    budget.wait_listeners.append(lambda what: [s.on_wait(None, what) for s in subscribers])
     for s in subscribers:
         s.on_budget(budget.throttle_reason)
     mapper = KeyMapper(migration) if migration.changes_table else None
@@ -391,6 +393,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
                            throttle_reason=budget.throttle_reason,
                            guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
                            join=spec.join, idle_wait=idle_wait)
+    engine.stop_hooks.append(budget.stop)  # Ctrl-C: no worker sleeps out a low budget first
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None
@@ -427,7 +430,10 @@ def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, bu
     return BudgetMembership(store, migration_id, job, run, budget, totals, member=member,
                             request_seconds=engine.max_request_seconds,
                             refresh_seconds=opts.budget_refresh_seconds,
-                            liveness_seconds=opts.budget_liveness_seconds, host=engine.host)
+                            liveness_seconds=opts.budget_liveness_seconds, host=engine.host,
+                            # A member process of this host that no longer exists (kill -9): its
+                            # share is reclaimed at once, as its leases are taken over at once.
+                            is_dead=lambda m: same_host_dead(f"{m.host}:{m.pid}", engine.host))
 
 
 # --------------------------------------------------------------------------- data-table writes jobs share

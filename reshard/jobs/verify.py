@@ -80,7 +80,7 @@ from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import fence_for, unchanged, version_of
 from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import LeaseLost, PageContext
+from reshard.jobs.engine import LeaseLost, PageContext, settle_text, settle_wait
 from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite
 from reshard.jobs.records import complete as records_complete
@@ -412,19 +412,9 @@ class Verifier(RunRecords):
                 self._conclude(ctx, counts, c, j, details)
             watches = waiting
             if watches:
-                self._wait_until(ctx, min(due))
-
-    def _wait_until(self, ctx: PageContext, at: float) -> None:
-        """Sleep towards ``at`` on the engine's monotonic clock, never past the lease's
-        renewal point (renewed here when due; a lease taken over raises, the page is
-        redone). Returns after one sleep: the caller looks again (a look is cheap)."""
-        ctx.ensure_lease()
-        now = ctx.now()
-        step = at - now
-        if ctx.lease.renew_due > now:
-            step = min(step, ctx.lease.renew_due - now)
-        if step > 0:
-            self.sleep(step)
+                shown = ", ".join(f"{f}={v}" for f, v in zip(self.mapper.key_fields, watches[0][0].identity))
+                settle_wait(ctx, self.sleep, min(due), lambda now, n=len(watches), ends=max(
+                    w.since for _, w in watches) + window, e=shown: settle_text(n, e, window, ends - now))
 
     def _conclude(self, ctx: PageContext, counts: dict, c: Check, j: Judgement, details: list[str]) -> None:
         """Report a difference that stayed (repairing it first if asked)."""
@@ -578,12 +568,20 @@ class _NoLease(NamedTuple):
 
 class _Segment:
     """What a page of a read-only verify needs of a :class:`PageContext`: its segment and a
-    monotonic clock (the settle window). No lease: nothing is written, nothing to fence."""
+    monotonic clock (the settle window). No lease: nothing is written, nothing to fence.
+    ``stop``: set on Ctrl-C; a settle wait then gives up (:meth:`pause`)."""
 
     lease = _NoLease()
 
-    def __init__(self, segment: int, total: int, monotonic: Callable[[], float]):
+    def __init__(self, segment: int, total: int, monotonic: Callable[[], float],
+                 stop: threading.Event | None = None):
         self.segment, self.total_segments, self.now = segment, total, monotonic
+        self._stop = stop or threading.Event()
+
+    def pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+        if self._stop.is_set():
+            raise errors.JobStopped("the verify is stopping")
 
     def ensure_lease(self) -> None:  # no lease to renew
         pass
@@ -668,6 +666,7 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
     verifier.collected = []
     # Stop at the next page once the migration left verify's phases, as a recorded run does.
     guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)
+    stop = threading.Event()  # Ctrl-C: settle waits and budget sleeps give up, the pool ends
 
     def pages(index: int, total: int) -> tuple[dict, str]:
         counts: dict = {}
@@ -676,7 +675,9 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
             why = guard()
             if why:
                 return counts, why
-            page, key = verifier.page(_Segment(index, total, monotonic), key)
+            if stop.is_set():
+                return counts, "stopped"
+            page, key = verifier.page(_Segment(index, total, monotonic, stop), key)
             for k, v in page.items():
                 counts[k] = counts.get(k, 0) + v
             if not key:
@@ -695,8 +696,13 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
         verifier.records_dir = pathlib.Path(tmp)
         verifier.remove_records = False
         with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
-            for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
-                add(counts, why)
+            try:
+                for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
+                    add(counts, why)
+            except KeyboardInterrupt:
+                stop.set()  # the pool's threads give up at their next wait or page; then exit 130
+                budget.stop()
+                raise
         if join and not reasons:  # every segment's records are here: the join
             add(*pages(opts.segments, opts.segments + 1))
     shown = verifier.collected[:opts.examples] if opts.examples else []
