@@ -213,16 +213,23 @@ class Status:
     next: str = ""  # the ``next:`` hint, from the same facts as ``advance``
 
 
-def status_migration(store: ControlStore, ref: str | None) -> str:
+def status_migration(store: ControlStore, ref: str | None,
+                     on_several: Callable[[list[MigrationState]], None] | None = None) -> str:
     """The migration ``status`` shows: the one named, else the active one, else the most recently
-    started (so ``status`` still answers after ``complete`` or a retired abort)."""
+    started (so ``status`` still answers after ``complete`` or a retired abort).
+
+    Several active migrations and none named: ``on_several(active)`` is told them (the CLI lists
+    them), then a one-line refusal asks for one (exit 2)."""
     if ref:
         return resolve(store, ref)
     store.require_table()
     states = store.list_states()
     active = [s for s in states if s.active]
     if len(active) > 1:
-        return resolve(store, None)  # the one-line refusal naming them
+        if on_several is not None:
+            on_several(active)
+        raise errors.BadInput(f"{len(active)} active migrations in control table {store.table!r} (listed above): "
+                              f"name one, e.g. `reshard status {active[0].id}`")
     if active:
         return active[0].id
     if not states:
@@ -257,21 +264,26 @@ def status(store: ControlStore, migration_id: str,
 class Listed:
     control_table: str
     migrations: list[dict]  # id, table, phase, retired, started, finished, by
+    control_table_exists: bool = True
 
 
 def list_migrations(store: ControlStore) -> Listed:
     """Every migration of the control table, oldest first (one Scan of the META rows).
 
     ``finished`` is when it stopped owning its table: the move to ``complete``, or the
-    retire of an aborted migration; None while it is active.
+    retire of an aborted migration; None while it is active. No control table: no
+    migration (an empty list; `start` creates the table), not an error.
     """
-    store.require_table()
-    rows = []
-    for s in store.list_states():
-        rows.append({"id": s.id, "table": s.table, "phase": s.phase.value, "retired": s.retired,
-                     "active": s.active, "phase_version": s.phase_version, "started": s.created_at,
-                     "started_by": s.created_by, "finished": None if s.active else s.updated_at})
-    return Listed(store.table, rows)
+    if not store.exists():
+        return Listed(store.table, [], control_table_exists=False)
+    return Listed(store.table, [listed_row(s) for s in store.list_states()])
+
+
+def listed_row(s: MigrationState) -> dict:
+    """One migration as ``list`` shows it."""
+    return {"id": s.id, "table": s.table, "phase": s.phase.value, "retired": s.retired,
+            "active": s.active, "phase_version": s.phase_version, "started": s.created_at,
+            "started_by": s.created_by, "finished": None if s.active else s.updated_at}
 
 
 def job_runs(store: ControlStore, migration_id: str) -> list[dict]:

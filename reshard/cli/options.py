@@ -41,7 +41,7 @@ class Env:
     region: str | None = None
     profile: str | None = None
     control_table: str = DEFAULT_CONTROL_TABLE
-    output: str = "text"
+    output: str | None = None  # None: no --output given (the text for people)
     query: str | None = None
     verbose: bool = False
     started_at: float | None = field(default_factory=lambda: getattr(STARTED_AT, "at", None))
@@ -57,8 +57,8 @@ class Env:
 
     @property
     def machine(self) -> bool:
-        """stdout carries data for a program (json, table, or a --query result): banners go to stderr."""
-        return self.output != "text" or self.query is not None
+        """stdout carries data for a program (any --output, or a --query result): banners go to stderr."""
+        return self.output is not None or self.query is not None
 
     def dynamo(self, **kwargs) -> Dynamo:
         if self._dynamo is None:
@@ -108,7 +108,9 @@ def global_options(f: Callable) -> Callable:
                      envvar="RESHARD_CONTROL_TABLE", show_envvar=True,
                      help=f"Control table name (default {DEFAULT_CONTROL_TABLE})."),
         click.option("--output", type=click.Choice(formats.FORMATS), default=None, expose_value=False,
-                     callback=_store_global, help="Output format: text for people (default), json, or table."),
+                     callback=_store_global,
+                     help="json (times in ISO 8601), text (aws-cli's tab-separated text of the same document, for "
+                          "cut and shell loops) or table. Without it: the text for people."),
         click.option("--query", default=None, expose_value=False, callback=_store_global, metavar="JMESPATH",
                      help="A JMESPath expression applied to the command's data (its --output json document) "
                           "before it is printed, as in aws-cli; e.g. --query 'jobs[].progress'."),

@@ -71,7 +71,8 @@ def status(env: Env, migration: str | None) -> None:
     Per job: items done / total, %, rate and ETA (the total is DescribeTable's
     ItemCount, an estimate), and why the budget throttles it.
     Without MIGRATION: the active migration, else the most recently started one
-    (so it still answers after `complete`); `reshard list` shows them all.
+    (so it still answers after `complete`); with several active migrations it lists
+    them and asks for one (exit 2). `reshard list` shows them all.
 
     \b
     Example:
@@ -80,7 +81,13 @@ def status(env: Env, migration: str | None) -> None:
       reshard status --query 'jobs[].progress'
     """
     store = env.store()
-    mid = operations.status_migration(store, migration)
+
+    def several(active) -> None:
+        listed = operations.Listed(store.table, [operations.listed_row(s) for s in active])
+        report = render.list_data(listed)
+        env.emit(report, lambda: render.list_text(report))
+
+    mid = operations.status_migration(store, migration, on_several=several)
     result = operations.status(store, mid, progress_total=lambda state: operations.progress_total(env.dynamo(), state))
     report = render.status_data(result)
     env.emit(report, lambda: render.status_text(report))
@@ -92,7 +99,8 @@ def list_command(env: Env) -> None:
 
     \b
     Oldest first. `finished` is when it stopped owning its table (the move to
-    complete, or the cleanup that retired an aborted migration).
+    complete, or the cleanup that retired an aborted migration). No control table
+    yet: an empty list (exit 0).
 
     \b
     Example:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import time
 
+from reshard.cli.formats import instant
 from reshard.control.store import MigrationState
 from reshard.control.fleet import Census
 from reshard.core import planning
@@ -219,12 +220,17 @@ def status_text(r: dict) -> str:
 # ---------------------------------------------------------------------- list
 
 def list_data(r: Listed) -> dict:
-    return {"control_table": r.control_table, "migrations": r.migrations}
+    return {"control_table": r.control_table, "control_table_exists": r.control_table_exists,
+            "migrations": [dict(m, started=instant(m["started"]), finished=instant(m["finished"]))
+                           for m in r.migrations]}
 
 
 def list_text(r: dict) -> str:
     """One line per migration, oldest first: id, table, phase, started, finished."""
     if not r["migrations"]:
+        if not r.get("control_table_exists", True):
+            return (f"no migration: control table {r['control_table']} does not exist yet (`reshard start FILE` "
+                    "creates it; --control-table or $RESHARD_CONTROL_TABLE names another)")
         return f"no migration in control table {r['control_table']} (run `reshard start FILE`)"
     rows = [("ID", "TABLE", "PHASE", "STARTED", "FINISHED")]
     for m in r["migrations"]:

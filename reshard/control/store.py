@@ -409,5 +409,7 @@ def resolve(store: ControlStore, ref: str | None) -> str:
     if not active:
         raise errors.MigrationNotFound("no active migration in control table "
                                        f"{store.table!r}; name one (file or id)")
-    raise errors.BadInput(f"{len(active)} active migrations ({', '.join(active)}); name one (file or id)")
+    shown = ", ".join(f"{s.id} (table {s.table}, {s.phase})" for s in store.list_states() if s.active)
+    raise errors.BadInput(f"{len(active)} active migrations: {shown}; name one (file or id), e.g. "
+                          f"`reshard status {active[0]}`")
 

@@ -114,7 +114,10 @@ def test_output_formats_and_query():
     q = formats.compile_query("migrations[?phase=='complete'].id")
     assert formats.emit_text(data, "people", "text", q) == "a"
     assert json.loads(formats.emit_text(data, "people", "json", q)) == ["a"]
-    assert formats.emit_text(data, lambda: "people", "text") == "people"
+    assert formats.emit_text(data, lambda: "people", None) == "people"  # no --output: the text for people
+    # --output text: aws-cli's text of the document (issue 27: it printed the text for people)
+    assert formats.emit_text(data, lambda: "people", "text") == \
+        "ctl\nMIGRATIONS\ta\t1\tcomplete\nMIGRATIONS\tb\tNone\tbackfill"
     assert formats.emit_text(data, "people", "text", formats.compile_query("migrations[].[id, phase]")) == \
         "a\tcomplete\nb\tbackfill"
     table = formats.emit_text(data, "people", "table").splitlines()
