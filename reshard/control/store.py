@@ -339,11 +339,14 @@ class ControlStore:
 
     def lost_race(self, migration_id: str, version: int) -> errors.ConcurrentChange:
         """The error of a compare-and-set on ``version`` that lost: names the move that won
-        (the history row right after ``version``; META's copy of the last move if that row is
-        not written yet)."""
-        won = next((t for t in self.history(migration_id) if t.phase_version == version + 1), None)
-        if won is None:
-            won = self.load_state(migration_id).last
+        (META's copy of the last move, or the history row right after ``version`` when it
+        moved more than once since)."""
+        now = self.load_state(migration_id)
+        won = now.last
+        if won is None or won.phase_version != version + 1:
+            # It moved more than once since: the move right after ours is in the history.
+            row = self.get(self.mpk(migration_id), history_sk(version + 1))
+            won = Transition.from_item(row) if row is not None else won
         if won is None:  # pragma: no cover - a registered migration always has a last move
             return errors.ConcurrentChange(f"migration {migration_id!r} moved since phase version {version}; "
                                            "nothing done; check `reshard status`")

@@ -233,9 +233,9 @@ SETTLE_SLICE_SECONDS = 2.0
 
 def settle_text(items: int, example: str, window: float, left: float) -> str:
     """What a page waiting for the settle window says (the progress line shows it)."""
-    return (f"settle window: {items} item(s) seen differing (e.g. {example}) are reported only once unchanged "
-            f"for {window:g}s, the longest a shim write can still be landing (shims publish it; --settle-seconds "
-            f"overrides); {max(0.0, left):.0f}s left")
+    return (f"settle window: {max(0.0, left):.0f}s left of {window:g}s for {items} item(s) seen differing "
+            f"(e.g. {example}), reported only if unchanged that long (the longest a shim write may still land; "
+            "--settle-seconds overrides)")
 
 
 def settle_wait(ctx, sleep: Callable[[float], None], at: float,

@@ -75,34 +75,6 @@ def test_an_advance_started_before_another_operators_move_does_not_move_again(st
     assert [t.to_phase for t in store.history(MID)] == ["planned", "dual_write"]
 
 
-def test_two_advances_racing_between_read_and_compare_and_set(store, monkeypatch, capsys):
-    """Both read planned v1, then both compare-and-set: one moves, the other is told who did."""
-    barrier = threading.Barrier(2)
-    real = ControlStore.set_phase
-
-    def set_phase(self, *a, **kw):
-        barrier.wait(30)
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(ControlStore, "set_phase", set_phase)
-    results: dict = {}
-
-    def go(name):
-        results[name] = main(["advance", MID, "--allow-no-shims", *CT])
-
-    threads = [threading.Thread(target=go, args=(n,), name=n) for n in ("X", "Y")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    out, err = capsys.readouterr()
-    assert sorted(results.values()) == [0, 2], (out, err)
-    (line,) = [l for l in err.splitlines() if l.startswith("reshard: error:")]
-    g = LOSER.match(line)
-    assert g and (g["frm"], g["to"], g["v"]) == ("planned", "dual_write", "2") and not g["after"], line
-    assert store.load_state(MID).phase_version == 2
-
-
 def test_the_operator_who_began_a_switch_is_not_told_nothing_was_done(moto_dynamo, monkeypatch):
     """A began dual_write -> dual_read of an index-only file (a switch: two compare-and-sets);
     B's advance finished that switch first. A's move happened: A returns it, not an error."""

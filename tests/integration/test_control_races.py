@@ -248,3 +248,41 @@ def test_the_commands_from_the_command_line(setup, dynalite_server):
     assert [(s["instance"], s["phase_version"], s["live"], s["acknowledged"]) for s in report["shims"]] == [
         ("i-7", 3, True, False)]
     assert report["fleet"]["lagging"] == ["i-7 (app7 pid 70, on dual_read v3)"]
+
+
+def test_two_advance_commands_racing_between_read_and_compare_and_set(setup, dynalite_server, monkeypatch,
+                                                                     capsys):
+    """Issue 27 point 8, forced: two `advance` commands (the real main(), one thread each) both
+    read phase version 1, then meet at a barrier before their compare-and-set. Exactly one moves;
+    the other is told who moved it from what to what, exit 2 (on dynalite: moto's conditional
+    writes are not atomic across threads)."""
+    from reshard.cli.main import main
+
+    store, m, _ = setup
+    store.register(m, who="alice@h0")
+    barrier = threading.Barrier(2)
+    real = ControlStore.set_phase
+
+    def set_phase(self, *a, **kw):
+        barrier.wait(60)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(ControlStore, "set_phase", set_phase)
+    results: dict = {}
+
+    def go(name):
+        results[name] = main(["--endpoint-url", dynalite_server.endpoint, "advance", m.id, "--allow-no-shims",
+                              "--control-table", store.table])
+
+    threads = [threading.Thread(target=go, args=(n,), name=n) for n in ("X", "Y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    out, err = capsys.readouterr()
+    assert sorted(results.values()) == [0, 2], (out, err)
+    (line,) = [l for l in err.splitlines() if l.startswith("reshard: error:")]
+    g = LOSER.match(line)
+    assert g and (g["acted_phase"], g["phase"], g["v"]) == ("planned", "dual_write", "2") and not g["after"], line
+    hist = assert_history_consistent(store, m.id)
+    assert [t.to_phase for t in hist] == ["planned", "dual_write"]
