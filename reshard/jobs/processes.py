@@ -289,13 +289,14 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     ``dynamo``/``store``: the parent's, for the preconditions, the result and the finish hook.
     """
     spec = job_spec(job, index_only)
-    state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
+    subs = Fanout(subscribers)
+    state, run = choose_run(spec, dynamo, store, migration_id, options, sleep,
+                            on_wait=lambda what: subs.on_wait(None, what))
     count = max(1, options.processes)
     # Each child passes the run's whole budget: the budget row shares it between the members.
     child_opts = dataclasses.replace(options, processes=1,
                                      poll_seconds=options.poll_seconds or min(CHILD_POLL_SECONDS,
                                                                               options.lease_seconds / 4))
-    subs = Fanout(subscribers)
     mp = context(start_method)
     started_at = time.monotonic()
     children: list[_Child] = []

@@ -217,6 +217,15 @@ class ProgressReporter(Subscriber):
     def on_wait(self, segment: int | None, what: str) -> None:
         with self._lock:
             now = self.clock()
+            if not self.started:
+                # Before the run starts (the job waits for the fleet to acknowledge its phase):
+                # no progress yet, only what it waits for, when it begins and every few seconds.
+                if now - self.last_line >= WAIT_SAY_SECONDS or not self.lines:
+                    self.last_line = now
+                    text = f"{self.job} of {self.migration_id}: waiting: {what}"
+                    self.lines.append(text)
+                    self.say(text)
+                return
             began = segment not in self._waits or now - self._waits[segment][1] > WAIT_STALE_SECONDS
             self._waits[segment] = (what, now)
             if self.bar is not None:

@@ -194,3 +194,24 @@ def test_after_a_rollback_the_hint_says_why_before_the_advance(store, capsys):
                     f"or `reshard abort {MID}` returns to the old layout")
     code, out, _ = run(capsys, "status")
     assert "next:      you rolled back from dual_read" in out
+
+
+def test_a_job_waiting_for_a_lagging_shim_names_it(store, moto_dynamo):
+    """Issue 27 point 12: a job whose phase a shim has not acknowledged waited (up to the shim's
+    silence bound) before its header, in silence. It now names the shim while it waits."""
+    from reshard import errors
+    from reshard.jobs.backfill import BACKFILL
+    from reshard.jobs.runner import JobOptions, run_job
+    from reshard.jobs.subscribers import ProgressReporter
+
+    for _ in range(3):
+        transition(store, MID, Action.ADVANCE, allow_no_shims=True)
+    fleet.heartbeat(store, MID, "i-7", "dual_read", 3, host="app7", pid=70, liveness_seconds=600)
+    said: list[str] = []
+    rep = ProgressReporter("backfill", MID, 2, 1, total=lambda: (None, ""), say=said.append)
+    with pytest.raises(errors.RefusedTransition, match="1 live shim\\(s\\) have not acknowledged backfill"):
+        run_job(BACKFILL, moto_dynamo, store, MID, JobOptions(segments=2, workers=1, lease_wait=0.6),
+                subscribers=[rep])
+    assert said and said[0].startswith(
+        f"backfill of {MID}: waiting: 1 live shim(s) have not acknowledged backfill v4, and the job writes only "
+        "once they have: i-7 (app7 pid 70, on dual_read v3)"), said
