@@ -101,12 +101,26 @@ class CapacityBudget:
         self.hold_detail: Callable[[], str] | None = None
         #: Set by :meth:`stop` (Ctrl-C, SIGTERM): no request waits for capacity any more.
         self._stopped = threading.Event()
+        self._paced_said = -1e18
 
     def stop(self) -> None:
         """The job is stopping: wake every request sleeping for capacity; it and every later
         one raises :class:`~reshard.errors.JobStopped` instead of being sent (its page is
         abandoned, not checkpointed: the next run redoes it)."""
         self._stopped.set()
+
+    def _say_paced(self) -> None:
+        """Requests wait for the budget (a page may take minutes at a low one): say so to the
+        wait listeners, at most once a second (the progress line shows it between pages)."""
+        if not self.wait_listeners:
+            return
+        now = self.clock()
+        if now - self._paced_said < 1.0:
+            return
+        self._paced_said = now
+        text = f"capacity: {self.throttle_reason()}"
+        for fn in self.wait_listeners:
+            fn(text)
 
     def _pause(self, seconds: float) -> None:
         """Sleep for the budget, cut short by :meth:`stop` (an injected ``sleep`` is called as is)."""
@@ -190,6 +204,7 @@ class CapacityBudget:
             if wait > 0:
                 lane.paced_at = self.clock()
                 self._pause(wait)
+                self._say_paced()
         finally:
             with self._lock:
                 lane.waiting -= 1

@@ -179,7 +179,8 @@ class ProgressReporter(Subscriber):
                f"{self.segments_done}/{self.segments} segments done here")
         why = self._reason() if self._reason else self.throttle
         waits = self.waits()
-        return out + (f"; throttling: {why}" if why else "") + (
+        said = why and any(why in w for w in waits)  # the budget's own wait says it already
+        return out + (f"; throttling: {why}" if why and not said else "") + (
             f"; waiting: {' | '.join(waits[:4])}" if waits else "")
 
     def _maybe_say(self, force: bool = False) -> None:

@@ -225,3 +225,26 @@ def test_the_reporter_says_what_a_worker_waits_for_at_least_every_8_seconds():
     assert "waiting" not in said[-1]
     rep.on_stopping("stopping: finishing the page in flight, releasing leases")
     assert said[-1] == "stopping: finishing the page in flight, releasing leases"
+
+
+def test_a_request_paced_by_the_budget_says_so_at_most_once_a_second():
+    """A page at a low budget can take minutes: what it waits for is said between pages."""
+    clock, heard = FakeClock(), []
+    b = CapacityBudget(max_wcu=10, clock=clock, sleep=lambda s: None)
+    b.wait_listeners.append(heard.append)
+    for _ in range(3):  # 30 units at 10/s: each request waits for the bucket
+        with b.spend("write", 30):
+            pass
+    assert heard == ["capacity: at --max-wcu 10: requests wait for the budget"]  # the clock did not move
+    clock.t += 1.5
+    with b.spend("write", 30):
+        pass
+    assert len(heard) == 2
+    said = []
+    rep = ProgressReporter("backfill", "m1", 1, 1, total=lambda: (10, "x"), say=said.append, interval=60.0,
+                           clock=clock, wall=lambda: 0.0)
+    rep.on_budget(b.throttle_reason)
+    rep.on_run_start(RunInfo("m1", "backfill", 1, 1, 0.0, None))
+    rep.on_wait(None, heard[0])
+    assert said[-1].endswith("; waiting: capacity: at --max-wcu 10: requests wait for the budget"), said[-1]
+    assert "throttling:" not in said[-1]  # said once, not twice
