@@ -463,7 +463,7 @@ class Demo:
             return []
         from reshard.jobs.subscribers import TqdmSubscriber
         total = self.dynamo.describe_table(self.opts.table).get("ItemCount")
-        return [TqdmSubscriber(total, desc=f"    {desc}")]
+        return [TqdmSubscriber(total, desc=f"    {desc}", counter=desc)]
 
     # -- 5. the independent final check
     def final_check(self) -> dict:

@@ -111,6 +111,17 @@ class ConcurrentChange(RefusedTransition):
     """Another operator (or worker) changed the record first; our conditional write lost."""
 
 
+class JobStopped(ReshardError):
+    """A data job is stopping (Ctrl-C, SIGTERM): a request waiting for capacity or for the settle
+    window is abandoned with its page (not checkpointed, so the next run redoes it). Exit 130."""
+
+    exit_code = 130
+
+
+class StartWouldRefuse(ReshardError):
+    """``plan`` found what ``start`` refuses (exit 1: the report is printed, the check failed)."""
+
+
 class FleetLagging(ReshardError):
     """``--wait`` ran out before every live shim acknowledged the phase (exit 1: the operation
     did not finish; the message names the lagging shims)."""

@@ -8,6 +8,7 @@ refused transition; 130 interrupted. No traceback unless ``--verbose``.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 import click
@@ -15,7 +16,7 @@ import click
 from reshard import errors
 from reshard.core.decode import safe_text
 from reshard.cli import backfill, control, demo, doctor, iam, local, phase, plan, verify
-from reshard.cli.options import global_options
+from reshard.cli.options import STARTED_AT, global_options
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -39,6 +40,7 @@ def cli() -> None:
       reshard advance            # cutover; then cleanup
       reshard cleanup
       reshard advance            # complete
+      reshard wait               # the fleet caught up (moves nothing)
       reshard list               # every migration of the control table
 
     \b
@@ -54,6 +56,7 @@ cli.add_command(phase.list_command)
 cli.add_command(phase.advance)
 cli.add_command(phase.rollback)
 cli.add_command(phase.abort)
+cli.add_command(phase.wait_command)
 cli.add_command(plan.plan)
 cli.add_command(backfill.backfill_command)
 cli.add_command(verify.verify)
@@ -69,11 +72,14 @@ cli.add_command(local.local)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
+    STARTED_AT.at = time.time()  # before anything is read: see operations.transition(started_at=)
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv or "-v" in argv
     try:
-        cli.main(args=argv, prog_name="reshard", standalone_mode=False)
-        return 0
+        # Not standalone: click returns the code of a click.exceptions.Exit raised by a command
+        # (e.g. `advance --dry-run` that would be refused) instead of exiting.
+        code = cli.main(args=argv, prog_name="reshard", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except errors.ReshardError as e:
         if verbose:
             _traceback()
@@ -88,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             hint = f" (see `{e.ctx.command_path} --help`)"
         _error(f"reshard: error: {e.format_message()}{hint}")
         return 2
-    except click.exceptions.Abort:
-        click.echo("reshard: aborted", err=True)
+    except click.exceptions.Abort as e:
+        # click turns a KeyboardInterrupt (Ctrl-C, or SIGTERM through a job's handler) into Abort.
+        click.echo("reshard: interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "reshard: aborted",
+                   err=True)
         return 130
     except KeyboardInterrupt:
         click.echo("reshard: interrupted", err=True)

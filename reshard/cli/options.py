@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +28,11 @@ from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 
 _GLOBALS = ("endpoint_url", "region", "profile", "control_table", "output", "query", "verbose")
 
+#: When the running command started (wall clock; :func:`reshard.cli.main.main` sets ``at`` first
+#: thing, per thread: tests run commands in threads): a phase move recorded after it is one its
+#: operator cannot have seen.
+STARTED_AT = threading.local()
+
 
 @dataclass
 class Env:
@@ -36,9 +42,10 @@ class Env:
     region: str | None = None
     profile: str | None = None
     control_table: str = DEFAULT_CONTROL_TABLE
-    output: str = "text"
+    output: str | None = None  # None: no --output given (the text for people)
     query: str | None = None
     verbose: bool = False
+    started_at: float | None = field(default_factory=lambda: getattr(STARTED_AT, "at", None))
     _dynamo: Dynamo | None = field(default=None, repr=False)
     _store: ControlStore | None = field(default=None, repr=False)
 
@@ -51,8 +58,8 @@ class Env:
 
     @property
     def machine(self) -> bool:
-        """stdout carries data for a program (json, table, or a --query result): banners go to stderr."""
-        return self.output != "text" or self.query is not None
+        """stdout carries data for a program (any --output, or a --query result): banners go to stderr."""
+        return self.output is not None or self.query is not None
 
     def dynamo(self, **kwargs) -> Dynamo:
         if self._dynamo is None:
@@ -104,7 +111,9 @@ def global_options(f: Callable) -> Callable:
                      envvar="RESHARD_CONTROL_TABLE", show_envvar=True,
                      help=f"Control table name (default {DEFAULT_CONTROL_TABLE})."),
         click.option("--output", type=click.Choice(formats.FORMATS), default=None, expose_value=False,
-                     callback=_store_global, help="Output format: text for people (default), json, or table."),
+                     callback=_store_global,
+                     help="json (times in ISO 8601), text (aws-cli's tab-separated text of the same document, for "
+                          "cut and shell loops) or table. Without it: the text for people."),
         click.option("--query", default=None, expose_value=False, callback=_store_global, metavar="JMESPATH",
                      help="A JMESPath expression applied to the command's data (its --output json document) "
                           "before it is printed, as in aws-cli; e.g. --query 'jobs[].progress'."),
@@ -233,6 +242,12 @@ allow_no_shims_option = click.option(
     "--allow-no-shims", is_flag=True, default=False,
     help="Transition even though no live shim reports for the table (only when nothing writes it: an empty "
          "census also looks like shims reporting to another control table).")
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, default=False,
+    help="Say what the command would do now and why -- each precondition with its state -- and write nothing "
+         "(one look at the fleet and the job leases, no waiting). Exit 0 if it would go, 1 if it is refused only "
+         "for now (shims not caught up, a job lease still held: `reshard wait` may clear it), 2 if the rules "
+         "refuse it.")
 wait_option = click.option(
     "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
     help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import shlex
 
-from reshard.control.store import MigrationState
+from reshard.cli.formats import instant
 from reshard.control.fleet import Census
 from reshard.core import planning
 from reshard.core.decode import safe_text, utc_text
 from reshard.core.progress import describe as describe_progress, duration
-from reshard.core.phases import TERMINAL, Phase
+from reshard.core.phases import TERMINAL
 from reshard.operations import IndexPlanReport, Listed, Plan, Started, Status, Transitioned
 
 
@@ -28,7 +28,7 @@ def start_data(r: Started) -> dict:
     state = r.state
     return {"migration": state.id, "table": state.table, "control_table": r.control_table, "created": r.created,
             "control_table_created": r.control_table_created, "phase": state.phase.value,
-            "phase_version": state.phase_version, "next": r.next,
+            "phase_version": state.phase_version, "next": r.next, "same_bytes": r.same_bytes,
             "allow_unmappable": r.allow_unmappable, "item_count": r.item_count,
             "checked": None if r.checked is None else {
                 "sampled": r.checked.scanned, "mappable": r.checked.mappable,
@@ -45,11 +45,15 @@ def start_text(r: Started) -> str:
                      f" (allowed: {r.allow_unmappable}), {a.collisions} collisions")
         if r.item_count:
             text += f"\nitems: {r.item_count['items']} ({r.item_count['source']})"
-    else:
+    elif r.same_bytes:
         text = (f"migration {state.id!r} is already registered with this file: phase {state.phase} "
                 f"(phase version {state.phase_version}); nothing changed")
-        if state.phase in TERMINAL:
-            text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
+    else:
+        text = (f"migration {state.id!r} is already registered with a file of the same meaning (this one differs "
+                "only in comments, whitespace, key order, quoting or description; the registered text stays): "
+                f"phase {state.phase} (phase version {state.phase_version}); nothing changed")
+    if not r.created and state.phase in TERMINAL:
+        text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
     return f"{text}\nnext: {r.next}"
 
 
@@ -256,12 +260,17 @@ def status_text(r: dict) -> str:
 # ---------------------------------------------------------------------- list
 
 def list_data(r: Listed) -> dict:
-    return {"control_table": r.control_table, "migrations": r.migrations}
+    return {"control_table": r.control_table, "control_table_exists": r.control_table_exists,
+            "migrations": [dict(m, started=instant(m["started"]), finished=instant(m["finished"]))
+                           for m in r.migrations]}
 
 
 def list_text(r: dict) -> str:
     """One line per migration, oldest first: id, table, phase, started, finished."""
     if not r["migrations"]:
+        if not r.get("control_table_exists", True):
+            return (f"no migration: control table {r['control_table']} does not exist yet (`reshard start FILE` "
+                    "creates it; --control-table or $RESHARD_CONTROL_TABLE names another)")
         return f"no migration in control table {r['control_table']} (run `reshard start FILE`)"
     rows = [("ID", "TABLE", "PHASE", "STARTED", "FINISHED")]
     for m in r["migrations"]:
@@ -297,8 +306,60 @@ def transition_text(t: Transitioned) -> str:
         if len(lag) > 20:
             lines.append(f"  ... and {len(lag) - 20} more")
         lines.append(f"the next transition is refused until they acknowledge {after.phase}; "
-                     "watch `reshard status`, or use `--wait SECONDS`")
+                     f"`reshard wait {after.id}` waits for them (and moves nothing)")
     lines.append(f"next: {t.next}")
+    return "\n".join(lines)
+
+
+def preview_data(p) -> dict:
+    """``--dry-run``: the move it would make, each precondition with its state (nothing written)."""
+    s = p.state
+    return {"migration": s.id, "action": p.action.value, "dry_run": True, "phase": s.phase.value,
+            "phase_version": s.phase_version, "switching": s.switching,
+            "to": p.target.value if p.target else None, "would_move": p.allowed, "through_switch": p.switch,
+            "exit_status": p.exit_code,
+            "preconditions": [{"what": c.what, "ok": c.ok, "state": c.state, "clears_by_waiting": c.clears_by_waiting}
+                              for c in p.checks],
+            "fleet": fleet_summary(p.census)}
+
+
+def preview_text(p) -> str:
+    s = p.state
+    head = f"{p.action.value} --dry-run: {s.id} is in {s.phase} (phase version {s.phase_version})"
+    if p.allowed:
+        how = (" through the switch (shims hold their requests until every live shim acknowledged it)"
+               if p.switch else "")
+        lines = [f"{head}; it would move {s.phase} -> {p.target} (phase version {s.phase_version + 1}){how}"]
+    elif p.target is None:
+        lines = [f"{head}; refused: there is no {p.action.value} from here"]
+    else:
+        why = "refused for now (a wait may clear it: `reshard wait`)" if p.exit_code == 1 else "refused"
+        lines = [f"{head}; {p.action.value} to {p.target}: {why}"]
+    for c in p.checks:
+        lines.append(f"  [{'ok' if c.ok else 'NO'}] {c.what}: {c.state}")
+    lines.append("nothing written (--dry-run)")
+    return "\n".join(lines)
+
+
+def wait_data(w) -> dict:
+    return {"migration": w.state.id, "phase": w.state.phase.value, "phase_version": w.state.phase_version,
+            "done": w.done, "waited_seconds": round(w.seconds, 1), "fleet": fleet_summary(w.census),
+            "job_leases": list(w.writers), "next": w.next}
+
+
+def wait_text(w) -> str:
+    s = w.state
+    if w.done:
+        shims = (f"all {len(w.census.live)} live shim(s) acknowledged" if w.census.live else "no live shim reports; "
+                 "nothing to acknowledge")
+        lines = [f"wait: {s.id} in {s.phase} (phase version {s.phase_version}): {shims}; no job lease held "
+                 f"(after {w.seconds:.1f}s; nothing moved)"]
+    else:
+        lines = [f"wait: {s.id} in {s.phase} (phase version {s.phase_version}): still waiting after "
+                 f"{w.seconds:.1f}s (nothing moved)"]
+        lines += [f"  shim {d}: has not acknowledged" for d in w.census.describe_lagging()[:20]]
+        lines += [f"  {d}" for d in w.writers[:20]]
+    lines.append(f"next: {w.next}")
     return "\n".join(lines)
 
 

@@ -119,7 +119,7 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
     def text() -> str:
         verdict = "PASSED" if result.passed else ("FAILED" if result.finished else "INCOMPLETE")
         run = "(read-only, not recorded: does not count for the cutover gate)" if no_record else f"run {result.run}"
-        lines = [f"verify {mid} {run}: {verdict}; checked {result.checked} items in "
+        lines = [f"verify {mid} {run}: {verdict}; checked {result.checked} physical items (both layouts) in "
                  f"{data['elapsed_seconds']} s"]
         for kind, n in result.differences.items():
             if n:

@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 import time
+from typing import Callable
 
 from reshard import errors
 from reshard.control.live import read_control
@@ -100,6 +101,24 @@ def forget(store: ControlStore, migration_id: str, job: str, run: int, member: s
     store.delete(store.jpk(migration_id, job), member_sk(job, run, member))
 
 
+def reap(store: ControlStore, migration_id: str, job: str, run: int, gone: list[Member]) -> None:
+    """Remove the beat rows of members judged gone, each only while its beat is still the one
+    judged (a member that beat meanwhile keeps its row, and rejoins with what is free).
+
+    Without this, every process that joins the run later (a re-run after a kill -9) would
+    count the dead member live until it had watched its beat for the silence bound itself,
+    and meanwhile hold only half the budget; `doctor --repair` was the only way out.
+    """
+    for m in gone:
+        try:
+            store.delete(store.jpk(migration_id, job), member_sk(job, run, m.member), condition="#b = :b",
+                         names={"#b": "beat"}, values={":b": N(m.beat)})
+        except errors.ConditionalCheckFailed:
+            pass  # it beat again: alive after all
+        except errors.ReshardError:
+            break  # an outage: the next refresh tries again
+
+
 def write_shares(store: ControlStore, migration_id: str, job: str, run: int, row: Shares | None,
                  decided: Rebalance) -> int:
     """Write ``decided`` into the row read as ``row``: compare-and-set on its version.
@@ -168,7 +187,7 @@ class BudgetMembership:
     def __init__(self, store, migration_id: str, job: str, run: int, budget,
                  totals: dict | None, *, member: str, request_seconds: float,
                  refresh_seconds: float | None = None, liveness_seconds: float | None = None,
-                 host: str | None = None):
+                 host: str | None = None, is_dead: Callable[[Member], bool] | None = None):
         self.store = store
         self.migration_id, self.job, self.run = migration_id, job, run
         self.budget = budget
@@ -181,6 +200,12 @@ class BudgetMembership:
         if self.liveness_seconds <= 2 * self.refresh_seconds:
             raise errors.BadInput(f"the budget's liveness window ({self.liveness_seconds:g}s) must exceed two "
                                   f"refreshes ({self.refresh_seconds:g}s each)")
+        #: A member known dead at once (a process of this host that no longer exists): its share
+        #: is reclaimed at the next refresh instead of after its silence bound.
+        self.is_dead = is_dead or (lambda m: False)
+        #: Who holds a share this member is short of, while it waits (what the job says it waits for).
+        self.waiting_for = ""
+        budget.hold_detail = lambda: self.waiting_for
         self.live_members = 0
         #: The run's live control as last read (None: never changed by an operator).
         self.control: RunControl | None = None
@@ -275,8 +300,21 @@ class BudgetMembership:
                     return False  # the run has no budget (nothing to share)
                 members = read_members(self.store, self.migration_id, self.job, self.run)
                 now = self.budget.clock()
-                judged = [m for m in members if self._watch.observe(m.member, m.beat, now) <= silence_bound(m)]
+                quiet = {m.member: self._watch.observe(m.member, m.beat, now) for m in members}
+                judged = [m for m in members if m.member == self.member
+                          or (quiet[m.member] <= silence_bound(m) and not self.is_dead(m))]
                 live = [m.member for m in judged]
+                gone = [m for m in members if m.member not in live]
+                if gone:
+                    reap(self.store, self.migration_id, self.job, self.run, gone)
+                holders = [m for m in judged if m.member != self.member and row is not None
+                           and any(row.share(m.member, k) > 0 for k in LANES)
+                           and quiet[m.member] > 2 * self.refresh_seconds]
+                self.waiting_for = "; ".join(
+                    f"member {m.member} holds " + ", ".join(f"{row.share(m.member, k):g} {k}" for k in LANES
+                                                            if row.share(m.member, k) > 0)
+                    + f" units/s and has not beaten for {quiet[m.member]:.0f}s of {silence_bound(m):.0f}s "
+                      "(then its share is reclaimed)" for m in holders[:3])
                 resting = {k: {m.member for m in judged if k in m.idle and m.member != self.member}
                            | ({self.member} if k in idle else set()) for k in LANES}
                 decided = rebalance(row or Shares(totals or {}), self.member, live, totals, resting)

@@ -186,12 +186,14 @@ def unchanged_row(raw: dict) -> dict:
 
 
 def wait_for_ack(store: ControlStore, migration_id: str, version: int, seconds: float,
-                 sleep: Callable[[float], None] = time.sleep, poll: float = 1.0) -> Census:
+                 sleep: Callable[[float], None] = time.sleep, poll: float = 1.0,
+                 on_wait: Callable[[Census], None] | None = None) -> Census:
     """Poll the census until every live shim acknowledged ``version`` or time runs out.
 
     The deadline is measured with the store's clock, the same clock that decides
     liveness, so a test that injects a clock and a ``sleep`` advancing it sees
-    heartbeats expire while it waits (and never spins on the real clock).
+    heartbeats expire while it waits (and never spins on the real clock). ``on_wait``:
+    called with each census that is still waiting (to say who lags).
     """
     deadline = store.monotonic() + max(0.0, seconds)
     others = others_on_table(store, migration_id)  # once: each poll then reads only the heartbeat rows
@@ -202,4 +204,6 @@ def wait_for_ack(store: ControlStore, migration_id: str, version: int, seconds: 
         left = deadline - store.monotonic()
         if c.acknowledged or left <= 0:
             return c
+        if on_wait is not None:
+            on_wait(c)
         sleep(min(poll, left))

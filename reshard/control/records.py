@@ -46,7 +46,7 @@ from reshard.core import decode
 from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, MAX_WRITE_SECONDS, quoted, safe_text
 from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS
 from reshard.core.settle import assumed_write_seconds
-from reshard.core.migration import Migration, parse
+from reshard.core.migration import Migration, parse, registered_changes
 from reshard.core.phases import Phase, TERMINAL
 from reshard.core.wire import N, S, get_n, get_s
 
@@ -225,6 +225,16 @@ class MigrationState:
         """The migration file as registered (the control table is the source of truth); a
         ``shard_function`` is looked for where ``start`` read the file (its ``file_path``)."""
         return parse(self.file_text, f"control-table:{self.id}", origin=get_s(self.raw, "file_path", ""))
+
+    def changes_from(self, m: Migration) -> list[str]:
+        """How ``m`` differs in meaning from the registered file ([] when it means the same:
+        comments, whitespace, key order, quoting and description are not meaning).
+
+        Rows registered before the meaning hash existed hold only ``file_hash`` (of the
+        bytes): the same bytes still match at once, and any other file is compared by
+        parsing the registered text (:func:`reshard.core.migration.registered_changes`).
+        """
+        return registered_changes(m, self.file_text, self.file_hash, get_s(self.raw, "meaning_hash", ""))
 
     @property
     def retired(self) -> bool:

@@ -144,9 +144,28 @@ def held_leases(store: ControlStore, migration_id: str,
     return out
 
 
+def held_lease_waits(store: ControlStore, migration_id: str, jobs: Iterable[str], watch: LeaseWatch,
+                     now: float) -> list[tuple[str, SegmentRecord, float, float]]:
+    """The held leases of ``jobs`` whose worker may still write: (job, record, unchanged for, seconds
+    left until it cannot), each timed by ``watch`` on this host's clock."""
+    out = []
+    for job, run, rec in held_leases(store, migration_id, tuple(jobs)):
+        unchanged = watch.observe((job, run, rec.segment), rec.token, now)
+        remaining = quiet_remaining(rec, unchanged)
+        if remaining > 0:
+            out.append((job, rec, unchanged, remaining))
+    return out
+
+
+def describe_lease_wait(job: str, rec: SegmentRecord, unchanged: float, remaining: float) -> str:
+    """``backfill segment 3: lease held by host:pid:inv:0, quiet for 12 s of 95 s``."""
+    return (f"{job} segment {rec.segment}: lease held by {rec.owner}, quiet for {unchanged:.0f} s of "
+            f"{unchanged + remaining:.0f} s")
+
+
 def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str], wait: float | None,
                      *, monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                     poll: float = 0.5) -> str | None:
+                     poll: float = 0.5, on_wait: Callable[[list[str]], None] | None = None) -> str | None:
     """Wait until no worker of ``jobs`` can still write; None then, else a sentence saying how long to wait.
 
     A lease counts as gone once released, or once its (owner, counter) token has been
@@ -155,7 +174,8 @@ def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str]
     sending at its own local deadline, and what it sent before lands within that. The
     timer of a lease starts at the first look, so a single look never clears a held
     lease: ``wait`` seconds are spent watching (None: as long as the held leases need,
-    restarting when a token changes, up to twice that).
+    restarting when a token changes, up to twice that). ``on_wait``: called before each sleep
+    with what it waits for (:func:`describe_lease_wait` of each lease).
     """
     jobs = tuple(jobs)
     watch = LeaseWatch()
@@ -163,12 +183,8 @@ def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str]
     limit = wait
     while True:
         now = monotonic()
-        left = []
-        for job, run, rec in held_leases(store, migration_id, jobs):
-            unchanged = watch.observe((job, run, rec.segment), rec.token, now)
-            remaining = quiet_remaining(rec, unchanged)
-            if remaining > 0:
-                left.append((job, rec, remaining))
+        waits = held_lease_waits(store, migration_id, jobs, watch, now)
+        left = [(job, rec, remaining) for job, rec, _, remaining in waits]
         if not left:
             return None
         longest = max(r for _, _, r in left)
@@ -180,6 +196,8 @@ def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str]
                     f"its lease could still write until each lease has been unchanged for its lease + the longest "
                     f"request in flight, watched on this host's clock: wait {longest:.0f}s more "
                     f"(retry with --wait {int(longest) + 5}, or see `reshard status`)")
+        if on_wait is not None:
+            on_wait([describe_lease_wait(*w) for w in waits])
         sleep(min(poll, longest))
 
 

@@ -12,7 +12,6 @@ Row layout: :mod:`reshard.control.records`.
 
 from __future__ import annotations
 
-import difflib
 import getpass
 import os
 import pathlib
@@ -191,27 +190,32 @@ class ControlStore:
 
     def register(self, m: Migration, who: str | None = None, *, request_horizon: float = DEFAULT_HORIZON_SECONDS,
                  server_deadline: bool = False) -> tuple[MigrationState, bool]:
-        """Register a migration as ``planned``. Idempotent for the same file text.
+        """Register a migration as ``planned``. Idempotent for a file of the same meaning.
 
-        Returns (state, created). Refuses a changed file under the same id (with a diff
-        summary) and a second active migration on the same table. ``request_horizon`` and
+        Returns (state, created). A file that differs from the registered one only in what is
+        not meaning (comments, whitespace, key order, quoting, description) is the same
+        migration: the registered text stays. Refuses a change of meaning under the same id
+        (naming each change, ``to.shards: 32 -> 64``) and a second active migration on the
+        same table. The row keeps the hash of the bytes (``file_hash``, what earlier releases
+        compare) beside the hash of the meaning (``meaning_hash``). ``request_horizon`` and
         ``server_deadline`` (whether the server was found to enforce the signature window:
-        ``start``'s probe) go into META (docs/late-writes.md); a re-registration keeps
-        what the first one recorded.
+        ``start``'s probe) go into META (docs/late-writes.md); a re-registration keeps what
+        the first one recorded.
         """
         self.ensure_table()
         who = who or operator_name()
         now = self.clock()
         existing = self.load_state(m.id, missing_ok=True)
         if existing is not None:
-            if existing.file_hash == m.content_hash:
+            changes = existing.changes_from(m)
+            if not changes:
                 return existing, False
-            raise errors.BadInput(f"migration {m.id!r} is already registered with different content; "
-                                  f"{diff_summary(existing.file_text, m.text)}. Give the changed file a new id.")
+            raise errors.BadInput(changed_meaning(m.id, changes))
         self._claim_table(m, now)
         item = {
             "pk": S(self.mpk(m.id)), "sk": S(META), "id": S(m.id), "table": S(m.table),
-            "file_text": S(m.text), "file_hash": S(m.content_hash), "file_path": S(m.path),
+            "file_text": S(m.text), "file_hash": S(m.content_hash), "meaning_hash": S(m.meaning_hash),
+            "file_path": S(m.path),
             "phase": S(Phase.PLANNED.value), "phase_version": N(1),
             "created_at": N(now), "created_by": S(who), "updated_at": N(now), "updated_by": S(who),
             "last_from": S(""), "last_to": S(Phase.PLANNED.value), "last_action": S("start"),
@@ -388,11 +392,19 @@ class ControlStore:
                                                  Phase.ABORTED.value, "retire", who, now))
 
     def lost_race(self, migration_id: str, version: int) -> errors.ConcurrentChange:
+        """The error of a compare-and-set on ``version`` that lost: names the move that won
+        (META's copy of the last move, or the history row right after ``version`` when it
+        moved more than once since)."""
         now = self.load_state(migration_id)
-        who = now.last.who if now.last else "?"
-        return errors.ConcurrentChange(
-            f"another operator ({who}) moved migration {migration_id!r} first: it is now in {now.phase} "
-            f"(phase version {now.phase_version}, you acted on {version}); check `reshard status` before acting again")
+        won = now.last
+        if won is None or won.phase_version != version + 1:
+            # It moved more than once since: the move right after ours is in the history.
+            row = self.get(self.mpk(migration_id), history_sk(version + 1))
+            won = Transition.from_item(row) if row is not None else won
+        if won is None:  # pragma: no cover - a registered migration always has a last move
+            return errors.ConcurrentChange(f"migration {migration_id!r} moved since phase version {version}; "
+                                           "nothing done; check `reshard status`")
+        return errors.ConcurrentChange(moved_meanwhile(won, migration_id))
 
     def release_table(self, table: str, migration_id: str) -> None:
         """Free the ``T#<table>`` lock if this migration still holds it."""
@@ -420,13 +432,24 @@ class ControlStore:
         return [s.id for s in self.list_states() if s.active]
 
 
-def diff_summary(old: str, new: str, limit: int = 6) -> str:
-    """One line saying how two migration files differ (changed lines, first few)."""
-    changes = [l for l in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
-               if l[:1] in "+-" and not l.startswith(("+++", "---"))]
-    shown = " | ".join(c.strip() for c in changes[:limit])
-    more = f" (+{len(changes) - limit} more)" if len(changes) > limit else ""
-    return f"{len(changes)} changed line(s): {shown}{more}"
+def moved_meanwhile(t: Transition, migration_id: str, after_start: bool = False) -> str:
+    """The line of an operator whose move another one made first: who moved the migration, from
+    what to what, when, and that nothing was done (``after_start``: that move came after this
+    command started, so its operator cannot have meant to move on from there)."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.at))
+    what = (f"finished the switch to {t.to_phase}" if t.action == "switch"
+            else f"moved it from {t.from_phase} to {t.to_phase}")
+    return (f"{t.who} already {what} at {when}" + (" (after this command started)" if after_start else "")
+            + f"; nothing done: {migration_id!r} is in {t.to_phase} (phase version {t.phase_version}); check "
+            "`reshard status`, then run the command again if you still mean it from there")
+
+
+def changed_meaning(migration_id: str, changes: list[str], limit: int = 6) -> str:
+    """One line refusing a file whose meaning differs from the registered one, naming the changes."""
+    shown = "; ".join(changes[:limit]) + (f" (+{len(changes) - limit} more)" if len(changes) > limit else "")
+    return (f"migration {migration_id!r} is already registered with a different meaning: {shown}. A registered "
+            "migration cannot change; give the changed file a new id (comments, whitespace, key order, quoting "
+            "and description may differ)")
 
 
 def resolve(store: ControlStore, ref: str | None) -> str:
@@ -443,5 +466,7 @@ def resolve(store: ControlStore, ref: str | None) -> str:
     if not active:
         raise errors.MigrationNotFound("no active migration in control table "
                                        f"{store.table!r}; name one (file or id)")
-    raise errors.BadInput(f"{len(active)} active migrations ({', '.join(active)}); name one (file or id)")
+    shown = ", ".join(f"{s.id} (table {s.table}, {s.phase})" for s in store.list_states() if s.active)
+    raise errors.BadInput(f"{len(active)} active migrations: {shown}; name one (file or id), e.g. "
+                          f"`reshard status {active[0]}`")
 

@@ -71,14 +71,16 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
                expected_version: int | None = None, gates: Gates = gate_facts,
                switch_wait: float | None = None, sleep: Callable[[float], None] = time.sleep,
                allow_no_shims: bool = False, lease_wait: float = 0.0,
-               say: Callable[[str], None] | None = None) -> tuple[MigrationState, MigrationState]:
+               say: Callable[[str], None] | None = None,
+               on_lease_wait: Callable[[list[str]], None] | None = None) -> tuple[MigrationState, MigrationState]:
     """Apply ``action`` if the rules allow it. Returns (before, after).
 
     ``expected_version``: act only on the version the operator saw (``--from``), so a
     retried script cannot move the migration twice. ``allow_no_shims``: move even when
     no live shim reports for the table (refused otherwise: fail closed). ``lease_wait``: how
     long cutover may watch held job leases go quiet (:func:`reshard.control.runs.await_no_writers`;
-    only without a server deadline: with one, a stalled job's writes expire at its horizon).
+    only without a server deadline: with one, a stalled job's writes expire at its horizon;
+    ``on_lease_wait`` hears which, while it waits).
 
     With a server deadline (``server_deadline`` on META, docs/late-writes.md), no move leaves
     a phase before it has lasted ``H + DATE_MARGIN`` on the server's clock
@@ -126,7 +128,7 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
         # still be able to write (a stalled one stops at its own deadline; we wait it out).
         # With a server deadline its writes expire at their horizon instead (the switch
         # lasts H + 2 s on the server's clock), so nothing is watched.
-        writers = await_no_writers(store, migration_id, WRITING_JOBS, lease_wait)
+        writers = await_no_writers(store, migration_id, WRITING_JOBS, lease_wait, on_wait=on_lease_wait)
     decision = _judge(store, state, action, gates, allow_no_shims, writers)
     if state.server_deadline:
         # Refusals first (they need no wait), then the phase's minimum age, then judge again
@@ -200,7 +202,16 @@ def finish_switch(store: ControlStore, held: MigrationState, who: str, switch_wa
     if held.server_deadline:
         held = await_phase_age(store, held, held.request_horizon, say=say, sleep=sleep,
                                why="no request of the old authority can land under the new one")
-    return store.set_phase(held, held.phase, "switch", who, switching=False, newer_may_be=catch_up_flag(held))
+    try:
+        return store.set_phase(held, held.phase, "switch", who, switching=False, newer_may_be=catch_up_flag(held))
+    except errors.ConcurrentChange:
+        # Another operator's advance finished this very switch first: the move this operator
+        # began is done, not lost (reporting "nothing done" would be false).
+        now = store.load_state(held.id)
+        if now.phase_version == held.phase_version + 1 and now.phase is held.phase and not now.switching \
+                and now.last is not None and now.last.action == "switch":
+            return now
+        raise
 
 
 def catch_up_flag(held: MigrationState) -> str | None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, JOB_RULES, STRIP_JOB, VERIFY_JOB
+from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, STRIP_JOB, VERIFY_JOB
 
 DATA, CONTROL = "data", "control"
 #: The table marker's partition key value (a string key; ``core/marker.py``): the only data
@@ -128,6 +128,8 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
               Need(DATA, ("PutItem", "DeleteItem"), (MARKER_PARTITION,)),
               Need(CONTROL, READ_CONTROL + ("CreateTable",) + WRITE_ROWS)),
     "advance / rollback / abort": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
+    # Moves nothing: reads the census and the job leases, removes heartbeats it watched go silent.
+    "wait": (Need(CONTROL, READ_CONTROL), Need(CONTROL, ("DeleteItem",), ("S#{id}", "M#{id}"))),
     "cleanup (retire of an aborted migration)": (Need(DATA, ("DescribeTable", "GetItem")),
                                                  Need(DATA, ("PutItem", "DeleteItem"), (MARKER_PARTITION,)),
                                                  Need(CONTROL, READ_CONTROL + WRITE_ROWS)),

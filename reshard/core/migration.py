@@ -16,8 +16,11 @@ keep their keys, ``Migration.source``/``target`` are None and ``changes_table`` 
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import importlib
+import json
 import os
 import re
 import string
@@ -71,6 +74,8 @@ _INDEX_LAYOUT_KEYS = _LAYOUT_KEYS - {"sort"}
 #: DynamoDB's rule for table and index names.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
 _CLEANUP_KEYS = {"ttl_attribute", "retain_hours"}
+RANDOM_IN_TO = ('"random" is refused in [to] (the new layout must be deterministic: the shim and the backfill '
+                "must write the same logical item to the same key)")
 _DERIVED_KEYS = {"from", "format"}
 
 
@@ -202,8 +207,113 @@ class Migration:
 
     @property
     def content_hash(self) -> str:
-        """sha256 of the file's text: `start` refuses a changed file under the same id."""
+        """sha256 of the file's bytes as text (kept beside :attr:`meaning_hash` on the control
+        row: a shim or `start` of an earlier release compares this one)."""
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def meaning(self) -> dict:
+        """What the file means, as plain data (:func:`meaning_of`)."""
+        return meaning_of(self)
+
+    @property
+    def meaning_hash(self) -> str:
+        """The hash of :meth:`meaning`: what identifies a migration file (PRODUCT.md), so a
+        comment, whitespace, key order or quoting edit changes nothing and a change of meaning
+        under the same id is refused by `start` and by shims. Prefixed with the form's version
+        (:data:`MEANING_FORM`)."""
+        return meaning_hash(meaning_of(self))
+
+
+# ----------------------------------------------------------------------------- meaning
+#
+# A migration is identified by its meaning, not its bytes. The meaning is the parsed,
+# validated file with every default filled in (an explicit ``hash = "sha256"`` equals an
+# omitted one, ``shard_by = "x"`` equals ``["x"]``, ``retain_hours = 168`` an omitted
+# ``[cleanup]``): the id, the table, its key names, both layouts of the table and of every
+# ``[index.NAME]`` (templates as written, shard counts, shard_by in order -- the order is
+# the hash input --, hash or shard_function, derived fields) and ``[cleanup]``. Not meaning:
+# ``description``, comments, whitespace, key order, quoting, inline vs dotted tables, the
+# order of ``[index.NAME]`` tables and of derived fields (both are looked up by name).
+
+#: The version of the canonical form :func:`meaning_of` builds; bump it when the form changes
+#: (a new key, another default), so a hash stored by another release is not compared with ours
+#: (:func:`registered_changes` parses the registered text again instead).
+MEANING_FORM = 1
+
+
+def _layout_meaning(spec: LayoutSpec) -> dict:
+    return {"partition": spec.partition_text, "sort": spec.sort_text, "shards": spec.shards,
+            "shard_by": "random" if spec.random else list(spec.shard_by), "hash": spec.hash,
+            "shard_function": spec.shard_function,
+            "fields": {n: {"from": d.source, "format": d.format} for n, d in spec.fields.items()}}
+
+
+def meaning_of(m: Migration) -> dict:
+    """The canonical form of ``m``'s meaning (plain JSON data; see the comment above)."""
+    return {"form": MEANING_FORM, "id": m.id, "table": m.table,
+            "keys": {"partition": m.keys.partition, "sort": m.keys.sort},
+            "from": _layout_meaning(m.source) if m.source else None,
+            "to": _layout_meaning(m.target) if m.target else None,
+            "index": {i.name: {"partition": i.partition, "sort": i.sort, "type": i.partition_type,
+                               "from": _layout_meaning(i.source), "to": _layout_meaning(i.target)}
+                      for i in m.indexes},
+            "cleanup": {"ttl_attribute": m.cleanup.ttl_attribute, "retain_hours": float(m.cleanup.retain_hours)}}
+
+
+def meaning_hash(meaning: dict) -> str:
+    """``m<form>:<sha256 of the canonical JSON>`` (sorted keys, no spaces)."""
+    canonical = json.dumps(meaning, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return f"m{meaning.get('form', MEANING_FORM)}:{hashlib.sha256(canonical.encode()).hexdigest()}"
+
+
+def meaning_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """What differs between two meanings, one ``key: old -> new`` each (``to.shards: 32 -> 64``)."""
+    out: list[str] = []
+    for k in sorted(set(old) | set(new), key=str):
+        if k == "form":
+            continue
+        a, b = old.get(k), new.get(k)
+        path = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += meaning_changes(a, b, f"{path}.")
+        elif a != b:
+            out.append(f"{path}: {_shown(a)} -> {_shown(b)}")
+    return out
+
+
+def _shown(v: Any) -> str:
+    if v is None:
+        return "(none)"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True, ensure_ascii=False)
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+@functools.lru_cache(maxsize=32)
+def _registered_meaning(text: str) -> dict:
+    """The meaning of a registered file's text (a shim asks at every refresh: parsed once)."""
+    return meaning_of(parse(text, "<registered>"))
+
+
+def registered_changes(m: Migration, text: str, file_hash: str = "", stored_meaning: str = "") -> list[str]:
+    """How ``m`` differs in meaning from the file registered as ``text`` ([] when it means the same).
+
+    ``file_hash`` / ``stored_meaning``: the hashes the control row holds (a row registered
+    by an earlier release has no meaning hash). The same bytes, or the same meaning hash of
+    this form, answer at once; otherwise the registered text is parsed and both meanings are
+    compared here, which also names what changed.
+    """
+    if file_hash and file_hash == m.content_hash:
+        return []
+    if stored_meaning and stored_meaning == m.meaning_hash:
+        return []
+    try:
+        registered = _registered_meaning(text)
+    except MigrationFileError as e:
+        return [f"the registered file is not valid for this release of reshard ({e.problem})"]
+    return meaning_changes(registered, meaning_of(m))
 
 
 def load(path: str | Path) -> Migration:
@@ -309,9 +419,8 @@ class _Validator:
                          indexes)
 
     def deterministic_and_different(self, source: LayoutSpec, target: LayoutSpec, where: str) -> None:
-        if target.random:
-            self.fail(f"{where}to.shard_by", '"random" is refused in [to]: the new layout must be deterministic, '
-                      "so the shim and the backfill write the same logical item to the same key")
+        if target.random:  # pragma: no cover - layout() refuses it first
+            self.fail(f"{where}to.shard_by", RANDOM_IN_TO)
         if (source.partition_text, source.sort_text, source.shards, source.shard_by, source.hash,
                 source.shard_function, dict(source.fields)) == (
                 target.partition_text, target.sort_text, target.shards, target.shard_by, target.hash,
@@ -394,9 +503,12 @@ class _Validator:
                 if p.field and p.field.startswith(RESERVED_PREFIX):
                     self.fail(k, f"field {{{p.field}}} uses the reserved prefix {RESERVED_PREFIX!r}")
         shard_uses = [p for p in (*partition, *(sort or ())) if p.field == SHARD]
-        if len(shard_uses) != 1:
-            self.fail(f"{where}.partition", "must contain {shard} exactly once (in the partition or the sort template)"
-                      if not shard_uses else "{shard} may appear only once across the templates")
+        if not shard_uses:
+            self.fail(f"{where}.partition", "must contain {shard} exactly once (in the partition or the sort template)")
+        if len(shard_uses) > 1:
+            # Blame the template holding the second {shard} (the sort's, when both have one).
+            twice = f"{where}.sort" if any(p.field == SHARD for p in sort or ()) else f"{where}.partition"
+            self.fail(twice, "{shard} may appear only once across the templates")
 
         shards = doc["shards"]
         if isinstance(shards, bool) or not isinstance(shards, int):
@@ -413,6 +525,10 @@ class _Validator:
         fn = doc.get("shard_function")
         if sb is None:
             self.fail(f"{where}.shard_by", 'missing: a list of fields to hash, or "random"')
+        if sb == "random" and side == "to":
+            # The first thing to say about a random [to]: whatever else it sets (a hash, more
+            # than 99 shards) is moot, since [to] can never be random.
+            self.fail(f"{where}.shard_by", RANDOM_IN_TO)
         if sb == "random":
             shard_by = None
             if shards > MAX_RANDOM_SHARDS:
@@ -538,8 +654,40 @@ class _Validator:
                         continue
                     self.fail(f"to.fields.{n}.from", f"field {src!r} is in no [from] template or shard_by, "
                                                      "so no item can supply it")
-                self.fail(key, f"field {{{n}}} is in no [from] template, shard_by or derived field, "
-                               "so no item can supply it")
+                self.fail(*self.unsupplied(source, target, key, n))
+
+    @staticmethod
+    def unsupplied(source: LayoutSpec, target: LayoutSpec, key: str, name: str) -> tuple[str, str]:
+        """The key to blame, and the problem, for a [to] field ``name`` (at ``key``) no item supplies.
+
+        The usual cause is one field spelt two ways: ``{sensr_id}`` in ``[from]`` and
+        ``{sensor_id}`` in ``[to]``. The [to] name is the one nothing supplies, but the typo
+        may be on either side. A [from] template field that [to] never uses and that is spelt
+        almost like ``name`` is named too; the key blamed is the one whose spelling the file
+        uses less often, and on a tie (one use each) the [from] key, with both spellings in the
+        message: nothing in the file says which one is right.
+        """
+        plain = (f"field {{{name}}} is in no [from] template, shard_by or derived field, so no item can "
+                 "supply it")
+        used_by_to = {*target.template_fields(), *(target.shard_by or ()), *target.fields,
+                      *(d.source for d in target.fields.values())}
+        unused = [f for f in source.template_fields() if f != SHARD and f not in used_by_to]
+        close = difflib.get_close_matches(name, unused, n=1, cutoff=0.75)
+        if not close:
+            return key, plain
+        other = close[0]
+        from_key = "from.partition" if any(p.field == other for p in source.partition) else "from.sort"
+
+        def uses(f: str) -> int:
+            return sum(p.field == f for spec in (source, target) for p in (*spec.partition, *(spec.sort or ()))) \
+                + sum(list(spec.shard_by or ()).count(f) for spec in (source, target)) \
+                + sum(d.source == f for spec in (source, target) for d in spec.fields.values())
+
+        if uses(name) < uses(other):
+            return key, f"{plain}; did you mean {{{other}}}, as {from_key} has it?"
+        return from_key, (f"{{{other}}} here and {{{name}}} in {key} look like one field spelt two ways "
+                          f"({{{name}}} is in no [from] template, shard_by or derived field, so no item can "
+                          "supply it): correct the misspelt one")
 
 
 # --------------------------------------------------------------------------- shard_function

@@ -215,33 +215,72 @@ def target_of(action: Action, phase: Phase) -> tuple[Phase | None, str | None]:
     raise ValueError(action)
 
 
-def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
-    """Whether ``action`` may move a migration out of ``phase``, given ``facts``."""
+@dataclass(frozen=True)
+class Precondition:
+    """One thing a transition needs, and its state now (``advance --dry-run`` lists them all).
+
+    ``ok``: satisfied. ``state``: what was found (when not ok: the refusal sentence).
+    ``clears_by_waiting``: not ok only for now -- the fleet has not acknowledged yet, or a
+    job's lease is still held -- so ``reshard wait`` (or ``--wait``) may clear it.
+    """
+
+    what: str
+    ok: bool
+    state: str
+    clears_by_waiting: bool = False
+
+
+def preconditions(action: Action, phase: Phase, facts: Facts) -> tuple[Phase | None, tuple[Precondition, ...]]:
+    """The phase ``action`` leads to from ``phase`` (None: none) and every precondition with its state.
+
+    :func:`decide` refuses exactly the ones that are not ok, with their ``state`` as the reason.
+    """
     target, why_not = target_of(action, phase)
     if target is None:
-        return Decision(action, phase, None, (why_not,))
-    refusals: list[str] = []
+        return None, (Precondition(f"{action.value} is possible from {phase}", False, why_not),)
+    out: list[Precondition] = []
     if facts.live_shims == 0:
         # Fail closed: an empty census also describes an application whose shims report to
         # another control table (a typo), or that does not use the shim at all.
-        refusals.append("no live shim reports for this table: deploy the application with the shim (same "
-                        "control table) first; if nothing writes the table, pass --allow-no-shims")
+        out.append(Precondition("live shims report for the table", False,
+                                "no live shim reports for this table: deploy the application with the shim (same "
+                                "control table) first; if nothing writes the table, pass --allow-no-shims"))
+    else:
+        out.append(Precondition("live shims report for the table", True,
+                                "not counted: --allow-no-shims vouches that nothing writes the table"
+                                if facts.live_shims is None else f"{facts.live_shims} live shim(s)"))
     if facts.lagging:
         shown = ", ".join(facts.lagging[:5]) + (f" and {len(facts.lagging) - 5} more" if len(facts.lagging) > 5 else "")
-        refusals.append(f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
-                        f"(wait with `reshard {action.value} --wait SECONDS`, or see `reshard status`; a shim that is gone "
-                        "counts until a --wait has watched its heartbeat stay unchanged for its liveness window + "
-                        "its longest request, about 65 s by default, and then removes it)")
+        out.append(Precondition(
+            f"every live shim acknowledged {phase}", False,
+            f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
+            f"(`reshard wait` waits for them and moves nothing, or `reshard {action.value} --wait SECONDS`; see "
+            "`reshard status`; a shim that is gone counts until a wait has watched its heartbeat stay unchanged "
+            "for its liveness window + its longest request, about 65 s by default, and then removes it)",
+            clears_by_waiting=True))
+    else:
+        out.append(Precondition(f"every live shim acknowledged {phase}", True, "yes"))
     if action is Action.ADVANCE and target is Phase.CUTOVER:
-        for missing in (facts.backfill_missing, facts.verify_missing, facts.writers):
-            if missing:
-                refusals.append(missing)
-    if action is Action.ADVANCE and target is Phase.COMPLETE and facts.cleanup_missing:
-        refusals.append(facts.cleanup_missing)
+        out.append(Precondition("the backfill finished", facts.backfill_missing is None,
+                                facts.backfill_missing or "yes"))
+        out.append(Precondition("a passing verify started after the backfill finished", facts.verify_missing is None,
+                                facts.verify_missing or "yes"))
+        out.append(Precondition("no backfill or verify worker can still write", facts.writers is None,
+                                facts.writers or "yes", clears_by_waiting=True))
+    if action is Action.ADVANCE and target is Phase.COMPLETE:
+        out.append(Precondition("the cleanup pass finished", facts.cleanup_missing is None,
+                                facts.cleanup_missing or "yes"))
     catch_up = catch_up_refusal(target, facts.newer_may_be, facts.verify_command)
-    if catch_up:
-        refusals.append(catch_up)
-    return Decision(action, phase, target, tuple(refusals))
+    if facts.newer_may_be is not None:
+        out.append(Precondition(f"nothing only the {facts.newer_may_be} layout holds is lost (the catch-up verify "
+                                "after the authority switch)", catch_up is None, catch_up or "yes"))
+    return target, tuple(out)
+
+
+def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
+    """Whether ``action`` may move a migration out of ``phase``, given ``facts``."""
+    target, checks = preconditions(action, phase, facts)
+    return Decision(action, phase, target, tuple(c.state for c in checks if not c.ok))
 
 
 def catch_up_refusal(target: Phase, newer_may_be: str | None, verify_command: str = "reshard verify") -> str | None:

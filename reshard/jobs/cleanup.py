@@ -109,7 +109,7 @@ class Cleaner:
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
                   "new_copies_removed": 0, "retired_copies_removed": 0, "untouched": 0, "unmoved": 0,
-                  "unmappable": 0, "changed_meanwhile": 0, "not_data": 0}
+                  "unmappable": 0, "changed_meanwhile": 0, "not_data": 0, "new_layout": 0}
         # Consistent: the last mirrors of cutover (or the last copies before an abort) may have
         # landed a moment ago; a stale page would not show them, and nothing passes again.
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size, consistent=True)
@@ -122,6 +122,8 @@ class Cleaner:
                 counts["not_data"] += 1
                 continue
             counts["scanned"] += 1
+            # The new layout's items, counted apart: progress counts the old layout's (core/progress).
+            counts["new_layout"] += self.mapper.is_new_copy(item)
             action = self.action(item)
             if action in ("untouched", "unmoved", "unmappable"):
                 counts[action] += 1

@@ -91,6 +91,18 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_MAX_REQUEST_SECONDS = ASSUMED_MAX_REQUEST_SECONDS
 
 
+def same_host_alive(owner: str, host: str | None = None) -> bool:
+    """True when ``owner`` is a process of this host that still exists (ours, or a sibling)."""
+    parts = owner.split(":")
+    if len(parts) < 2 or parts[0] != (host or socket.gethostname()):
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    return pid == os.getpid() or not same_host_dead(owner, host)
+
+
 def same_host_dead(owner: str, host: str | None = None) -> bool:
     """True when ``owner`` is a process of this host that no longer exists."""
     parts = owner.split(":")
@@ -212,6 +224,63 @@ class PageContext:
         self.check_deadline()
         self.ensure_lease()
 
+    @property
+    def stopping(self) -> bool:
+        """The job is stopping (Ctrl-C, SIGTERM): a page that waits should give up."""
+        return self._engine.stop_event.is_set()
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` for the page (verify's settle window), cut short by a stop: then
+        raise :class:`~reshard.errors.JobStopped` (the page is abandoned, never checkpointed)."""
+        self._engine.pause(seconds)
+        if self.stopping:
+            raise errors.JobStopped("the job is stopping: the page in flight is abandoned")
+
+    def waiting(self, what: str) -> None:
+        """Say what this page waits for (the progress reporter shows it, at least every 10 s)."""
+        self._engine.subs.on_wait(self.segment, what)
+
+
+#: The longest one sleep of a settle wait: between two, the page says what it waits for and
+#: notices a stop (Ctrl-C). The looks (a consistent read of the suspects) keep their own pace.
+SETTLE_SLICE_SECONDS = 2.0
+
+
+def settle_text(items: int, example: str, window: float, left: float) -> str:
+    """What a page waiting for the settle window says (the progress line shows it)."""
+    return (f"settle window: {max(0.0, left):.0f}s left of {window:g}s for {items} item(s) seen differing "
+            f"(e.g. {example}), reported only if unchanged that long (the longest a shim write may still land; "
+            "--settle-seconds overrides)")
+
+
+def settle_wait(ctx, sleep: Callable[[float], None], at: float,
+                what: Callable[[float], str] | None = None) -> None:
+    """Sleep towards ``at`` on the engine's monotonic clock, never past the lease's renewal
+    point (renewed here when due; a lease taken over raises, the page is redone). Returns
+    when ``at`` (or the renewal point) is reached: the caller looks again (a look is cheap).
+
+    With the real ``time.sleep``, in slices of :data:`SETTLE_SLICE_SECONDS`: before each,
+    ``what(now)`` is said (``ctx.waiting``: the reporter shows it at least every 10 s), and
+    a stop (Ctrl-C) raises :class:`~reshard.errors.JobStopped` (the page is abandoned, not
+    checkpointed). An injected ``sleep`` (tests driving a clock) is called once, as is.
+    """
+    ctx.ensure_lease()
+    now = ctx.now()
+    step = at - now
+    if ctx.lease.renew_due > now:
+        step = min(step, ctx.lease.renew_due - now)
+    if step <= 0:
+        return
+    pause = getattr(ctx, "pause", None)
+    if sleep is not time.sleep or pause is None:
+        sleep(step)
+        return
+    end = now + step
+    while (left := end - ctx.now()) > 0:
+        if what is not None and hasattr(ctx, "waiting"):
+            ctx.waiting(what(ctx.now()))
+        pause(min(left, SETTLE_SLICE_SECONDS))
+
 
 #: ``page(ctx, start_key) -> (counts, next_key)``: process one page durably.
 PageFn = Callable[[PageContext, dict | None], "tuple[dict, dict | None]"]
@@ -288,6 +357,11 @@ class SegmentEngine:
         self.invocation = invocation or os.urandom(3).hex()
         self.is_dead = is_dead or (lambda owner: same_host_dead(owner, self.host))
         self.stop_event = threading.Event()
+        #: Called once when the run is stopped (Ctrl-C, SIGTERM): the runner stops the budget's
+        #: sleeps there, so no worker waits out a low budget before it releases its lease.
+        self.stop_hooks: list[Callable[[], None]] = []
+        #: Segments this host could not claim, why (a lease held elsewhere): what an idle worker waits for.
+        self._held: dict[int, tuple[str, float, float]] = {}
         self._worked: list[int] = []
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
@@ -331,6 +405,13 @@ class SegmentEngine:
             unchanged = self._watch.observe(rec.segment, rec.token, self.monotonic())
         d = lease_decision(rec, me=me, invocation=self.invocation, unchanged_for=unchanged,
                            lease_seconds=self.lease_seconds, is_dead=self.is_dead)
+        with self._lock:
+            # What an idle worker waits for: a lease nobody on this host is known to keep alive
+            # (another process of this host that still exists is working on it: not a wait).
+            if not d.claim and rec.held and not same_host_alive(rec.owner, self.host):
+                self._held[rec.segment] = (rec.owner, unchanged, rec.holder_lease_seconds(self.lease_seconds))
+            else:
+                self._held.pop(rec.segment, None)
         if not d.claim:
             return None
         sent = self.monotonic()  # before sending: the deadline counts from here, never from a later moment
@@ -532,17 +613,22 @@ class SegmentEngine:
                    for i in range(self.workers)]
         for t in threads:
             t.start()
+        interrupted = False
         try:
             for e in ended:
                 while not e.wait(0.2):
                     pass
         except KeyboardInterrupt:
-            # Finish the page, release the lease: within a lease, after which it may be gone anyway.
-            self.stop_event.set()
+            # Say so at once; stop the budget's sleeps (a low budget would otherwise keep a
+            # worker asleep for its next request); each worker finishes or abandons its page
+            # and releases its lease: within a lease, after which it may be gone anyway.
+            interrupted = True
+            self.subs.on_stopping("stopping: finishing the page in flight, releasing leases")
+            self.stop()
             deadline = time.monotonic() + self.lease_seconds
             for e in ended:
                 e.wait(max(0.0, deadline - time.monotonic()))
-        if self._errors:
+        if self._errors and not interrupted:
             raise self._errors[0]
         # Normally the worker that finished the last segment stamped the run; if that
         # process died in between, whoever sees every segment done does it now (not again
@@ -554,7 +640,26 @@ class SegmentEngine:
                            sorted(self._worked), time.monotonic() - start, self.stop_event.is_set(),
                            self.stop_reason)
         self.subs.on_run_done(result)
+        if interrupted:
+            # Leases released (or left to expire by a worker still in a request): the command
+            # ends as interrupted (exit 130), not as a run that stopped by itself.
+            raise KeyboardInterrupt
         return result
+
+    def stop(self) -> None:
+        """Stop every worker at its next page boundary (or wait), and the stop hooks (the budget)."""
+        if self.stop_event.is_set():
+            return
+        self.stop_event.set()
+        for hook in self.stop_hooks:
+            hook()
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, cut short by :meth:`stop` (an injected ``sleep`` is called as is)."""
+        if self.sleep is time.sleep:
+            self.stop_event.wait(seconds)
+        else:
+            self.sleep(seconds)
 
     def work_inline(self, index: int = 0) -> list[int]:
         """Join the run and work as one worker on the calling thread (no threads started)
@@ -611,8 +716,19 @@ class SegmentEngine:
                         # finishes the last scan takes it): its workers finish or release it.
                         return
                     # Some is leased by live workers elsewhere: wait for them to finish, or for
-                    # their leases to expire (then we take over).
-                    self.idle_wait(self.poll_seconds)
+                    # their leases to expire (then we take over). Say which.
+                    with self._lock:
+                        held = sorted(self._held.items())
+                    if held:
+                        self.subs.on_wait(None, "; ".join(
+                            f"lease of segment {seg} held by {owner}, quiet for {quiet:.0f}s of {lease:.0f}s"
+                            for seg, (owner, quiet, lease) in held[:4])
+                            + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+                            + " (taken over once unchanged for the whole lease; a live holder renews it)")
+                    if self.idle_wait is time.sleep:
+                        self.stop_event.wait(self.poll_seconds)
+                    else:
+                        self.idle_wait(self.poll_seconds)
                     continue
                 self._work(*claimed)
         except BaseException as e:  # a control-table failure: report it from run_all
@@ -653,9 +769,11 @@ class SegmentEngine:
                     return
                 try:
                     counts, next_key = self.page(ctx, key)
-                except Paused:
+                except (Paused, errors.JobStopped):
                     # Paused with --release-leases (or stopped while paused) before one of the
-                    # page's writes: nothing more of it is sent; the page is redone after resume.
+                    # page's writes, or stopped mid-page (a budget sleep or a settle wait cut
+                    # short): nothing of it is checkpointed or sent any more; the page is redone
+                    # after resume or by the next run; not a failed attempt.
                     self.release(lease)
                     return
                 except LeaseDeadline:

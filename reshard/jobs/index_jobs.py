@@ -79,7 +79,7 @@ from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, dump_key, key_of, projection
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import LeaseLost, PageContext
+from reshard.jobs.engine import LeaseLost, PageContext, settle_text, settle_wait
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite, _groups, segment_path
 from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair, count_writes,
@@ -566,7 +566,12 @@ class IndexVerifier(RunRecords):
                                   version_of(entries[0]) if entries else "", detail)
             watches = waiting
             if watches:
-                self._wait_until(ctx, min(due), sent if server else None)
+                # On the server's clock with a deadline: its times become ours by the offset seen at
+                # the last look (the wait sleeps on our monotonic clock, in slices it can report).
+                shift = ctx.now() - sent if server else 0.0
+                settle_wait(ctx, self.sleep, min(due) + shift, lambda now, n=len(watches), ends=max(
+                    w.since for _, w in watches) + window + shift: settle_text(n, f"GSI {watches[0][0][0].name}",
+                                                                               window, ends - now))
 
     def _account(self, side: str) -> None:
         """Charge the read units this thread spent since the last call to ``side`` (table or index)."""
@@ -580,17 +585,6 @@ class IndexVerifier(RunRecords):
         if self.horizon is not None:
             return self.horizon + DATE_MARGIN_SECONDS
         return settle_window(h.settle_seconds for h in heartbeats(self.store, self.migration_id))
-
-    def _wait_until(self, ctx: PageContext, at: float, server_now: float | None = None) -> None:
-        """Sleep towards ``at`` (a server time, given ``server_now``), never past the lease's
-        renewal point (renewed when due)."""
-        ctx.ensure_lease()
-        now = ctx.now()
-        step = at - (now if server_now is None else server_now)
-        if ctx.lease.renew_due > now:
-            step = min(step, ctx.lease.renew_due - now)
-        if step > 0:
-            self.sleep(step)
 
     # ---------------------------------------------------------------- examples
     def example(self, kind: str, item: dict, m: IndexMapper, detail: str) -> None:

@@ -42,7 +42,8 @@ from reshard.core.wire import N
 from reshard.control.budget import BudgetMembership
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.facts import DatedWrites, JobFacts
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
+from reshard.jobs.engine import (DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult,
+                                 SegmentEngine, same_host_dead)
 from reshard.jobs.pacing import DEFAULT_KEY_WCU
 from reshard.jobs.subscribers import Subscriber
 
@@ -277,12 +278,14 @@ def announce_repair(store: ControlStore, migration_id: str, run: int, counts: di
 # --------------------------------------------------------------------------- preconditions
 
 def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repair: bool = False,
-                          wait: float | None = 0.0, sleep: Callable[[float], None] = time.sleep) -> MigrationState:
+                          wait: float | None = 0.0, sleep: Callable[[float], None] = time.sleep,
+                          on_wait: Callable[[str], None] | None = None) -> MigrationState:
     """The migration is in a phase where ``job`` runs and every live shim acknowledged it.
 
     ``wait``: how long to watch a lagging fleet catch up (None: until each lagging shim
     either acknowledged or was watched silent long enough to be gone -- its liveness
     window + request bound; one look cannot tell a crashed shim from a slow one).
+    ``on_wait``: told, at each look while it waits, which shims it waits for.
     """
     rule = job_rule(job, repair)
     state = store.load_state(migration_id)
@@ -297,7 +300,11 @@ def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repa
     census = fleet.census(store, migration_id, state.phase_version)
     if not census.acknowledged and wait != 0:
         bound = max(h.silence_seconds for h in census.lagging) + 1.0 if wait is None else wait
-        census = fleet.wait_for_ack(store, migration_id, state.phase_version, bound, sleep=sleep)
+        said = (lambda c: on_wait(
+            f"{len(c.lagging)} live shim(s) have not acknowledged {state.phase} v{state.phase_version}, and the "
+            f"job writes only once they have: {', '.join(c.describe_lagging()[:5])} (a shim that is gone is "
+            "dropped once watched silent for its liveness window + longest request)")) if on_wait else None
+        census = fleet.wait_for_ack(store, migration_id, state.phase_version, bound, sleep=sleep, on_wait=said)
     if not census.acknowledged:
         shown = ", ".join(census.describe_lagging()[:5])
         raise errors.RefusedTransition(
@@ -329,14 +336,16 @@ def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, 
 
 
 def choose_run(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: str, opts: JobOptions,
-               sleep: Callable[[float], None] = time.sleep) -> tuple[MigrationState, int]:
+               sleep: Callable[[float], None] = time.sleep,
+               on_wait: Callable[[str], None] | None = None) -> tuple[MigrationState, int]:
     """Every precondition of ``spec``, then the run to join or start (nothing is written).
 
     :func:`run_job` calls it; so does a parent of ``--processes`` workers, to refuse once
     before starting any and to hand all of them the same run (a fresh job's children must
     not each decide on their own whether to start a new run).
     """
-    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair, wait=opts.lease_wait, sleep=sleep)
+    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair, wait=opts.lease_wait, sleep=sleep,
+                                  on_wait=on_wait)
     not_before = spec.check(store, state, opts)
     dynamo.describe_table(state.migration().table)  # a clear error if the table is missing
     return state, run_to_join(store, migration_id, spec.name, not_before=not_before, fresh=spec.fresh)
@@ -361,7 +370,9 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     dynamo = dynamo.bounded(opts.lease_seconds / 3)
     lease_store = store if store.dynamo.attempt_seconds <= opts.lease_seconds / 3 else \
         ControlStore(store.dynamo.bounded(opts.lease_seconds / 3), store.table, store.clock)
-    state, chosen = choose_run(spec, dynamo, store, migration_id, opts, sleep)
+    subscribers = list(subscribers)
+    state, chosen = choose_run(spec, dynamo, store, migration_id, opts, sleep,
+                               on_wait=lambda what: [s.on_wait(None, what) for s in subscribers])
     run = chosen if run is None else run
     migration = state.migration()
     # The phase guard keeps the job's facts; every data write is dated by them (jobs/facts.py).
@@ -369,8 +380,8 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     dynamo = DatedWrites(dynamo, migration.table, facts.horizon)
     budget = budget or CapacityBudget(opts.max_wcu, opts.max_rcu)
     budget.attach(dynamo, migration.table)
-    subscribers = list(subscribers)
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
+    budget.wait_listeners.append(lambda what: [s.on_wait(None, what) for s in subscribers])
     for s in subscribers:
         s.on_budget(budget.throttle_reason)
     mapper = KeyMapper(migration) if migration.changes_table else None
@@ -385,6 +396,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
                            throttle_reason=budget.throttle_reason,
                            guard=facts, join=spec.join, idle_wait=idle_wait, phase_version=state.phase_version,
                            hold=lambda: budget.hold)
+    engine.stop_hooks.append(budget.stop)  # Ctrl-C: no worker sleeps out a low budget first
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None
@@ -424,7 +436,10 @@ def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, bu
     return BudgetMembership(store, migration_id, job, run, budget, totals, member=member,
                             request_seconds=engine.max_request_seconds,
                             refresh_seconds=opts.budget_refresh_seconds,
-                            liveness_seconds=opts.budget_liveness_seconds, host=engine.host)
+                            liveness_seconds=opts.budget_liveness_seconds, host=engine.host,
+                            # A member process of this host that no longer exists (kill -9): its
+                            # share is reclaimed at once, as its leases are taken over at once.
+                            is_dead=lambda m: same_host_dead(f"{m.host}:{m.pid}", engine.host))
 
 
 def budget_state(m: BudgetMembership, dynamo: Dynamo, guard, phase: str) -> dict:

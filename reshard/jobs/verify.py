@@ -81,7 +81,7 @@ from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import fence_for, stored_version, unchanged, version_of
 from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import LeaseLost, PageContext
+from reshard.jobs.engine import LeaseLost, PageContext, settle_text, settle_wait
 from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite
 from reshard.jobs.records import complete as records_complete
@@ -438,20 +438,12 @@ class Verifier(RunRecords):
                 self._conclude(ctx, counts, c, j, details)
             watches = waiting
             if watches:
-                self._wait_until(ctx, min(due), sent if server else None)
-
-    def _wait_until(self, ctx: PageContext, at: float, server_now: float | None = None) -> None:
-        """Sleep towards ``at`` on the engine's monotonic clock (or, given ``server_now``, on
-        the server's: ``at`` is then a server time), never past the lease's renewal point
-        (renewed here when due; a lease taken over raises, the page is redone). Returns
-        after one sleep: the caller looks again (a look is cheap)."""
-        ctx.ensure_lease()
-        now = ctx.now()
-        step = at - (now if server_now is None else server_now)
-        if ctx.lease.renew_due > now:
-            step = min(step, ctx.lease.renew_due - now)
-        if step > 0:
-            self.sleep(step)
+                shown = ", ".join(f"{f}={v}" for f, v in zip(self.mapper.key_fields, watches[0][0].identity))
+                # On the server's clock with a deadline: its times become ours by the offset seen at
+                # the last look (the wait sleeps on our monotonic clock, in slices it can report).
+                shift = ctx.now() - sent if server else 0.0
+                settle_wait(ctx, self.sleep, min(due) + shift, lambda now, n=len(watches), ends=max(
+                    w.since for _, w in watches) + window + shift, e=shown: settle_text(n, e, window, ends - now))
 
     def _conclude(self, ctx: PageContext, counts: dict, c: Check, j: Judgement, details: list[str]) -> None:
         """Report a difference that stayed (repairing it first if asked)."""
@@ -620,12 +612,20 @@ class _NoLease(NamedTuple):
 
 class _Segment:
     """What a page of a read-only verify needs of a :class:`PageContext`: its segment and a
-    monotonic clock (the settle window). No lease: nothing is written, nothing to fence."""
+    monotonic clock (the settle window). No lease: nothing is written, nothing to fence.
+    ``stop``: set on Ctrl-C; a settle wait then gives up (:meth:`pause`)."""
 
     lease = _NoLease()
 
-    def __init__(self, segment: int, total: int, monotonic: Callable[[], float]):
+    def __init__(self, segment: int, total: int, monotonic: Callable[[], float],
+                 stop: threading.Event | None = None):
         self.segment, self.total_segments, self.now = segment, total, monotonic
+        self._stop = stop or threading.Event()
+
+    def pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+        if self._stop.is_set():
+            raise errors.JobStopped("the verify is stopping")
 
     def ensure_lease(self) -> None:  # no lease to renew
         pass
@@ -711,6 +711,7 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
     verifier.collected = []
     # Stop at the next page once the migration left verify's phases, as a recorded run does.
     guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)
+    stop = threading.Event()  # Ctrl-C: settle waits and budget sleeps give up, the pool ends
 
     def pages(index: int, total: int) -> tuple[dict, str]:
         counts: dict = {}
@@ -719,7 +720,9 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
             why = guard()
             if why:
                 return counts, why
-            page, key = verifier.page(_Segment(index, total, monotonic), key)
+            if stop.is_set():
+                return counts, "stopped"
+            page, key = verifier.page(_Segment(index, total, monotonic, stop), key)
             for k, v in page.items():
                 counts[k] = counts.get(k, 0) + v
             if not key:
@@ -738,8 +741,13 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
         verifier.records_dir = pathlib.Path(tmp)
         verifier.remove_records = False
         with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
-            for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
-                add(counts, why)
+            try:
+                for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
+                    add(counts, why)
+            except KeyboardInterrupt:
+                stop.set()  # the pool's threads give up at their next wait or page; then exit 130
+                budget.stop()
+                raise
         if join and not reasons:  # every segment's records are here: the join
             add(*pages(opts.segments, opts.segments + 1))
     shown = verifier.collected[:opts.examples] if opts.examples else []

@@ -369,12 +369,15 @@ class PhaseCache:
                 new = PhaseState(STEADY_NAME, 0, STEADY)
             else:
                 self._seen_migration = True
-                if state.file_hash != self.migration.content_hash:
-                    # Routing by another file's templates would write keys the fleet does
-                    # not read: refuse (the except below clears the state: fail closed).
+                changes = state.changes_from(self.migration)
+                if changes:
+                    # Routing by a file of another meaning would write keys the fleet does not
+                    # read: refuse (the except below clears the state: fail closed). A file that
+                    # differs only in comments or layout means the same and is served.
                     raise errors.BadInput(
-                        f"migration {self.migration.id!r} is registered with a different file than the one this "
-                        "shim loaded; deploy the registered file (or use ShardedTable.from_migration_id)")
+                        f"migration {self.migration.id!r} is registered with a file of another meaning than the "
+                        f"one this shim loaded ({'; '.join(changes[:6])}); deploy the registered file (or use "
+                        "ShardedTable.from_migration_id)")
                 elif state.retired:
                     # An aborted migration whose cleanup finished: the old layout is plain
                     # steady state again (no versions, no tombstones).

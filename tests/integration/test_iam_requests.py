@@ -147,6 +147,8 @@ def record_every_role(dynalite_server, tmp_path_factory):
         run("observer", "list")
         # Findings (exit 1) are fine here: what counts is what the doctor sends.
         run("observer", "doctor", m.id, status=(0, 1))
+        run("operator", "advance", m.id, "--allow-no-shims", "--dry-run")  # reads only
+        run("operator", "wait", m.id, "--timeout", "5")  # moves nothing
         run("operator", "advance", m.id, "--allow-no-shims")  # cutover
         with_shim()
         run("worker", "verify", m.id, "--segments", "2")  # the catch-up verify after the switch

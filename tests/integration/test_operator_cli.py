@@ -157,7 +157,9 @@ def test_status_and_list_after_complete_and_after_a_retired_abort(env, capsys):
     listed = json.loads(ok(capsys, env, "list", "--output", "json"))
     assert [(m["id"], m["phase"], m["retired"]) for m in listed["migrations"]] == [
         (mid, "complete", False), (f"{mid}-2", "aborted", True)]
-    assert all(m["finished"] >= m["started"] > 0 for m in listed["migrations"])
+    # ISO 8601 UTC (aws-cli v2): ordered as the times are.
+    assert all(m["finished"] >= m["started"] > "2020" and m["started"].endswith("+00:00")
+               for m in listed["migrations"])
 
     # --query (JMESPath on the JSON document) and --output text|table, on list and status.
     assert ok(capsys, env, "list", "--query", "migrations[].[id, phase]", "--output", "text") == \
@@ -191,13 +193,13 @@ def test_advance_wait_exits_1_naming_the_lagging_shims(env, capsys):
     assert code == 1 and "moved planned -> dual_write (phase version 2)" in out
     assert one_error_line(err.splitlines()[-1]).endswith(
         "1 live shim(s) have not acknowledged it: i-9 (app9 pid 99, on planned v1) "
-        "(runbooks/incident-shim-lagging.md)")
+        "(`reshard wait` waits for them without moving; runbooks/incident-shim-lagging.md)")
     # Without --wait nobody waited: the move is reported, exit 0, and the hint says to wait.
     fleet.heartbeat(store, mid, "i-9", "dual_write", 2, host="app9", pid=99, liveness_seconds=600)
     code, out, err = rs(capsys, env, "advance")
     assert code == 0 and "fleet: NOT caught up" in out
-    assert next_line(out) == f"wait for 1 lagging shim(s) to acknowledge dual_read: `reshard advance {mid} --wait 60` " \
-                             "(runbooks/incident-shim-lagging.md)"
+    assert next_line(out) == f"wait for 1 lagging shim(s) to acknowledge dual_read: `reshard wait {mid}` " \
+                             "(moves nothing; runbooks/incident-shim-lagging.md)"
 
 
 def test_status_shows_rate_eta_and_why_a_running_job_throttles(env, capsys, monkeypatch):
