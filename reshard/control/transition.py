@@ -119,9 +119,16 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
             f"`reshard advance {migration_id}` to finish the switch or `reshard rollback {migration_id}` to undo it")
     if state.newer_may_be is not None and catch_up_verified(store, state) is not None:
         # A verify started after the switch passed: clear the catch-up flag (the operator's
-        # write: workers may not write the phase row), conditioned on this phase version.
-        if store.clear_newer_may_be(migration_id, state.phase_version, state.newer_may_be):
+        # write: workers may not write the phase row), conditioned on this phase version. It
+        # bumps the version: the fleet acknowledges the cleared flag (waited for within this
+        # command's budget) before the move is judged, as for any phase change.
+        if store.clear_newer_may_be(state, who):
             state = store.load_state(migration_id)
+            if say is not None:
+                say(f"catch-up verified: the flag is cleared (phase version {state.phase_version}); the fleet "
+                    "must acknowledge it before the next move")
+            if lease_wait:
+                fleet.wait_for_ack(store, migration_id, state.phase_version, lease_wait, sleep=sleep)
     writers = None
     if action is Action.ADVANCE and state.phase is Phase.BACKFILL and not state.server_deadline:
         # Cutover makes the new layout authoritative: no backfill or repair worker may
