@@ -120,15 +120,19 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
     if state.newer_may_be is not None and catch_up_verified(store, state) is not None:
         # A verify started after the switch passed: clear the catch-up flag (the operator's
         # write: workers may not write the phase row), conditioned on this phase version. It
-        # bumps the version: the fleet acknowledges the cleared flag (waited for within this
-        # command's budget) before the move is judged, as for any phase change.
+        # bumps the version: the fleet acknowledges the cleared flag before the move is judged,
+        # as for any phase change. The operator asked for the move, not for this step, so it is
+        # waited for as a switch is (a healthy fleet acknowledges within a refresh or two).
         if store.clear_newer_may_be(state, who):
             state = store.load_state(migration_id)
             if say is not None:
-                say(f"catch-up verified: the flag is cleared (phase version {state.phase_version}); the fleet "
-                    "must acknowledge it before the next move")
-            if lease_wait:
-                fleet.wait_for_ack(store, migration_id, state.phase_version, lease_wait, sleep=sleep)
+                say(f"catch-up verified: the flag is cleared (phase version {state.phase_version}); waiting for "
+                    "the fleet to acknowledge it before the move")
+            census = fleet.census(store, migration_id, state.phase_version)
+            wait = max(lease_wait, default_switch_wait(census) if switch_wait is None else switch_wait)
+            if not census.acknowledged:
+                fleet.wait_for_ack(store, migration_id, state.phase_version, wait, sleep=sleep,
+                                   poll=SWITCH_POLL_SECONDS)
     writers = None
     if action is Action.ADVANCE and state.phase is Phase.BACKFILL and not state.server_deadline:
         # Cutover makes the new layout authoritative: no backfill or repair worker may
