@@ -48,7 +48,7 @@ from reshard.control.store import ControlStore
 from reshard.control.transition import retire, transition
 from reshard.core.compare import differences
 from reshard.core.layout import TOMBSTONE_ATTR, KeyMapper
-from reshard.core.migration import parse
+from reshard.core.migration import Migration, parse
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Action, Phase, job_rule
 from reshard.core.versions import VersionClock
 from reshard.jobs.backfill import Backfill
@@ -63,6 +63,13 @@ from tests.model.explore import World
 from tests.shim_helpers import by_layout
 
 CONTROL = "ctl"
+#: Errors the application may get under the fault model (besides ShimUnavailable): the version
+#: race lost every time, a request the server refused as signed too long ago (its horizon
+#: passed), retries that all timed out (held requests, lost answers).
+APP_ERRORS = frozenset({"ReshardVersionConflict", "InvalidSignatureException", "ReadTimeoutError",
+                        "ConnectTimeoutError", "ConnectionClosedError", "EndpointConnectionError"})
+#: The data-table operations a shim's request may have sent (see :meth:`Fleet._wrote`).
+DATA_WRITES = ("put_item", "update_item", "delete_item", "batch_write_item")
 #: The gates, open: scenarios race transitions, they do not re-prove the gates' bookkeeping.
 OPEN_GATES: Callable = lambda store, state: {"backfill_missing": None, "verify_missing": None,
                                              "cleanup_missing": None}
@@ -112,6 +119,8 @@ def apply(state: dict | None, op: Op, keys: dict) -> tuple[dict | None, Any]:
     """The sequential specification of one logical item: (new state, the result the op returns)."""
     if op.kind == "put":
         return {**keys, **op.args}, None
+    if op.kind == "update":
+        return {**(state or keys), **op.args}, None
     if op.kind == "delete":
         return None, None
     if op.kind == "add":
@@ -207,6 +216,10 @@ class Fleet:
                 transition(self.store, self.m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True)
             _SET_UP[(kind, phase, table, w.clock())] = copy.deepcopy(w.db.tables)
         assert self.store.load_state(self.m.id).phase.value == phase
+        #: Every migration of the table the scenario knows, by key ("m1": the first; see
+        #: :meth:`add_migration`), in the order they were (or will be) started.
+        self.migrations: dict[str, Migration] = {"m1": self.m}
+        self.mappers: dict[str, KeyMapper] = {"m1": self.mapper}
         self.history = History(w)
         self.keys: dict[str, dict] = {}       # scenario name -> logical key fields (python)
         self.initial: dict[str, dict | None] = {}
@@ -244,21 +257,61 @@ class Fleet:
     def expect_initial(self, name: str, attrs: dict | None) -> None:
         self.initial[name] = None if attrs is None else {**self.keys[name], **attrs}
 
+    # ------------------------------------------------------------ more migrations of the table
+    def add_migration(self, key: str, m: Migration, phase: str | None = None) -> Migration:
+        """Another migration of the same table (a second one after ``complete``, a retry after an
+        abort): known to the scenario as ``key`` (``"advance@m2"``, ``shim_actor(migration="m2")``);
+        registered and moved to ``phase`` now (set-up, unscheduled) if given, else started by an
+        operator action ``"start@m2"`` inside the schedule."""
+        self.migrations[key] = m
+        self.mappers[key] = KeyMapper(m)
+        if phase is not None:
+            self.store.register(m, who="setup")
+            self.setup_to(key, phase)
+        return m
+
+    def setup_to(self, key: str, phase: str) -> None:
+        """Move migration ``key`` forward to ``phase`` in the set-up (open gates, no shims yet);
+        ``"retired"``: aborted, its cleanup pass run, retired."""
+        m = self.migrations[key]
+        order = [p.value for p in Phase if p is not Phase.ABORTED]
+        state = self.store.load_state(m.id)
+        target = "aborted" if phase == "retired" else phase
+        while state.phase.value != target:
+            if target == "aborted":
+                action = Action.ABORT if state.phase.value == "backfill" else Action.ADVANCE
+            else:
+                assert order.index(state.phase.value) < order.index(target), (state.phase, target)
+                action = Action.ADVANCE
+            transition(self.store, m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True)
+            state = self.store.load_state(m.id)
+        if phase == "retired":
+            self.cleanup_pass("setup", key=key)
+
     # ------------------------------------------------------------ actors
-    def shim(self, name: str) -> ShardedTable:
-        t = ShardedTable(self.m, self.w.dynamo, control_table=CONTROL, clock=self.w.clock, control_clock=self.w.clock,
-                         sleep=self.w.sleep,
-                         writer_id=name, start=False, query_workers=1,
-                         version_clock=VersionClock(name, now_ms=self.w.clock.now_ms))
-        t._phases._heartbeat("starting", 0)  # what start() does, minus the refresh thread
+    def shim(self, name: str, migration: str = "m1", control_table: str = CONTROL, skew: float = 0.0) -> ShardedTable:
+        """A shim instance of migration ``migration``'s file with ``control_table`` (another name:
+        a mistyped one), whose wall clock (versions, heartbeat stamps) runs ``skew`` seconds off the
+        server's."""
+        w = self.w
+        wall = (lambda: w.clock() + skew) if skew else w.clock
+        t = ShardedTable(self.migrations[migration], w.dynamo, control_table=control_table, clock=w.clock,
+                         control_clock=wall, sleep=w.sleep, writer_id=name, start=False, query_workers=1,
+                         version_clock=VersionClock(name, now_ms=lambda: int(wall() * 1000)))
+        try:
+            t._phases._heartbeat("starting", 0)  # what start() does, minus the refresh thread
+        except errors.ResourceNotFound:
+            pass  # no such control table (a typo): start() goes on to its refresh, as here
         assert t.refresh()
         self.shims[name] = t
         return t
 
-    def shim_actor(self, name: str, *steps: tuple) -> ShardedTable:
+    def shim_actor(self, name: str, *steps: tuple, migration: str = "m1", control_table: str = CONTROL,
+                   skew: float = 0.0) -> ShardedTable:
         """A shim instance running ``steps`` in order: ("refresh",), ("close",), ("put", item, attrs),
-        ("add", item), ("delete", item), ("cas", item, expect, ver), ("get", item)."""
-        t = self.shim(name)
+        ("update", item, attrs) (SET), ("add", item), ("delete", item), ("cas", item, expect, ver),
+        ("get", item). See :meth:`shim` for the other arguments."""
+        t = self.shim(name, migration, control_table, skew)
         h = self.history
 
         def body():
@@ -272,12 +325,19 @@ class Fleet:
                     continue
                 ident = step[1]
                 key = self.keys[ident]
-                args = {"put": lambda: dict(step[2]), "cas": lambda: {"expect": step[2], "ver": step[3], "by": name}
-                        }.get(kind, dict)()
+                args = {"put": lambda: dict(step[2]), "update": lambda: dict(step[2]),
+                        "cas": lambda: {"expect": step[2], "ver": step[3], "by": name}}.get(kind, dict)()
                 op = h.begin(name, kind, ident, args)
                 try:
                     if kind == "put":
                         t.put_item(Item={**key, **args})
+                        h.done(op)
+                    elif kind == "update":
+                        names = {f"#u{i}": a for i, a in enumerate(args)}
+                        t.update_item(Key=key, UpdateExpression="SET " + ", ".join(f"#u{i} = :u{i}" for i in
+                                                                                  range(len(args))),
+                                      ExpressionAttributeNames=names,
+                                      ExpressionAttributeValues={f":u{i}": v for i, v in enumerate(args.values())})
                         h.done(op)
                     elif kind == "add":
                         r = t.update_item(Key=key, UpdateExpression="ADD n :one",
@@ -299,98 +359,144 @@ class Fleet:
                         h.done(op, t.get_item(Key=key, ConsistentRead=True).get("Item"))
                     else:
                         raise ValueError(kind)
-                except errors.ShimUnavailable:
-                    h.ops.remove(op)  # refused before anything was written: the app got an error
-                except errors.AWSError as e:
-                    if e.code != "ReshardVersionConflict":
-                        raise
-                    # Lost the version race every time: nothing acknowledged; the app was told to retry.
+                except (errors.ShimUnavailable, errors.AWSError) as e:
+                    if isinstance(e, errors.AWSError) and e.code not in APP_ERRORS:
+                        raise  # anything else is a bug the run reports (the actor raised)
+                    # The app got an error (fail closed, a request refused by the server, retries
+                    # that timed out, the version race lost every time): nothing acknowledged. If no
+                    # write to the data table was sent for it, nothing can have happened; else
+                    # it may or may not have (a request held by the network may land later).
+                    if not self._wrote(name, op.invoke):
+                        h.ops.remove(op)
         self.w.actor(name, body)
         return t
 
+    def _wrote(self, actor: str, since: int) -> bool:
+        """Whether ``actor`` sent a write to the data table since trace position ``since``."""
+        return any(s.actor == actor and s.op in DATA_WRITES and s.detail.startswith(self.table + " ")
+                   for s in self.w.trace[since:])
+
     def operator(self, name: str, *actions: str) -> None:
-        """An operator doing ``actions`` (advance, rollback, abort, retire) in order; a refused or
-        lost transition is recorded, not raised (the operator would wait and retry)."""
+        """An operator doing ``actions`` in order (see :meth:`transition`); a refused or lost
+        transition is recorded, not raised (the operator would wait and retry)."""
         def body():
             for a in actions:
                 self.transition(name, a)
         self.w.actor(name, body)
 
     def transition(self, who: str, a: str) -> None:
-        """One operator action, from the calling actor's thread: advance / rollback / abort /
-        retire with open gates; ``repair``: ``verify --repair`` (backfill only); ``verify+advance``: a real verify run (scheduled, like every
-        call of the actor), then advance through the *real* gates (backfill finished, a
-        passing verify since); ``cleanup``: the real cleanup pass (its precondition, the
-        Cleaner page function, and the retire of an aborted migration when it is done)."""
+        """One operator action, from the calling actor's thread, on migration m1 or, with a
+        suffix ``@key``, on that one (:meth:`add_migration`): advance / rollback / abort / retire
+        with open gates; ``repair``: ``verify --repair`` (backfill only); ``verify``: a real verify
+        run; ``verify+advance``: a real verify run (scheduled, like every call of the actor), then
+        advance through the *real* gates (backfill finished, a passing verify since);
+        ``cleanup``: the real cleanup pass (its precondition, the Cleaner page function, and the
+        retire of an aborted migration when it is done); ``cleanup+sweep``: `reshard cleanup` of
+        an aborted migration (the pass, the retire, the second sweep); ``strip``: `reshard cleanup
+        --strip-bookkeeping` (complete); ``start``: `reshard start` (registers the migration)."""
+        action, _, key = a.partition("@")
+        key = key or "m1"
+        m = self.migrations[key]
         out = self.outcomes.setdefault(who, [])
         try:
-            if a == "retire":
-                retire(self.store, self.m.id, who=who)
-            elif a == "verify+advance":
-                require_phase_and_ack(self.store, self.m.id, VERIFY_JOB)
-                passed, diffs = self.verify(run=1, host=who)
+            if action == "retire":
+                retire(self.store, m.id, who=who)
+            elif action == "start":
+                self.store.register(m, who=who)
+            elif action == "verify":
+                require_phase_and_ack(self.store, m.id, VERIFY_JOB)
+                passed, diffs = self.verify(run=1, host=who, key=key)
                 out.append(("verify", "passed" if passed else f"failed: {diffs}"))
-                transition(self.store, self.m.id, Action.ADVANCE, who=who, allow_no_shims=True,
+            elif action == "verify+advance":
+                require_phase_and_ack(self.store, m.id, VERIFY_JOB)
+                passed, diffs = self.verify(run=1, host=who, key=key)
+                out.append(("verify", "passed" if passed else f"failed: {diffs}"))
+                transition(self.store, m.id, Action.ADVANCE, who=who, allow_no_shims=True,
                            sleep=self.w.sleep, lease_wait=self.lease_wait)  # the real gates
-            elif a == "cleanup":
-                self.cleanup_pass(who)
-            elif a == "cleanup+sweep":
+            elif action == "cleanup":
+                self.cleanup_pass(who, key=key)
+            elif action == "strip":
+                self.strip_pass(who, key=key)
+            elif action == "cleanup+sweep":
                 # `reshard cleanup` of an aborted migration (operations.run_data_job): the pass
                 # retires it, then, once the fleet acknowledged the retire (run_job's
                 # precondition, waiting), a second pass sweeps tombstones of shims still on aborted.
                 from reshard import operations
-                before = self.store.load_state(self.m.id)
-                self.cleanup_pass(who)
-                if operations.sweeps_again(before, lambda: self.store.load_state(self.m.id)):
-                    self.cleanup_pass(who, run=2, wait=self.sweep_wait)
+                before = self.store.load_state(m.id)
+                self.cleanup_pass(who, key=key)
+                if operations.sweeps_again(before, lambda: self.store.load_state(m.id)):
+                    self.cleanup_pass(who, run=2, wait=self.sweep_wait, key=key)
                 self.swept_at = len(self.w.sched.trace)
-            elif a == "repair":  # `reshard verify --repair`, inside the schedule, with run_job's precondition
-                require_phase_and_ack(self.store, self.m.id, VERIFY_JOB, repair=True)
-                passed, diffs = self.verify(run=2, host=who, repair=True)
+            elif action == "repair":  # `reshard verify --repair`, inside the schedule, with run_job's precondition
+                require_phase_and_ack(self.store, m.id, VERIFY_JOB, repair=True)
+                passed, diffs = self.verify(run=2, host=who, repair=True, key=key)
                 out.append(("repair", "clean" if passed else f"found {diffs}"))
             else:
                 # sleep: a switch waits for the fleet on the logical clock, letting the shims run.
-                transition(self.store, self.m.id, Action(a), who=who, gates=OPEN_GATES, allow_no_shims=True,
+                transition(self.store, m.id, Action(action), who=who, gates=OPEN_GATES, allow_no_shims=True,
                            sleep=self.w.sleep, lease_wait=self.lease_wait)
             out.append((a, "ok"))
-        except (errors.RefusedTransition, errors.ConcurrentChange) as e:
+        except (errors.RefusedTransition, errors.ConcurrentChange, errors.BadInput) as e:
             out.append((a, f"refused: {e}"))
 
-    def cleanup_pass(self, who: str, run: int = 1, wait: float | None = 0.0) -> None:
+    def cleanup_pass(self, who: str, run: int = 1, wait: float | None = 0.0, key: str = "m1",
+                     ttl: bool = False) -> None:
+        """The real cleanup pass of migration ``key`` (``ttl``: old items get the TTL attribute
+        instead of being deleted, as without ``--delete``)."""
         from reshard.jobs import cleanup
+        m, mapper = self.migrations[key], self.mappers[key]
         # run_job's precondition (``wait``: its ``lease_wait``, polled on the logical clock)
-        state = require_phase_and_ack(self.store, self.m.id, "cleanup", wait=wait, sleep=self.w.sleep)
-        opts = JobOptions(segments=1, workers=1, page_size=50, delete=True)
+        state = require_phase_and_ack(self.store, m.id, "cleanup", wait=wait, sleep=self.w.sleep)
+        opts = JobOptions(segments=1, workers=1, page_size=50, delete=not ttl)
         cleanup._check(self.store, state, opts)  # refuses while a backfill/verify lease is live
+        if ttl and state.phase is not Phase.ABORTED:
+            cleanup.check_ttl(self.w.dynamo, m, enable=True)
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
-        page = cleanup.Cleaner(self.w.dynamo, self.mapper, self.table, budget, opts,
-                               state.phase is Phase.ABORTED, self.w.clock).page
-        engine = SegmentEngine(self.store, self.m.id, "cleanup", run, 1, page, workers=1, clock=self.w.clock,
+        page = cleanup.Cleaner(self.w.dynamo, mapper, self.table, budget, opts, state.phase is Phase.ABORTED,
+                               self.w.clock, cleanup.retired_migrations(self.store, self.table, m.id)).page
+        engine = SegmentEngine(self.store, m.id, "cleanup", run, 1, page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False)
         engine.work_inline()
         if state.phase is Phase.ABORTED and not state.retired:
             # cleanup's finish: retire looks at the job leases again, with the pass's wait.
-            retire(self.store, self.m.id, who=who, lease_wait=opts.lease_wait)
+            retire(self.store, m.id, who=who, lease_wait=opts.lease_wait)
+
+    def strip_pass(self, who: str, key: str = "m1") -> None:
+        """`reshard cleanup --strip-bookkeeping` of migration ``key`` (complete): run_job's
+        precondition, then the real Stripper page function over one segment, inline."""
+        from reshard.core.phases import STRIP_JOB
+        from reshard.jobs.strip import Stripper
+        m = self.migrations[key]
+        require_phase_and_ack(self.store, m.id, STRIP_JOB)
+        budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
+        keys = m.keys
+        page = Stripper(self.w.dynamo, self.table, [keys.partition] + ([keys.sort] if keys.sort else []), budget,
+                        JobOptions(segments=1, workers=1, page_size=50)).page
+        engine = SegmentEngine(self.store, m.id, STRIP_JOB, 1, 1, page, workers=1, clock=self.w.clock,
+                               lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
+                               sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False)
+        engine.work_inline()
 
     def copier(self, host: str, segments: int = 1, page_size: int = 10, run: int = 1,
-               then: Callable[[], None] | None = None) -> SegmentEngine:
-        """A backfill host: the real Backfill.page through one SegmentEngine worker, inline
-        (``then``: what the same actor does once the worker has nothing left)."""
+               then: Callable[[], None] | None = None, key: str = "m1") -> SegmentEngine:
+        """A backfill host of migration ``key``: the real Backfill.page through one SegmentEngine
+        worker, inline (``then``: what the same actor does once the worker has nothing left)."""
         w = self.w
+        m, mapper = self.migrations[key], self.mappers[key]
         budget = CapacityBudget(None, None, clock=w.clock, sleep=w.sleep)
         budget.attach(w.dynamo, self.table)
-        page = Backfill(w.dynamo, self.store, self.m.id, self.mapper, self.table, budget, page_size=page_size).page
+        page = Backfill(w.dynamo, self.store, m.id, mapper, self.table, budget, page_size=page_size).page
         # The runner's phase guard, read before every page (min_interval 0: its cache runs on
         # the real monotonic clock, which would make runs depend on real time).
-        guard = phase_guard(self.store, self.m.id, BACKFILL_JOB, job_rule(BACKFILL_JOB).phases, min_interval=0.0)
-        engine = SegmentEngine(self.store, self.m.id, BACKFILL_JOB, run, segments, page, workers=1,
+        guard = phase_guard(self.store, m.id, BACKFILL_JOB, job_rule(BACKFILL_JOB).phases, min_interval=0.0)
+        engine = SegmentEngine(self.store, m.id, BACKFILL_JOB, run, segments, page, workers=1,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                poll_seconds=self.poll_seconds, clock=w.clock, sleep=w.sleep, host=host,
                                invocation=host, is_dead=lambda owner: False, guard=guard)
         def body():
             try:
-                require_phase_and_ack(self.store, self.m.id, BACKFILL_JOB)  # run_job's precondition
+                require_phase_and_ack(self.store, m.id, BACKFILL_JOB)  # run_job's precondition
             except errors.RefusedTransition:
                 return
             engine.work_inline()
@@ -401,28 +507,39 @@ class Fleet:
         return engine
 
     # ------------------------------------------------------------ the final state
-    def phase(self) -> tuple[str, bool]:
-        st = self.store.load_state(self.m.id)
+    def registered(self) -> list[str]:
+        """The keys of the migrations registered now, in the order they were added."""
+        return [k for k, m in self.migrations.items() if self.store.load_state(m.id, missing_ok=True) is not None]
+
+    def governing(self) -> str:
+        """The migration whose phase says where the table's items are now: the last one started."""
+        return self.registered()[-1]
+
+    def phase(self, key: str | None = None) -> tuple[str, bool]:
+        st = self.store.load_state(self.migrations[key or self.governing()].id)
         return st.phase.value, st.retired
 
-    def view(self, phase: str | None, name: str) -> dict | None:
-        """The logical item as a shim pinned to ``phase`` reads it (None: steady)."""
-        t = ShardedTable(self.m, self.w.dynamo, control_table=None, writer_id="viewer", query_workers=1)
+    def view(self, phase: str | None, name: str, key: str = "m1") -> dict | None:
+        """The logical item as a shim of migration ``key`` pinned to ``phase`` reads it (None: steady)."""
+        t = ShardedTable(self.migrations[key], self.w.dynamo, control_table=None, writer_id="viewer",
+                         query_workers=1)
         t._pin_phase(phase)
         return t.get_item(Key=self.keys[name], ConsistentRead=True).get("Item")
 
-    def verify(self, run: int | None = None, host: str = "verifier", repair: bool = False) -> tuple[bool, dict]:
+    def verify(self, run: int | None = None, host: str = "verifier", repair: bool = False,
+               key: str = "m1") -> tuple[bool, dict]:
         """The real verify page function over the whole table, one segment, inline; (passed, counts)."""
+        m, mapper = self.migrations[key], self.mappers[key]
         self.verify_runs += 1
         run = run or 100 + self.verify_runs
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=lambda s: None)
         opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=0.0, repair=repair)
-        v = Verifier(self.w.dynamo, self.store, self.m.id, run, self.mapper, self.table, budget, opts,
+        v = Verifier(self.w.dynamo, self.store, m.id, run, mapper, self.table, budget, opts,
                      sleep=lambda s: None)
         # run_job's phase guard, read before every page (afresh after every claim).
-        guard = phase_guard(self.store, self.m.id, VERIFY_JOB, job_rule(VERIFY_JOB, repair).phases, min_interval=0.0)
+        guard = phase_guard(self.store, m.id, VERIFY_JOB, job_rule(VERIFY_JOB, repair).phases, min_interval=0.0)
         # One scan segment and the join (the run's last segment), as run_job runs VERIFY.
-        engine = SegmentEngine(self.store, self.m.id, VERIFY_JOB, run, 2, v.page, workers=1, clock=self.w.clock,
+        engine = SegmentEngine(self.store, m.id, VERIFY_JOB, run, 2, v.page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=lambda s: None, host=host, invocation=host,
                                is_dead=lambda owner: False, guard=guard, join=True)
@@ -433,18 +550,22 @@ class Fleet:
 
     def problems(self) -> list[str]:
         """Every invariant violated by the final state and the history (empty: all hold)."""
-        phase, retired = self.phase()
+        gkey = self.governing()
+        mapper = self.mappers[gkey]
+        phase, retired = self.phase(gkey)
         read_phase = None if (phase == "aborted" and retired) else phase
         out: list[str] = []
         by_item: dict[str, list[Op]] = {}
         for op in self.history.ops:
             by_item.setdefault(op.ident, []).append(op)
-        layouts = by_layout(self.mapper, self.w.db.items(self.table))
+        items = self.w.db.items(self.table)
+        layouts = by_layout(mapper, items)
+        where = f"{phase}" + (f" of {gkey}" if len(self.migrations) > 1 else "")
         for name, fields in self.keys.items():
             ops = by_item.get(name, [])
             keys = dict(fields)
             initial = self.initial.get(name)
-            final = self.view(read_phase, name)
+            final = self.view(read_phase, name, gkey)
             lin = lambda fin, **kw: linearizable(ops, initial, keys, fin, **kw)  # noqa: E731
             if not lin(final, results=False, reads=False):
                 told = [o.text() for o in ops]
@@ -453,7 +574,7 @@ class Fleet:
                 resurrected = final is not None and any(
                     all(o.resp is not None and o.resp <= d.invoke for o in writes) for d in deletes)
                 kind = "resurrection (an acknowledged delete undone)" if resurrected else "lost acknowledged write"
-                out.append(f"{kind}: {name} reads {final} in {phase}; the application was told {told}")
+                out.append(f"{kind}: {name} reads {final} in {where}; the application was told {told}")
             elif not lin(final, results=True, reads=False):
                 out.append(f"wrong result: no order of {[o.text() for o in ops]} gives every caller the answer "
                            f"it got (e.g. two callers told the same count, two conditional writes both won)")
@@ -464,10 +585,10 @@ class Fleet:
             # same item (items the shims wrote; every item once a copier ran). Before backfill a
             # lagging planned shim may legitimately leave the new layout behind: the copy fixes it.
             if phase in ("backfill", "cutover") and (ops or self.copied):
-                old, new = self.view("dual_write", name), self.view("cutover", name)
+                old, new = self.view("dual_write", name, gkey), self.view("cutover", name, gkey)
                 if old != new:
-                    out.append(f"layouts disagree on {name} in {phase}: old layout {old}, new layout {new}")
-            ident = self.mapper.identity(self.mapper.logical_fields(_wire(fields)))
+                    out.append(f"layouts disagree on {name} in {where}: old layout {old}, new layout {new}")
+            ident = mapper.identity(mapper.logical_fields(_wire(fields)))
             n_old = len(layouts["old"].get(ident, []))
             n_new = len(layouts["new"].get(ident, []))
             if n_old > max(1, self.seeded_old.get(name, 1)) or n_new > 1:
@@ -477,28 +598,42 @@ class Fleet:
             # before it (a later delete by a shim still on aborted is that shim's: it was live).
             deletes = [o for o in self.history.ops if o.kind == "delete"]
             swept = deletes and all(o.resp is not None and o.resp <= self.swept_at for o in deletes)
-            left = [i for i in self.w.db.items(self.table) if TOMBSTONE_ATTR in i] if swept else []
+            left = [i for i in items if TOMBSTONE_ATTR in i] if swept else []
             if left:
                 out.append(f"leftover tombstone after the cleanup returned: {left}")
-        if phase == "aborted" and retired:
-            # A retired migration left no new-layout copy behind: a retry of the migration
-            # would find it at its new key (issue 12 case 6).
-            left = [i for i in self.w.db.items(self.table) if self.mapper.is_new_copy(i)]
-            if left:
-                out.append(f"leftover new-layout copies after retire: {left}")
+        for key in self.registered():
+            if self.phase(key) == ("aborted", True):
+                # A retired migration left no new-layout copy behind: a retry of the migration
+                # would find it at its new key (issue 12 case 6).
+                left = [i for i in items if self.mappers[key].is_new_copy(i)]
+                if left:
+                    out.append(f"leftover new-layout copies after the retire of {self.migrations[key].id}: {left}")
         return out
 
     def check(self, w: World) -> None:
         problems = self.problems()
-        phase, _ = self.phase()
+        gkey = self.governing()
+        phase, _ = self.phase(gkey)
         note = ""
         if problems and phase in VERIFY_PHASES:
             # Only a violated state needs verify's verdict: "verify never passes while an
             # invariant is violated" says nothing about a correct state.
-            passed, diffs = self.verify()
+            passed, diffs = self.verify(key=gkey)
             note = "\n  and VERIFY PASSED over this state" if passed else f"\n  (verify failed: {diffs})"
         if problems:
             raise AssertionError("; ".join(problems) + f" [final phase {phase}; operator: {self.outcomes}]" + note)
+
+
+def migration_variant(kind: str, table: str, mid: str, shards: tuple[int, int] | None = None):
+    """The example migration ``kind`` on ``table`` under the id ``mid``, its ``[from]`` / ``[to]``
+    shard counts replaced by ``shards`` (a second migration of the same table: 32 -> 64 after
+    16 -> 32; a retry of an aborted one: the same layouts, another id)."""
+    import re
+    text = migration_text(kind, table, mid)
+    if shards is not None:
+        for section, n in zip(("from", "to"), shards):
+            text = re.sub(rf"(\[{section}\][^\[]*?shards = )\d+", rf"\g<1>{n}", text, count=1, flags=re.S)
+    return parse(text, f"<{kind}:{mid}>")
 
 
 def _wire(fields: dict) -> dict:
