@@ -370,6 +370,11 @@ class Scheduler:
             a.current_fate = None
 
     # ---------------------------------------------------------------- guarded requests
+    def current(self) -> str | None:
+        """The name of the actor whose thread calls this (None: not an actor)."""
+        a = self._by_thread.get(threading.get_ident())
+        return a.name if a else None
+
     def is_actor(self) -> bool:
         """The calling thread is one of this scheduler's actors."""
         return threading.get_ident() in self._by_thread

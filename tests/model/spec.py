@@ -289,32 +289,47 @@ class Fleet:
             self.cleanup_pass("setup", key=key)
 
     # ------------------------------------------------------------ actors
-    def shim(self, name: str, migration: str = "m1", control_table: str = CONTROL, skew: float = 0.0) -> ShardedTable:
+    def shim(self, name: str, migration: str = "m1", control_table: str = CONTROL, skew: float = 0.0,
+             late: bool = False) -> ShardedTable:
         """A shim instance of migration ``migration``'s file with ``control_table`` (another name:
         a mistyped one), whose wall clock (versions, heartbeat stamps) runs ``skew`` seconds off the
-        server's."""
+        server's. ``late``: not started yet (:meth:`start_shim`, inside the schedule)."""
         w = self.w
         wall = (lambda: w.clock() + skew) if skew else w.clock
         t = ShardedTable(self.migrations[migration], w.dynamo, control_table=control_table, clock=w.clock,
                          control_clock=wall, sleep=w.sleep, writer_id=name, start=False, query_workers=1,
                          version_clock=VersionClock(name, now_ms=lambda: int(wall() * 1000)))
-        try:
-            t._phases._heartbeat("starting", 0)  # what start() does, minus the refresh thread
-        except errors.ResourceNotFound:
-            pass  # no such control table (a typo): start() goes on to its refresh, as here
-        assert t.refresh()
         self.shims[name] = t
+        if not late:
+            assert self.start_shim(t)
         return t
 
+    @staticmethod
+    def start_shim(t: ShardedTable) -> bool:
+        """What ``ShardedTable.start()`` does, minus the refresh thread: announce, then refresh."""
+        try:
+            t._phases._heartbeat("starting", 0)
+        except errors.ResourceNotFound:
+            pass  # no such control table (a typo): start() goes on to its refresh, as here
+        return t.refresh()
+
     def shim_actor(self, name: str, *steps: tuple, migration: str = "m1", control_table: str = CONTROL,
-                   skew: float = 0.0) -> ShardedTable:
+                   skew: float = 0.0, late: bool = False) -> ShardedTable:
         """A shim instance running ``steps`` in order: ("refresh",), ("close",), ("put", item, attrs),
         ("update", item, attrs) (SET), ("add", item), ("delete", item), ("cas", item, expect, ver),
-        ("get", item). See :meth:`shim` for the other arguments."""
-        t = self.shim(name, migration, control_table, skew)
+        ("get", item). See :meth:`shim` for the other arguments (``late``: the instance starts as the
+        actor's first steps, at any point of the schedule)."""
+        t = self.shim(name, migration, control_table, skew, late)
+        self.w.actor(name, self.shim_body(name, t, steps, late))
+        return t
+
+    def shim_body(self, name: str, t: ShardedTable, steps: tuple, late: bool = False) -> Callable[[], None]:
+        """What :meth:`shim_actor` runs (ops recorded under ``name``), for :meth:`script` too."""
         h = self.history
 
         def body():
+            if late:
+                self.start_shim(t)
             for step in steps:
                 kind = step[0]
                 if kind == "refresh":
@@ -366,10 +381,9 @@ class Fleet:
                     # that timed out, the version race lost every time): nothing acknowledged. If no
                     # write to the data table was sent for it, nothing can have happened; else
                     # it may or may not have (a request held by the network may land later).
-                    if not self._wrote(name, op.invoke):
+                    if not self._wrote(self.w.sched.current() or name, op.invoke):
                         h.ops.remove(op)
-        self.w.actor(name, body)
-        return t
+        return body
 
     def _wrote(self, actor: str, since: int) -> bool:
         """Whether ``actor`` sent a write to the data table since trace position ``since``."""
@@ -379,9 +393,21 @@ class Fleet:
     def operator(self, name: str, *actions: str) -> None:
         """An operator doing ``actions`` in order (see :meth:`transition`); a refused or lost
         transition is recorded, not raised (the operator would wait and retry)."""
+        self.w.actor(name, self.operator_body(name, actions))
+
+    def operator_body(self, name: str, actions: tuple[str, ...]) -> Callable[[], None]:
         def body():
             for a in actions:
                 self.transition(name, a)
+        return body
+
+    def script(self, name: str, *parts: Callable[[], None]) -> None:
+        """One actor running ``parts`` one after the other: e.g. the operator's actions, then a
+        shim that starts once they are done (``shim_body`` of a ``late`` shim). Fewer schedules
+        than two actors, for an order the scenario fixes anyway."""
+        def body():
+            for part in parts:
+                part()
         self.w.actor(name, body)
 
     def transition(self, who: str, a: str) -> None:
@@ -533,15 +559,19 @@ class Fleet:
         self.verify_runs += 1
         run = run or 100 + self.verify_runs
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=lambda s: None)
-        opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=0.0, repair=repair)
+        # A pause > 0: on the logical clock only sleeps move time, so a zero pause would re-read a
+        # suspect forever without its settle window ever passing.
+        opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=1.0, repair=repair)
+        # Verify's waits (the settle window of a suspect, a held lease) sleep on the logical clock:
+        # through the scheduler from an actor (a scheduling point), at once from the check.
         v = Verifier(self.w.dynamo, self.store, m.id, run, mapper, self.table, budget, opts,
-                     sleep=lambda s: None)
+                     sleep=self.w.sleep, clock=self.w.clock)
         # run_job's phase guard, read before every page (afresh after every claim).
         guard = phase_guard(self.store, m.id, VERIFY_JOB, job_rule(VERIFY_JOB, repair).phases, min_interval=0.0)
         # One scan segment and the join (the run's last segment), as run_job runs VERIFY.
         engine = SegmentEngine(self.store, m.id, VERIFY_JOB, run, 2, v.page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
-                               sleep=lambda s: None, host=host, invocation=host,
+                               sleep=self.w.sleep, host=host, invocation=host,
                                is_dead=lambda owner: False, guard=guard, join=True)
         engine.work_inline()
         totals = sum_counters(engine.records())
@@ -573,14 +603,18 @@ class Fleet:
                 deletes = [o for o in ops if o.kind == "delete" and o.resp is not None]
                 resurrected = final is not None and any(
                     all(o.resp is not None and o.resp <= d.invoke for o in writes) for d in deletes)
-                kind = "resurrection (an acknowledged delete undone)" if resurrected else "lost acknowledged write"
+                twice = any(linearizable(ops + [Op(o.actor, o.kind, o.ident, o.args, o.invoke)], initial, keys, final,
+                                         results=False, reads=False) for o in ops if o.kind != "get")
+                kind = ("resurrection (an acknowledged delete undone)" if resurrected else
+                        "a write applied twice" if twice else "lost acknowledged write")
                 out.append(f"{kind}: {name} reads {final} in {where}; the application was told {told}")
             elif not lin(final, results=True, reads=False):
                 out.append(f"wrong result: no order of {[o.text() for o in ops]} gives every caller the answer "
                            f"it got (e.g. two callers told the same count, two conditional writes both won)")
             elif not lin(final, results=True, reads=True):
                 out.append(f"read-your-writes / stale read: no order of {[o.text() for o in ops]} explains "
-                           "every read")
+                           f"every read and the final state ({name} reads {final} in {where}: a write a read saw "
+                           "was lost, or one a later delete removed came back)")
             # From backfill on, the next transition reads the other layout: both must hold the
             # same item (items the shims wrote; every item once a copier ran). Before backfill a
             # lagging planned shim may legitimately leave the new layout behind: the copy fixes it.
