@@ -604,7 +604,7 @@ class Fleet:
                 resurrected = final is not None and any(
                     all(o.resp is not None and o.resp <= d.invoke for o in writes) for d in deletes)
                 twice = any(linearizable(ops + [Op(o.actor, o.kind, o.ident, o.args, o.invoke)], initial, keys, final,
-                                         results=False, reads=False) for o in ops if o.kind != "get")
+                                         results=False, reads=False) for o in ops if o.kind == "add")
                 kind = ("resurrection (an acknowledged delete undone)" if resurrected else
                         "a write applied twice" if twice else "lost acknowledged write")
                 out.append(f"{kind}: {name} reads {final} in {where}; the application was told {told}")

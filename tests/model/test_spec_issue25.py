@@ -187,3 +187,108 @@ def test_cutover_after_a_half_written_backfill_write(coarse_switch_polls):
     r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
     print(describe_bounds(r))
     r.assert_ok()
+
+
+# ----------------------------------------------------------------------------- case 2: a copy stalled after its lease check
+
+def stalled_copy(w: World) -> Fleet:
+    """A backfill fleet whose data writes have no in-flight bound (the fault model: a request
+    past its guard may land at any later time), one seeded item, copier C1."""
+    f = Fleet(w, phase="backfill")
+    w.max_request_seconds = None
+    f.key("k", **SENSOR_KEY)
+    f.seed("k", {"temp": 1})
+    f.expect_initial("k", {"temp": 1})
+    f.copier("C1")
+    return f
+
+
+def stalled_copy_across_cleanup(w: World) -> Fleet:
+    """Case 2: C1 passed its lease check and stalls with its copy on the wire (the opening);
+    C2 takes the segment over and finishes, the operator cuts over (the real wait for job
+    leases: nothing is held any more), verifies and enters cleanup, and B (started then) deletes
+    the item -- a plain delete. C1's copy lands at any point."""
+    f = stalled_copy(w)
+    b = f.shim("B", late=True)
+    f.copier("C2", then=lambda: (f.operator_body("op", ("advance", "verify", "advance"))(),
+                                 f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True)()))
+    return f
+
+
+def copy_on_the_wire(actor: str, seconds: float = 11.0, watchers: tuple[str, ...] = ()):
+    """The opening: ``actor`` (a copier) scanned its page and passed its lease check; its copy is
+    sent but has not arrived (parked at the PutItem) while ``seconds`` pass (past its lease)."""
+    from tests.model.test_spec_issue12 import freeze_at
+    return freeze_at(actor, "put_item", seconds, watchers=watchers, table="data")
+
+
+@case(2, "a copy stalled after its lease check lands on the key cleanup's plain delete emptied")
+def test_a_copy_stalled_after_its_lease_check_across_cutover_cleanup_and_a_delete():
+    r = explore(scenario(stalled_copy_across_cleanup), preemption_bound=1,
+                drive=copy_on_the_wire("C1", watchers=("C2",)))
+    print(describe_bounds(r))
+    r.assert_ok()
+
+
+def retry_migration(f: Fleet):
+    """The retry of an aborted migration of the same table: the same layouts, another id."""
+    from tests.model.spec import migration_variant
+    return f.add_migration("m2", migration_variant(f.kind, f.table, f.m.id + "-retry"))
+
+
+def stalled_copy_across_abort_and_retry(w: World) -> Fleet:
+    """Case 2 in an aborted migration: C1's copy is on the wire (the opening); the operator aborts
+    and runs the abort's cleanup (the pass waits for C1's lease, removes the new copies, retires);
+    the application (steady again) deletes the item; the operator starts a retry of the migration
+    and brings it to dual_read, where T reads the item. C1's copy lands at any point."""
+    f = stalled_copy(w)
+    retry_migration(f)
+    s = f.shim("S", late=True)
+    t = f.shim("T", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("abort", "cleanup")),
+             f.shim_body("S", s, (("delete", "k"), ("close",)), late=True),
+             f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.shim_body("T", t, (("get", "k"),), late=True))
+    return f
+
+
+@case(2, "a copy stalled after its lease check lands after the abort's cleanup: the retry reads it back")
+def test_a_copy_stalled_after_its_lease_check_across_abort_cleanup_and_a_retry():
+    r = explore(scenario(stalled_copy_across_abort_and_retry), preemption_bound=1, drive=copy_on_the_wire("C1"))
+    print(describe_bounds(r))
+    r.assert_ok()
+
+
+# ----------------------------------------------------------------------------- case 5: a shim nobody counts
+
+def mistyped_control_table(w: World) -> Fleet:
+    """Case 5: in cutover, shim M was deployed with a mistyped control table: it never sees the
+    migration, so it would serve the steady state (old layout, plain writes); B (a shim of the
+    fleet) reads and deletes. M must refuse rather than write where nobody reads."""
+    f = sensor_fleet(w, "cutover")
+    f.shim_actor("M", ("put", "k", {"by": "M"}), ("delete", "k"), ("put", "k", {"by": "M2"}),
+                 control_table="ctl-typo")
+    f.shim_actor("B", ("get", "k"))
+    return f
+
+
+@case(5, "a shim with a mistyped control table writes as the steady state in cutover")
+def test_a_shim_with_a_mistyped_control_table():
+    run(mistyped_control_table, preemption_bound=1)
+
+
+def on_the_previous_file(w: World) -> Fleet:
+    """Case 5's variant: migration m1 (16 -> 32) completed, then a second one m2 (32 -> 64)
+    completed too; shim P still runs m1's file (complete: it writes m1's new layout, which is
+    m2's *old* one, unfenced); R runs m2's file."""
+    from tests.model.spec import migration_variant
+    f = sensor_fleet(w, "complete")
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)), "complete")
+    f.shim_actor("P", ("put", "k", {"by": "P"}))
+    f.shim_actor("R", ("get", "k"), migration="m2")
+    return f
+
+
+@case(5, "a shim on the previous (completed) migration's file writes a layout nobody reads")
+def test_a_shim_still_on_the_previous_migrations_file():
+    run(on_the_previous_file, preemption_bound=1)
