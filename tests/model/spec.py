@@ -283,7 +283,8 @@ class Fleet:
             else:
                 assert order.index(state.phase.value) < order.index(target), (state.phase, target)
                 action = Action.ADVANCE
-            transition(self.store, m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True)
+            transition(self.store, m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True,
+                       sleep=self.w.sleep)
             state = self.store.load_state(m.id)
         if phase == "retired":
             self.cleanup_pass("setup", key=key)

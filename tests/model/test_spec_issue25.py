@@ -292,3 +292,63 @@ def on_the_previous_file(w: World) -> Fleet:
 @case(5, "a shim on the previous (completed) migration's file writes a layout nobody reads")
 def test_a_shim_still_on_the_previous_migrations_file():
     run(on_the_previous_file, preemption_bound=1)
+
+
+# ----------------------------------------------------------------------------- case 6: leftovers
+
+def skewed_late_mirror_across_abort_and_retry(w: World) -> Fleet:
+    """Case 6 (a retire under clock skew): the shims' wall clocks disagree with the operator's (A
+    runs 120 s ahead, the others 30 s behind: versions and heartbeat stamps). In backfill A's put
+    lands on the old layout and A freezes before its mirror (the opening; C reads the put). The
+    operator aborts and runs the abort's cleanup (which retires the migration); the application,
+    steady again, writes the item (S, unversioned); the operator starts a retry of the migration
+    (same layouts) and brings it to dual_read, where T reads. A's mirror -- a copy marked with the
+    retired migration, stamped 120 s ahead -- lands at any point."""
+    f = sensor_fleet(w, "backfill")
+    f.shim_actor("A", ("put", "k", {"by": "A"}), skew=120.0)
+    f.shim_actor("C", ("get", "k"), ("close",), skew=-30.0)
+    retry_migration(f)
+    s = f.shim("S", late=True, skew=-30.0)
+    t = f.shim("T", migration="m2", late=True, skew=-30.0)
+    f.script("op", f.operator_body("op", ("abort", "cleanup")),
+             f.shim_body("S", s, (("put", "k", {"by": "S"}), ("close",)), late=True),
+             f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.shim_body("T", t, (("get", "k"),), late=True))
+    return f
+
+
+@case(6, "a retired migration's copy, stamped by a clock running ahead, outlives the retire")
+def test_a_retire_under_clock_skew(coarse_switch_polls):
+    r = explore(scenario(skewed_late_mirror_across_abort_and_retry), preemption_bound=1,
+                drive=frozen_before_mirror("A", then=("C",)))
+    print(describe_bounds(r))
+    r.assert_ok()
+
+
+def reverse_migration_in_the_retain_window(w: World) -> Fleet:
+    """Case 6 (a second migration inside the first one's ``retain_hours``): m1 (16 -> 32) went
+    through cleanup with TTL (its old copy of the item waits for TTL deletion, ``retain_hours``)
+    to complete; D deletes the item (complete: a plain delete of the new copy); the operator
+    starts the reverse migration m2 (32 -> 16: its new keys are m1's old keys) and brings it to
+    dual_read, where R reads the item: the TTL-pending leftover sits at its new key."""
+    from tests.model.spec import migration_variant
+    f = sensor_fleet(w, "backfill")
+    x = f.shim("X")
+    x.put_item(Item={**f.keys["k"], "temp": 1})  # set-up: both layouts hold the item
+    x.close()
+    f.setup_to("m1", "cleanup")
+    f.cleanup_pass("setup", ttl=True)
+    f.setup_to("m1", "complete")
+    f.expect_initial("k", {"temp": 1})
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-16", (32, 16)))
+    d = f.shim("D", late=True)
+    r = f.shim("R", migration="m2", late=True)
+    f.script("op", f.shim_body("D", d, (("delete", "k"), ("close",)), late=True),
+             f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.shim_body("R", r, (("get", "k"),), late=True))
+    return f
+
+
+@case(6, "the reverse migration reads the first one's TTL-pending leftover at its new key")
+def test_a_second_migration_inside_the_first_ones_retain_window():
+    run(reverse_migration_in_the_retain_window, preemption_bound=1)
