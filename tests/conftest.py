@@ -5,6 +5,7 @@ Layers, by folder and marker:
   tests/functional   moto's mock_aws, in-process      (-m functional)
   tests/integration  dynalite on 127.0.0.1            (-m integration)
   tests/reliability  chaos, faults, races, bad input  (-m reliability)
+  tests/aws          the real-AWS acceptance check    (-m aws; skipped without RESHARD_AWS_TEST_REGION)
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from reshard.aws.moto_speedups import install as install_moto_speedups
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
+#: The caller's own AWS settings, kept before they are replaced below, for tests/aws alone: the
+#: real-AWS acceptance check, which runs only when RESHARD_AWS_TEST_REGION is set.
+AWS_VARS = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+            "AWS_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+CALLER_AWS_ENV = {k: os.environ[k] for k in AWS_VARS if k in os.environ}
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 # Never let a test reach a real AWS account by accident.
 for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
@@ -47,7 +53,7 @@ SLOW_FIRST = ("tests/reliability/", "tests/integration/test_backfill_dynalite.py
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = pathlib.Path(str(item.fspath)).relative_to(ROOT).parts
-        if len(parts) > 1 and parts[1] in ("unit", "functional", "integration", "reliability"):
+        if len(parts) > 1 and parts[1] in ("unit", "functional", "integration", "reliability", "aws"):
             item.add_marker(getattr(pytest.mark, parts[1]))
     items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: the rest keep their order
 

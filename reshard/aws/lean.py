@@ -227,8 +227,9 @@ class LeanSender:
             parsed = {}
         if status >= 300 or "__type" in parsed:
             code = str(parsed.get("__type", "")).rpartition("#")[2] or str(status)
-            parsed = {"Error": {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""},
-                      "ResponseMetadata": meta}
+            error = {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""}
+            parsed = self._modeled_error(code, status, answered.headers, content) if len(parsed) > 2 else {}
+            parsed.update(Error=error, ResponseMetadata=meta)
         else:
             if op in _READS and _BINARY_TAG.search(content):  # no B/BS tag in the text: nothing to decode
                 _decode_answer(parsed)
@@ -238,6 +239,18 @@ class LeanSender:
         if "Error" in parsed:  # the modeled class, as botocore raises it (ConditionalCheckFailedException, ...)
             raise self.client.exceptions.from_code(parsed["Error"]["Code"])(parsed, op)
         return parsed
+
+    def _modeled_error(self, code: str, status: int, headers, content: bytes) -> dict:
+        """The error's modeled members (``ThrottlingReasons``, a failed condition's ``Item``), as
+        botocore adds them to the response of the exception it raises (``Endpoint._add_modeled_error_fields``)."""
+        try:
+            shape = self.client.meta.service_model.shape_for_error_code(code)
+            if shape is None:
+                return {}
+            return dict(self.client._response_parser.parse(
+                {"status_code": status, "headers": dict(headers), "body": content}, shape))
+        except Exception:  # noqa: BLE001 - a botocore built differently: the Error alone, as before
+            return {}
 
     def _signing_key(self, secret: str, date: str) -> bytes:
         key = self._keys.get((secret, date))

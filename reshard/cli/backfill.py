@@ -6,8 +6,9 @@ import time
 
 from reshard import errors, operations
 from reshard.cli.options import (command, concurrency_option, host_id_option, job_progress, lease_seconds_option,
-                                 max_rcu_option, max_wcu_option, migration_argument, page_size_option, processes_option,
-                                 resolve_processes, segments_option, workers_option)
+                                 max_rcu_option, max_wcu_option, max_wcu_per_key_option, migration_argument,
+                                 page_size_option, processes_option, resolve_processes, segments_option,
+                                 workers_option)
 from reshard.jobs.backfill import COUNTERS
 from reshard.jobs.index_jobs import REWRITE_COUNTERS
 from reshard.jobs.runner import JobOptions
@@ -65,13 +66,13 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
 @concurrency_option
 @max_wcu_option
 @max_rcu_option
+@max_wcu_per_key_option
 @host_id_option
 @page_size_option("Items per Scan page (the unit of work redone after a kill).")
 @lease_seconds_option("How long a segment lease lasts without a renewal before another worker may take the "
                       "segment over.")
-def backfill_command(env, migration, segments, processes, workers, concurrency, max_wcu, max_rcu, host_id,
-                     page_size,
-                     lease_seconds):
+def backfill_command(env, migration, segments, processes, workers, concurrency, max_wcu, max_rcu, max_wcu_per_key,
+                     host_id, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
     \b
@@ -108,8 +109,8 @@ def backfill_command(env, migration, segments, processes, workers, concurrency, 
     mid = env.migration_id(migration)
     store = env.store()
     opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
-                      lease_seconds=lease_seconds, concurrency=concurrency, host_id=host_id,
-                      processes=resolve_processes(processes, segments))
+                      max_wcu_per_key=max_wcu_per_key or None, lease_seconds=lease_seconds,
+                      concurrency=concurrency, host_id=host_id, processes=resolve_processes(processes, segments))
     subs = job_progress(env, "backfill", mid, opts)
     start = time.monotonic()
     result = operations.run_data_job("backfill", env.dynamo(), store, mid, opts, subscribers=subs,

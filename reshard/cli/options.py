@@ -184,6 +184,12 @@ max_wcu_option = click.option(
 max_rcu_option = click.option(
     "--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
     help="Read capacity budget in RCU/s for the whole job run, shared like --max-wcu.")
+max_wcu_per_key_option = click.option(
+    "--max-wcu-per-key", type=click.FloatRange(min=0), default=800.0, show_default=True,
+    help="The copy's write rate per new partition key value, WCU/s, on this host (divided among its "
+         "--processes; several hosts: give each its part). DynamoDB serves one key at most 1,000 WCU/s "
+         "whatever the budget: a layout with few new keys is copied at what each key takes, the rest of "
+         "the budget goes to the others. 0: not paced per key.")
 host_id_option = click.option(
     "--host-id", default=None, envvar="RESHARD_HOST_ID", show_envvar=True, metavar="NAME",
     help="This process's name in the run's budget row (default: the host name), e.g. a Kubernetes "

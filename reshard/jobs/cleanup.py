@@ -30,7 +30,10 @@ Every pass also removes **marked copies of a retired migration of the same table
 only when that version is not newer than the retire (a later writer's item is kept).
 
 Unmappable items are left alone (counted). The pass is resumable and budgeted like the
-backfill (segment engine, leases, checkpoints). ``cleanup → complete`` needs a
+backfill (segment engine, leases, checkpoints). Its Scan is strongly consistent: it runs
+right after the fleet entered ``cleanup`` (or the abort), when the last mirror writes of
+``cutover`` (or a backfill's last copies) may have landed a moment before, and an eventually
+consistent page may not show them yet; an item the pass does not see is never retired. ``cleanup → complete`` needs a
 finished pass that started after the migration entered ``cleanup``.
 """
 
@@ -106,7 +109,9 @@ class Cleaner:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
                   "new_copies_removed": 0, "retired_copies_removed": 0, "untouched": 0, "unmoved": 0,
                   "unmappable": 0, "changed_meanwhile": 0}
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
+        # Consistent: the last mirrors of cutover (or the last copies before an abort) may have
+        # landed a moment ago; a stale page would not show them, and nothing passes again.
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size, consistent=True)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         writes = []

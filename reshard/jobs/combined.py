@@ -160,7 +160,8 @@ def _backfill_page(ctx: JobContext):
     index_mappers = mappers(m.indexes)
     shared = SharedScan(ctx.dynamo)
     table = backfill_jobs.Backfill(shared.recording, ctx.store, ctx.state.id, ctx.mapper, m.table, ctx.budget,
-                                   opts.page_size, opts.concurrency, indexes=tuple(index_mappers.values()))
+                                   opts.page_size, opts.concurrency, indexes=tuple(index_mappers.values()),
+                                   key_pacer=backfill_jobs.job_key_pacer(ctx))
     index = IndexRewrite(shared.replaying, ctx.store, ctx.state.id, BACKFILL_JOB, index_mappers, m.keys, m.table,
                          ctx.budget, NEW, _projections(ctx.dynamo, m.table), opts.page_size, opts.concurrency)
     return _both(table.page, index.page, "backfill")

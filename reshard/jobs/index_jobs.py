@@ -118,7 +118,10 @@ class IndexRewrite:
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = dict.fromkeys(REWRITE_COUNTERS, 0)
         self.budget.take_usage()
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.page_size)
+        # The abort's rewrite back to old values is consistent: a backfill's rewrite that landed
+        # a moment ago would show its item still at the old value on a stale page, and stay new.
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.page_size,
+                         consistent=self.dest == OLD)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         work = []

@@ -284,7 +284,9 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
     count = max(1, options.processes)
     # Each child passes the run's whole budget: the budget row shares it between the members.
-    child_opts = dataclasses.replace(options, processes=1,
+    # The per-key pace has no shared row: each child takes its part of the host's.
+    per_key = options.max_wcu_per_key / count if options.max_wcu_per_key else options.max_wcu_per_key
+    child_opts = dataclasses.replace(options, processes=1, max_wcu_per_key=per_key,
                                      poll_seconds=options.poll_seconds or min(CHILD_POLL_SECONDS,
                                                                               options.lease_seconds / 4))
     subs = Fanout(subscribers)

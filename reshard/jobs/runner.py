@@ -42,6 +42,7 @@ from reshard.core.wire import N
 from reshard.control.budget import BudgetMembership, read_shares
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
+from reshard.jobs.pacing import DEFAULT_KEY_WCU
 from reshard.jobs.subscribers import Subscriber
 
 DEFAULT_PAGE_SIZE = 500
@@ -69,6 +70,9 @@ class JobOptions:
     page_size: int = DEFAULT_PAGE_SIZE
     max_wcu: float | None = None
     max_rcu: float | None = None
+    #: The copy's write rate per new partition key, WCU/s, for this host (divided among its
+    #: processes; reshard.jobs.pacing); None or 0: not paced per key.
+    max_wcu_per_key: float | None = DEFAULT_KEY_WCU
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: How long a job watches what it must wait for: held backfill/verify leases going
@@ -468,13 +472,23 @@ def conditional_delete(dynamo: Dynamo, budget: CapacityBudget, table: str, key: 
 
 
 def scan_page(dynamo: Dynamo, budget: CapacityBudget, table: str, ctx: PageContext, start_key: dict | None,
-              page_size: int, avg_item_bytes: float = 1024.0) -> dict:
-    """One page of this segment's parallel Scan, paced by the read budget."""
+              page_size: int, avg_item_bytes: float = 1024.0, consistent: bool = False) -> dict:
+    """One page of this segment's parallel Scan, paced by the read budget.
+
+    ``consistent``: a strongly consistent Scan (twice the read units). An eventually
+    consistent page may show an item as it was up to about a second ago -- not there yet,
+    or at its previous version. The backfill and verify read so (a copy of a past version
+    is fenced, a past difference is re-read consistently before it counts); a job that
+    decides from the page alone and never passes again -- cleanup, the strip, an abort's
+    GSI rewrite -- must see what is there now (tests/integration/test_stale_scans.py).
+    """
     kwargs: dict = {"TableName": table, "Segment": ctx.segment, "TotalSegments": ctx.total_segments,
                     "Limit": page_size, "ReturnConsumedCapacity": "TOTAL"}
+    if consistent:
+        kwargs["ConsistentRead"] = True
     if start_key:
         kwargs["ExclusiveStartKey"] = start_key
-    with budget.spend("read", page_scan_units(page_size, avg_item_bytes)):
+    with budget.spend("read", page_scan_units(page_size, avg_item_bytes, consistent)):
         return dynamo.call("scan", **kwargs)
 
 

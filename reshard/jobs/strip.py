@@ -58,7 +58,8 @@ class Stripper:
 
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = dict.fromkeys(COUNTERS, 0)
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
+        # Consistent: an item written a moment ago would be missing from a stale page, never stripped.
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size, consistent=True)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         for item in items:

@@ -261,24 +261,17 @@ class CounterLifecycle(Lifecycle):
         self.stalled_calls: list[tuple[float, str, str, str, str]] = []
         handle = self.proxy.handle
 
-        def logged(headers, body):
-            if "app/stalled" not in (headers.get("User-Agent") or ""):
-                return handle(headers, body)
+        def logged(req):
+            if "app/stalled" not in req.headers.get("user-agent", ""):
+                return handle(req)
             at = time.monotonic()
-            op = (headers.get("X-Amz-Target") or "").split(".")[-1]
-            try:
-                req = json.loads(body or b"{}")
-            except ValueError:
-                req = {}
-            table = req.get("TableName") or ",".join(req.get("RequestItems", {}))
-            key = json.dumps({a: req.get("Item", req.get("Key", {})).get(a) for a in ("PK", "SK")})
-            status, hdrs, out = handle(headers, body)
-            try:
-                outcome = "ok" if status == 200 else json.loads(out).get("__type", "").split("#")[-1]
-            except ValueError:
-                outcome = str(status)
-            self.stalled_calls.append((at, op, table, key, outcome))
-            return status, hdrs, out
+            body = req.json
+            table = body.get("TableName") or ",".join(body.get("RequestItems", {}))
+            key = json.dumps({a: body.get("Item", body.get("Key", {})).get(a) for a in ("PK", "SK")})
+            answer = handle(req)
+            outcome = "closed" if answer is None else "ok" if answer.status == 200 else answer.code
+            self.stalled_calls.append((at, req.op, table, key, outcome))
+            return answer
         self.proxy.handle = logged
 
     def stalled_writes_since(self, t: float) -> list[tuple[float, str, str, str, str]]:
