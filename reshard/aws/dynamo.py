@@ -400,7 +400,8 @@ class Dynamo:
 
     # -- loops DynamoDB leaves to clients
     def batch_write(self, table: str, requests: list[dict], *, capacity: bool = False,
-                    guard: Callable[[], None] | None = None) -> int:
+                    guard: Callable[[], None] | None = None,
+                    horizon: Callable[[], float | None] | None = None) -> int:
         """BatchWriteItem in chunks of 25, re-sending UnprocessedItems until done.
 
         Returns the number of calls made. Unprocessed items are a form of throttling:
@@ -414,7 +415,7 @@ class Dynamo:
                 kwargs = {"RequestItems": pending}
                 if capacity:
                     kwargs["ReturnConsumedCapacity"] = "TOTAL"
-                resp = self.call("batch_write_item", guard=guard, **kwargs)
+                resp = self.call("batch_write_item", guard=guard, horizon=horizon, **kwargs)
                 calls += 1
                 pending = resp.get("UnprocessedItems") or {}
                 if pending:
@@ -426,10 +427,12 @@ class Dynamo:
 
     def batch_get(self, table: str, keys: list[dict], *, consistent: bool = False,
                   capacity: bool = False, projection: dict | None = None,
-                  last_response: dict | None = None) -> list[dict]:
+                  last_response: dict | None = None,
+                  horizon: Callable[[], float | None] | None = None) -> list[dict]:
         """BatchGetItem in chunks of 100, re-asking UnprocessedKeys until done.
 
         ``last_response``: a dict updated with the last raw response (its ResponseMetadata).
+        ``horizon``: as :meth:`call`'s, for every request.
         """
         out: list[dict] = []
         for start in range(0, len(keys), 100):
@@ -442,7 +445,7 @@ class Dynamo:
                 kwargs = {"RequestItems": pending}
                 if capacity:
                     kwargs["ReturnConsumedCapacity"] = "TOTAL"
-                resp = self.call("batch_get_item", **kwargs)
+                resp = self.call("batch_get_item", horizon=horizon, **kwargs)
                 if last_response is not None:
                     last_response.update(resp)
                 out.extend(resp.get("Responses", {}).get(table, []))

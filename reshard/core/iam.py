@@ -57,9 +57,10 @@ def _job(job: str, data: tuple[str, ...]) -> tuple[Need, ...]:
 #: command -> what it sends. The request-recording test (tests/integration/test_iam_requests.py)
 #: runs the commands on dynalite and checks every request against the policies built from this.
 COMMANDS: dict[str, tuple[Need, ...]] = {
-    # The shim: data items; the migration's and (on a foreign lock) another migration's META
-    # row and the table lock; its own heartbeats.
-    "shim": (Need(DATA, ("GetItem", "BatchGetItem", "Query") + WRITE_DATA),
+    # The shim: data items (and the table marker: one GetItem per refresh, its key types read
+    # once by DescribeTable); the migration's and (on a foreign lock or marker) another
+    # migration's META row and the table lock; its own heartbeats.
+    "shim": (Need(DATA, ("DescribeTable", "GetItem", "BatchGetItem", "Query") + WRITE_DATA),
              Need(CONTROL, ("GetItem",), ("M#*", "T#{table}")),
              Need(CONTROL, ("PutItem", "DeleteItem"), ("S#{id}",))),
     "plan": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan")),),

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from reshard.errors import UnmappableItem
 from reshard.core.migration import JUMP, SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, resolve_function
+from reshard.core.marker import MARKER_ATTR
 
 #: Bookkeeping attributes, all under the one reserved prefix, never shown to the app.
 VERSION_ATTR = RESERVED_PREFIX + "v"  # write version, see reshard.core.versions
@@ -42,6 +43,10 @@ NEW_COPY_ATTR = RESERVED_PREFIX + "new"
 #: key (``dump_key``). It tells the backfill's idempotent redo of the same copy from a
 #: copy of another unversioned old item of the same logical item (a collision).
 SOURCE_ATTR = RESERVED_PREFIX + "src"
+#: On an old-layout item cleanup retired (its TTL is set, it waits for DynamoDB to expire it):
+#: the migration that retired it. Every reader and job treats such an item as absent: it is
+#: a leftover, and a later migration must not copy it back (docs/late-writes.md, case 6).
+GONE_ATTR = RESERVED_PREFIX + "gone"
 #: What ``reshard cleanup --strip-bookkeeping`` removes from live items after ``complete``
 #: (a tombstone's ``_rs_del`` is never stripped: that would turn a delete into an item).
 BOOKKEEPING_ATTRS = (VERSION_ATTR, NEW_COPY_ATTR, SOURCE_ATTR)
@@ -620,6 +625,17 @@ def strip_action(item: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
 def is_tombstone(item: Mapping[str, Any] | None) -> bool:
     """True for a delete marker left by the shim."""
     return bool(item) and TOMBSTONE_ATTR in item
+
+
+def is_retired(item: Mapping[str, Any] | None) -> bool:
+    """True for an old-layout item a cleanup retired (``_rs_gone``): absent for every reader."""
+    return bool(item) and GONE_ATTR in item
+
+
+def not_data(item: Mapping[str, Any] | None) -> bool:
+    """An item no job copies, compares or counts: the table marker (``core/marker.py``) or a
+    retired leftover (:func:`is_retired`). Neither is unmappable nor missing: it is not data."""
+    return bool(item) and (GONE_ATTR in item or MARKER_ATTR in item)
 
 
 def key_of(item: Mapping[str, Any], attrs: Iterable[str]) -> Wire:

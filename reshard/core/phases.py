@@ -16,7 +16,7 @@ Why every transition waits for the fleet
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -59,6 +59,11 @@ class Routing:
         monotonically per item and mirror writes can be ordered by them.
     ``hold``: the fleet is switching authority (:data:`SWITCH`): requests wait, and
         never act on either layout, until the switch is over.
+    ``catch_up``: the layout (``"old"``/``"new"``) that may hold a newer copy than the
+        authoritative one after an authority switch (a mirror that never landed): reads
+        read it too (newest wins), and a write first reads its copy and, when it is newer,
+        puts it onto the authoritative key (docs/late-writes.md, "Catch-up"). None: no
+        such layout.
     """
 
     writes: tuple[str, ...]
@@ -66,6 +71,7 @@ class Routing:
     tombstones: bool
     fenced: bool
     hold: bool = False
+    catch_up: str | None = None
 
     @property
     def authoritative(self) -> str:
@@ -103,9 +109,22 @@ def changes_authority(frm: Phase, to: Phase) -> bool:
     return bool(a and b and a.writes and b.writes and a.authoritative != b.authoritative)
 
 
-def routing_of(phase: Phase, switching: bool = False) -> Routing:
-    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it."""
-    return SWITCH if switching else ROUTING[phase]
+def routing_of(phase: Phase, switching: bool = False, newer_may_be: str | None = None) -> Routing:
+    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it.
+
+    ``newer_may_be`` (the control row's catch-up flag, ``"old"`` after backfill -> cutover,
+    ``"new"`` after cutover -> backfill, None once a verify cleared it): when it names a
+    layout other than the authoritative one, reads also read that layout (newest wins) and
+    writes catch up from it first (:attr:`Routing.catch_up`). The gates of :func:`decide`
+    keep a phase that reads one layout from starting while the other may be newer.
+    """
+    if switching:
+        return SWITCH
+    r = ROUTING[phase]
+    if newer_may_be not in ("old", "new") or not r.writes or newer_may_be == r.authoritative:
+        return r
+    reads = r.reads if newer_may_be in r.reads else (*r.reads, newer_may_be)
+    return replace(r, reads=reads, catch_up=newer_may_be)
 
 
 #: The shim's routing when no migration is registered for its table at all.

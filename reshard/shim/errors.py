@@ -19,6 +19,7 @@ always was (so ``except reshard.errors.ConditionalCheckFailed`` works too):
   :class:`ShimUnavailable`          ``ReshardShimUnavailable``      ``errors.ShimUnavailable``
   :class:`SwitchInProgress`         ``ReshardSwitchInProgress``     ``errors.SwitchInProgress``
   :class:`ScanInterrupted`          ``ReshardScanInterrupted``      ``errors.ScanInterrupted``
+  :class:`OldValuesUnknown`         ``ReshardOldValuesUnknown``     ``errors.ReshardError``
   :class:`ShimAWSError`             its ``code`` (e.g.              ``errors.AWSError``
                                     ``ReshardVersionConflict``)
   ================================  ==============================  =====================
@@ -69,6 +70,26 @@ class ScanInterrupted(errors.ScanInterrupted, ShimClientError):
     """A paged scan resumed across a change of the layouts the shim reads: restart the scan."""
 
     code = "ReshardScanInterrupted"
+
+
+class OldValuesUnknown(errors.ReshardError, ShimClientError):
+    """The write landed exactly once, but the ``ReturnValues`` old values it asked for are lost.
+
+    Its first attempt was applied and the answer was lost on the way (a dropped connection, a
+    timeout); the retry met that attempt already stored (its own version) and applied nothing
+    again. The old values existed only in the lost answer (DynamoDB keeps no history), so
+    ``ALL_OLD`` / ``UPDATED_OLD`` cannot be answered truthfully. Raised after the write was
+    completed in every layout: do not send the write again. ``landed`` is True.
+    """
+
+    code = "ReshardOldValuesUnknown"
+    landed = True
+
+    def __init__(self, operation: str):
+        super().__init__(f"{operation}: the write landed exactly once, but the old values asked for with ReturnValues "
+                         "were in its answer, which was lost (the retry found the write already applied and did not "
+                         "apply it again); the write is complete in every layout: do not send it again",
+                         operation)
 
 
 class ShimAWSError(errors.AWSError, ShimClientError):

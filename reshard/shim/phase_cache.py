@@ -13,6 +13,18 @@ acknowledges the current version, so three rules keep that acknowledgement hones
   no longer waits for it -- raises :class:`~reshard.errors.ShimUnavailable` instead of
   acting on a phase the fleet may have left.
 
+Those are client-side checks: they narrow windows but a frozen process or a late request
+passes them. What bounds a late request is the **server** (docs/late-writes.md): every
+refresh is a *fact* -- the control reads (META, the table lock) and the table marker read
+(one consistent GetItem on the data table) -- dated by the server's ``Date`` header of their
+answers (the earliest). :class:`Facts` keeps, per phase version, the latest fact that saw it;
+every data request under that version is signed so that DynamoDB refuses it once its clock
+passes ``fact date + H`` (:meth:`PhaseCache.horizon`, ``H`` the migration's request horizon).
+A request with no usable fact left refreshes first or fails closed, never is sent.
+
+The marker (``reshard.core.marker``) is part of the fact: a table owned by a migration this
+shim cannot see (a mistyped control table, an earlier migration's file) is refused.
+
 This is the only module of the shim that talks to the control table.
 """
 
@@ -31,8 +43,10 @@ from reshard.aws.dynamo import Dynamo
 from reshard.control import fleet
 from reshard.control.records import DEFAULT_LIVENESS_SECONDS, TABLE_LOCK_SK, table_lock_pk  # noqa: F401
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore  # noqa: F401
+from reshard.core import marker
+from reshard.core.deadlines import STEADY_HORIZON_SECONDS, amz_date, usable
 from reshard.core.migration import Migration
-from reshard.core.phases import ROUTING, STEADY, Phase, Routing, routing_of
+from reshard.core.phases import STEADY, Phase, Routing, routing_of
 from reshard.core.settle import shim_write_seconds
 from reshard.core.wire import get_s
 
@@ -61,6 +75,75 @@ class PhaseState:
         # cleanup/complete), so versions on the authoritative copy only grow and a
         # failed fence is never mistaken for the app's condition next to a cleanup shim.
         return self.phase != STEADY_NAME
+
+
+class Facts:
+    """The fact-keeping part of a shim: per phase version, the horizon of its latest fact, and
+    the best estimate of the server's clock.
+
+    A fact is one refresh (control reads + marker read), dated by the earliest server ``Date``
+    of their answers; a request under phase version ``v`` may land until ``horizon(v)`` =
+    that date + ``H``. The server's clock now is estimated as the latest refresh's latest
+    ``Date`` plus the time elapsed since on ``clock`` (the shim's monotonic clock): the ``Date`` header is
+    whole seconds, rounded down, so the estimate is early by up to a second, which
+    ``deadlines.SEND_MARGIN_SECONDS`` absorbs; an estimate that is too early only makes the
+    server refuse a request we thought still in time (fail closed), never the reverse.
+    """
+
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._horizons: dict[int, float] = {}  # phase version -> latest fact date + H
+        self._dates: dict[int, float] = {}  # phase version -> that fact's date (for messages)
+        self._answer: tuple[float, float] | None = None  # (server Date, our clock when it came)
+        #: ``H`` of the latest fact: the refresh interval is kept below a third of it.
+        self.horizon_seconds = STEADY_HORIZON_SECONDS
+
+    def note_answer(self, date: float | None) -> None:
+        """The server's ``Date`` of an answer that just arrived: the clock estimate's new anchor."""
+        if date is None:
+            return
+        now = self._clock()
+        with self._lock:
+            self._answer = (date, now)
+
+    def saw(self, version: int, fact_date: float | None, horizon_seconds: float) -> None:
+        """A fact dated ``fact_date`` (None: no answer carried a date) saw ``version``."""
+        with self._lock:
+            self.horizon_seconds = horizon_seconds
+            if fact_date is not None and fact_date >= self._dates.get(version, float("-inf")):
+                self._dates[version] = fact_date
+                self._horizons[version] = fact_date + horizon_seconds
+
+    @property
+    def dated(self) -> bool:
+        """Whether the server dates its answers (every DynamoDB does; some stubs do not)."""
+        return self._answer is not None
+
+    def server_now(self) -> float | None:
+        with self._lock:
+            if self._answer is None:
+                return None
+            date, at = self._answer
+            return date + max(0.0, self._clock() - at)
+
+    def horizon(self, version: int) -> float | None:
+        """The last server time a request under ``version`` may land at; None: no fact saw it."""
+        return self._horizons.get(version)
+
+    def fact_date(self, version: int) -> float | None:
+        return self._dates.get(version)
+
+    def usable(self, version: int) -> bool:
+        h = self._horizons.get(version)
+        return h is not None and usable(h, self.server_now())
+
+    def forget_before(self, version: int) -> None:
+        """Drop the facts of versions older than ``version`` (no request runs under them)."""
+        with self._lock:
+            for v in [v for v in self._horizons if v < version]:
+                del self._horizons[v]
+                self._dates.pop(v, None)
 
 
 def registered_migration(dynamo: Dynamo, control_table: str, migration_id: str) -> Migration:
@@ -114,6 +197,11 @@ class PhaseCache:
         self._refresh_lock = threading.Lock()
         self._refreshed = threading.Condition()
         self._last_poll = 0.0
+        #: Fact dates and request horizons (the server-enforced bound on every data request).
+        self.facts = Facts(clock)
+        self._marker_key: dict | None = None  # the data table's marker key (DescribeTable once)
+        self._replaced: marker.Owner | None = None  # the owner our migration's marker replaced
+        self._signed = threading.local()  # the horizon of this thread's last request (for messages)
 
     @property
     def controlled(self) -> bool:
@@ -162,6 +250,8 @@ class PhaseCache:
                 delay = SWITCH_POLL_SECONDS  # a switch ends soon: notice it at once
             else:
                 delay = self.refresh_seconds * random.uniform(0.8, 1.2)  # jitter: a fleet must not beat in step
+                # A fact lasts H: refresh at least three times per H, so a request always finds one.
+                delay = min(delay, self.facts.horizon_seconds / 3)
             self._wake.wait(delay)
             self._wake.clear()
             if self._stop.is_set():
@@ -181,10 +271,19 @@ class PhaseCache:
 
     def _refresh_locked(self) -> bool:
         started = self._clock()
+        dates: list[float] = []  # the server's Date of every answer this fact rests on
+
+        def dated(read):
+            try:
+                return read()
+            finally:
+                date = self._dynamo.answer_date()
+                if date is not None:
+                    dates.append(date)
         try:
             try:
-                state = self._control.load_state(self.migration.id, missing_ok=True)
-                lock = self._control.get(table_lock_pk(self.migration.table), TABLE_LOCK_SK)
+                state = dated(lambda: self._control.load_state(self.migration.id, missing_ok=True))
+                lock = dated(lambda: self._control.get(table_lock_pk(self.migration.table), TABLE_LOCK_SK))
             except (errors.ResourceNotFound, errors.ControlTableMissing):
                 state = lock = None  # the control table does not exist: nothing is registered
                 table_exists = False
@@ -194,15 +293,15 @@ class PhaseCache:
             # missing control table or row is an outage or a mistake (a mistyped table
             # name, a deleted row), never "no migration": routing to the old layout now
             # could write where nobody reads (after cutover or complete). Count it as a
-            # failed refresh: we keep the last known phase until the liveness window runs
-            # out, then begin() raises ShimUnavailable. Only a shim that never saw a
-            # migration treats "no row" as steady (deployed before `reshard start`).
+            # failed refresh: we keep the last known phase until its fact runs out (or the
+            # liveness window), then requests raise ShimUnavailable. Only a shim that never
+            # saw a migration treats "no row" as steady (deployed before `reshard start`).
             if state is None and self._seen_migration:
                 raise errors.ShimUnavailable(
                     f"migration {self.migration.id!r} was registered, but "
                     + (f"its record is missing from control table {self._control.table!r}" if table_exists
                        else f"control table {self._control.table!r} is missing")
-                    + "; keeping the last known phase until the liveness window ends (check --control-table)")
+                    + "; keeping the last known phase until its request horizon ends (check --control-table)")
             # Another migration owns the table (case 7): its shims write a layout ours
             # neither reads nor fences against. Refuse at once, whatever our own phase.
             owner = get_s(lock, "migration_id", "") if lock else ""
@@ -216,6 +315,8 @@ class PhaseCache:
                         f"{other.phase}); this shim runs migration {self.migration.id!r} and must not serve it. "
                         f"Deploy {path} (migration {owner!r}) to this application, or use "
                         f"ShardedTable.from_migration_id({owner!r})")
+            # The marker, in the data table itself: a fact no control-table mistake can hide.
+            self._check_marker(dated(self._read_marker), state)
             if state is None:
                 new = PhaseState(STEADY_NAME, 0, STEADY)
             else:
@@ -232,13 +333,20 @@ class PhaseCache:
                     new = PhaseState(STEADY_NAME, state.phase_version, STEADY)
                 else:
                     new = PhaseState(state.phase.value, state.phase_version,
-                                     routing_of(state.phase, state.switching))
+                                     routing_of(state.phase, state.switching, state.newer_may_be))
+            # The fact: the earliest answer it rests on dates it (a request obeying it was
+            # decided no earlier than that); the latest answer tells the server's clock now.
+            self.facts.note_answer(max(dates, default=None))
+            self.facts.saw(new.version, min(dates, default=None),
+                           state.request_horizon if state is not None else STEADY_HORIZON_SECONDS)
             # New requests use the new phase at once; the heartbeat may still name an
             # older one (see _ack_state_locked) until the requests on it drain.
             with self._lock:
                 self._states[new.version] = new
                 self._state = new
                 ack = self._ack_state_locked()
+                oldest = min(self._inflight, default=new.version)
+            self.facts.forget_before(min(oldest, ack.version))
             if table_exists:
                 self._heartbeat(ack.phase, ack.version)
             with self._lock:
@@ -256,6 +364,52 @@ class PhaseCache:
                 self._refused = False
             log.warning("reshard shim %s: phase refresh failed: %s", self.instance_id, e)
             return False
+
+    # ------------------------------------------------------------------ the table marker
+    def _read_marker(self) -> dict | None:
+        """The data table's marker item (one consistent GetItem), None if there is none.
+
+        The marker's key depends on the table's key types: one DescribeTable, the first time.
+        A data table that does not exist has no marker (and every data request fails anyway).
+        """
+        table = self.migration.table
+        try:
+            if self._marker_key is None:
+                desc = self._dynamo.call("describe_table", TableName=table)["Table"]
+                types = {a["AttributeName"]: a["AttributeType"] for a in desc["AttributeDefinitions"]}
+                schema = {k["KeyType"]: k["AttributeName"] for k in desc["KeySchema"]}
+                sort = schema.get("RANGE")
+                self._marker_key = marker.marker_key(schema["HASH"], types[schema["HASH"]], sort,
+                                                     types[sort] if sort else None)
+            return self._dynamo.call("get_item", TableName=table, Key=self._marker_key,
+                                     ConsistentRead=True).get("Item")
+        except errors.ResourceNotFound:
+            return None
+
+    def _check_marker(self, item: dict | None, state) -> None:
+        """Refuse (ShimUnavailable) when the marker names an owner this shim must not serve
+        next to (issue 25, case 5): ``core/marker.refusal`` decides."""
+        owner = marker.owner_of(item)
+        if owner is None:
+            return
+        mine = self._control.table
+        if owner.migration_id == self.migration.id and owner.control_table == mine:
+            # Remember whom our migration replaced: after a retire the marker names it again,
+            # and this shim then serves its layout (our old layout) as steady state.
+            self._replaced = owner.previous
+            return
+        owner_active = None
+        if owner.control_table == mine and owner.migration_id != self.migration.id:
+            other = self._control.load_state(owner.migration_id, missing_ok=True)
+            owner_active = other is not None and other.active
+        registered = state is not None and not (state.retired and owner == self._replaced)
+        why = marker.refusal(owner, my_migration=self.migration.id, my_control_table=mine,
+                             registered=registered, owner_active=owner_active)
+        if why:
+            self._refused = True
+            raise errors.ShimUnavailable(
+                f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}, control table "
+                f"{mine!r}) refuses every request: {why}")
 
     def _ack_state_locked(self) -> PhaseState:
         # Acknowledge the oldest version a request is still running under: the fleet
@@ -275,14 +429,15 @@ class PhaseCache:
                         write_seconds=shim_write_seconds(self._dynamo.attempt_seconds, self._dynamo.max_request_seconds))
         self._announced = True
 
-    def pin(self, phase: Phase | str | None, version: int = 1) -> None:
-        """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table."""
+    def pin(self, phase: Phase | str | None, version: int = 1, newer_may_be: str | None = None) -> None:
+        """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table
+        (no facts: requests carry no horizon)."""
         self._pinned = True
         if phase is None or phase == STEADY_NAME:
             st = PhaseState(STEADY_NAME, 0, STEADY)
         else:
             p = Phase(phase)
-            st = PhaseState(p.value, version, ROUTING[p])
+            st = PhaseState(p.value, version, routing_of(p, False, newer_may_be))
         with self._lock:
             self._states[st.version] = st
             self._state = st
@@ -360,6 +515,71 @@ class PhaseCache:
                 f"refresh its phase for {now - self._last_ok:.0f}s (liveness window "
                 f"{self.liveness_seconds:g}s); refusing to act on a possibly stale phase. "
                 f"Last error: {self._last_error or 'none'}")
+
+    def current(self) -> PhaseState:
+        """The phase new requests act on (ShimUnavailable if none is usable)."""
+        st = self._state
+        if st is None:
+            raise errors.ShimUnavailable(
+                f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) has no usable "
+                f"phase: {self._last_error or 'not loaded yet'}")
+        return st
+
+    # ------------------------------------------------------------------ request horizons
+    def horizon(self, st: PhaseState) -> float | None:
+        """The last server time (epoch seconds) a data request under ``st`` may land at: the
+        horizon of the latest fact that saw its phase version. ``Dynamo.call(horizon=)`` runs this
+        before every attempt and signs the attempt so that DynamoDB refuses it after that time.
+
+        With no usable fact left (the refresh thread is late, or failing) it refreshes first; if
+        that gives none either -- the phase moved on to another version, the control table is
+        unreachable -- it raises :class:`~reshard.errors.ShimUnavailable` and nothing is sent.
+        None: nothing to sign by (a pinned test cache, no control table, or a server whose
+        answers carry no ``Date``): the liveness window is then the only bound.
+        """
+        if self._pinned or self._control is None:
+            return None
+        h = self.facts.horizon(st.version)
+        if h is None and not self.facts.dated:
+            return None
+        if h is None or not usable(h, self.facts.server_now()):
+            self._refresh_for(st.version)
+            h = self.facts.horizon(st.version)
+            if h is None or not usable(h, self.facts.server_now()):
+                raise errors.ShimUnavailable(self._no_fact(st, h))
+        self._signed.horizon = h
+        return h
+
+    def _refresh_for(self, version: int) -> None:
+        """Refresh now, unless another thread just brought a usable fact for ``version``."""
+        with self._refresh_lock:
+            if not self.facts.usable(version):
+                self._refresh_locked()
+        with self._refreshed:
+            self._refreshed.notify_all()
+
+    def _no_fact(self, st: PhaseState, h: float | None) -> str:
+        cur = self._state
+        now = self.facts.server_now()
+        why = (f"the phase moved on to version {cur.version} ({cur.phase})" if cur is not None and cur.version != st.version
+               else f"the refresh failed: {self._last_error or 'no answer'}")
+        last = (f"its last fact allowed requests until {amz_date(h)}" if h is not None
+                else "no fact of it is left")
+        return (f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}) has no usable fact "
+                f"for phase version {st.version} ({st.phase}): {last} (request horizon "
+                f"{self.facts.horizon_seconds:g}s), the server's clock is about "
+                f"{amz_date(now) if now is not None else 'unknown'}, and {why}; nothing was sent (retry the request)")
+
+    def refused_late(self, e: errors.AWSError, operation: str) -> errors.ShimUnavailable:
+        """The ShimUnavailable for a request DynamoDB refused as signed too long ago: it arrived
+        after its horizon (this process froze, or the request was held on the way)."""
+        h = getattr(self._signed, "horizon", None)
+        when = f"by {amz_date(h)}" if h is not None else "within its request horizon"
+        return errors.ShimUnavailable(
+            f"reshard shim for table {self.migration.table!r} (migration {self.migration.id!r}): DynamoDB refused a "
+            f"{operation} that had to land {when} (its phase fact + request horizon "
+            f"{self.facts.horizon_seconds:g}s) and arrived later ({e.aws_message}); it was not applied: the phase "
+            "it obeyed may be over (retry the request)")
 
     def end(self, st: PhaseState) -> None:
         """The request that :meth:`begin` returned ``st`` to has finished."""

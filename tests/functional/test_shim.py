@@ -331,8 +331,10 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
     t = ShardedTable(sensor, moto_dynamo, control_table="ctl", refresh_seconds=3600, liveness_seconds=30, clock=clock)
     try:
         # Heartbeat first (version 0), then the phase read (META row, then the table's
-        # lock row: another active migration there is refused), then the acknowledgement.
-        assert order[:4] == [("PutItem", "ctl"), ("GetItem", "ctl"), ("GetItem", "ctl"), ("PutItem", "ctl")]
+        # lock row: another active migration there is refused; then the data table's marker,
+        # its key types read once), then the acknowledgement.
+        assert order[:6] == [("PutItem", "ctl"), ("GetItem", "ctl"), ("GetItem", "ctl"),
+                             ("DescribeTable", sensor.table), ("GetItem", sensor.table), ("PutItem", "ctl")]
         assert t.phase == "planned"
         beat = fleet.heartbeats(store, sensor.id)
         assert [(h.instance, h.phase, h.phase_version) for h in beat] == [(t.instance_id, "planned", 1)]
@@ -346,10 +348,16 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
             raise __import__("botocore").exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
         moto_dynamo.client.meta.events.register("provide-client-params.dynamodb.GetItem", lambda params, **kw:
                                                 broken() if params.get("TableName") == "ctl" else None)
-        clock.t += 20
+        clock.t += 10
         assert not t.refresh()
         assert t.get_item(Key=key_of(event(1))).get("Item") == event(1)
-        # ...and are refused once it is exceeded.
+        # ...and are refused, before anything is sent, once the last fact's request horizon (H =
+        # 15 s after its server Date, on the shim's clock since) is too close: a refresh is
+        # tried first, and fails.
+        clock.t += 10
+        with pytest.raises(errors.ShimUnavailable, match="no usable fact for phase version 2"):
+            t.get_item(Key=key_of(event(1))).get("Item")
+        # The liveness window still narrows (the census stops counting us after it).
         clock.t += 15
         with pytest.raises(errors.ShimUnavailable, match="could not refresh"):
             t.get_item(Key=key_of(event(1))).get("Item")
