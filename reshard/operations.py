@@ -23,18 +23,25 @@ from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
 from reshard.control import doctor as doctors
 from reshard.control import fleet
+from reshard.control import horizon as horizons
+from reshard.control import marker as markers
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
-from reshard.control.records import MigrationState, Transition
+from reshard.control.gates import catch_up_verified
+from reshard.control.records import META, MigrationState, Transition
 from reshard.control.runs import (allowed_unmappable, backfill_run, describe, item_total, read_run, runs,
                                   segment_records, sum_counters, unmappable_items, verify_verdict)
 from reshard.control.store import ControlStore, resolve
 from reshard.core import capacity, hints, iam, planning
+from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, MAX_HORIZON_SECONDS, MIN_HORIZON_SECONDS, clamp_horizon
+from reshard.core.layout import GONE_ATTR, not_data
+from reshard.core.marker import MARKER_ATTR
+from reshard.core.wire import S
 from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.progress import Progress, progress_counter
-from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase, decide
+from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase, decide, job_rule
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
@@ -68,9 +75,19 @@ class Started:
     next: str = ""  # the ``next:`` hint (:func:`next_hint`)
 
 
+def check_horizon(seconds: float) -> float:
+    """``--request-horizon``: a positive number of seconds, clamped to the documented bounds."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise errors.BadInput(f"--request-horizon {seconds:g}: give a positive number of seconds "
+                              f"(default {DEFAULT_HORIZON_SECONDS:g}; between {MIN_HORIZON_SECONDS:g} and "
+                              f"{MAX_HORIZON_SECONDS:g})")
+    return clamp_horizon(seconds)
+
+
 def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, *, allow_unmappable: int = 0,
           sample: int = planning.DEFAULT_SAMPLE, segments: int = 8, count: bool = False,
-          max_rcu: float | None = None) -> Started:
+          max_rcu: float | None = None, request_horizon: float = DEFAULT_HORIZON_SECONDS,
+          server_deadline: bool = True) -> Started:
     """Run every check of ``plan``, then register ``m`` (phase planned), creating the control table if missing.
 
     Refuses (:class:`~reshard.errors.BadInput`, one line per problem) what ``plan`` flags
@@ -80,7 +97,15 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
     whole table to it. Re-running ``start`` with the same file checks nothing again
     (idempotent) but records a changed allowance. ``count``: count the items exactly
     (:func:`count_items`) and store the total for progress and ETA.
+
+    Late writes (docs/late-writes.md): ``server_deadline`` probes that the server enforces
+    DynamoDB's signature window (:func:`reshard.control.horizon.probe`) and refuses one that
+    does not; False (``--no-server-deadline``, test servers) records ``server_deadline = off``
+    and nothing waits on the horizon. ``request_horizon`` (H, clamped) goes into META. Before
+    registering, the table marker is written (:mod:`reshard.control.marker`), naming this
+    migration and keeping the owner it replaces.
     """
+    horizon = check_horizon(request_horizon)
     desc = inspect.check_keys(dynamo, m)
     existing = store.load_state(m.id, missing_ok=True) if store.exists() else None
     if existing is not None and existing.file_hash != m.content_hash:
@@ -93,10 +118,32 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
             raise errors.BadInput(f"start refused: {len(problems)} problem(s) with {m.path} on table {m.table!r} "
                                   "(`reshard plan` shows the details):\n"
                                   + "\n".join(f"  - {p}" for p in problems))
+        if server_deadline:
+            # On the control row when the control table exists, else on the marker's key: the
+            # same server, and nothing is created before the probe passed.
+            why = (horizons.probe(store.dynamo, store.table, {"pk": S(store.mpk(m.id)), "sk": S(META)})
+                   if store.exists() else horizons.probe(dynamo, m.table, markers.key_for(desc)))
+            if why:
+                raise errors.BadInput(f"start refused: {why}")
+    if horizon != request_horizon:
+        say(f"--request-horizon {request_horizon:g} clamped to {horizon:g}s")
     created_table = store.ensure_table()
     if created_table:
         say(f"created control table {store.table!r} (PAY_PER_REQUEST)")
-    state, created = store.register(m)
+    if existing is None or existing.active:
+        # Before the registration (and again after a re-run: a doctor may have removed a
+        # marker whose start had not registered yet): shims refuse a table whose marker names
+        # a migration they cannot see.
+        markers.claim(dynamo, store, m.id, m.table, desc)
+    try:
+        state, created = store.register(m, request_horizon=horizon, server_deadline=server_deadline)
+    except errors.ReshardError:
+        if existing is None:  # e.g. another migration took the table meanwhile: its owner comes back
+            markers.give_back(dynamo, store, m.id, m.table, desc)
+        raise
+    if created and not server_deadline:
+        say("server deadline off (--no-server-deadline): the server does not refuse late requests, so a frozen "
+            "process's request could land after the fleet moved on; for test servers only")
     if created or allow_unmappable != allowed_unmappable(store, m.id):
         store.set_allowance(m.id, allow_unmappable)
     total = None
@@ -147,7 +194,8 @@ def analyse(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMP
 
     def observe(items: list[dict]) -> None:
         for item in items:
-            analysis.observe(item)
+            if not not_data(item):  # the table marker, a retired leftover: not an item to plan for
+                analysis.observe(item)
 
     inspect.scan_segments(dynamo, m.table, segments, None if full else sample, observe)
     return analysis
@@ -173,7 +221,10 @@ def count_items(dynamo: Dynamo, table: str, *, segments: int = 8, max_rcu: float
 
     say(f"counting the items of {table} (Select=COUNT scan, {segments} segments"
         + (f", at most {max_rcu:g} RCU/s)" if max_rcu else ")"))
-    return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0))
+    # The table marker and an earlier migration's retired leftovers are not items to migrate.
+    return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0),
+                               exclude=("attribute_not_exists(#rs_m) AND attribute_not_exists(#rs_g)",
+                                        {"#rs_m": MARKER_ATTR, "#rs_g": GONE_ATTR}))
 
 
 def next_hint(store: ControlStore, state: MigrationState, census: Census | None = None) -> str:
@@ -197,6 +248,8 @@ class Status:
     advance: Decision  # whether `advance` would be allowed now, and why not
     jobs: list[dict]  # every job run, as :func:`job_runs` describes it
     next: str = ""  # the ``next:`` hint, from the same facts as ``advance``
+    #: The passing verify run that lifts the catch-up flag (the next transition clears it), or None.
+    catch_up_run: int | None = None
 
 
 def status_migration(store: ControlStore, ref: str | None) -> str:
@@ -234,8 +287,9 @@ def status(store: ControlStore, migration_id: str,
         j["progress"] = job_progress_of(j, now, total)
     hint = (hints.next_step(state.id, state.phase, facts, retired=state.retired, switching=state.switching)
             if state.active else hints.next_step(state.id, state.phase, retired=state.retired))
+    verified = catch_up_verified(store, state) if state.newer_may_be else None
     return Status(state=state, control_table=store.table, now=now, history=store.history(migration_id),
-                  census=census, advance=decision, jobs=jobs, next=hint)
+                  census=census, advance=decision, jobs=jobs, next=hint, catch_up_run=verified)
 
 
 @dataclass(frozen=True)
@@ -309,7 +363,7 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
                from_phase: str | None = None, who: str | None = None, poll: float = ACK_POLL_SECONDS,
                say: Say = _quiet,
                on_lagging: Callable[[MigrationState, Census], None] | None = None,
-               allow_no_shims: bool = False) -> Transitioned:
+               allow_no_shims: bool = False, sleep: Callable[[float], None] = time.sleep) -> Transitioned:
     """Apply one transition; with ``wait``, wait for the fleet before and after it.
 
     ``wait`` is one budget for both waits. ``from_phase`` acts only if the migration
@@ -318,7 +372,9 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
     ``on_lagging`` is called when the wait before the transition gave up (it may
     raise to stop there; otherwise the transition is tried and the rules decide).
     ``allow_no_shims``: the operator vouches that nothing writes the table (an empty
-    census is refused otherwise).
+    census is refused otherwise). With a server deadline the move also waits until the
+    phase has lasted its request horizon on the server's clock (it says so on ``say``;
+    ``sleep`` is how it waits: :func:`reshard.control.transition.transition`).
     """
     expected = None
     if from_phase is not None:
@@ -353,7 +409,8 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
     started = time.monotonic()
     # The same budget covers watching stalled job leases go quiet before a cutover.
     before, after = transitions.transition(store, migration_id, action, who=who, expected_version=expected,
-                                           allow_no_shims=allow_no_shims, lease_wait=remaining if wait else 0.0)
+                                           allow_no_shims=allow_no_shims, lease_wait=remaining if wait else 0.0,
+                                           say=say, sleep=sleep)
     census = fleet.wait_for_ack(store, migration_id, after.phase_version, remaining, poll=poll) if wait else \
         fleet.census(store, migration_id, after.phase_version)
     return Transitioned(action, before, after, census, bool(wait), time.monotonic() - started,
@@ -648,7 +705,8 @@ DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP, STRIP)}
 
 
 def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions, *,
-                 subscribers: Iterable[Subscriber] = (), client: Callable[[], Dynamo] | None = None) -> JobResult:
+                 subscribers: Iterable[Subscriber] = (), client: Callable[[], Dynamo] | None = None,
+                 say: Say = _quiet, sleep: Callable[[float], None] = time.sleep) -> JobResult:
     """``reshard backfill|verify|cleanup``: run (or join, or resume) the job with this host's workers.
 
     ``options.processes`` > 1 runs it in that many child processes of this host
@@ -660,6 +718,10 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
     acknowledged the retire (the second pass's precondition waits for it, up to
     ``options.lease_wait``), nothing writes tombstones any more and a second pass sweeps
     what was left (:attr:`JobResult.sweep`).
+
+    With a server deadline, a pass that removes or marks (cleanup, each sweep, strip) starts
+    only once its phase lasted the request horizon on the server's clock; the wait says so
+    on ``say`` (the job's own check waits too, silently, for callers that go straight to it).
     """
     if options.processes > 1 and client is None:
         raise ValueError("run_data_job: processes > 1 needs client, the factory each child process calls")
@@ -668,6 +730,10 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
     spec = index_spec(DATA_JOBS[job]) if index_only else combined_spec(DATA_JOBS[job])
 
     def one_pass() -> JobResult:
+        if job in (CLEANUP_JOB, STRIP_JOB):
+            state = store.load_state(migration_id)
+            if job_rule(job).phases and state.phase in job_rule(job).phases:
+                horizons.await_before_removal(store, state, job, say=say, sleep=sleep)
         if options.processes > 1:
             return run_processes(job, client, dynamo, store, migration_id, options, subscribers=subscribers,
                                  index_only=index_only)

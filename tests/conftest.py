@@ -37,6 +37,10 @@ os.environ.setdefault("RESHARD_VERIFY_DIR", tempfile.mkdtemp(prefix="reshard-ver
 # The data jobs' --processes defaults to the cores; a spawned process costs ~1 s of imports, so
 # the tests run jobs in-process unless they ask for processes (tests/integration/test_processes.py).
 os.environ["RESHARD_PROCESSES"] = "1"
+# dynalite and moto accept requests signed at any date: `reshard start` would refuse them
+# (docs/late-writes.md). Every test (and every subprocess) runs in "server deadline off" mode;
+# the tests of the server-enforced horizon run through the fidelity proxy and unset this.
+os.environ["RESHARD_NO_SERVER_DEADLINE"] = "1"
 
 # moto's per-request costs that grow with the table (Query and Scan sort every item) and its
 # serializer, cut for every test of the session alike (same answers; reshard/aws/moto_speedups.py).

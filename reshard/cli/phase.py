@@ -14,6 +14,8 @@ from reshard.cli import render
 from reshard.cli.options import (Env, allow_no_shims_option, command, from_option, max_rcu_option, migration_argument,
                                  wait_option)
 from reshard.core import planning
+from reshard.core.deadlines import (DATE_MARGIN_SECONDS, DEFAULT_HORIZON_SECONDS, MAX_HORIZON_SECONDS,
+                                    MIN_HORIZON_SECONDS)
 from reshard.core.migration import load
 from reshard.core.phases import Action
 
@@ -32,8 +34,20 @@ from reshard.core.phases import Action
 @click.option("--count", is_flag=True,
               help="Count the items exactly (Select=COUNT scan) and store the total for progress and ETA.")
 @max_rcu_option
+@click.option("--request-horizon", type=float, default=DEFAULT_HORIZON_SECONDS, show_default=True,
+              metavar="SECONDS",
+              help=f"H: how long after the control read it obeys DynamoDB still accepts a data request of this "
+                   f"migration (its signature is dated H - 5 min back). Every phase lasts at least H + "
+                   f"{DATE_MARGIN_SECONDS:g} s and the switch holds writes about as long; a shorter H makes shims "
+                   f"re-read the control row more often (every H/3). Clamped to {MIN_HORIZON_SECONDS:g}-"
+                   f"{MAX_HORIZON_SECONDS:g}.")
+@click.option("--no-server-deadline", is_flag=True, envvar="RESHARD_NO_SERVER_DEADLINE",
+              help="Do not require the server to refuse late-signed requests (test servers: dynalite, moto, "
+                   "DynamoDB Local accept them). Without the server's check, a request of a frozen process can "
+                   "land after the fleet moved on; nothing waits on the horizon then. Also "
+                   "RESHARD_NO_SERVER_DEADLINE=1.")
 def start(env: Env, file: str, allow_unmappable: int, sample: int, segments: int, count: bool,
-          max_rcu: float | None) -> None:
+          max_rcu: float | None, request_horizon: float, no_server_deadline: bool) -> None:
     """Check FILE against the table as `plan` does, then register it (phase `planned`).
 
     \b
@@ -48,13 +62,22 @@ def start(env: Env, file: str, allow_unmappable: int, sample: int, segments: int
     already has an active migration.
 
     \b
+    Late writes: start first checks that the server refuses a request signed more
+    than 5 minutes ago, as DynamoDB does (the fence of every late request; refused,
+    exit 2, on a server that accepts it, unless --no-server-deadline), then writes
+    the table marker (an item at a reserved key naming the migration and its
+    control table: a shim that cannot see this migration refuses the table).
+
+    \b
     Example:
       reshard start migrations/0001_sensor_events.toml
       reshard start migrations/0001_sensor_events.toml --allow-unmappable 3 --count
+      reshard --endpoint-url http://localhost:8000 start m.toml --no-server-deadline
     """
     m = load(file)
     started = operations.start(env.dynamo(), env.store(), m, say=env.info, allow_unmappable=allow_unmappable,
-                               sample=sample, segments=segments, count=count, max_rcu=max_rcu)
+                               sample=sample, segments=segments, count=count, max_rcu=max_rcu,
+                               request_horizon=request_horizon, server_deadline=not no_server_deadline)
     env.emit(render.start_data(started), lambda: render.start_text(started))
 
 
@@ -121,6 +144,13 @@ def advance(env: Env, migration: str | None, wait: float | None, from_phase: str
     own lease deadline). Of two operators advancing at once, exactly one wins.
 
     \b
+    Late writes: with a server deadline (`start` without --no-server-deadline), the move
+    first waits until the phase has lasted the request horizon + 2 s on the server's
+    clock, saying so (out of planned at least 17 s); the switch to cutover holds about as
+    long. cutover -> cleanup is refused until a `reshard verify` started in cutover
+    passed (the catch-up after the switch; the move then clears the flag).
+
+    \b
     Example:
       reshard advance --wait 60
       reshard advance migrations/0001_sensor_events.toml
@@ -141,7 +171,10 @@ def rollback(env: Env, migration: str | None, wait: float | None, from_phase: st
     \b
     cutover -> backfill -> dual_read -> dual_write -> planned. Refused (exit 2) from
     cleanup and complete: cleanup retires old-layout items. Like every transition it
-    waits for the live shims' acknowledgement (--wait).
+    waits for the live shims' acknowledgement (--wait) and, with a server deadline, until
+    the phase lasted the request horizon + 2 s. After a rollback from cutover, a rollback
+    to dual_write or planned (and abort) is refused until a `reshard verify` passes (the
+    catch-up: a cutover write whose mirror to the old layout was lost).
 
     \b
     Example:
@@ -161,7 +194,8 @@ def abort(env: Env, migration: str | None, wait: float | None, from_phase: str |
 
     \b
     Allowed from planned, dual_write, dual_read and backfill. From cutover roll back
-    first (`reshard rollback`), then abort; refused from cleanup and complete.
+    first (`reshard rollback`), then run `reshard verify` until it passes (the catch-up
+    after the switch), then abort; refused from cleanup and complete.
 
     \b
     Example:

@@ -66,6 +66,11 @@ def status_data(s: Status) -> dict:
         "phase": state.phase.value, "phase_version": state.phase_version, "switching": state.switching,
         "retired": state.retired, "active": state.active,
         "created_at": state.created_at, "created_by": state.created_by,
+        # Late writes (docs/late-writes.md): the request horizon, whether the server enforces it,
+        # when the current phase began on the server's clock, and the catch-up flag.
+        "request_horizon": state.request_horizon, "server_deadline": state.server_deadline,
+        "phase_since": state.phase_since, "newer_may_be": state.newer_may_be,
+        "catch_up_verified_by": s.catch_up_run,
         "history": [t.as_dict() for t in s.history],
         "fleet": fleet_summary(census),
         "shims": shims,
@@ -178,6 +183,16 @@ def status_text(r: dict) -> str:
     if r.get("switching"):
         lines.append(f"switch:    the fleet is switching authority to {r['phase']}: shims hold every request; "
                      f"`reshard advance {r['migration']}` finishes the switch, `reshard rollback` undoes it")
+    if r.get("newer_may_be") and r.get("catch_up_verified_by"):
+        lines.append(f"catch-up:  verify run {r['catch_up_verified_by']} passed after the switch: the next transition "
+                     f"clears the flag (until then shims read both layouts)")
+    elif r.get("newer_may_be"):
+        lines.append(f"catch-up:  the {r['newer_may_be']} layout may hold writes whose mirror was lost in the switch: "
+                     f"shims read both layouts; a passing `reshard verify {r['migration']}` lifts it")
+    if "server_deadline" in r:
+        lines.append(f"horizon:   {r['request_horizon']:g} s, " + (
+            "enforced by the server (each phase lasts at least that + 2 s)" if r["server_deadline"]
+            else "not enforced (--no-server-deadline: nothing refuses a late request)"))
     adv = r["advance"]
     if adv["to"] is None:
         lines.append(f"advance:   not possible: {'; '.join(adv['refusals'])}")

@@ -17,7 +17,8 @@ from reshard.jobs.runner import JobOptions
 def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
     """Run a data job with progress; returns (result, JSON-able summary)."""
     result = operations.run_data_job(job, env.dynamo(), env.store(), mid, opts,
-                                     subscribers=job_progress(env, job, mid, opts), client=env.client_factory())
+                                     subscribers=job_progress(env, job, mid, opts), client=env.client_factory(),
+                                     say=env.info)
     return result, dict(result.as_dict(), migration=mid)
 
 

@@ -350,6 +350,8 @@ class RunInfo:
     totals: dict = field(default_factory=dict, compare=False)
     #: Stamped by ``reshard doctor --repair`` on a run that can never finish (shown, never gating).
     abandoned_at: float | None = None
+    #: The migration's phase version the run was started in (None: a run of an earlier release).
+    phase_version: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -366,6 +368,7 @@ class RunInfo:
             # verify's pages that sent a repair, counted on the run row before the first one
             # (``runner.announce_repair``): a redone page's counters can miss them.
             totals["repair_pages"] = max(totals.get("repair_pages", 0.0), float(get_n(item, "repair_pages")))
+        pv = get_n(item, "phase_version")
         return cls(migration_id, job, int(run), int(get_n(item, "total_segments", 0)),
                    float(get_n(item, "started_at", 0)), float(fin) if fin is not None else None, totals,
-                   float(abandoned) if abandoned is not None else None)
+                   float(abandoned) if abandoned is not None else None, int(pv) if pv is not None else None)

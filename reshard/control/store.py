@@ -24,6 +24,7 @@ from reshard import errors
 from reshard.aws.dynamo import Dynamo, expression_kwargs
 from reshard.control.records import (META, SCHEMA, TABLE_LOCK_SK, MigrationState, Transition, heartbeat_pk, history_sk,
                                      jobs_pk, migration_pk, table_lock_pk)
+from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, clamp_horizon
 from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration, load
 from reshard.core.phases import Phase
@@ -180,11 +181,15 @@ class ControlStore:
     def jpk(migration_id: str, job: str) -> str:
         return jobs_pk(migration_id, job)
 
-    def register(self, m: Migration, who: str | None = None) -> tuple[MigrationState, bool]:
+    def register(self, m: Migration, who: str | None = None, *, request_horizon: float = DEFAULT_HORIZON_SECONDS,
+                 server_deadline: bool = False) -> tuple[MigrationState, bool]:
         """Register a migration as ``planned``. Idempotent for the same file text.
 
         Returns (state, created). Refuses a changed file under the same id (with a diff
-        summary) and a second active migration on the same table.
+        summary) and a second active migration on the same table. ``request_horizon`` and
+        ``server_deadline`` (whether the server was found to enforce the signature window:
+        ``start``'s probe) go into META (docs/late-writes.md); a re-registration keeps
+        what the first one recorded.
         """
         self.ensure_table()
         who = who or operator_name()
@@ -202,12 +207,15 @@ class ControlStore:
             "phase": S(Phase.PLANNED.value), "phase_version": N(1),
             "created_at": N(now), "created_by": S(who), "updated_at": N(now), "updated_by": S(who),
             "last_from": S(""), "last_to": S(Phase.PLANNED.value), "last_action": S("start"),
+            "request_horizon": N(clamp_horizon(request_horizon)),
+            "server_deadline": S("enforced" if server_deadline else "off"),
         }
         try:
             self.put(item, condition="attribute_not_exists(pk)")
         except errors.ConditionalCheckFailed:
             # Someone registered the same id between our read and write.
-            return self.register(m, who)
+            return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline)
+        self.stamp_since(m.id, 1)
         self.record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True
 
@@ -291,29 +299,64 @@ class ControlStore:
 
     # ------------------------------------------------------------------ phase writes
     def set_phase(self, state: MigrationState, target: Phase, action: str, who: str,
-                  switching: bool = False) -> MigrationState:
+                  switching: bool = False, newer_may_be: str | None = None) -> MigrationState:
         """Compare-and-set the phase from ``state`` to ``target`` and record the transition.
 
         Only the operator who read this exact ``phase_version`` wins; the loser gets
         ConcurrentChange with the phase the winner set. ``switching``: the fleet must
         hold requests until the switch into ``target`` is finished (a second write).
+        ``newer_may_be``: set the catch-up flag (the end of an authority switch: the layout
+        that was authoritative may hold a write whose mirror never landed); None leaves it.
+
+        The write removes ``phase_since``; :meth:`stamp_since` then records the server's
+        ``Date`` of this write's answer (a second write: the date is known only once the
+        server answered). A process that dies in between leaves it absent, and the next
+        reader counts from its own first sight of the version -- never from the previous
+        phase's date, which would end this phase too early.
         """
         now = self.clock()
         new_version = state.phase_version + 1
+        values = {":to": S(target.value), ":nv": N(new_version), ":now": N(now), ":who": S(who),
+                  ":from": S(state.phase.value), ":act": S(action), ":v": N(state.phase_version),
+                  ":sw": {"BOOL": switching}}
+        sets = ("SET phase = :to, phase_version = :nv, updated_at = :now, updated_by = :who, "
+                "last_from = :from, last_to = :to, last_action = :act, switching = :sw")
+        if newer_may_be is not None:
+            sets += ", newer_may_be = :nmb"
+            values[":nmb"] = S(newer_may_be)
         try:
-            self.update(
-                self.mpk(state.id), META,
-                "SET phase = :to, phase_version = :nv, updated_at = :now, updated_by = :who, "
-                "last_from = :from, last_to = :to, last_action = :act, switching = :sw",
-                condition="phase_version = :v AND phase = :from",
-                values={":to": S(target.value), ":nv": N(new_version), ":now": N(now), ":who": S(who),
-                        ":from": S(state.phase.value), ":act": S(action), ":v": N(state.phase_version),
-                        ":sw": {"BOOL": switching}},
-            )
+            self.update(self.mpk(state.id), META, sets + " REMOVE phase_since",
+                        condition="phase_version = :v AND phase = :from", values=values)
         except errors.ConditionalCheckFailed:
             raise self.lost_race(state.id, state.phase_version) from None
+        self.stamp_since(state.id, new_version)
         self.record_history(state.id, Transition(new_version, state.phase.value, target.value, action, who, now))
         return self.load_state(state.id)
+
+    def stamp_since(self, migration_id: str, version: int, date: float | None = None) -> None:
+        """Record ``phase_since`` for ``version``: ``date``, else the server's ``Date`` of the
+        answer this thread just got (the compare-and-set that made ``version``). Conditional
+        on the version and on no date being recorded yet; skipped when the server sent no
+        ``Date`` (readers then count from their own first sight)."""
+        date = self.dynamo.answer_date() if date is None else date
+        if date is None:
+            return
+        try:
+            self.update(self.mpk(migration_id), META, "SET phase_since = :d",
+                        condition="phase_version = :v AND attribute_not_exists(phase_since)",
+                        values={":d": N(int(date)), ":v": N(version)})
+        except errors.ConditionalCheckFailed:
+            pass  # moved on meanwhile, or already recorded
+
+    def clear_newer_may_be(self, migration_id: str, version: int, flag: str) -> bool:
+        """Clear the catch-up flag, only if the migration is still at ``version`` with ``flag``
+        (a verify that started in this phase version passed). False: it moved, or is clear."""
+        try:
+            self.update(self.mpk(migration_id), META, "REMOVE newer_may_be",
+                        condition="phase_version = :v AND newer_may_be = :f", values={":v": N(version), ":f": S(flag)})
+            return True
+        except errors.ConditionalCheckFailed:
+            return False
 
     def mark_retired(self, state: MigrationState, who: str) -> None:
         """Compare-and-set ``retired`` on an aborted migration, bumping ``phase_version`` so
@@ -323,13 +366,14 @@ class ControlStore:
         try:
             self.update(self.mpk(state.id), META,
                         "SET retired = :t, phase_version = :nv, updated_at = :now, updated_by = :who, "
-                        "last_from = :ph, last_to = :ph, last_action = :act",
+                        "last_from = :ph, last_to = :ph, last_action = :act REMOVE phase_since",
                         condition="phase_version = :v AND phase = :ph",
                         values={":t": {"BOOL": True}, ":nv": N(state.phase_version + 1), ":now": N(now),
                                 ":who": S(who), ":ph": S(Phase.ABORTED.value), ":act": S("retire"),
                                 ":v": N(state.phase_version)})
         except errors.ConditionalCheckFailed:
             return
+        self.stamp_since(state.id, state.phase_version + 1)  # the second sweep counts from here
         self.record_history(state.id, Transition(state.phase_version + 1, Phase.ABORTED.value,
                                                  Phase.ABORTED.value, "retire", who, now))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from reshard.core.layout import NEW_COPY_ATTR, is_tombstone
 from reshard.core.leases import SegmentRecord
@@ -38,6 +38,8 @@ KINDS = {
     "foreign_shim": "a shim heartbeats a finished migration's file while another migration is active on "
                     "its table",
     "retired_copies": "new-layout copies (_rs_new) of an aborted and retired migration are left in the table",
+    "orphan_marker": "the data table's marker names a migration no control table knows (a start that died "
+                     "before registering it): shims of other migrations refuse the table",
     "old_tombstones": "delete markers (_rs_del) older than the table's current migration, or left after the "
                       "last migration ended",
     "dead_budget_member": "a process's beat row in a job run's budget (B#<job>#<run>#<member>) outlived it: "
@@ -248,22 +250,32 @@ def leftover_tombstone(item: Mapping[str, Any], cutoff_ms: int | None) -> bool:
     return cutoff_ms is None or not version or parse_version(version)[0] < cutoff_ms
 
 
-def written_before(item: Mapping[str, Any], at: float) -> bool:
-    """Unversioned, or a version whose wall time is not after ``at`` (wall seconds)."""
-    version = version_of(item)
-    return not version or parse_version(version)[0] <= at * 1000
+def retired_copy_of(item: Mapping[str, Any], retired: Collection[str]) -> str | None:
+    """The retired migration whose marked copy ``item`` is (``_rs_new`` = its id), else None.
 
-
-def retired_copy_of(item: Mapping[str, Any], retired: Mapping[str, float]) -> str | None:
-    """The retired migration whose marked copy ``item`` is (from before its retire), else None.
-
-    The rule :class:`reshard.jobs.cleanup.Cleaner` applies: a later writer that kept the
-    marker (an update of the item) stamped a newer version, and its item stays.
+    The rule :class:`reshard.jobs.cleanup.Cleaner` applies. The marker alone decides: every
+    shim write sets its own migration's marker on a new-layout key or removes it, so no
+    live writer keeps a retired migration's marker; no version's wall time is compared with
+    this host's clock (a writer's clock ahead of ours would keep a leftover for ever).
+    ``retired`` holds only migrations whose retire is old enough on the server's clock that
+    no copy of theirs can still land (:func:`reshard.jobs.cleanup.retire_settled`).
     """
     marker = item.get(NEW_COPY_ATTR, {}).get("S")
-    if marker is not None and marker in retired and written_before(item, retired[marker]):
-        return marker
-    return None
+    return marker if marker is not None and marker in retired else None
+
+
+def marker_finding(table: str, owner_id: str, owner_control: str, known: bool, previous: str | None) -> Finding | None:
+    """A table marker (``core/marker.py``) naming a migration no control table knows: a
+    ``start`` that died between writing the marker and registering the migration. Shims of
+    every other migration refuse the table until it goes (fail closed)."""
+    if known:
+        return None
+    back = f"gives the marker back to {previous}" if previous else "removes the marker"
+    return Finding("orphan_marker", owner_id, f"table {table!r} marker",
+                   f"names migration {owner_id!r} (control table {owner_control!r}), which no control table knows: "
+                   "shims of any other migration refuse the table",
+                   f"rerun `reshard start` for it, or {repair_command(owner_id)} ({back}, only while it still names "
+                   f"{owner_id!r})", True, {"table": table, "owner": owner_id, "control": owner_control})
 
 
 def data_findings(table: str, migration: str, copies: Mapping[str, list], tombstones: list,

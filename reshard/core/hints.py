@@ -49,6 +49,8 @@ def next_step(migration_id: str, phase: Phase, facts: Facts = UNKNOWN, *, retire
         step = f"{advance} (to backfill)"
     elif phase is Phase.BACKFILL:
         then = f"then {advance} (to cutover)"
+        if facts.newer_may_be == "new":
+            then += f"; before an abort, `reshard verify {mid}` must pass (the rollback may have left new writes)"
         if facts.backfill_missing:
             return f"{facts.backfill_missing}; then `reshard verify {mid}`, {then}"
         if facts.verify_missing:
@@ -57,6 +59,10 @@ def next_step(migration_id: str, phase: Phase, facts: Facts = UNKNOWN, *, retire
             return f"{facts.writers}; {then}"
         step = f"{advance} (to cutover)"
     elif phase is Phase.CUTOVER:
+        if facts.newer_may_be == "old":
+            return (f"`reshard verify {mid}` (the catch-up verify after the switch: a mirror may have been lost; "
+                    f"--repair if it finds differences), then check the application, then {advance} (to cleanup; "
+                    "no rollback after that)")
         step = f"check the application, then {advance} (to cleanup; no rollback after that)"
     elif phase is Phase.CLEANUP:
         if facts.cleanup_missing:

@@ -32,6 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DATA, CONTROL = "data", "control"
+#: The table marker's partition key value (a string key; ``core/marker.py``): the only data
+#: item the operator role writes.
+MARKER_PARTITION = "_reshard#marker"
 
 READ_DATA = ("DescribeTable", "Scan", "Query", "GetItem", "BatchGetItem")
 WRITE_DATA = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")
@@ -73,13 +76,21 @@ COMMANDS: dict[str, tuple[Need, ...]] = {
     "backfill": _job("backfill", READ_DATA + ("PutItem",)),
     "verify --repair": _job("verify", READ_DATA + WRITE_DATA),
     "cleanup": _job("cleanup", READ_DATA + ("DescribeTimeToLive", "UpdateItem", "DeleteItem")),
-    # Transitions: the phase row, history, table lock, and reaping silent heartbeats.
-    "start": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan")),  # plan's checks, --count
+    # Transitions: the phase row, history, table lock, and reaping silent heartbeats. `start`
+    # also probes the server's signature check (GetItems, of the marker's key before the control
+    # table exists) and claims the table marker; the retire (and doctor --repair) gives it back:
+    # writes of the marker's partition only (docs/late-writes.md).
+    "start": (Need(DATA, ("DescribeTable", "DescribeTimeToLive", "Scan", "GetItem")),  # plan's checks, --count
+              Need(DATA, ("PutItem", "DeleteItem"), (MARKER_PARTITION,)),
               Need(CONTROL, READ_CONTROL + ("CreateTable",) + WRITE_ROWS)),
     "advance / rollback / abort": (Need(DATA, ("DescribeTable",)), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
-    "cleanup (retire of an aborted migration)": (Need(CONTROL, READ_CONTROL + WRITE_ROWS),),
+    "cleanup (retire of an aborted migration)": (Need(DATA, ("DescribeTable", "GetItem")),
+                                                 Need(DATA, ("PutItem", "DeleteItem"), (MARKER_PARTITION,)),
+                                                 Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
     "cleanup --enable-ttl": (Need(DATA, ("DescribeTimeToLive", "UpdateTimeToLive")),),
-    "doctor --repair": (Need(DATA, ("DescribeTable", "Scan", "DeleteItem")), Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
+    "doctor --repair": (Need(DATA, ("DescribeTable", "Scan", "GetItem", "DeleteItem")),
+                        Need(DATA, ("PutItem",), (MARKER_PARTITION,)),
+                        Need(CONTROL, READ_CONTROL + WRITE_ROWS)),
 }
 
 #: The observer writes nothing: every command of it is read-only (a test checks).

@@ -157,6 +157,10 @@ class Facts:
     #: A job that may still write (a backfill or verify lease not yet released or quiet
     #: long enough, see :func:`reshard.control.runs.await_no_writers`): cutover waits for it.
     writers: str | None = None
+    #: The control row's catch-up flag (:func:`routing_of`): ``"old"``, ``"new"`` or None.
+    newer_may_be: str | None = None
+    #: The command that lifts it (a passing verify started in this phase version).
+    verify_command: str = "reshard verify"
 
 
 @dataclass(frozen=True)
@@ -234,7 +238,29 @@ def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
                 refusals.append(missing)
     if action is Action.ADVANCE and target is Phase.COMPLETE and facts.cleanup_missing:
         refusals.append(facts.cleanup_missing)
+    catch_up = catch_up_refusal(target, facts.newer_may_be, facts.verify_command)
+    if catch_up:
+        refusals.append(catch_up)
     return Decision(action, phase, target, tuple(refusals))
+
+
+def catch_up_refusal(target: Phase, newer_may_be: str | None, verify_command: str = "reshard verify") -> str | None:
+    """Why a move into ``target`` must wait for the catch-up verify, or None.
+
+    After an authority switch the layout that was authoritative before may hold a write
+    whose mirror never landed (``newer_may_be``). A phase that reads only the other layout
+    would no longer see it: ``cleanup`` (and on) reads only new, so it waits while old may
+    be newer; ``aborted``, ``dual_write`` and ``planned`` read only old, so they wait while
+    new may be newer. A verify that started in this phase version and passed (its repairs
+    copy the newer copy over the older, in both directions) lifts the flag.
+    """
+    reads_only = {Phase.CLEANUP: "new", Phase.COMPLETE: "new", Phase.ABORTED: "old",
+                  Phase.DUAL_WRITE: "old", Phase.PLANNED: "old"}.get(target)
+    if reads_only is None or newer_may_be not in ("old", "new") or newer_may_be == reads_only:
+        return None
+    return (f"the {newer_may_be} layout may hold writes the {reads_only} layout lacks (a mirror lost across the "
+            f"authority switch), and {target} reads only the {reads_only} layout: run `{verify_command}` (with "
+            "--repair if it finds differences) until a run started in this phase passes, then retry")
 
 
 #: The data jobs, by name (run records, leases and status use these names).
@@ -257,9 +283,11 @@ JOB_RULES: dict[str, JobRule] = {
     BACKFILL_JOB: JobRule((Phase.BACKFILL,), "the shims must dual-write before the copy races them; "
                                             "`reshard advance` gets there"),
     VERIFY_JOB: JobRule((Phase.BACKFILL, Phase.CUTOVER), "it compares the layouts the backfill filled"),
-    # --repair writes from the old layout, which is authoritative only up to backfill.
-    f"{VERIFY_JOB} --repair": JobRule((Phase.BACKFILL,), "--repair writes from the old layout, which is "
-                                                        "authoritative only up to backfill"),
+    # --repair copies the newer copy over the older (version-fenced), in either direction:
+    # the catch-up after a switch (newer_may_be) needs it on both sides of the switch.
+    f"{VERIFY_JOB} --repair": JobRule((Phase.BACKFILL, Phase.CUTOVER),
+                                      "--repair copies the newer copy over the older, which needs both layouts "
+                                      "written (backfill and cutover)"),
     CLEANUP_JOB: JobRule((Phase.CLEANUP, Phase.ABORTED), "old items may be retired only once no shim reads them, "
                                                          "and new copies removed only once a migration is aborted"),
     # complete: one layout, unfenced, no tombstones (ROUTING), so no write compares a

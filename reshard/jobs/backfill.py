@@ -60,17 +60,18 @@ from reshard.control.runs import entered_at
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, items_write_units
 from reshard.core.index import NEW, IndexMapper, reindexed
-from reshard.core.layout import SOURCE_ATTR, KeyMapper, item_size
+from reshard.core.layout import SOURCE_ATTR, KeyMapper, item_size, not_data
 from reshard.core.phases import BACKFILL_JOB, Phase
 from reshard.core.versions import copy_fence, copy_outcome, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
 from reshard.jobs.pacing import KeyPacer, key_pacer
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, count_writes, scan_page
+from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, count_writes, over_leftovers,
+                                 scan_page)
 
 COUNTERS = ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
-            "unmappable", "rcu", "wcu")
+            "unmappable", "not_data", "rcu", "wcu")
 
 #: How often a copy is retried when its target vanished between the failed fence and the read.
 _COPY_TRIES = 3
@@ -118,6 +119,13 @@ class Backfill:
 
         moving = []
         for item in items:
+            if not_data(item):
+                # The table marker, or an old item an earlier migration's cleanup retired
+                # (``_rs_gone``, TTL pending): not data, never copied (case 6 of issue 25), and
+                # not counted as scanned (the progress total counts items, not these).
+                counts["not_data"] += 1
+                counts["scanned"] -= 1
+                continue
             # The table holds both layouts: a new-layout copy (a shim's mirror write, or a
             # copy made earlier) carries the _rs_new marker and is not an old item at all.
             if self.mapper.is_new_copy(item):
@@ -151,7 +159,7 @@ class Backfill:
             new.pop(SOURCE_ATTR, None)  # provenance only matters for unversioned copies
         else:
             new[SOURCE_ATTR] = S(source)
-        fence = copy_fence(version, self.new_attrs[0], source)
+        fence = over_leftovers(copy_fence(version, self.new_attrs[0], source))
         units = items_write_units([new])
         # A few new partition keys take the whole copy: each is paced under its own limit.
         self.key_pacer.pace(dump_key({self.new_attrs[0]: new[self.new_attrs[0]]}), units)

@@ -223,8 +223,11 @@ class SegmentEngine:
                  invocation: str | None = None, host: str | None = None,
                  is_dead: Callable[[str], bool] | None = None,
                  guard: Callable[[], str | None] | None = None, join: bool = False,
-                 idle_wait: Callable[[float], None] | None = None):
+                 idle_wait: Callable[[float], None] | None = None, phase_version: int | None = None):
         self.store = store
+        #: The migration's phase version the run is started in (recorded on a new run: verify's
+        #: catch-up flag is cleared only by a run that started in the current version).
+        self.phase_version = phase_version
         #: The last segment is a join: claimed only once every other segment is done.
         self.join = join
         #: A worker of this engine saw the run stamped finished (it did it, or found it done).
@@ -271,10 +274,12 @@ class SegmentEngine:
         now = self.clock()
         try:
             # Conditional: the first process creates the run; everyone else joins it.
-            self.store.put({"pk": S(self.pk), "sk": S(run_sk(self.job, self.run)), "job": S(self.job),
-                            "run": N(self.run), "total_segments": N(self.total), "started_at": N(now),
-                            "started_by": S(self._owner_prefix())},
-                           condition="attribute_not_exists(pk)")
+            row = {"pk": S(self.pk), "sk": S(run_sk(self.job, self.run)), "job": S(self.job),
+                   "run": N(self.run), "total_segments": N(self.total), "started_at": N(now),
+                   "started_by": S(self._owner_prefix())}
+            if self.phase_version is not None:
+                row["phase_version"] = N(self.phase_version)
+            self.store.put(row, condition="attribute_not_exists(pk)")
         except errors.ConditionalCheckFailed:
             pass
         info = read_run(self.store, self.migration_id, self.job, self.run)

@@ -34,13 +34,14 @@ from reshard.control.runs import allowed_unmappable, run_to_join
 from reshard.control.store import ControlStore
 from reshard.core.capacity import page_scan_units
 from reshard.core.compare import KINDS, differences, passes
-from reshard.core.layout import KeyMapper
+from reshard.core.layout import GONE_ATTR, KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.phases import VERIFY_JOB, Phase, job_rule
 from reshard.core.versions import Fence
 from reshard.core.wire import N
 from reshard.control.budget import BudgetMembership, read_shares
 from reshard.jobs.budget import CapacityBudget
+from reshard.jobs.facts import DatedWrites, JobFacts
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
 from reshard.jobs.pacing import DEFAULT_KEY_WCU
 from reshard.jobs.subscribers import Subscriber
@@ -312,25 +313,10 @@ def phase_guard(store: ControlStore, migration_id: str, job: str, phases: Iterab
 
     A consistent read of META at most every ``min_interval`` seconds, shared by the
     workers, so a job started before an abort or a rollback stops writing at its next
-    page instead of racing the cleanup that follows.
+    page instead of racing the cleanup that follows. It is also the job's fact keeper:
+    :meth:`~reshard.jobs.facts.JobFacts.horizon` dates every data write (docs/late-writes.md).
     """
-    phases = frozenset(phases)
-    last = {"at": -1e18, "why": None}
-    lock = threading.Lock()
-
-    def guard(fresh: bool = False) -> str | None:
-        with lock:
-            now = time.monotonic()
-            if fresh or now - last["at"] >= min_interval:
-                state = store.load_state(migration_id)
-                last["at"] = now
-                last["why"] = None if state.phase in phases else (
-                    f"{job} stopped: the migration moved to {state.phase} (phase version {state.phase_version})")
-            return last["why"]
-
-    # The engine reads the phase afresh on the first page after each claim.
-    guard.fresh = lambda: guard(fresh=True)  # type: ignore[attr-defined]
-    return guard
+    return JobFacts(store, migration_id, job, phases, min_interval=min_interval)
 
 
 # --------------------------------------------------------------------------- the runner
@@ -378,6 +364,9 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     state, chosen = choose_run(spec, dynamo, store, migration_id, opts, sleep)
     run = chosen if run is None else run
     migration = state.migration()
+    # The phase guard keeps the job's facts; every data write is dated by them (jobs/facts.py).
+    facts = JobFacts(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases, state=state)
+    dynamo = DatedWrites(dynamo, migration.table, facts.horizon)
     budget = budget or CapacityBudget(opts.max_wcu, opts.max_rcu)
     budget.attach(dynamo, migration.table)
     subscribers = list(subscribers)
@@ -393,8 +382,7 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
                            poll_seconds=opts.poll_seconds,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
-                           guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
-                           join=spec.join, idle_wait=idle_wait)
+                           guard=facts, join=spec.join, idle_wait=idle_wait, phase_version=state.phase_version)
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None
@@ -435,6 +423,14 @@ def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, bu
 
 
 # --------------------------------------------------------------------------- data-table writes jobs share
+
+def over_leftovers(fence: Fence) -> Fence:
+    """``fence``, or the target is a retired leftover (``_rs_gone``: an earlier migration's
+    cleanup retired it, and its TTL will delete it): every reader treats it as absent, so a
+    copy may replace it whatever its version -- keeping it would let the TTL delete the item."""
+    return Fence(f"({fence.expression}) OR attribute_exists(#rs_gone)", {**fence.names, "#rs_gone": GONE_ATTR},
+                 fence.values)
+
 
 def _guarded(guard: Callable[[], None] | None) -> dict:
     return {"guard": guard} if guard is not None else {}

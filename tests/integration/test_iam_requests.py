@@ -120,9 +120,11 @@ def record_every_role(dynalite_server, tmp_path_factory):
         run("observer", "list")
         # Findings (exit 1) are fine here: what counts is what the doctor sends.
         run("observer", "doctor", m.id, status=(0, 1))
-        for _ in range(2):  # cutover, cleanup
-            run("operator", "advance", m.id, "--allow-no-shims")
-            with_shim()
+        run("operator", "advance", m.id, "--allow-no-shims")  # cutover
+        with_shim()
+        run("worker", "verify", m.id, "--segments", "2")  # the catch-up verify after the switch
+        run("operator", "advance", m.id, "--allow-no-shims")  # cleanup
+        with_shim()
         run("worker", "cleanup", m.id, "--segments", "2", "--delete")
         run("operator", "advance", m.id, "--allow-no-shims")  # complete
         with_shim()

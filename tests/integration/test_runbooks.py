@@ -167,6 +167,7 @@ def test_every_runbook_command_runs_and_its_quoted_output_exists(world, capsys):
     w.runbook("07-rollback.md")
     # GLUE (07, "Decisions"): the backfill stays done and verify passed after it: cutover again.
     w.run("reshard advance --wait 60", says="moved backfill -> cutover")
+    w.run("reshard verify --segments 2")  # GLUE (06): the catch-up verify after the switch
     w.run("reshard advance --wait 5 --from cleanup", expect=2, says="it is in cutover")  # --from guards scripts
     w.runbook("08-cleanup.md", expect={
         "reshard cleanup --segments 16": (2, "Run with --enable-ttl"),  # TTL is off on the table (08 says so)

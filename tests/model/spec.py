@@ -70,6 +70,17 @@ APP_ERRORS = frozenset({"ReshardVersionConflict", "InvalidSignatureException", "
                         "ConnectTimeoutError", "ConnectionClosedError", "EndpointConnectionError"})
 #: The data-table operations a shim's request may have sent (see :meth:`Fleet._wrote`).
 DATA_WRITES = ("put_item", "update_item", "delete_item", "batch_write_item")
+
+
+def lift_catch_up(store, migration_id: str) -> None:
+    """With open gates, the catch-up verify after a switch counts as passed too (the flag is a
+    verify's bookkeeping, docs/late-writes.md): clear ``newer_may_be`` as the operator's next
+    transition would after one."""
+    state = store.load_state(migration_id)
+    if state.newer_may_be:
+        store.clear_newer_may_be(migration_id, state.phase_version, state.newer_may_be)
+
+
 #: The gates, open: scenarios race transitions, they do not re-prove the gates' bookkeeping.
 OPEN_GATES: Callable = lambda store, state: {"backfill_missing": None, "verify_missing": None,
                                              "cleanup_missing": None}
@@ -213,6 +224,7 @@ class Fleet:
                 [p.value for p in Phase][:[p.value for p in Phase].index(phase) + 1]
             for target in path[1:]:
                 action = Action.ABORT if target == "aborted" else Action.ADVANCE
+                lift_catch_up(self.store, self.m.id)
                 transition(self.store, self.m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True)
             _SET_UP[(kind, phase, table, w.clock())] = copy.deepcopy(w.db.tables)
         assert self.store.load_state(self.m.id).phase.value == phase
@@ -227,6 +239,10 @@ class Fleet:
         self.shims: dict[str, ShardedTable] = {}
         self.outcomes: dict[str, list] = {}   # operator actions: (action, "ok" | refusal)
         self.verify_runs = 0
+        #: Open gates also clear the catch-up flag (``newer_may_be``) as a passing verify would
+        #: (issue-12 scenarios race transitions, not the catch-up bookkeeping); False: only a real
+        #: verify run clears it (``"verify"``), as in the product.
+        self.open_catch_up = True
         #: Set when a copier runs: then every item (seeded ones too) must be in both layouts.
         self.copied = False
         #: The trace position where the operator's ``cleanup+sweep`` returned (None: it did not),
@@ -283,6 +299,7 @@ class Fleet:
             else:
                 assert order.index(state.phase.value) < order.index(target), (state.phase, target)
                 action = Action.ADVANCE
+            lift_catch_up(self.store, m.id)
             transition(self.store, m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True,
                        sleep=self.w.sleep)
             state = self.store.load_state(m.id)
@@ -460,6 +477,8 @@ class Fleet:
                 out.append(("repair", "clean" if passed else f"found {diffs}"))
             else:
                 # sleep: a switch waits for the fleet on the logical clock, letting the shims run.
+                if self.open_catch_up:
+                    lift_catch_up(self.store, m.id)
                 transition(self.store, m.id, Action(action), who=who, gates=OPEN_GATES, allow_no_shims=True,
                            sleep=self.w.sleep, lease_wait=self.lease_wait)
             out.append((a, "ok"))

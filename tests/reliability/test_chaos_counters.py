@@ -189,7 +189,8 @@ class CounterLifecycle(Lifecycle):
 
     # ------------------------------------------------------------------ traffic
     def start_traffic(self, seconds: float) -> None:
-        operations.start(self.raw, ControlStore(self.raw, self.control), self.m)  # `reshard start`, in-process
+        operations.start(self.raw, ControlStore(self.raw, self.control), self.m,
+                         server_deadline=False)  # `reshard start`, in-process (dynalite: no deadline)
         self.proxy.enabled = True
         deadline = time.monotonic() + seconds
         keys = list(range(self.n_items + self.n_inserts))

@@ -80,6 +80,7 @@ def test_calculated_suffix_16_to_32_under_chaos(tmp_path):
         lc.move(Action.ROLLBACK)                # back to backfill
         verify(lc)
         lc.move(Action.ADVANCE)                 # cutover
+        verify(lc)                              # the catch-up verify after the switch
         lc.move(Action.ADVANCE)                 # cleanup
         cleaned = cleanup(lc)
         lc.move(Action.ADVANCE)                 # complete
@@ -132,6 +133,7 @@ def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
         assert allowed_unmappable(lc.store, lc.m.id) == len(unmappable)
         verify(lc)
         lc.move(Action.ADVANCE)                 # cutover
+        verify(lc)                              # the catch-up verify after the switch
         lc.move(Action.ADVANCE)                 # cleanup
         cleaned = cleanup(lc)
         lc.move(Action.ADVANCE)                 # complete
