@@ -234,6 +234,32 @@ class World:
 #: logical clock (the product polls every 0.5 s; a coarser poll only makes the gate wait a
 #: little longer -- a token is timed from its first look -- with far fewer identical reads).
 GATE_POLL_SECONDS = 4.0
+#: How often a wait on the server's clock (``control/horizon.await_phase_age``: a phase lasting
+#: H + 2 s) re-reads the control row here (the product: every second). Coarser only ends a wait
+#: later (each look's ``Date`` decides), with far fewer identical reads.
+HORIZON_POLL_SECONDS = 3.0
+
+
+class InlineExecutor:
+    """A ``ThreadPoolExecutor`` stand-in that runs each task at once on the calling thread."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args, **kwargs):
+        from concurrent.futures import Future
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever asks the future, as a pool does
+            f.set_exception(e)
+        return f
 
 
 def logical_gates(monkeypatch) -> None:
@@ -256,6 +282,29 @@ def logical_gates(monkeypatch) -> None:
 
     monkeypatch.setattr(transition_module, "await_no_writers", await_no_writers)
     monkeypatch.setattr(cleanup_module, "await_no_writers", await_no_writers)
+    # start's sample scan (``inspect.scan_segments``) runs its segments on a thread pool: one after
+    # the other on the calling thread here, so `start` can be a step of an operator actor.
+    import reshard.aws.inspect as inspect_module
+    monkeypatch.setattr(inspect_module, "ThreadPoolExecutor", InlineExecutor)
+    try:
+        import reshard.control.horizon as horizon_module
+    except ImportError:  # before issue 25's operator side
+        return
+    real_age = horizon_module.await_phase_age
+
+    def await_phase_age(store, state, seconds, **kwargs):
+        # Waits on the server's clock (a phase lasting H + 2 s, the switch's hold, cleanup and
+        # strip starting H + 2 s into their phase): from an actor, through the scheduler.
+        w = World.current
+        if w is not None and getattr(store.dynamo, "client", None) is w.db:  # a store of this world
+            if kwargs.get("sleep") in (None, time.sleep):
+                kwargs["sleep"] = w.sleep
+            kwargs.setdefault("monotonic", w.clock)
+            kwargs.setdefault("poll", HORIZON_POLL_SECONDS)
+        return real_age(store, state, seconds, **kwargs)
+
+    monkeypatch.setattr(horizon_module, "await_phase_age", await_phase_age)
+    monkeypatch.setattr(transition_module, "await_phase_age", await_phase_age)
 
 
 @dataclass

@@ -193,7 +193,8 @@ class Fleet:
     """One scenario's migration, shims, operator and copiers on a World."""
 
     def __init__(self, w: World, kind: str = "sensor", phase: str = "backfill", table: str = "data",
-                 lease_seconds: float = 10.0, max_request_seconds: float = 1.0, lease_wait: float | None = 0.0):
+                 lease_seconds: float = 10.0, max_request_seconds: float = 1.0, lease_wait: float | None = 0.0,
+                 horizon: float | None = None):
         self.w = w
         w.fleet = self  # for openings (``drive``) that act on the fleet's control store
         self.m = parse(migration_text(kind, table), f"<{kind}>")
@@ -202,6 +203,10 @@ class Fleet:
         self.table = table
         self.lease_seconds = lease_seconds
         self.max_request_seconds = max_request_seconds
+        #: The request horizon H of the migrations this fleet starts (``start --request-horizon``)
+        #: with the server deadline enforced (the memory server refuses late-signed requests, as
+        #: DynamoDB does); None: registered as before issue 25, ``server_deadline`` off.
+        self.horizon = horizon
         # A guarded request (a job's data write or renewal) has a yield point before its
         # lease-deadline check and is in flight at most this long after it (explore.ModelDynamo).
         w.max_request_seconds = max_request_seconds
@@ -212,21 +217,24 @@ class Fleet:
         #: for 10 s leases; a coarser poll is the same interleavings with fewer identical reads).
         self.poll_seconds = 5.0
         self.store = ControlStore(w.dynamo, CONTROL, clock=w.clock)
-        cached = _SET_UP.get((kind, phase, table, w.clock()))
+        cache_key = (kind, phase, table, w.clock(), horizon)
+        cached = _SET_UP.get(cache_key)
         if cached is not None:
-            # The same set-up as a previous run (deterministic): restore it, ~30 calls saved per schedule.
-            w.db.tables = copy.deepcopy(cached)
+            # The same set-up as a previous run (deterministic): restore it (the clock too: the
+            # transitions waited on it), ~30 calls saved per schedule.
+            w.db.tables, w.clock.t = copy.deepcopy(cached[0]), cached[1]
         else:
             create_data_table(w.dynamo, table, self.mapper)
-            self.store.register(self.m, who="setup")
+            self.start(self.m, who="setup")
             # No shims yet: every transition is acknowledged at once. "aborted" is reached from backfill.
             path = ["planned", "dual_write", "dual_read", "backfill", "aborted"] if phase == "aborted" else \
                 [p.value for p in Phase][:[p.value for p in Phase].index(phase) + 1]
             for target in path[1:]:
                 action = Action.ABORT if target == "aborted" else Action.ADVANCE
                 lift_catch_up(self.store, self.m.id)
-                transition(self.store, self.m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True)
-            _SET_UP[(kind, phase, table, w.clock())] = copy.deepcopy(w.db.tables)
+                transition(self.store, self.m.id, action, who="setup", gates=OPEN_GATES, allow_no_shims=True,
+                           sleep=w.sleep)
+            _SET_UP[cache_key] = (copy.deepcopy(w.db.tables), w.clock())
         assert self.store.load_state(self.m.id).phase.value == phase
         #: Every migration of the table the scenario knows, by key ("m1": the first; see
         #: :meth:`add_migration`), in the order they were (or will be) started.
@@ -243,6 +251,10 @@ class Fleet:
         #: (issue-12 scenarios race transitions, not the catch-up bookkeeping); False: only a real
         #: verify run clears it (``"verify"``), as in the product.
         self.open_catch_up = True
+        #: The widened fault model (issue 25): a mirror may be lost for good, so the layouts may
+        #: disagree in backfill/cutover; then the real verify must not pass over them. False:
+        #: the issue-12 invariant, both layouts always hold the same item.
+        self.lost_mirrors = False
         #: Set when a copier runs: then every item (seeded ones too) must be in both layouts.
         self.copied = False
         #: The trace position where the operator's ``cleanup+sweep`` returned (None: it did not),
@@ -250,6 +262,17 @@ class Fleet:
         #: (``--lease-wait``; polled every second of logical time, then refused).
         self.swept_at: int | None = None
         self.sweep_wait = 2.0
+
+    def start(self, m: Migration, who: str) -> None:
+        """``reshard start`` of ``m``: with a horizon, the real ``operations.start`` (the probe of the
+        server's signature window, the table marker, META's request_horizon and server_deadline);
+        without, the registration alone, as before issue 25."""
+        if self.horizon is None:
+            self.store.register(m, who=who)
+            return
+        from reshard import operations
+        operations.start(self.w.dynamo, self.store, m, sample=20, segments=1, request_horizon=self.horizon,
+                         server_deadline=True)
 
     # ------------------------------------------------------------ items
     def key(self, name: str, **fields) -> dict:
@@ -282,7 +305,7 @@ class Fleet:
         self.migrations[key] = m
         self.mappers[key] = KeyMapper(m)
         if phase is not None:
-            self.store.register(m, who="setup")
+            self.start(m, who="setup")
             self.setup_to(key, phase)
         return m
 
@@ -319,7 +342,7 @@ class Fleet:
                          version_clock=VersionClock(name, now_ms=lambda: int(wall() * 1000)))
         self.shims[name] = t
         if not late:
-            assert self.start_shim(t)
+            self.start_shim(t)  # a failed refresh (a refusal) leaves it failing closed: its requests say so
         return t
 
     @staticmethod
@@ -446,7 +469,7 @@ class Fleet:
             if action == "retire":
                 retire(self.store, m.id, who=who)
             elif action == "start":
-                self.store.register(m, who=who)
+                self.start(m, who=who)
             elif action == "verify":
                 require_phase_and_ack(self.store, m.id, VERIFY_JOB)
                 passed, diffs = self.verify(run=1, host=who, key=key)
@@ -498,15 +521,30 @@ class Fleet:
         if ttl and state.phase is not Phase.ABORTED:
             cleanup.check_ttl(self.w.dynamo, m, enable=True)
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
-        page = cleanup.Cleaner(self.w.dynamo, mapper, self.table, budget, opts, state.phase is Phase.ABORTED,
+        guard, dynamo = self.job(key, "cleanup")
+        page = cleanup.Cleaner(dynamo, mapper, self.table, budget, opts, state.phase is Phase.ABORTED,
                                self.w.clock, cleanup.retired_migrations(self.store, self.table, m.id)).page
         engine = SegmentEngine(self.store, m.id, "cleanup", run, 1, page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
-                               sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False)
+                               sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False,
+                               guard=guard if self.horizon is not None else None)
         engine.work_inline()
         if state.phase is Phase.ABORTED and not state.retired:
             # cleanup's finish: retire looks at the job leases again, with the pass's wait.
             retire(self.store, m.id, who=who, lease_wait=opts.lease_wait)
+
+    def job(self, key: str, job: str, repair: bool = False):
+        """(guard, dynamo) of a data job of migration ``key`` as ``run_job`` builds them: with a
+        server deadline, the job's facts (the phase guard and fact keeper, on the logical clock)
+        and a Dynamo whose data writes carry their horizon; without, the phase guard alone and
+        the plain Dynamo, as before issue 25."""
+        m = self.migrations[key]
+        phases = job_rule(job, repair).phases
+        if self.horizon is None:
+            return phase_guard(self.store, m.id, job, phases, min_interval=0.0), self.w.dynamo
+        from reshard.jobs.facts import DatedWrites, JobFacts
+        facts = JobFacts(self.store, m.id, job, phases, min_interval=0.0, monotonic=self.w.clock)
+        return facts, DatedWrites(self.w.dynamo, self.table, facts.horizon)
 
     def strip_pass(self, who: str, key: str = "m1") -> None:
         """`reshard cleanup --strip-bookkeeping` of migration ``key`` (complete): run_job's
@@ -514,14 +552,19 @@ class Fleet:
         from reshard.core.phases import STRIP_JOB
         from reshard.jobs.strip import Stripper
         m = self.migrations[key]
-        require_phase_and_ack(self.store, m.id, STRIP_JOB)
+        state = require_phase_and_ack(self.store, m.id, STRIP_JOB)
+        if self.horizon is not None:
+            from reshard.jobs import strip
+            strip._check(self.store, state, JobOptions())  # starts once complete lasted H + 2 s
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
+        guard, dynamo = self.job(key, STRIP_JOB)
         keys = m.keys
-        page = Stripper(self.w.dynamo, self.table, [keys.partition] + ([keys.sort] if keys.sort else []), budget,
+        page = Stripper(dynamo, self.table, [keys.partition] + ([keys.sort] if keys.sort else []), budget,
                         JobOptions(segments=1, workers=1, page_size=50)).page
         engine = SegmentEngine(self.store, m.id, STRIP_JOB, 1, 1, page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
-                               sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False)
+                               sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False,
+                               guard=guard if self.horizon is not None else None)
         engine.work_inline()
 
     def copier(self, host: str, segments: int = 1, page_size: int = 10, run: int = 1,
@@ -531,11 +574,12 @@ class Fleet:
         w = self.w
         m, mapper = self.migrations[key], self.mappers[key]
         budget = CapacityBudget(None, None, clock=w.clock, sleep=w.sleep)
-        budget.attach(w.dynamo, self.table)
-        page = Backfill(w.dynamo, self.store, m.id, mapper, self.table, budget, page_size=page_size).page
         # The runner's phase guard, read before every page (min_interval 0: its cache runs on
-        # the real monotonic clock, which would make runs depend on real time).
-        guard = phase_guard(self.store, m.id, BACKFILL_JOB, job_rule(BACKFILL_JOB).phases, min_interval=0.0)
+        # the real monotonic clock, which would make runs depend on real time), and with a
+        # server deadline the fact keeper dating every copy.
+        guard, dynamo = self.job(key, BACKFILL_JOB)
+        budget.attach(dynamo, self.table)
+        page = Backfill(dynamo, self.store, m.id, mapper, self.table, budget, page_size=page_size).page
         engine = SegmentEngine(self.store, m.id, BACKFILL_JOB, run, segments, page, workers=1,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                poll_seconds=self.poll_seconds, clock=w.clock, sleep=w.sleep, host=host,
@@ -565,11 +609,17 @@ class Fleet:
         st = self.store.load_state(self.migrations[key or self.governing()].id)
         return st.phase.value, st.retired
 
-    def view(self, phase: str | None, name: str, key: str = "m1") -> dict | None:
-        """The logical item as a shim of migration ``key`` pinned to ``phase`` reads it (None: steady)."""
+    def view(self, phase: str | None, name: str, key: str = "m1", app: bool = False) -> dict | None:
+        """The logical item as a shim of migration ``key`` pinned to ``phase`` reads it (None: steady);
+        ``app``: as the application reads it now (with the control row's catch-up flag: both layouts)."""
         t = ShardedTable(self.migrations[key], self.w.dynamo, control_table=None, writer_id="viewer",
                          query_workers=1)
-        t._pin_phase(phase)
+        flag = getattr(self.store.load_state(self.migrations[key].id), "newer_may_be", None) if app and phase else None
+        if flag:
+            # After a switch, until a verify cleared the flag, the application reads both layouts.
+            t._phases.pin(phase, newer_may_be=flag)
+        else:
+            t._pin_phase(phase)
         return t.get_item(Key=self.keys[name], ConsistentRead=True).get("Item")
 
     def verify(self, run: int | None = None, host: str = "verifier", repair: bool = False,
@@ -584,15 +634,17 @@ class Fleet:
         opts = JobOptions(segments=1, workers=1, page_size=50, rechecks=2, recheck_pause=1.0, repair=repair)
         # Verify's waits (the settle window of a suspect, a held lease) sleep on the logical clock:
         # through the scheduler from an actor (a scheduling point), at once from the check.
-        v = Verifier(self.w.dynamo, self.store, m.id, run, mapper, self.table, budget, opts,
-                     sleep=self.w.sleep, clock=self.w.clock)
         # run_job's phase guard, read before every page (afresh after every claim).
-        guard = phase_guard(self.store, m.id, VERIFY_JOB, job_rule(VERIFY_JOB, repair).phases, min_interval=0.0)
+        guard, dynamo = self.job(key, VERIFY_JOB, repair)
+        v = Verifier(dynamo, self.store, m.id, run, mapper, self.table, budget, opts,
+                     sleep=self.w.sleep, clock=self.w.clock)
         # One scan segment and the join (the run's last segment), as run_job runs VERIFY.
         engine = SegmentEngine(self.store, m.id, VERIFY_JOB, run, 2, v.page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=self.w.sleep, host=host, invocation=host,
-                               is_dead=lambda owner: False, guard=guard, join=True)
+                               is_dead=lambda owner: False, guard=guard, join=True,
+                               # a passing run started in this phase version clears the catch-up flag
+                               phase_version=self.store.load_state(m.id).phase_version)
         engine.work_inline()
         totals = sum_counters(engine.records())
         diffs = {k: int(n) for k, n in differences(totals).items() if n}
@@ -611,11 +663,12 @@ class Fleet:
         items = self.w.db.items(self.table)
         layouts = by_layout(mapper, items)
         where = f"{phase}" + (f" of {gkey}" if len(self.migrations) > 1 else "")
+        disagree: list[str] = []
         for name, fields in self.keys.items():
             ops = by_item.get(name, [])
             keys = dict(fields)
             initial = self.initial.get(name)
-            final = self.view(read_phase, name, gkey)
+            final = self.view(read_phase, name, gkey, app=True)
             lin = lambda fin, **kw: linearizable(ops, initial, keys, fin, **kw)  # noqa: E731
             if not lin(final, results=False, reads=False):
                 told = [o.text() for o in ops]
@@ -640,7 +693,9 @@ class Fleet:
             # lagging planned shim may legitimately leave the new layout behind: the copy fixes it.
             if phase in ("backfill", "cutover") and (ops or self.copied):
                 old, new = self.view("dual_write", name, gkey), self.view("cutover", name, gkey)
-                if old != new:
+                if old != new and self.lost_mirrors:
+                    disagree.append(f"{name} (old layout {old}, new layout {new})")
+                elif old != new:
                     out.append(f"layouts disagree on {name} in {where}: old layout {old}, new layout {new}")
             ident = mapper.identity(mapper.logical_fields(_wire(fields)))
             n_old = len(layouts["old"].get(ident, []))
@@ -655,6 +710,14 @@ class Fleet:
             left = [i for i in items if TOMBSTONE_ATTR in i] if swept else []
             if left:
                 out.append(f"leftover tombstone after the cleanup returned: {left}")
+        if disagree and phase in VERIFY_PHASES:
+            # Under the fault model a mirror may be lost for good (its writer died, or it arrived
+            # after its horizon): the layouts may disagree, as long as the application's reads
+            # do not show it (catch-up) and no verify passes over it -- the verify that gates the
+            # next transition reading one layout alone (docs/late-writes.md, catch-up).
+            passed, diffs = self.verify(key=gkey)
+            if passed:
+                out.append(f"verify passed while the layouts disagree on {', '.join(disagree)} in {where}")
         for key in self.registered():
             if self.phase(key) == ("aborted", True):
                 # A retired migration left no new-layout copy behind: a retry of the migration

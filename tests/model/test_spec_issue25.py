@@ -18,10 +18,22 @@ from tests.model.spec import Fleet, scenario
 from tests.model.test_spec_issue12 import SENSOR_KEY, coarse_switch_polls  # noqa: F401  (fixture)
 
 DATA = writes_to("data")
+#: The request horizon H of every migration here (``start --request-horizon``; the server
+#: enforces it): transitions wait H + 2 s of server time, a request lands within H of its fact.
+H = 5.0
+
+
+def fleet(w: World, phase: str, **kwargs) -> Fleet:
+    """A fleet whose migrations run with a server deadline (horizon H) and the real catch-up
+    rules (only a passing verify clears ``newer_may_be``)."""
+    f = Fleet(w, phase=phase, horizon=H, **kwargs)
+    f.open_catch_up = False
+    f.lost_mirrors = True
+    return f
 
 
 def sensor_fleet(w: World, phase: str) -> Fleet:
-    f = Fleet(w, phase=phase)
+    f = fleet(w, phase)
     f.key("k", **SENSOR_KEY)
     return f
 
@@ -175,7 +187,9 @@ def test_rollback_after_a_half_written_cutover_write(coarse_switch_polls):
 
 @case(3, "abort loses a write that landed in the new layout only")
 def test_abort_after_a_half_written_cutover_write(coarse_switch_polls):
-    build = half_written_then("cutover", ("rollback", "verify", "abort"))
+    # The runbook: after a rollback from cutover, `verify --repair` copies newer new copies back,
+    # a verify then passes (lifting the catch-up flag), then abort -- which is refused before.
+    build = half_written_then("cutover", ("rollback", "abort", "repair", "verify", "abort"))
     r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
     print(describe_bounds(r))
     r.assert_ok()
@@ -183,7 +197,18 @@ def test_abort_after_a_half_written_cutover_write(coarse_switch_polls):
 
 @case(3, "cutover serves the new layout, which misses a backfill write whose mirror never landed")
 def test_cutover_after_a_half_written_backfill_write(coarse_switch_polls):
-    build = half_written_then("backfill", ("advance",))
+    # B reads in cutover, and then in cleanup, which the catch-up verify must open first
+    # (cutover -> cleanup is refused before it).
+    build = half_written_then("backfill", ("advance",), after=(("get", "k"),))
+    r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
+    print(describe_bounds(r))
+    r.assert_ok()
+
+
+@case(3, "cleanup serves the new layout, which misses a backfill write whose mirror never landed")
+def test_cleanup_after_a_half_written_backfill_write(coarse_switch_polls):
+    build = half_written_then("backfill", ("advance", "advance", "repair", "verify", "advance"),
+                              after=(("get", "k"),))
     r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
     print(describe_bounds(r))
     r.assert_ok()
@@ -194,7 +219,7 @@ def test_cutover_after_a_half_written_backfill_write(coarse_switch_polls):
 def stalled_copy(w: World) -> Fleet:
     """A backfill fleet whose data writes have no in-flight bound (the fault model: a request
     past its guard may land at any later time), one seeded item, copier C1."""
-    f = Fleet(w, phase="backfill")
+    f = fleet(w, "backfill")
     w.max_request_seconds = None
     f.key("k", **SENSOR_KEY)
     f.seed("k", {"temp": 1})
