@@ -7,7 +7,10 @@ invariant check, a callable raising ``AssertionError`` when the final state is w
 
 :func:`explore` enumerates every *schedule* up to ``max_steps`` moves, depth first. A
 move is one of: step an actor (``"A"``: its pending call and its computation up to the
-next call), advance the clock (``"tick"``), kill an actor (``"kill:A"``). Every schedule
+next call), advance the clock (``"tick"``), kill an actor (``"kill:A"``), and the network's
+moves: hold an actor's request and time it out (``"hold:A"``), deliver a held request
+(``"deliver:1"``, at any later point, maybe twice), lose an answer (``"lose:A"``), and at
+the end of a run, never deliver what is still held (``"drop"``). Every schedule
 is run from scratch (a new world from the factory, the prefix replayed, then the first
 enabled move at every later point), and the alternatives seen at each point past the
 prefix are pushed onto the stack: every leaf of the tree of choices is run exactly once.
@@ -39,6 +42,20 @@ from tests.model.memory_dynamo import MemoryDynamo
 from tests.model.scheduler import LogicalClock, Scheduler, Step
 
 TICK = "tick"
+DROP = "drop"
+#: The operations that change an item (what ``may_hold`` / ``may_lose`` apply to by default).
+WRITES = ("put_item", "update_item", "delete_item", "batch_write_item")
+
+
+def writes_to(*tables: str) -> Callable[[str, dict], bool]:
+    """A ``where=`` for :meth:`World.may_hold` / :meth:`World.may_lose`: item writes to ``tables``."""
+    def where(op: str, kwargs: dict) -> bool:
+        if op not in WRITES:
+            return False
+        if op == "batch_write_item":
+            return any(t in tables for t in kwargs.get("RequestItems", {}))
+        return kwargs.get("TableName") in tables
+    return where
 
 
 class ModelDynamo(Dynamo):
@@ -57,17 +74,17 @@ class ModelDynamo(Dynamo):
 
     world: "World"
 
-    def call(self, operation: str, *, guard=None, **kwargs) -> dict:
+    def call(self, operation: str, *, guard=None, horizon=None, **kwargs) -> dict:
         w = self.world
         if guard is None or w.max_request_seconds is None or not w.sched.is_actor():
-            return super().call(operation, guard=guard, **kwargs)
+            return super().call(operation, guard=guard, horizon=horizon, **kwargs)
         inner = guard
 
         def checked() -> None:
             w.sched.before_guard(operation, kwargs)
             inner()
             w.sched.sent(w.clock() + w.max_request_seconds)
-        return super().call(operation, guard=checked, **kwargs)
+        return super().call(operation, guard=checked, horizon=horizon, **kwargs)
 
 
 class World:
@@ -93,6 +110,9 @@ class World:
         self.tick_seconds = 0.0
         self.ticks_left = 0
         self.kills_left: dict[str, int] = {}
+        #: The network's moves per actor: times left, and which of its calls they apply to.
+        self.holds_left: dict[str, tuple[int, int, Callable[[str, dict], bool]]] = {}
+        self.loses_left: dict[str, tuple[int, Callable[[str, dict], bool]]] = {}
         self.truncated = False
         #: Preemption bounding (CHESS): at most this many switches away from an actor that could
         #: have gone on. None: unbounded. Ticks and kills are not switches.
@@ -101,7 +121,7 @@ class World:
         self.last_actor: str | None = None
 
     def actor(self, name: str, fn: Callable[[], object]) -> None:
-        if name == TICK or name.startswith("kill:"):
+        if name in (TICK, DROP, "network") or name.startswith(("kill:", "hold:", "lose:", "deliver:")):
             raise ValueError(f"actor name {name!r} is reserved")
         self.sched.actor(name, fn)
 
@@ -112,6 +132,19 @@ class World:
     def may_kill(self, name: str, times: int = 1) -> None:
         """Let the explorer kill ``name`` at any point where it waits at a call."""
         self.kills_left[name] = times
+
+    def may_hold(self, name: str, times: int = 1, copies: int = 1,
+                 where: Callable[[str, dict], bool] = lambda op, kw: op in WRITES) -> None:
+        """Let the network hold up to ``times`` of ``name``'s calls (those ``where`` accepts): the
+        actor times out, the request arrives at any later point, ``copies`` times at most (2: it may
+        be delivered twice), or never."""
+        self.holds_left[name] = (times, copies, where)
+
+    def may_lose(self, name: str, times: int = 1,
+                 where: Callable[[str, dict], bool] = lambda op, kw: op in WRITES) -> None:
+        """Let the network lose the answer of up to ``times`` of ``name``'s calls (applied, the
+        actor times out and retries per its policy)."""
+        self.loses_left[name] = (times, where)
 
     @property
     def sleep(self) -> Callable[[float], None]:
@@ -137,7 +170,8 @@ class World:
     def moves(self) -> list[str]:
         steps = self.steppable()
         if not steps:
-            return []
+            # Every actor is done (or stalled): what the network still holds arrives now, or never.
+            return [f"deliver:{i}" for i in self.sched.held] + ([DROP] if self.sched.held else [])
         if self.preemption_bound is not None and self.preemptions >= self.preemption_bound \
                 and self.last_actor in steps:
             steps = [self.last_actor]  # no switch left: the running actor goes on
@@ -146,7 +180,17 @@ class World:
                                     self.clock() + self.tick_seconds <= min(self.sched.in_flight.values())):
             out.append(TICK)
         out += [f"kill:{n}" for n in steps if self.kills_left.get(n, 0) > 0]
+        out += [f"hold:{n}" for n in steps if self._network(self.holds_left, n)]
+        out += [f"lose:{n}" for n in steps if self._network(self.loses_left, n)]
+        out += [f"deliver:{i}" for i in self.sched.held]
         return out
+
+    def _network(self, table: dict, name: str) -> bool:
+        entry = table.get(name)
+        if not entry or entry[0] <= 0:
+            return False
+        op, kwargs = self.sched.actors[name].pending
+        return op not in ("sleep", "guard") and entry[-1](op, kwargs)
 
     def _sleeps(self, name: str) -> float:
         """How far stepping ``name`` moves the clock (its pending call is a sleep)."""
@@ -161,17 +205,61 @@ class World:
             name = move[5:]
             self.kills_left[name] -= 1
             self.sched.kill(name)
+        elif move.startswith("deliver:"):
+            self.sched.deliver(int(move[8:]))
+        elif move == DROP:
+            self.sched.drop_held()
+        elif move.startswith(("hold:", "lose:")):
+            kind, name = move.split(":", 1)
+            self._count_preemption(name)
+            if kind == "hold":
+                times, copies, where = self.holds_left[name]
+                self.holds_left[name] = (times - 1, copies, where)
+                self.sched.hold(name, copies)
+            else:
+                times, where = self.loses_left[name]
+                self.loses_left[name] = (times - 1, where)
+                self.sched.lose(name)
         else:
-            if self.last_actor not in (None, move) and self.last_actor in self.steppable():
-                self.preemptions += 1
-            self.last_actor = move
+            self._count_preemption(move)
             self.sched.step(move)
+
+    def _count_preemption(self, name: str) -> None:
+        if self.last_actor not in (None, name) and self.last_actor in self.steppable():
+            self.preemptions += 1
+        self.last_actor = name
 
 
 #: How often a gate re-reads the job leases while it waits for them to go quiet, on the
 #: logical clock (the product polls every 0.5 s; a coarser poll only makes the gate wait a
 #: little longer -- a token is timed from its first look -- with far fewer identical reads).
 GATE_POLL_SECONDS = 4.0
+#: How often a wait on the server's clock (``control/horizon.await_phase_age``: a phase lasting
+#: H + 2 s) re-reads the control row here (the product: every second). Coarser only ends a wait
+#: later (each look's ``Date`` decides), with far fewer identical reads.
+HORIZON_POLL_SECONDS = 3.0
+
+
+class InlineExecutor:
+    """A ``ThreadPoolExecutor`` stand-in that runs each task at once on the calling thread."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args, **kwargs):
+        from concurrent.futures import Future
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever asks the future, as a pool does
+            f.set_exception(e)
+        return f
 
 
 def logical_gates(monkeypatch) -> None:
@@ -194,6 +282,29 @@ def logical_gates(monkeypatch) -> None:
 
     monkeypatch.setattr(transition_module, "await_no_writers", await_no_writers)
     monkeypatch.setattr(cleanup_module, "await_no_writers", await_no_writers)
+    # start's sample scan (``inspect.scan_segments``) runs its segments on a thread pool: one after
+    # the other on the calling thread here, so `start` can be a step of an operator actor.
+    import reshard.aws.inspect as inspect_module
+    monkeypatch.setattr(inspect_module, "ThreadPoolExecutor", InlineExecutor)
+    try:
+        import reshard.control.horizon as horizon_module
+    except ImportError:  # before issue 25's operator side
+        return
+    real_age = horizon_module.await_phase_age
+
+    def await_phase_age(store, state, seconds, **kwargs):
+        # Waits on the server's clock (a phase lasting H + 2 s, the switch's hold, cleanup and
+        # strip starting H + 2 s into their phase): from an actor, through the scheduler.
+        w = World.current
+        if w is not None and getattr(store.dynamo, "client", None) is w.db:  # a store of this world
+            if kwargs.get("sleep") in (None, time.sleep):
+                kwargs["sleep"] = w.sleep
+            kwargs.setdefault("monotonic", w.clock)
+            kwargs.setdefault("poll", HORIZON_POLL_SECONDS)
+        return real_age(store, state, seconds, **kwargs)
+
+    monkeypatch.setattr(horizon_module, "await_phase_age", await_phase_age)
+    monkeypatch.setattr(transition_module, "await_phase_age", await_phase_age)
 
 
 @dataclass

@@ -31,7 +31,10 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import botocore.exceptions
+from email.utils import formatdate
 
+from reshard.aws.signing import SIGN_DATE
+from reshard.core.deadlines import SIGNATURE_WINDOW_SECONDS, amz_date
 from tests.model import expressions as ex
 from tests.model.expressions import Context, ExprError, vtype
 
@@ -196,6 +199,11 @@ def hash_prefix(v: dict) -> str:
     return hashlib.md5(b"Outliers" + raw).hexdigest()[:6]
 
 
+def http_date(epoch: float) -> str:
+    """The HTTP ``Date`` header of an answer (RFC 7231, whole seconds: the fraction is cut)."""
+    return formatdate(math.floor(epoch), usegmt=True)
+
+
 def segment_of(prefix: str, total: int) -> int:
     return int(prefix[:3], 16) * total // 4096
 
@@ -325,6 +333,12 @@ class MemoryDynamo:
         self.faults: list[Callable[[str, dict], str | None]] = []
         self.calls = 0
         self._request_ids = itertools.count(1)
+        #: How far a request's SigV4 date may be from the server's clock (DynamoDB: 5 minutes,
+        #: observed). A request signed with a chosen date (``reshard.aws.signing.SIGN_DATE``, set
+        #: by ``Dynamo.call(horizon=...)``) is refused when it arrives further from ``clock()``
+        #: than this; a request with no chosen date is signed "now" and always passes. None: not
+        #: enforced (a server like dynalite or moto).
+        self.signature_window: float | None = SIGNATURE_WINDOW_SECONDS
 
     # -- the boto3 method surface
     def create_table(self, **kw): return self._call("create_table", kw)
@@ -366,13 +380,46 @@ class MemoryDynamo:
 
     # -- dispatch
     def _call(self, op: str, kwargs: dict) -> dict:
+        # The date the request is signed with: read on the caller's thread (Dynamo.call sets it
+        # around the attempt), so it travels with the request if the interceptor holds it.
+        sign = SIGN_DATE.get()
         hook = self.interceptor
+        fate = None
         if hook is not None:
-            hook.before(op, kwargs)
+            fate = hook.before(op, kwargs)
+        if fate == "hold":
+            # The interceptor keeps the request to deliver it later (:meth:`deliver`); the
+            # caller's connection times out, as a request lost in the network does.
+            err = self.timeout()
+            hook.after(op, kwargs, None, err)
+            raise err
         resp, err = None, None
+        try:
+            resp = self.deliver(op, kwargs, sign)
+        except botocore.exceptions.ClientError as e:
+            err = e
+            raise
+        finally:
+            if hook is not None:
+                hook.after(op, kwargs, resp, err)
+        if fate == "lose":
+            raise self.timeout()  # the request was applied; its answer never arrives
+        return resp
+
+    def timeout(self) -> botocore.exceptions.BotoCoreError:
+        """What a client sees when an answer never comes (retryable, as botocore's)."""
+        return botocore.exceptions.ReadTimeoutError(endpoint_url=self.meta.endpoint_url)
+
+    def deliver(self, op: str, kwargs: dict, sign: float | None = None) -> dict:
+        """Apply one request now, signed ``sign`` (epoch seconds; None: "now"), as the server
+        does when it arrives: the signature's age is checked against the server's clock at
+        this moment. No interception (the scheduler calls this for a held request)."""
+        now = self.clock()
         try:
             with self.lock:
                 self.calls += 1
+                now = self.clock()
+                self._check_signature(sign, now)
                 for fault in self.faults:
                     code = fault(op, kwargs)
                     if code:
@@ -384,18 +431,29 @@ class MemoryDynamo:
                 resp = fn(**copy.deepcopy(kwargs))
             resp.setdefault("ResponseMetadata", {"RequestId": f"mem-{next(self._request_ids)}",
                                                  "HTTPStatusCode": 200, "RetryAttempts": 0})
+            resp["ResponseMetadata"]["HTTPHeaders"] = {"date": http_date(now)}
             return resp
         except ExprError as e:
-            err = self._client_error(op, e)
-            raise err from None
-        finally:
-            if hook is not None:
-                hook.after(op, kwargs, resp, err)
+            raise self._client_error(op, e, now) from None
 
-    def _client_error(self, op: str, e: ExprError) -> botocore.exceptions.ClientError:
+    def _check_signature(self, sign: float | None, now: float) -> None:
+        """DynamoDB's refusal of a request signed too long before (or after) its own clock."""
+        window = self.signature_window
+        if sign is None or window is None:
+            return
+        if now - sign > window:
+            raise ExprError(f"Signature expired: {amz_date(sign)} is now earlier than {amz_date(now - window)} "
+                            f"({amz_date(now)} - {window / 60:g} min.)", "InvalidSignatureException")
+        if sign - now > window:
+            raise ExprError(f"Signature not yet current: {amz_date(sign)} is still later than "
+                            f"{amz_date(now + window)} ({amz_date(now)} + {window / 60:g} min.)",
+                            "InvalidSignatureException")
+
+    def _client_error(self, op: str, e: ExprError, now: float | None = None) -> botocore.exceptions.ClientError:
         status = 500 if e.code in ("InternalServerError", "InternalFailure", "ServiceUnavailable") else 400
         response = {"Error": {"Code": e.code, "Message": e.message},
-                    "ResponseMetadata": {"RequestId": f"mem-{next(self._request_ids)}", "HTTPStatusCode": status}}
+                    "ResponseMetadata": {"RequestId": f"mem-{next(self._request_ids)}", "HTTPStatusCode": status,
+                                         "HTTPHeaders": {"date": http_date(self.clock() if now is None else now)}}}
         if getattr(e, "item", None) is not None:
             response["Item"] = e.item
         return botocore.exceptions.ClientError(response, _OPERATION_NAMES.get(op, op))

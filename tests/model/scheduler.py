@@ -24,6 +24,15 @@ Besides stepping, a test (or the explorer) can
   :meth:`Scheduler.sleep` is the matching ``sleep=``: a yield point that, when granted,
   advances the clock by the time slept (time passes while a process waits).
 
+and, to model the network and the server (the contract's fault model, PRODUCT.md 5b):
+
+* **hold** an actor's call: the request is kept as it was sent (its signing date too, see
+  ``reshard.aws.signing.SIGN_DATE``) and the actor's connection times out (a retryable
+  error: the product retries per its policy); the held request is **delivered** later, at
+  any scheduling point, once or twice -- the server checks its signature's age against the
+  clock *then*, as DynamoDB does;
+* **lose** the answer of an actor's call: the request is applied, the actor times out.
+
 Calls made from a thread the scheduler does not know (a product thread pool) while
 actors run are refused with ``RuntimeError``: they would escape the schedule. The
 scheduler's own thread may call freely between steps (to inspect, or to set up).
@@ -31,6 +40,7 @@ scheduler's own thread may call freely between steps (to inspect, or to set up).
 
 from __future__ import annotations
 
+import copy
 import re
 import threading
 from dataclasses import dataclass, field
@@ -86,12 +96,29 @@ class Step:
 
 
 @dataclass
+class Held:
+    """A request kept by the network (:meth:`Scheduler.hold`), to be delivered later."""
+
+    ident: int
+    actor: str
+    op: str
+    kwargs: dict
+    sign: float | None          # the SigV4 date it was sent with (None: "now" at delivery)
+    copies: int                 # deliveries left (2: it may arrive twice)
+    detail: str = ""
+
+
+@dataclass
 class Actor:
     name: str
     fn: Callable[[], Any]
     thread: threading.Thread | None = None
     state: str = "new"  # new, running, parked, done, failed, killed, stuck
     pending: tuple | None = None  # (op, kwargs) at the yield point
+    sign: float | None = None  # the pending call's signing date (SIGN_DATE on its thread)
+    fate: str | None = None  # what the network does to the call being stepped: None, "hold", "lose"
+    current_fate: str | None = None  # ... to the call running now (for the trace)
+    held_id: int = 0  # the id of its last held request
     stalled: bool = False
     killed: bool = False
     calls: int = 0
@@ -123,6 +150,9 @@ class Scheduler:
         #: Actors with a guarded request in flight (its lease check passed, not landed yet):
         #: name -> the logical time by which it must land (see :meth:`sent`).
         self.in_flight: dict[str, float] = {}
+        #: Requests the network holds (:meth:`hold`), by id, until delivered (:meth:`deliver`).
+        self.held: dict[int, Held] = {}
+        self._held_ids = 0
         db.interceptor = self
 
     # ---------------------------------------------------------------- set-up
@@ -178,8 +208,9 @@ class Scheduler:
     def parked(self) -> list[str]:
         return [n for n, a in self.actors.items() if a.state == "parked"]
 
-    def step(self, name: str) -> Step:
-        """Let ``name`` make its pending call and run on to its next yield point."""
+    def step(self, name: str, fate: str | None = None) -> Step:
+        """Let ``name`` make its pending call and run on to its next yield point (``fate``: see
+        :meth:`hold` and :meth:`lose`)."""
         a = self.actors[name]
         if a.state != "parked":
             raise RuntimeError(f"actor {name} is {a.state}, not at a call")
@@ -190,11 +221,57 @@ class Scheduler:
         self.trace.append(entry)
         a.current = entry
         a.calls += 1
+        a.fate = fate
+        if fate == "hold":
+            self._held_ids += 1
+            a.held_id = self._held_ids
+            self.held[self._held_ids] = Held(self._held_ids, name, op, copy.deepcopy(kwargs), a.sign, self._copies,
+                                             entry.detail)
         with self._cv:
             a.state = "running"
         a.go.set()
         self._wait(a)
         return entry
+
+    #: How many times a held request may be delivered (set by :meth:`hold`).
+    _copies = 1
+
+    def hold(self, name: str, copies: int = 1) -> Step:
+        """``name``'s pending call is kept by the network (delivered later by :meth:`deliver`,
+        up to ``copies`` times); the actor times out at once and runs on (it retries or gives up
+        per its retry policy) to its next yield point."""
+        self._copies = copies
+        try:
+            return self.step(name, fate="hold")
+        finally:
+            self._copies = 1
+
+    def lose(self, name: str) -> Step:
+        """``name``'s pending call is applied, and its answer lost: the actor times out."""
+        return self.step(name, fate="lose")
+
+    def deliver(self, ident: int) -> Step:
+        """The held request ``ident`` arrives at the server now (the scheduler's thread applies
+        it: the server checks its signing date against the clock *now*)."""
+        h = self.held[ident]
+        h.copies -= 1
+        if h.copies <= 0:
+            del self.held[ident]
+        entry = Step(len(self.trace) + 1, "network", "deliver", f"#{h.ident} ({h.actor}'s {h.op}) {h.detail}")
+        self.trace.append(entry)
+        resp, err = None, None
+        try:
+            resp = self.db.deliver(h.op, h.kwargs, h.sign)
+        except Exception as e:  # noqa: BLE001 - the answer goes nowhere: only the trace shows it
+            err = e
+        entry.result = outcome(h.op, resp, err)
+        return entry
+
+    def drop_held(self) -> None:
+        """The held requests never arrive (the end of a run)."""
+        for ident in list(self.held):
+            self._note("network", "drop", f"#{ident} never arrives")
+        self.held.clear()
 
     def run(self, order: list[str]) -> None:
         for name in order:
@@ -263,24 +340,41 @@ class Scheduler:
             return
         if a.killed:
             raise Killed(a.name)
+        from reshard.aws.signing import SIGN_DATE
         with self._cv:
             a.pending = (op, kwargs)
+            a.sign = SIGN_DATE.get()
             a.state = "parked"
             self._cv.notify_all()
         a.go.wait()
         a.go.clear()
         if a.killed:
             raise Killed(a.name)
+        fate, a.fate = a.fate, None
+        a.current_fate = fate
+        return fate
 
     def after(self, op: str, kwargs: dict, resp: dict | None, err: BaseException | None) -> None:
         a = self._by_thread.get(threading.get_ident())
         if a is None:
             return
-        self.in_flight.pop(a.name, None)  # the request landed
+        self.in_flight.pop(a.name, None)  # the request landed (or the network kept it)
         if a.current is not None:
-            a.current.result = outcome(op, resp, err)
+            fate = a.current_fate
+            if fate == "hold":
+                a.current.result = f"held by the network as #{a.held_id}; {a.name} times out"
+            elif fate == "lose":
+                a.current.result = outcome(op, resp, err) + f"; the answer is lost, {a.name} times out"
+            else:
+                a.current.result = outcome(op, resp, err)
+            a.current_fate = None
 
     # ---------------------------------------------------------------- guarded requests
+    def current(self) -> str | None:
+        """The name of the actor whose thread calls this (None: not an actor)."""
+        a = self._by_thread.get(threading.get_ident())
+        return a.name if a else None
+
     def is_actor(self) -> bool:
         """The calling thread is one of this scheduler's actors."""
         return threading.get_ident() in self._by_thread
