@@ -339,6 +339,9 @@ class MemoryDynamo:
         #: than this; a request with no chosen date is signed "now" and always passes. None: not
         #: enforced (a server like dynalite or moto).
         self.signature_window: float | None = SIGNATURE_WINDOW_SECONDS
+        #: False: answers carry no ``Date`` header (a server or proxy that sends none): the
+        #: product then has no server time to date by (``Dynamo.answer_date()`` is None).
+        self.send_date = True
 
     # -- the boto3 method surface
     def create_table(self, **kw): return self._call("create_table", kw)
@@ -431,7 +434,7 @@ class MemoryDynamo:
                 resp = fn(**copy.deepcopy(kwargs))
             resp.setdefault("ResponseMetadata", {"RequestId": f"mem-{next(self._request_ids)}",
                                                  "HTTPStatusCode": 200, "RetryAttempts": 0})
-            resp["ResponseMetadata"]["HTTPHeaders"] = {"date": http_date(now)}
+            resp["ResponseMetadata"]["HTTPHeaders"] = {"date": http_date(now)} if self.send_date else {}
             return resp
         except ExprError as e:
             raise self._client_error(op, e, now) from None
@@ -453,7 +456,8 @@ class MemoryDynamo:
         status = 500 if e.code in ("InternalServerError", "InternalFailure", "ServiceUnavailable") else 400
         response = {"Error": {"Code": e.code, "Message": e.message},
                     "ResponseMetadata": {"RequestId": f"mem-{next(self._request_ids)}", "HTTPStatusCode": status,
-                                         "HTTPHeaders": {"date": http_date(self.clock() if now is None else now)}}}
+                                         "HTTPHeaders": {"date": http_date(self.clock() if now is None else now)}
+                                         if self.send_date else {}}}
         if getattr(e, "item", None) is not None:
             response["Item"] = e.item
         return botocore.exceptions.ClientError(response, _OPERATION_NAMES.get(op, op))

@@ -205,8 +205,11 @@ class Fleet:
         self.max_request_seconds = max_request_seconds
         #: The request horizon H of the migrations this fleet starts (``start --request-horizon``)
         #: with the server deadline enforced (the memory server refuses late-signed requests, as
-        #: DynamoDB does); None: registered as before issue 25, ``server_deadline`` off.
+        #: DynamoDB does); None: registered as before issue 25, ``server_deadline`` off, on a
+        #: server that does not check signature dates (dynalite, moto: what ``off`` is for).
         self.horizon = horizon
+        if horizon is None:
+            w.db.signature_window = None
         # A guarded request (a job's data write or renewal) has a yield point before its
         # lease-deadline check and is in flight at most this long after it (explore.ModelDynamo).
         w.max_request_seconds = max_request_seconds
@@ -246,6 +249,7 @@ class Fleet:
         self.seeded_old: dict[str, int] = {}  # old-layout physical copies seeded per item
         self.shims: dict[str, ShardedTable] = {}
         self.outcomes: dict[str, list] = {}   # operator actions: (action, "ok" | refusal)
+        self.verify_run_numbers: dict[str, int] = {}  # per migration key: the last run an operator's verify used
         self.verify_runs = 0
         #: Open gates also clear the catch-up flag (``newer_may_be``) as a passing verify would
         #: (issue-12 scenarios race transitions, not the catch-up bookkeeping); False: only a real
@@ -472,11 +476,11 @@ class Fleet:
                 self.start(m, who=who)
             elif action == "verify":
                 require_phase_and_ack(self.store, m.id, VERIFY_JOB)
-                passed, diffs = self.verify(run=1, host=who, key=key)
+                passed, diffs = self.verify(run=self.next_run(key), host=who, key=key)
                 out.append(("verify", "passed" if passed else f"failed: {diffs}"))
             elif action == "verify+advance":
                 require_phase_and_ack(self.store, m.id, VERIFY_JOB)
-                passed, diffs = self.verify(run=1, host=who, key=key)
+                passed, diffs = self.verify(run=self.next_run(key), host=who, key=key)
                 out.append(("verify", "passed" if passed else f"failed: {diffs}"))
                 transition(self.store, m.id, Action.ADVANCE, who=who, allow_no_shims=True,
                            sleep=self.w.sleep, lease_wait=self.lease_wait)  # the real gates
@@ -496,7 +500,7 @@ class Fleet:
                 self.swept_at = len(self.w.sched.trace)
             elif action == "repair":  # `reshard verify --repair`, inside the schedule, with run_job's precondition
                 require_phase_and_ack(self.store, m.id, VERIFY_JOB, repair=True)
-                passed, diffs = self.verify(run=2, host=who, repair=True, key=key)
+                passed, diffs = self.verify(run=self.next_run(key), host=who, repair=True, key=key)
                 out.append(("repair", "clean" if passed else f"found {diffs}"))
             else:
                 # sleep: a switch waits for the fleet on the logical clock, letting the shims run.
@@ -507,6 +511,12 @@ class Fleet:
             out.append((a, "ok"))
         except (errors.RefusedTransition, errors.ConcurrentChange, errors.BadInput) as e:
             out.append((a, f"refused: {e}"))
+
+    def next_run(self, key: str) -> int:
+        """The next verify run number of migration ``key`` (``reshard verify`` numbers its runs
+        upwards: the catch-up gate judges the latest one)."""
+        self.verify_run_numbers[key] = self.verify_run_numbers.get(key, 0) + 1
+        return self.verify_run_numbers[key]
 
     def cleanup_pass(self, who: str, run: int = 1, wait: float | None = 0.0, key: str = "m1",
                      ttl: bool = False) -> None:

@@ -63,14 +63,15 @@ def test_two_operators_race_a_transition():
 
     result = explore(factory, preemption_bound=1, samples=20, seed=3)
     result.assert_ok()
-    # A transition is 17 calls (the census also lists the table's other migrations: a Scan and
+    # A transition is 18 calls (the census also lists the table's other migrations: a Scan and
     # a META read; and reads heartbeats in both their partition and where older releases put
-    # them); a loser that got as far as the compare-and-set makes 15, fails it and reads the
-    # state once more for its message: 16. Longest: 17 + 16.
-    assert result.longest == 33
+    # them; the winner records the compare-and-set answer's Date as ``phase_since``); a loser
+    # that got as far as the compare-and-set makes 15, fails it and reads the state once more
+    # for its message: 16. Longest: 18 + 16.
+    assert result.longest == 34
     # Bound 1: the 2 serial orders, plus, for either operator first, a switch after any of its
-    # first 16 calls (then the other runs to its end, then the first finishes: forced): 2 + 2 * 16.
-    assert result.schedules == 34 and result.sampled == 20
+    # first 17 calls (then the other runs to its end, then the first finishes: forced): 2 + 2 * 17.
+    assert result.schedules == 36 and result.sampled == 20
 
 
 def backfill_world(w: World, pages: int = PAGES):

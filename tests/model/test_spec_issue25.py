@@ -4,16 +4,20 @@ answer lost and its request retried -- through every phase, ``complete``, ``--st
 and the next migration of the same table.
 
 One scenario (at least) per case of the issue, on the real product (shims, transitions, jobs)
-over the in-memory DynamoDB that enforces the signature window on its own clock. Each is
-``xfail(strict=True)`` with its case number until its fix is on main; the invariants are
-``spec.py``'s.
+over the in-memory DynamoDB that enforces the signature window on its own clock. Every one
+passes on main since issue 25's fixes (each was ``xfail(strict=True)`` with its case number, and
+failed, before them; ``test_spec_mutations.py`` disarms each fence again). The invariants are
+``spec.py``'s; each scenario also checks that it *reached* what it is about (:func:`explored`):
+the operator's whole plan went through in some schedule, and the late request arrived after it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
-from tests.model.explore import World, describe_bounds, explore, writes_to
+from tests.model.explore import WRITES, Result, World, describe_bounds, explore, writes_to
 from tests.model.spec import Fleet, scenario
 from tests.model.test_spec_issue12 import SENSOR_KEY, coarse_switch_polls  # noqa: F401  (fixture)
 
@@ -38,16 +42,84 @@ def sensor_fleet(w: World, phase: str) -> Fleet:
     return f
 
 
-def run(build, **bounds):
-    result = explore(scenario(build), **bounds)
+@dataclass
+class Seen:
+    """What the schedules of one exploration reached (see :func:`explored`)."""
+
+    #: Per schedule: every operator action's outcomes, in order ("ok", "refused"; a verify's
+    #: "passed"/"failed", a repair's "clean"/"found" before its "ok").
+    plans: list[list[tuple[str, str]]] = field(default_factory=list)
+    #: Per schedule: the results of ``late``'s data-table calls made after the operator's last
+    #: call (its request arriving late), and of the network's deliveries.
+    late: list[list[str]] = field(default_factory=list)
+    #: Per schedule: how many answers the network lost, and the actors whose data-table writes
+    #: were applied.
+    lost: list[int] = field(default_factory=list)
+    #: Per schedule: what the network's deliveries after the operator's last call answered.
+    late_calls: list[list[str]] = field(default_factory=list)
+    writers: list[set[str]] = field(default_factory=list)
+
+    def late_refused(self) -> int:
+        """How many schedules had the late request arrive after the plan and the server refuse it
+        as signed too long ago."""
+        return sum(1 for calls in self.late if "InvalidSignatureException" in calls)
+
+    def summary(self) -> str:
+        from collections import Counter
+        return (f"whole plan in {self.whole_plan()} of {len(self.plans)}; plans: {Counter(map(tuple, self.plans))}; "
+                f"late: {Counter(map(tuple, self.late))}; answers lost: {Counter(self.lost)}")
+
+    def whole_plan(self) -> int:
+        """How many schedules ran the operator's plan to its end: its last action went through
+        (a refusal before it is the plan's business: a gate that holds until a verify passed)."""
+        return sum(1 for p in self.plans if p and p[-1][1] == "ok")
+
+
+def explored(build, late: str | None = None, operator: str = "op", plan: bool = False, lost: bool = False,
+             never_write: tuple[str, ...] = (), **bounds) -> tuple[Result, Seen]:
+    """``explore`` of ``build`` (every invariant holds: ``assert_ok``), recording per schedule the
+    operator's outcomes and, for the actor ``late``, what its data-table calls answered once the
+    actor ``operator`` (whose script runs the operator's plan) had made its last call. A scenario
+    that passes only because the operator was always refused, or the late request never came
+    late, proves nothing: ``plan`` asserts the plan's last action went through in some schedule,
+    ``late`` that its request arrived after the plan and was refused as too late, ``lost`` that
+    an answer was lost, ``never_write`` that those actors never wrote the data table."""
+    seen = Seen()
+
+    def factory(w: World):
+        f = build(w)
+
+        def check(w: World) -> None:
+            seen.plans.append([(a, "refused" if r.startswith("refused") else r.split(" ")[0].rstrip(":"))
+                               for a, r in f.outcomes.get("op", [])])
+            seen.lost.append(sum(1 for s in w.sched.trace if "the answer is lost" in s.result))
+            seen.writers.append({s.actor for s in w.sched.trace if s.op in WRITES and f" {f.table} " in f" {s.detail} "
+                                 and s.result.startswith("ok")})
+            trace = w.sched.trace
+            last_op = max((s.index for s in trace if s.actor == operator), default=0)
+            seen.late_calls.append([s.result.split(" ")[0] for s in trace if s.index > last_op and s.op == "deliver"])
+            if late is not None:
+                trace = w.sched.trace
+                last_op = max((s.index for s in trace if s.actor == operator), default=0)
+                seen.late.append([s.result.split(" ")[0] for s in trace if s.index > last_op and (
+                    (s.actor == late and f" {f.table} " in f" {s.detail} ") or
+                    (s.op == "deliver" and f"({late}'s" in s.detail))])
+            f.check(w)
+        return check
+    result = explore(factory, **bounds)
     print(describe_bounds(result))
     result.assert_ok()
-    return result
+    # What the scenario is about happened (in some schedule), or its passing proves nothing.
+    assert not plan or seen.whole_plan(), f"the operator's plan never went through: {seen.summary()}"
+    assert late is None or seen.late_refused(), f"{late}'s late request never arrived after the plan: {seen.summary()}"
+    assert not lost or any(seen.lost), f"no answer was lost: {seen.summary()}"
+    for name in never_write:
+        assert not any(name in w for w in seen.writers), f"{name} wrote the data table"
+    return result, seen
 
 
-def case(n: int, what: str):
-    """Marks a scenario that finds issue 25's case ``n`` on code without its fix."""
-    return pytest.mark.xfail(strict=True, reason=f"issue 25 case {n}: {what}")
+def run(build, **bounds) -> Result:
+    return explored(build, **bounds)[0]
 
 
 # ----------------------------------------------------------------------------- case 4: a lost answer
@@ -66,15 +138,13 @@ def lost_answer(phase: str, *steps: tuple, seed: dict | None = None):
     return build
 
 
-@case(4, "a retry fails the version condition against its own landed attempt")
 def test_a_lost_answer_of_a_create_if_absent_put_in_cutover():
-    run(lost_answer("cutover", ("cas", "k", None, 1)))
+    run(lost_answer("cutover", ("cas", "k", None, 1)), lost=True)
 
 
-@case(4, "a retried ADD is applied twice")
 @pytest.mark.parametrize("phase", ["cutover", "complete"])
 def test_a_lost_answer_of_an_add(phase):
-    run(lost_answer(phase, ("add", "k")))
+    run(lost_answer(phase, ("add", "k")), lost=True)
 
 
 # ----------------------------------------------------------------------------- case 1: a frozen shim's mirror
@@ -115,17 +185,14 @@ def frozen_mirror_across_cleanup(w: World) -> Fleet:
     f.shim_actor("A", ("put", "k", {"by": "A"}))
     f.shim_actor("C", ("get", "k"), ("close",))
     b = f.shim("B", late=True)
-    f.script("op", f.operator_body("op", ("advance", "verify", "advance")),
+    f.script("op", f.operator_body("op", ("advance", "repair", "verify", "advance")),
              f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True))
     return f
 
 
-@case(1, "a frozen shim's mirror lands on the key cleanup's plain delete emptied")
 def test_a_frozen_mirror_across_cutover_cleanup_and_a_delete(coarse_switch_polls):
-    r = explore(scenario(frozen_mirror_across_cleanup), preemption_bound=1,
+    explored(frozen_mirror_across_cleanup, late="A", plan=True, preemption_bound=1,
                 drive=frozen_before_mirror("A", then=("C",)))
-    print(describe_bounds(r))
-    r.assert_ok()
 
 
 def frozen_mirror_across_strip(w: World) -> Fleet:
@@ -136,18 +203,15 @@ def frozen_mirror_across_strip(w: World) -> Fleet:
     f.shim_actor("A", ("put", "k", {"by": "A"}))
     f.shim_actor("C", ("get", "k"), ("close",))
     b = f.shim("B", late=True)
-    f.script("op", f.operator_body("op", ("advance", "verify", "advance", "advance")),
+    f.script("op", f.operator_body("op", ("advance", "repair", "verify", "advance", "advance")),
              f.shim_body("B", b, (("update", "k", {"temp": 5}),), late=True),
              f.operator_body("op", ("strip",)))
     return f
 
 
-@case(1, "a frozen shim's mirror passes the unversioned branch of its fence after strip")
 def test_a_frozen_mirror_across_complete_strip_and_an_update(coarse_switch_polls):
-    r = explore(scenario(frozen_mirror_across_strip), preemption_bound=1,
+    explored(frozen_mirror_across_strip, late="A", plan=True, preemption_bound=1,
                 drive=frozen_before_mirror("A", then=("C",)))
-    print(describe_bounds(r))
-    r.assert_ok()
 
 
 # ----------------------------------------------------------------------------- case 3: a half-written write, then a switch
@@ -177,41 +241,29 @@ def half_written_then(start: str, actions: tuple[str, ...], write: tuple = ("put
     return build
 
 
-@case(3, "rollback serves the stale old copy; the next update is mirrored over the new one")
 def test_rollback_after_a_half_written_cutover_write(coarse_switch_polls):
     build = half_written_then("cutover", ("rollback",), after=(("get", "k"), ("add", "k"), ("get", "k")))
-    r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
-    print(describe_bounds(r))
-    r.assert_ok()
+    explored(build, plan=True, preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
 
 
-@case(3, "abort loses a write that landed in the new layout only")
 def test_abort_after_a_half_written_cutover_write(coarse_switch_polls):
     # The runbook: after a rollback from cutover, `verify --repair` copies newer new copies back,
     # a verify then passes (lifting the catch-up flag), then abort -- which is refused before.
     build = half_written_then("cutover", ("rollback", "abort", "repair", "verify", "abort"))
-    r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
-    print(describe_bounds(r))
-    r.assert_ok()
+    explored(build, plan=True, preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
 
 
-@case(3, "cutover serves the new layout, which misses a backfill write whose mirror never landed")
 def test_cutover_after_a_half_written_backfill_write(coarse_switch_polls):
     # B reads in cutover, and then in cleanup, which the catch-up verify must open first
     # (cutover -> cleanup is refused before it).
     build = half_written_then("backfill", ("advance",), after=(("get", "k"),))
-    r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
-    print(describe_bounds(r))
-    r.assert_ok()
+    explored(build, plan=True, preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
 
 
-@case(3, "cleanup serves the new layout, which misses a backfill write whose mirror never landed")
 def test_cleanup_after_a_half_written_backfill_write(coarse_switch_polls):
     build = half_written_then("backfill", ("advance", "advance", "repair", "verify", "advance"),
                               after=(("get", "k"),))
-    r = explore(scenario(build), preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
-    print(describe_bounds(r))
-    r.assert_ok()
+    explored(build, plan=True, preemption_bound=1, drive=dead_before_mirror("A", then=("C",)))
 
 
 # ----------------------------------------------------------------------------- case 2: a copy stalled after its lease check
@@ -247,12 +299,9 @@ def copy_on_the_wire(actor: str, seconds: float = 11.0, watchers: tuple[str, ...
     return freeze_at(actor, "put_item", seconds, watchers=watchers, table="data")
 
 
-@case(2, "a copy stalled after its lease check lands on the key cleanup's plain delete emptied")
 def test_a_copy_stalled_after_its_lease_check_across_cutover_cleanup_and_a_delete():
-    r = explore(scenario(stalled_copy_across_cleanup), preemption_bound=1,
+    explored(stalled_copy_across_cleanup, late="C1", plan=True, operator="C2", preemption_bound=1,
                 drive=copy_on_the_wire("C1", watchers=("C2",)))
-    print(describe_bounds(r))
-    r.assert_ok()
 
 
 def retry_migration(f: Fleet):
@@ -277,11 +326,8 @@ def stalled_copy_across_abort_and_retry(w: World) -> Fleet:
     return f
 
 
-@case(2, "a copy stalled after its lease check lands after the abort's cleanup: the retry reads it back")
 def test_a_copy_stalled_after_its_lease_check_across_abort_cleanup_and_a_retry():
-    r = explore(scenario(stalled_copy_across_abort_and_retry), preemption_bound=1, drive=copy_on_the_wire("C1"))
-    print(describe_bounds(r))
-    r.assert_ok()
+    explored(stalled_copy_across_abort_and_retry, late="C1", plan=True, preemption_bound=1, drive=copy_on_the_wire("C1"))
 
 
 # ----------------------------------------------------------------------------- case 5: a shim nobody counts
@@ -289,17 +335,22 @@ def test_a_copy_stalled_after_its_lease_check_across_abort_cleanup_and_a_retry()
 def mistyped_control_table(w: World) -> Fleet:
     """Case 5: in cutover, shim M was deployed with a mistyped control table: it never sees the
     migration, so it would serve the steady state (old layout, plain writes); B (a shim of the
-    fleet) reads and deletes. M must refuse rather than write where nobody reads."""
+    fleet) reads and deletes. M must refuse rather than write where nobody reads. The mistyped
+    name is a control table that exists (another deployment's, say): a missing one fails
+    the refresh anyway."""
+    from reshard.control.store import ControlStore
+    from tests.model.spec import lift_catch_up
     f = sensor_fleet(w, "cutover")
+    lift_catch_up(f.store, f.m.id)  # the catch-up verify passed: the fleet reads the new layout alone
+    ControlStore(w.dynamo, "ctl-typo", clock=w.clock).ensure_table()
     f.shim_actor("M", ("put", "k", {"by": "M"}), ("delete", "k"), ("put", "k", {"by": "M2"}),
                  control_table="ctl-typo")
     f.shim_actor("B", ("get", "k"))
     return f
 
 
-@case(5, "a shim with a mistyped control table writes as the steady state in cutover")
 def test_a_shim_with_a_mistyped_control_table():
-    run(mistyped_control_table, preemption_bound=1)
+    run(mistyped_control_table, preemption_bound=1, never_write=("M",))
 
 
 def on_the_previous_file(w: World) -> Fleet:
@@ -314,9 +365,8 @@ def on_the_previous_file(w: World) -> Fleet:
     return f
 
 
-@case(5, "a shim on the previous (completed) migration's file writes a layout nobody reads")
 def test_a_shim_still_on_the_previous_migrations_file():
-    run(on_the_previous_file, preemption_bound=1)
+    run(on_the_previous_file, preemption_bound=1, never_write=("P",))
 
 
 # ----------------------------------------------------------------------------- case 6: leftovers
@@ -342,12 +392,9 @@ def skewed_late_mirror_across_abort_and_retry(w: World) -> Fleet:
     return f
 
 
-@case(6, "a retired migration's copy, stamped by a clock running ahead, outlives the retire")
 def test_a_retire_under_clock_skew(coarse_switch_polls):
-    r = explore(scenario(skewed_late_mirror_across_abort_and_retry), preemption_bound=1,
+    explored(skewed_late_mirror_across_abort_and_retry, late="A", plan=True, preemption_bound=1,
                 drive=frozen_before_mirror("A", then=("C",)))
-    print(describe_bounds(r))
-    r.assert_ok()
 
 
 def reverse_migration_in_the_retain_window(w: World) -> Fleet:
@@ -374,6 +421,60 @@ def reverse_migration_in_the_retain_window(w: World) -> Fleet:
     return f
 
 
-@case(6, "the reverse migration reads the first one's TTL-pending leftover at its new key")
 def test_a_second_migration_inside_the_first_ones_retain_window():
-    run(reverse_migration_in_the_retain_window, preemption_bound=1)
+    run(reverse_migration_in_the_retain_window, preemption_bound=1, plan=True)
+
+
+# ----------------------------------------------------------------------------- late and duplicate delivery
+
+def held_then_deleted(phase: str):
+    """The network holds A's put (A times out; ``Dynamo.call`` retries it, and the retry lands:
+    acknowledged); B deletes the item and reads it; the held first attempt arrives at any later
+    point (within its horizon, or after it), or never."""
+    def build(w: World) -> Fleet:
+        f = sensor_fleet(w, phase)
+        f.shim_actor("A", ("put", "k", {"by": "A"}))
+        f.shim_actor("B", ("delete", "k"), ("get", "k"))
+        w.may_hold("A", where=DATA)
+        return f
+    return build
+
+
+def test_a_held_first_attempt_after_a_delete_in_cutover():
+    """Fenced phases delete with a tombstone: the held attempt's version is not newer, it fails."""
+    _, seen = explored(held_then_deleted("cutover"), operator="B", preemption_bound=1)
+    late = [calls for calls in seen.late_calls if "ConditionalCheckFailed" in calls]
+    assert late, f"the held attempt never arrived after B's delete: {seen.summary()}"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 25 (found by the model, open): in cleanup and complete a delete is "
+                                       "plain; a put's first attempt held by the network, retried (acknowledged), "
+                                       "then deleted, lands within its horizon on the empty key: the item comes back")
+@pytest.mark.parametrize("phase", ["cleanup", "complete"])
+def test_a_held_first_attempt_after_a_plain_delete(phase):
+    run(held_then_deleted(phase), preemption_bound=1)
+
+
+def steady_write_held_across_start(w: World) -> Fleet:
+    """Migration m1 (16 -> 32) is complete; S runs the next migration's file (m2, 32 -> 64)
+    before its ``start``, so it serves the steady state (plain writes, signed with
+    ``STEADY_HORIZON_SECONDS``). The network holds S's put (S times out and retries it: the retry
+    lands, acknowledged); the operator starts m2, and D (planned) puts and reads the item. The
+    held first attempt arrives at any point, or never."""
+    from tests.model.spec import migration_variant
+    f = sensor_fleet(w, "complete")
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)))
+    f.shim_actor("S", ("put", "k", {"by": "S"}), migration="m2")
+    d = f.shim("D", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2",)),
+             f.shim_body("D", d, (("put", "k", {"by": "D"}), ("get", "k")), late=True))
+    w.may_hold("S", where=DATA)
+    return f
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="issue 25 (found by the model, open): a steady shim's plain put, its first attempt held and "
+                          "retried (acknowledged), lands within the steady horizon behind a planned shim's later "
+                          "write and overwrites it")
+def test_a_held_steady_write_after_a_planned_write():
+    explored(steady_write_held_across_start, plan=True, preemption_bound=1)

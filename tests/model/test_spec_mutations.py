@@ -176,6 +176,27 @@ def test_without_the_liveness_time_fence(monkeypatch):
     at the start of a request and before every attempt of an authoritative write both go)."""
     from reshard.shim.phase_cache import PhaseCache
     monkeypatch.setattr(PhaseCache, "_check_live_locked", lambda self, now: None)
+    must_find(scenario(undated(spec_tests.silent_shim)), preemption_bound=1, drive=spec_tests.silence())
+
+
+def undated(build):
+    """``build`` on a server whose answers carry no ``Date``: the shim has no server time to date
+    its facts by, so the liveness window is its only bound (``PhaseCache.horizon`` returns None).
+    With dates, a silent shim's facts expire on the server's clock too (the shim refuses to send:
+    ``test_without_the_liveness_time_fence_and_the_fact_horizon``)."""
+    def undated_build(w):
+        w.db.send_date = False
+        return build(w)
+    return undated_build
+
+
+def test_without_the_liveness_time_fence_and_the_fact_horizon(monkeypatch):
+    """On a server that sends dates, the liveness fence *and* the shim's own check of its fact's
+    horizon (``PhaseCache.horizon``: no usable fact, refresh, else refuse unsent) go: the silent
+    shim's write is sent (signed by its old fact, not enforced here: ``server_deadline`` off)."""
+    from reshard.shim.phase_cache import PhaseCache
+    monkeypatch.setattr(PhaseCache, "_check_live_locked", lambda self, now: None)
+    monkeypatch.setattr(PhaseCache, "horizon", lambda self, st: None)
     must_find(scenario(spec_tests.silent_shim), preemption_bound=1, drive=spec_tests.silence())
 
 

@@ -1,0 +1,166 @@
+"""Mutation tests of issue 25's fences (docs/late-writes.md): each test disarms one fence of the
+product on main and runs a scenario of ``test_spec_issue25.py`` (or the issue-12 one that found
+the fence) that passes with it; the explorer must report an invariant violation (``must_find``).
+The table in ``tests/model/README.md`` lists them with the violation each one finds.
+"""
+
+from __future__ import annotations
+
+from tests.model import test_spec_issue12 as spec12
+from tests.model import test_spec_issue25 as spec25
+from tests.model.spec import scenario
+from tests.model.test_spec_issue12 import coarse_switch_polls  # noqa: F401  (fixture)
+from tests.model.test_spec_mutations import must_find
+
+
+# ----------------------------------------------------------------------------- the request horizon
+
+def test_shim_writes_signed_now(monkeypatch, coarse_switch_polls):
+    """The shim still checks its fact before every attempt (``PhaseCache.horizon``) but signs
+    "now" (``Dynamo.call(horizon=None)``): the frozen mirror lands after cleanup's delete."""
+    from reshard.shim.table import ShardedTable
+    real = ShardedTable._horizon
+
+    def now(self):
+        real(self)  # the fact check stays: only the date goes
+        return None
+    monkeypatch.setattr(ShardedTable, "_horizon", now)
+    found = must_find(scenario(spec25.frozen_mirror_across_cleanup), preemption_bound=1,
+                      drive=spec25.frozen_before_mirror("A", then=("C",)))
+    assert "'by': 'A'" in found
+
+
+def test_job_writes_signed_now(monkeypatch):
+    """A job's data writes go out without their horizon (``jobs/facts.DatedWrites`` passes
+    everything through): the stalled copy lands after cleanup's delete."""
+    from reshard.jobs.facts import DatedWrites
+    monkeypatch.setattr(DatedWrites, "call", lambda self, operation, **kw: self._dynamo.call(operation, **kw))
+    must_find(scenario(spec25.stalled_copy_across_cleanup), preemption_bound=1,
+              drive=spec25.copy_on_the_wire("C1", watchers=("C2",)))
+
+
+# ----------------------------------------------------------------------------- catch-up
+
+def test_without_catch_up_reads_of_both_layouts(monkeypatch, coarse_switch_polls):
+    """After the switch the shim reads the new authority alone (``routing_of`` keeps the
+    pre-write catch-up but not the flagged layout's read): B misses A's backfill write."""
+    import dataclasses
+
+    import reshard.shim.phase_cache as phase_cache
+    real = phase_cache.routing_of
+
+    def routing_of(phase, switching=False, newer_may_be=None):
+        r = real(phase, switching, newer_may_be)
+        plain = real(phase, switching, None)
+        return dataclasses.replace(r, reads=plain.reads)
+    monkeypatch.setattr(phase_cache, "routing_of", routing_of)
+    must_find(scenario(spec25.half_written_then("backfill", ("advance",), after=(("get", "k"),))),
+              preemption_bound=1, drive=spec25.dead_before_mirror("A", then=("C",)))
+
+
+def test_without_the_pre_write_catch_up(monkeypatch, coarse_switch_polls):
+    """Writes after the switch do not first bring the authoritative copy up to the flagged
+    layout's newer one (``ShardedTable._catch_up`` does nothing): B's ADD builds on the stale copy."""
+    from reshard.shim.table import ShardedTable
+    monkeypatch.setattr(ShardedTable, "_catch_up", lambda self, st, fields, targets: None)
+    must_find(scenario(spec25.half_written_then("cutover", ("rollback",),
+                                                after=(("get", "k"), ("add", "k"), ("get", "k")))),
+              preemption_bound=1, drive=spec25.dead_before_mirror("A", then=("C",)))
+
+
+def test_without_the_catch_up_gates(monkeypatch, coarse_switch_polls):
+    """``decide`` lets abort into a phase that reads old alone while the new layout may be newer
+    (``catch_up_refusal`` says nothing). The shims still read both layouts while the flag is set
+    (fail safe), so the abort alone loses nothing: its cleanup, which removes the new copies, does
+    -- the write that landed in the new layout only."""
+    import reshard.core.phases as phases
+    monkeypatch.setattr(phases, "catch_up_refusal", lambda target, newer_may_be, verify_command="": None)
+    must_find(scenario(spec25.half_written_then("cutover", ("rollback", "abort", "cleanup"))),
+              preemption_bound=1, drive=spec25.dead_before_mirror("A", then=("C",)))
+
+
+def test_the_catch_up_clear_without_its_version_bump(monkeypatch, coarse_switch_polls):
+    """Clearing ``newer_may_be`` as before main's fix: a plain compare-and-set that removes the
+    flag, same phase version (shims on that version keep reading both layouts)."""
+    from reshard.control.records import META
+    from reshard.control.store import ControlStore
+    from reshard.core.wire import S
+
+    def clear(self, state, who):
+        from reshard import errors
+        try:
+            self.update(self.mpk(state.id), META, "REMOVE newer_may_be",
+                        condition="phase_version = :v AND newer_may_be = :f",
+                        values={":v": {"N": str(state.phase_version)}, ":f": S(state.newer_may_be or "")})
+        except errors.ConditionalCheckFailed:
+            return False
+        return True
+    monkeypatch.setattr(ControlStore, "clear_newer_may_be", clear)
+    must_find(scenario(spec12.adjacent_cutover_cleanup), preemption_bound=1, samples=10, seed=2)
+
+
+# ----------------------------------------------------------------------------- lost answers, markers, leftovers
+
+def test_without_own_attempt_recognition(monkeypatch):
+    """A failed fence after a lost answer is never recognised as the writer's own landed attempt
+    (``versions.own_attempt`` says no): the retried ADD goes above it and applies twice."""
+    import reshard.shim.table as table
+    monkeypatch.setattr(table, "own_attempt", lambda version, item: False)
+    must_find(scenario(spec25.lost_answer("cutover", ("add", "k"))))
+
+
+def test_without_the_idempotency_fence_in_unfenced_phases(monkeypatch):
+    """Writes in complete carry no ``_rs_v <> :v`` (``versions.not_version`` gives nothing):
+    the retry of an ADD whose answer was lost applies it twice."""
+    import reshard.shim.table as table
+    monkeypatch.setattr(table, "not_version", lambda version: None)
+    must_find(scenario(spec25.lost_answer("complete", ("add", "k"))))
+
+
+def test_without_the_marker_check(monkeypatch):
+    """The shim never refuses for the table marker (``PhaseCache._check_marker``): a shim with a
+    mistyped control table writes the steady state's layout in cutover."""
+    from reshard.shim.phase_cache import PhaseCache
+    monkeypatch.setattr(PhaseCache, "_check_marker", lambda self, item, state: None)
+    must_find(scenario(spec25.mistyped_control_table), preemption_bound=1)
+
+
+def test_without_the_marker_check_on_the_previous_file(monkeypatch):
+    from reshard.shim.phase_cache import PhaseCache
+    monkeypatch.setattr(PhaseCache, "_check_marker", lambda self, item, state: None)
+    must_find(scenario(spec25.on_the_previous_file), preemption_bound=1)
+
+
+def test_without_skipping_retired_copies(monkeypatch):
+    """The shim reads a copy a cleanup retired (``_rs_gone``) as an item (``_hidden`` knows the
+    marker only): the reverse migration reads the first one's TTL-pending leftover."""
+    import reshard.shim.table as table
+    from reshard.core.marker import is_marker
+    monkeypatch.setattr(table, "_hidden", is_marker)
+    must_find(scenario(spec25.reverse_migration_in_the_retain_window), preemption_bound=1)
+
+
+def test_mutation_targets_are_the_names_main_uses():
+    """Every name patched above exists and is used where the mutation says (a rename breaks
+    this loudly instead of leaving a mutation that disarms nothing)."""
+    import inspect
+
+    import reshard.control.transition as transition_module
+    import reshard.jobs.cleanup as cleanup
+    import reshard.jobs.strip as strip
+    import reshard.shim.phase_cache as phase_cache
+    import reshard.shim.table as table
+    from reshard.control.store import ControlStore
+    from reshard.core import phases, versions
+    from reshard.jobs.facts import DatedWrites
+    assert table.own_attempt is versions.own_attempt and table.not_version is versions.not_version
+    assert phase_cache.routing_of is phases.routing_of
+    for fn, name in ((table.ShardedTable._call, "horizon=self._horizon"),
+                     (table.ShardedTable._authoritative, "own_attempt("), (table.ShardedTable._authoritative, "not_version("),
+                     (table.ShardedTable._get, "_hidden("), (DatedWrites.call, '"horizon"'),
+                     (transition_module.transition, "await_phase_age("), (transition_module.finish_switch, "await_phase_age("),
+                     (cleanup._check, "await_before_removal("), (strip._check, "await_before_removal("),
+                     (phases.preconditions, "catch_up_refusal("), (phase_cache.PhaseCache._refresh_locked, "_check_marker(")):
+        assert name in inspect.getsource(fn), (fn.__qualname__, name)
+    assert "phase_version = :nv" in inspect.getsource(ControlStore.clear_newer_may_be)
+    assert "self._catch_up(" in inspect.getsource(table.ShardedTable)
