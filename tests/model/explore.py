@@ -10,7 +10,8 @@ move is one of: step an actor (``"A"``: its pending call and its computation up 
 next call), advance the clock (``"tick"``), kill an actor (``"kill:A"``), and the network's
 moves: hold an actor's request and time it out (``"hold:A"``), deliver a held request
 (``"deliver:1"``, at any later point, maybe twice), lose an answer (``"lose:A"``), and at
-the end of a run, never deliver what is still held (``"drop"``). Every schedule
+the end of a run, never deliver what is still held (``"drop"``); freeze an actor before a
+call while the clock runs on (``"freeze:A"``, :meth:`World.may_freeze`). Every schedule
 is run from scratch (a new world from the factory, the prefix replayed, then the first
 enabled move at every later point), and the alternatives seen at each point past the
 prefix are pushed onto the stack: every leaf of the tree of choices is run exactly once.
@@ -113,6 +114,8 @@ class World:
         #: The network's moves per actor: times left, and which of its calls they apply to.
         self.holds_left: dict[str, tuple[int, int, Callable[[str, dict], bool]]] = {}
         self.loses_left: dict[str, tuple[int, Callable[[str, dict], bool]]] = {}
+        #: Freeze points per actor: (times left, seconds) -- see :meth:`may_freeze`.
+        self.freezes_left: dict[str, tuple[int, float]] = {}
         self.truncated = False
         #: Preemption bounding (CHESS): at most this many switches away from an actor that could
         #: have gone on. None: unbounded. Ticks and kills are not switches.
@@ -121,7 +124,7 @@ class World:
         self.last_actor: str | None = None
 
     def actor(self, name: str, fn: Callable[[], object]) -> None:
-        if name in (TICK, DROP, "network") or name.startswith(("kill:", "hold:", "lose:", "deliver:")):
+        if name in (TICK, DROP, "network") or name.startswith(("kill:", "hold:", "lose:", "deliver:", "freeze:")):
             raise ValueError(f"actor name {name!r} is reserved")
         self.sched.actor(name, fn)
 
@@ -145,6 +148,15 @@ class World:
         """Let the network lose the answer of up to ``times`` of ``name``'s calls (applied, the
         actor times out and retries per its policy)."""
         self.loses_left[name] = (times, where)
+
+    def may_freeze(self, name: str, seconds: float, times: int = 1) -> None:
+        """Let ``name`` freeze for ``seconds`` of logical time (past any horizon: a GC pause, a
+        stopped VM) just before any of its calls but a sleep, up to ``times`` times: the clock
+        runs on while ``name`` stays at that call; every actor may go next (the others act
+        during the freeze). Unlike :meth:`may_tick` it is offered only where ``name`` is about
+        to call. A request in flight (its lease check passed) is not frozen past its bound
+        unless ``max_request_seconds`` is None (the contract's fault model)."""
+        self.freezes_left[name] = (times, seconds)
 
     @property
     def sleep(self) -> Callable[[float], None]:
@@ -180,10 +192,17 @@ class World:
                                     self.clock() + self.tick_seconds <= min(self.sched.in_flight.values())):
             out.append(TICK)
         out += [f"kill:{n}" for n in steps if self.kills_left.get(n, 0) > 0]
+        out += [f"freeze:{n}" for n in steps if self._may_freeze(n)]
         out += [f"hold:{n}" for n in steps if self._network(self.holds_left, n)]
         out += [f"lose:{n}" for n in steps if self._network(self.loses_left, n)]
         out += [f"deliver:{i}" for i in self.sched.held]
         return out
+
+    def _may_freeze(self, name: str) -> bool:
+        times, seconds = self.freezes_left.get(name, (0, 0.0))
+        if times <= 0 or self.sched.actors[name].pending[0] == "sleep":
+            return False
+        return not self.sched.in_flight or self.clock() + seconds <= min(self.sched.in_flight.values())
 
     def _network(self, table: dict, name: str) -> bool:
         entry = table.get(name)
@@ -205,6 +224,14 @@ class World:
             name = move[5:]
             self.kills_left[name] -= 1
             self.sched.kill(name)
+        elif move.startswith("freeze:"):
+            name = move[7:]
+            times, seconds = self.freezes_left[name]
+            self.freezes_left[name] = (times - 1, seconds)
+            self.sched.clock.advance(seconds)
+            self.sched._note(name, "freeze", f"frozen {seconds:g}s before its {self.sched.actors[name].pending[0]} "
+                                              f"-> t={self.clock():.3f}")
+            self.last_actor = None  # the freeze lets any actor go next: no preemption counted
         elif move.startswith("deliver:"):
             self.sched.deliver(int(move[8:]))
         elif move == DROP:
@@ -237,7 +264,7 @@ GATE_POLL_SECONDS = 4.0
 #: How often a wait on the server's clock (``control/horizon.await_phase_age``: a phase lasting
 #: H + 2 s) re-reads the control row here (the product: every second). Coarser only ends a wait
 #: later (each look's ``Date`` decides), with far fewer identical reads.
-HORIZON_POLL_SECONDS = 3.0
+HORIZON_POLL_SECONDS = 7.0
 
 
 class InlineExecutor:

@@ -145,3 +145,34 @@ def test_a_frozen_request_is_checked_when_it_arrives():
     r = explore(factory)
     assert r.schedules == 2 and r.violation.schedule == ["tick", "A"]
     assert "InvalidSignatureException" in r.violation.report()
+
+
+def test_a_freeze_before_any_call_outlives_the_horizon():
+    """``may_freeze``: A reads a fact (the answer's ``Date``) and writes twice under its horizon
+    (fact + 15 s); a 20-s freeze may come before any of its three calls. Frozen before the read,
+    both writes land (the fact is read after the freeze); before a write, that write and every
+    later one are refused by the server; never frozen, both land."""
+    outcomes = set()
+
+    def factory(w: World):
+        table(w.dynamo)
+
+        def body():
+            w.dynamo.call("get_item", TableName="tbl", Key={"pk": {"S": "none"}})
+            fact = w.dynamo.answer_date()
+            for pk in ("a", "b"):
+                _quiet(lambda pk=pk: put(w.dynamo, pk, horizon=lambda: fact + 15))
+        w.actor("A", body)
+        w.may_freeze("A", 20)
+
+        def check(w: World):
+            frozen = [s.detail.split(" before its ")[1].split(" ")[0] for s in w.trace if s.op == "freeze"]
+            landed = tuple(i["pk"]["S"] for i in w.db.items("tbl"))
+            outcomes.add((tuple(frozen), landed))
+        return check
+    r = explore(factory)
+    assert r.violation is None
+    assert outcomes == {((), ("a", "b")), (("get_item",), ("a", "b")), (("put_item",), ("a",)), (("put_item",), ())}, \
+        outcomes
+    run = replay(factory, ["A", "freeze:A", "A", "A"])
+    assert "frozen 20s before its put_item" in run.trace_text()

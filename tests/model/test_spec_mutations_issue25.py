@@ -12,7 +12,6 @@ from tests.model.spec import scenario
 from tests.model.test_spec_issue12 import coarse_switch_polls  # noqa: F401  (fixture)
 from tests.model.test_spec_mutations import must_find
 
-
 # ----------------------------------------------------------------------------- the request horizon
 
 def test_shim_writes_signed_now(monkeypatch, coarse_switch_polls):
