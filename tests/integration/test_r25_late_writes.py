@@ -131,3 +131,103 @@ def test_r25_a_lost_answer_retried_after_another_writer_applies_an_add_twice(pro
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------ 3. a job's stale decision, freshly dated
+def _without_mirror(run: Run, shim, item: dict, mirror_key: dict) -> None:
+    """``shim`` puts ``item``; its authoritative write lands and its mirror never does."""
+    from reshard import errors
+    rule = run.proxy.fail(op="PutItem", key=plain(mirror_key), times=None, status=400,
+                          code="com.amazonaws.dynamodb.v20120810#ValidationException", message="injected")
+    with pytest.raises(errors.AWSError):
+        shim.put_item(Item=item)
+    run.proxy.remove_rule(rule)
+
+
+@pytest.mark.xfail(strict=True, reason="r25: a verify --repair decided in the flagged cutover is dated by a fact "
+                                      "re-read at send time (by phase name), lands after cleanup's plain delete: "
+                                      "resurrection")
+def test_r25_a_frozen_repair_dated_by_a_fresh_fact_resurrects_after_cleanup(proxy, unique_name, monkeypatch):
+    """``backfill``: A's write (val 2) lands in the old layout, its mirror never does (the new copy
+    stays at val 1). The switch to ``cutover`` flags ``newer_may_be = old``. A ``verify --repair``
+    worker V re-reads both copies, judges "old is newer", and freezes inside the repair's
+    ``Dynamo.call`` -- after its lease guard passed, before the horizon is taken. Meanwhile
+    shim B updates the item (catch-up, then val 3 on both layouts), the flag is cleared (the
+    version bumped and lasting H + 2 s), and the fleet goes on. V resumes just before
+    ``cleanup``: its fact keeper reads META (``cutover``: a phase verify may write in), dates
+    the repair ``now + H`` and sends it; the network holds it a moment. The operator moves to
+    ``cleanup``; shim C deletes the item (a plain delete). The repair lands -- inside its
+    horizon -- on the empty key (``attribute_not_exists(_rs_v) OR ...`` passes) and the
+    deleted item is back, with the stale val 2. Guarantees 2 and 1 (5b: a frozen job).
+
+    The fence that is missing: a job's write is dated by the *latest* META read that saw an
+    allowed phase name, not by the read its decision rests on; the decision's read (the settle
+    re-read at ``cutover`` v_flagged) is two transitions older than the date the write carries.
+    """
+    from reshard.jobs import facts as job_facts
+    from reshard.jobs.verify import VERIFY
+    import threading
+
+    run = _run(proxy, unique_name)
+    a = run.shim()
+    item = run.moving(val=1)
+    a.put_item(Item=item)  # both layouts, val 1
+    assert run_job(BACKFILL, run.dynamo, run.store, run.migration.id, FAST).done
+    old_key, new_key = run.keys(item)
+    _without_mirror(run, a, {**item, "val": 2}, new_key)
+    assert run.stored(old_key)["val"] == {"N": "2"} and run.stored(new_key)["val"] == {"N": "1"}
+    a.close()
+
+    _move(run, "cutover", switching=True)
+    state = run.store.load_state(run.migration.id)
+    run.store.set_phase(state, Phase.CUTOVER, "test", "test")
+    run.store.update(run.store.mpk(run.migration.id), META, "SET newer_may_be = :n", values={":n": {"S": "old"}})
+    run.proxy.advance_clock(HZ + 2)
+
+    frozen, thaw, skipped = threading.Event(), threading.Event(), []
+    original = job_facts.JobFacts.horizon
+
+    def freezing_horizon(self):
+        if not frozen.is_set():
+            frozen.set()  # the repair's first attempt: its lease guard passed, its horizon not yet taken
+            thaw.wait(60)
+            # The freeze lasted as long on the job's clock as on the server's (the proxy's jumps).
+            base = self.monotonic
+            self.monotonic = lambda: base() + sum(skipped)
+        return original(self)
+    monkeypatch.setattr(job_facts.JobFacts, "horizon", freezing_horizon)
+    repair = Background(lambda: run_job(VERIFY, run.dynamo, run.store, run.migration.id,
+                                        JobOptions(segments=1, workers=1, repair=True, settle_seconds=0)))
+    assert frozen.wait(60), "the verify decided no repair"
+
+    b = run.shim()
+    try:
+        assert b.phase == "cutover"
+        b.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 3})
+        assert run.stored(new_key)["val"] == {"N": "3"} and run.stored(old_key)["val"] == {"N": "3"}
+    finally:
+        b.close()
+    # A verify passed (both layouts agree): the operator clears the flag, the cleared version lasts H + 2.
+    assert run.store.clear_newer_may_be(run.store.load_state(run.migration.id), "test")
+    run.proxy.advance_clock(HZ + 2)
+    skipped.append(2 * (HZ + 2))
+
+    held = proxy.hold(op="PutItem", key=plain(new_key))
+    thaw.set()
+    handle = proxy.wait_held(1, rule=held, timeout=60)[0]["handle"]
+    run.store.set_phase(run.store.load_state(run.migration.id), Phase.CLEANUP, "test", "test")
+    c = run.shim()
+    try:
+        assert c.phase == "cleanup"
+        c.delete_item(Key=key_of(item))
+        assert run.stored(new_key) is None
+        outcome = proxy.release(handle)
+        try:
+            repair.result(timeout=60)
+        except Exception:  # noqa: BLE001 - the run's own outcome is not the point
+            pass
+        assert outcome["status"] != 200 or run.stored(new_key) is None, \
+            f"a deleted item came back: {run.stored(new_key)}"
+        assert c.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None
+    finally:
+        c.close()
