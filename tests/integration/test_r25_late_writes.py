@@ -231,3 +231,70 @@ def test_r25_a_frozen_repair_dated_by_a_fresh_fact_resurrects_after_cleanup(prox
         assert c.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None
     finally:
         c.close()
+
+
+# ------------------------------------------------------------------ 4. the previous migration's strip
+@pytest.mark.xfail(strict=True, reason="r25: the previous (complete) migration's --strip-bookkeeping runs during "
+                                      "the next migration and deletes its tombstones: a late mirror resurrects")
+def test_r25_the_previous_migrations_strip_deletes_the_next_ones_tombstones(proxy, unique_name, monkeypatch):
+    """Migration M1 (16 -> 32 shards) is ``complete``; its strip pass starts (nothing else runs:
+    its census passes) and its worker stalls before its first page (a big table, a slow host).
+    M2 (32 -> 64) starts on the same table (M1 is complete: nothing refuses it) and reaches
+    ``dual_read``; the strip's fact keeper looks at M1's row only (``complete``: always fresh). Shim A (M2) puts an item:
+    the old-layout write lands, its mirror to the new layout is held on the way (well inside its
+    horizon). Shim B (M2) deletes the item: tombstones in both layouts. M1's strip runs now and
+    deletes both tombstones ("nothing writes tombstones in complete, so any left is garbage": M2's
+    shims do). A's mirror lands on the empty key (its fence passes) and B's delete is undone:
+    every M2 reader (dual_read reads both layouts) sees the item again. Guarantee 2, 5b ("the
+    next migration of the same table")."""
+    from reshard.core.migration import parse
+    from reshard.control.store import ControlStore
+
+    import threading
+    from reshard.jobs import strip as strip_job
+
+    m1 = _run(proxy, unique_name)
+    _to(m1, "complete")
+    stalled, go = threading.Event(), threading.Event()
+    scan = strip_job.scan_page
+
+    def stalling_scan(*args, **kwargs):
+        if not stalled.is_set():
+            stalled.set()
+            go.wait(120)
+        return scan(*args, **kwargs)
+    monkeypatch.setattr(strip_job, "scan_page", stalling_scan)
+    stripping = Background(lambda: operations.run_data_job(STRIP_JOB, m1.dynamo, m1.store, m1.migration.id,
+                                                           JobOptions(segments=1, workers=1)))
+    assert stalled.wait(60)
+    text = m1.migration.text.replace("shards = 32", "shards = 64").replace("shards = 16", "shards = 32")
+    text = text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-32-to-64"')
+    m2 = parse(text, "<m2>")
+    store: ControlStore = m1.store
+    store.register(m2, request_horizon=HZ, server_deadline=True)
+    for phase in ("dual_write", "dual_read"):
+        store.set_phase(store.load_state(m2.id), Phase(phase), "test", "test")
+        proxy.advance_clock(HZ + 2)
+    run2 = Run(proxy, m1.dynamo, m2, __import__("reshard.core.layout", fromlist=["KeyMapper"]).KeyMapper(m2),
+               store, m1.control)
+    a, b = run2.shim(read_timeout=60), run2.shim()
+    try:
+        assert a.phase == "dual_read" and b.phase == "dual_read"
+        item = run2.moving(val=1)
+        old_key, new_key = run2.keys(item)
+        rule = proxy.hold(op="PutItem", key=plain(new_key))
+        put = Background(lambda: a.put_item(Item=item))
+        handle = proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
+        b.delete_item(Key=key_of(item))
+        assert "_rs_del" in run2.stored(old_key) and "_rs_del" in run2.stored(new_key)
+
+        go.set()
+        result = stripping.result(timeout=120)
+        assert result.counts["tombstones_deleted"] == 2  # M2's tombstones, deleted by M1's strip
+
+        assert proxy.release(handle)["status"] == 200  # A's mirror, in time
+        put.result()
+        assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None, "a deleted item came back"
+    finally:
+        a.close()
+        b.close()
