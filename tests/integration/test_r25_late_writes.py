@@ -298,3 +298,47 @@ def test_r25_the_previous_migrations_strip_deletes_the_next_ones_tombstones(prox
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------ 5. case 4 in the steady state
+@pytest.mark.xfail(strict=True, reason="r25: case 4 in the steady state (no migration registered, or after a "
+                                      "retire): a lost answer's retry fails its own condition / applies an ADD twice")
+@pytest.mark.parametrize("op", ["create-if-absent", "ADD"])
+def test_r25_a_lost_answer_in_the_steady_state_is_not_recognised(proxy, unique_name, op):
+    """A shim deployed with the next migration's file before its ``start`` (the steady state PRODUCT.md
+    5b covers as "the next migration of the table"; also every shim after an abort's retire)
+    writes unstamped: the retry of a create-if-absent put whose answer was lost fails the app's
+    own condition (the app gets ConditionalCheckFailed for its own landed write, case 4 exactly),
+    and an ``ADD`` is applied twice. The fence that is missing: steady writes carry no version, so
+    neither ``_rs_v <> :v`` nor the own-attempt read can apply."""
+    from botocore.exceptions import ClientError
+    from reshard.control.store import ControlStore
+    from reshard.core.layout import KeyMapper
+    from tests.late_support import client
+    from tests.shim_helpers import create_table, migration
+
+    dynamo = client(proxy.endpoint)
+    m = migration("sensor", table=unique_name)
+    create_table(dynamo, m)
+    store = ControlStore(dynamo, f"{unique_name}-ctl")
+    store.ensure_table()
+    run = Run(proxy, dynamo, m, KeyMapper(m), store, f"{unique_name}-ctl")
+    t = run.shim()
+    try:
+        assert t.phase == "steady"
+        item = run.moving(val=1, n=Decimal(10))
+        old_key, _ = run.keys(item)
+        if op == "create-if-absent":
+            proxy.lose_answer(op="PutItem", key=plain(old_key))
+            try:
+                t.put_item(Item=item, ConditionExpression="attribute_not_exists(sensor_id)")
+            except ClientError as e:
+                pytest.fail(f"the app's own landed put came back as {e.response['Error']['Code']}")
+        else:
+            t.put_item(Item=item)
+            proxy.lose_answer(op="UpdateItem", key=plain(old_key))
+            t.update_item(Key=key_of(item), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1})
+            assert t.get_item(Key=key_of(item), ConsistentRead=True)["Item"]["n"] == 11, "ADD applied twice"
+        assert proxy.stats()["rule_lose_answer"] == 1
+    finally:
+        t.close()
