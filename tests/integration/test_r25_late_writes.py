@@ -342,3 +342,65 @@ def test_r25_a_lost_answer_in_the_steady_state_is_not_recognised(proxy, unique_n
         assert proxy.stats()["rule_lose_answer"] == 1
     finally:
         t.close()
+
+
+@pytest.mark.xfail(strict=True, reason="r25: an aborted, retired migration's cleanup sweep runs during the next "
+                                      "migration and deletes its tombstones: a late mirror resurrects")
+def test_r25_a_retired_migrations_sweep_deletes_the_next_ones_tombstones(proxy, unique_name, monkeypatch):
+    """The same through an abort: M1 is aborted in ``backfill``, its cleanup pass ends in the retire
+    (the table is free), and the sweep that follows (``run_data_job``'s second pass, or an
+    operator re-running ``reshard cleanup``) stalls before its first page. A retry migration
+    M2 of the same file starts and reaches ``dual_read``. A's put lands in the old layout, its
+    mirror held; B deletes (tombstones in both layouts); M1's sweep runs on: phase ``aborted``
+    is one its fact keeper accepts forever, and it retires every tombstone it meets, M2's too.
+    A's mirror lands on the empty new key: the deleted item is back. Guarantee 2, 5b."""
+    import threading
+    from reshard.core.layout import KeyMapper
+    from reshard.core.migration import parse
+    from reshard.jobs import cleanup as cleanup_job
+    from reshard.jobs.cleanup import CLEANUP
+
+    m1 = _run(proxy, unique_name)
+    _move(m1, "aborted")
+    assert run_job(CLEANUP, m1.dynamo, m1.store, m1.migration.id, FAST).done
+    assert m1.store.load_state(m1.migration.id).retired
+    proxy.advance_clock(HZ + 2)  # the retire lasted H + 2 s: the sweep may start
+
+    stalled, go = threading.Event(), threading.Event()
+    scan = cleanup_job.scan_page
+
+    def stalling_scan(*args, **kwargs):
+        if not stalled.is_set():
+            stalled.set()
+            go.wait(120)
+        return scan(*args, **kwargs)
+    monkeypatch.setattr(cleanup_job, "scan_page", stalling_scan)
+    sweep = Background(lambda: run_job(CLEANUP, m1.dynamo, m1.store, m1.migration.id, FAST))
+    assert stalled.wait(60)
+
+    text = m1.migration.text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-retry"')
+    m2 = parse(text, "<m2>")
+    m1.store.register(m2, request_horizon=HZ, server_deadline=True)
+    for phase in ("dual_write", "dual_read"):
+        m1.store.set_phase(m1.store.load_state(m2.id), Phase(phase), "test", "test")
+        proxy.advance_clock(HZ + 2)
+    run2 = Run(proxy, m1.dynamo, m2, KeyMapper(m2), m1.store, m1.control)
+    a, b = run2.shim(read_timeout=60), run2.shim()
+    try:
+        assert a.phase == "dual_read" and b.phase == "dual_read"
+        item = run2.moving(val=1)
+        old_key, new_key = run2.keys(item)
+        rule = proxy.hold(op="PutItem", key=plain(new_key))
+        put = Background(lambda: a.put_item(Item=item))
+        handle = proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
+        b.delete_item(Key=key_of(item))
+        assert "_rs_del" in run2.stored(old_key) and "_rs_del" in run2.stored(new_key)
+
+        go.set()
+        sweep.result(timeout=120)
+        assert proxy.release(handle)["status"] == 200  # A's mirror, in time
+        put.result()
+        assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None, "a deleted item came back"
+    finally:
+        a.close()
+        b.close()
