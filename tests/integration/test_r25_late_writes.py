@@ -404,3 +404,62 @@ def test_r25_a_retired_migrations_sweep_deletes_the_next_ones_tombstones(proxy, 
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------ 6. the previous migration's horizon
+@pytest.mark.xfail(strict=True, reason="r25: the first transition out of planned waits max(H, STEADY) but a shim "
+                                      "of the previous (complete) migration signs with that migration's larger H")
+def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dual_write(proxy, unique_name):
+    """M1 (started with ``--request-horizon 30``) is ``complete``; shim A still runs M1's file. A deletes
+    an item (a plain delete: ``complete`` routing); the request is held on the way, inside its
+    horizon (M1's fact + 30 s). M2 (32 -> 64, ``--request-horizon 6``) starts on the table; out
+    of ``planned`` the operator waits ``max(H, STEADY_HORIZON_SECONDS) + 2`` = 17 s
+    (``control/horizon.horizon_for``), then ``dual_write``. M2's shim B updates the item (old
+    layout, mirrored to the new one). A's delete lands now (24 s < 30 s after its fact): the
+    old copy is gone, with no tombstone. B reads in ``dual_write`` (old layout only): absent --
+    the delete is what the fleet serves. One phase later (``dual_read``, newest of both layouts)
+    the item is back, with no write in between. Guarantee 2 (and 4: B's own update vanished and
+    came back). The wait out of ``planned`` knows the steady shims' horizon but not the horizon
+    of the owner the marker replaced."""
+    from reshard.core.layout import KeyMapper
+    from reshard.core.migration import parse
+    from reshard.core.deadlines import STEADY_HORIZON_SECONDS
+
+    m1 = _run(proxy, unique_name)
+    _to(m1, "complete")
+    a = m1.shim(read_timeout=120)
+    try:
+        assert a.phase == "complete"
+        item = m1.moving(val=1)
+        a.put_item(Item=item)
+        _, k = m1.keys(item)  # M1's new layout: M2's old
+        rule = proxy.hold(op="DeleteItem", key=plain(k))
+        delete = Background(lambda: a.delete_item(Key=key_of(item)))
+        handle = proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
+
+        text = m1.migration.text.replace("shards = 32", "shards = 64").replace("shards = 16", "shards = 32")
+        m2 = parse(text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-32-to-64"'), "<m2>")
+        m1.store.register(m2, request_horizon=6, server_deadline=True)
+        proxy.advance_clock(max(6, STEADY_HORIZON_SECONDS) + 2)  # what the operator waits out of planned
+        m1.store.set_phase(m1.store.load_state(m2.id), Phase.DUAL_WRITE, "test", "test")
+        run2 = Run(proxy, m1.dynamo, m2, KeyMapper(m2), m1.store, m1.control)
+        b = run2.shim()
+        try:
+            assert b.phase == "dual_write"
+            b.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 2})
+            assert run2.stored(run2.keys(item)[0])["val"] == {"N": "2"}
+
+            outcome = proxy.release(handle)
+            assert outcome["status"] == 200, outcome  # inside M1's horizon
+            delete.result()
+            assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None  # the delete is served
+
+            proxy.advance_clock(6 + 2)
+            m1.store.set_phase(m1.store.load_state(m2.id), Phase.DUAL_READ, "test", "test")
+            assert b.refresh() and b.phase == "dual_read"
+            assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None, \
+                "a deleted item came back one phase later"
+        finally:
+            b.close()
+    finally:
+        a.close()
