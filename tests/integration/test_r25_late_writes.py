@@ -463,3 +463,36 @@ def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dua
             b.close()
     finally:
         a.close()
+
+
+@pytest.mark.xfail(strict=True, reason="r25: a create-if-absent put whose answer was lost gets ConditionalCheckFailed "
+                                      "when another writer's put lands before its retry, though it landed")
+def test_r25_a_lost_answer_retried_after_another_writer_fails_a_landed_put(proxy, unique_name):
+    """Case 4 with a second writer in between: in ``cutover`` A's ``put_item(..., attribute_not_exists)``
+    lands, its answer is lost, its retry is held a moment; B's put of the same item lands
+    (acknowledged). The retry fails the fence; the stored version is B's, not A's, so the shim
+    takes it for a fence loss, re-evaluates the app's condition against B's item and answers
+    ConditionalCheckFailed: A is told its write did not happen, yet it did (it was the item
+    B overwrote). The own-attempt check compares with the latest stored version only."""
+    from botocore.exceptions import ClientError
+
+    run = _run(proxy, unique_name)
+    _to(run, "cutover")
+    a, b = run.shim(read_timeout=60), run.shim()
+    try:
+        item = run.moving(val=1)
+        _, new_key = run.keys(item)
+        proxy.lose_answer(op="PutItem", key=plain(new_key))
+        retry_rule = proxy.hold(op="PutItem", key=plain(new_key))
+        put = Background(lambda: a.put_item(Item=item, ConditionExpression="attribute_not_exists(sensor_id)"))
+        retry = proxy.wait_held(1, rule=retry_rule, timeout=30)[0]["handle"]
+        assert run.stored(new_key)["val"] == {"N": "1"}, "A's first attempt landed"
+        b.put_item(Item={**item, "val": 2})
+        proxy.release(retry)
+        try:
+            put.result()
+        except ClientError as e:
+            pytest.fail(f"A's landed put was answered {e.response['Error']['Code']}")
+    finally:
+        a.close()
+        b.close()
