@@ -34,7 +34,11 @@ def proxy(dynalite_server):
 
 
 def _run(proxy, name: str) -> Run:
+    from reshard.control import marker as markers
     run = Run.start(proxy, name)
+    # As `start` does: the table's marker names the migration (a next one's start replaces it).
+    markers.claim(run.dynamo, run.store, run.migration.id, run.migration.table,
+                  run.dynamo.describe_table(run.migration.table))
     run.store.update(run.store.mpk(run.migration.id), META, "SET request_horizon = :h, server_deadline = :e",
                      values={":h": {"N": str(HZ)}, ":e": {"S": "enforced"}})
     return run
@@ -58,18 +62,32 @@ def _to(run: Run, phase: str) -> None:
         _move(run, p)
 
 
+def _start_next(run: Run, m2, horizon: float = HZ) -> None:
+    """``start`` of a next migration of the table as ``operations.start`` does it: claim the table
+    marker (keeping the owner it replaces), register with that owner's horizon, and wait out of
+    ``planned`` as the transition does (``control/horizon.horizon_for`` + 2 s of server time)."""
+    from reshard.control import marker as markers
+    from reshard.control.horizon import horizon_for
+    mine = markers.claim(run.dynamo, run.store, m2.id, m2.table, run.dynamo.describe_table(m2.table))
+    run.store.register(m2, request_horizon=horizon, server_deadline=True,
+                       previous_horizon=markers.previous_horizon(run.store, mine))
+    run.proxy.advance_clock(horizon_for(run.store.load_state(m2.id)) + 2)
+
+
 # ------------------------------------------------------------------ 1. strip un-fences a duplicate
-@pytest.mark.xfail(strict=True, reason="r25: a duplicated/retried ADD lands twice across --strip-bookkeeping "
-                                      "(strip removes the _rs_v that the unfenced phases' `_rs_v <> :v` compares)")
 def test_r25_strip_lets_a_duplicated_add_apply_twice(proxy, unique_name):
     """``complete``: shim A's ``ADD n 1`` lands and is acknowledged; the network keeps a copy of the
     request (a duplicate, or the retry of an attempt whose answer was lost). The strip pass
     (``cleanup --strip-bookkeeping``, started after complete lasted H + 2 s) removes ``_rs_v``
     from the item. The copy is delivered, well inside its horizon: its only guard was
     ``_rs_v <> :v``, which an item without ``_rs_v`` passes, so the ``ADD`` is applied a second
-    time. Guarantee 1 (and 5b: "through complete and --strip-bookkeeping")."""
+    time. Guarantee 1 (and 5b: "through complete and --strip-bookkeeping").
+
+    Fixed: strip sends a page's REMOVEs only H + 2 s after the page's scan (jobs/strip.py), so the
+    copy has expired by then and DynamoDB refuses it. (H = 6 here: the strip waits 8 s.)"""
     run = _run(proxy, unique_name)
     _to(run, "complete")
+    run.store.update(run.store.mpk(run.migration.id), META, "SET request_horizon = :h", values={":h": {"N": "6"}})
     t = run.shim()
     try:
         assert t.phase == "complete"
@@ -88,7 +106,7 @@ def test_r25_strip_lets_a_duplicated_add_apply_twice(proxy, unique_name):
         assert "_rs_v" not in run.stored(new_key)
 
         outcome = proxy.release(copy)
-        assert outcome["status"] == 200, outcome  # in time: the horizon did not refuse it
+        assert outcome["status"] == 400 and "Signature expired" in outcome["body"]["message"], outcome
         assert t.get_item(Key=key_of(item), ConsistentRead=True)["Item"]["n"] == 11, "the ADD was applied twice"
     finally:
         t.close()
@@ -144,9 +162,6 @@ def _without_mirror(run: Run, shim, item: dict, mirror_key: dict) -> None:
     run.proxy.remove_rule(rule)
 
 
-@pytest.mark.xfail(strict=True, reason="r25: a verify --repair decided in the flagged cutover is dated by a fact "
-                                      "re-read at send time (by phase name), lands after cleanup's plain delete: "
-                                      "resurrection")
 def test_r25_a_frozen_repair_dated_by_a_fresh_fact_resurrects_after_cleanup(proxy, unique_name, monkeypatch):
     """``backfill``: A's write (val 2) lands in the old layout, its mirror never does (the new copy
     stays at val 1). The switch to ``cutover`` flags ``newer_may_be = old``. A ``verify --repair``
@@ -214,28 +229,34 @@ def test_r25_a_frozen_repair_dated_by_a_fresh_fact_resurrects_after_cleanup(prox
 
     held = proxy.hold(op="PutItem", key=plain(new_key))
     thaw.set()
-    handle = proxy.wait_held(1, rule=held, timeout=60)[0]["handle"]
+    try:  # fixed: the repair is never sent (its decision's phase version is gone), the run stops
+        repair.result(timeout=30)
+    except Exception:  # noqa: BLE001 - still running: its request is held (the break)
+        pass
+    try:
+        handle = proxy.wait_held(1, rule=held, timeout=1)[0]["handle"]
+    except TimeoutError:
+        handle = None
     run.store.set_phase(run.store.load_state(run.migration.id), Phase.CLEANUP, "test", "test")
     c = run.shim()
     try:
         assert c.phase == "cleanup"
         c.delete_item(Key=key_of(item))
         assert run.stored(new_key) is None
-        outcome = proxy.release(handle)
+        outcome = proxy.release(handle) if handle is not None else {"status": None}
         try:
             repair.result(timeout=60)
         except Exception:  # noqa: BLE001 - the run's own outcome is not the point
             pass
         assert outcome["status"] != 200 or run.stored(new_key) is None, \
             f"a deleted item came back: {run.stored(new_key)}"
+        assert handle is None, "the repair decided under the flagged version was sent after the flag was cleared"
         assert c.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None
     finally:
         c.close()
 
 
 # ------------------------------------------------------------------ 4. the previous migration's strip
-@pytest.mark.xfail(strict=True, reason="r25: the previous (complete) migration's --strip-bookkeeping runs during "
-                                      "the next migration and deletes its tombstones: a late mirror resurrects")
 def test_r25_the_previous_migrations_strip_deletes_the_next_ones_tombstones(proxy, unique_name, monkeypatch):
     """Migration M1 (16 -> 32 shards) is ``complete``; its strip pass starts (nothing else runs:
     its census passes) and its worker stalls before its first page (a big table, a slow host).
@@ -271,7 +292,7 @@ def test_r25_the_previous_migrations_strip_deletes_the_next_ones_tombstones(prox
     text = text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-32-to-64"')
     m2 = parse(text, "<m2>")
     store: ControlStore = m1.store
-    store.register(m2, request_horizon=HZ, server_deadline=True)
+    _start_next(m1, m2)
     for phase in ("dual_write", "dual_read"):
         store.set_phase(store.load_state(m2.id), Phase(phase), "test", "test")
         proxy.advance_clock(HZ + 2)
@@ -289,11 +310,18 @@ def test_r25_the_previous_migrations_strip_deletes_the_next_ones_tombstones(prox
         assert "_rs_del" in run2.stored(old_key) and "_rs_del" in run2.stored(new_key)
 
         go.set()
-        result = stripping.result(timeout=120)
-        assert result.counts["tombstones_deleted"] == 2  # M2's tombstones, deleted by M1's strip
+        try:  # fixed: M1's strip stops (the marker names M2 now) before it writes
+            stripping.result(timeout=120)
+        except Exception:  # noqa: BLE001 - how it reports the stop is not the point
+            pass
+        assert "_rs_del" in run2.stored(old_key) and "_rs_del" in run2.stored(new_key), \
+            "the previous migration's strip deleted the next one's tombstones"
 
-        assert proxy.release(handle)["status"] == 200  # A's mirror, in time
-        put.result()
+        proxy.release(handle)  # A's mirror, in time: refused by the tombstone's fence
+        try:
+            put.result()
+        except Exception:  # noqa: BLE001 - the mirror's failure is logged, not raised
+            pass
         assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None, "a deleted item came back"
     finally:
         a.close()
@@ -344,8 +372,6 @@ def test_r25_a_lost_answer_in_the_steady_state_is_not_recognised(proxy, unique_n
         t.close()
 
 
-@pytest.mark.xfail(strict=True, reason="r25: an aborted, retired migration's cleanup sweep runs during the next "
-                                      "migration and deletes its tombstones: a late mirror resurrects")
 def test_r25_a_retired_migrations_sweep_deletes_the_next_ones_tombstones(proxy, unique_name, monkeypatch):
     """The same through an abort: M1 is aborted in ``backfill``, its cleanup pass ends in the retire
     (the table is free), and the sweep that follows (``run_data_job``'s second pass, or an
@@ -380,7 +406,7 @@ def test_r25_a_retired_migrations_sweep_deletes_the_next_ones_tombstones(proxy, 
 
     text = m1.migration.text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-retry"')
     m2 = parse(text, "<m2>")
-    m1.store.register(m2, request_horizon=HZ, server_deadline=True)
+    _start_next(m1, m2)
     for phase in ("dual_write", "dual_read"):
         m1.store.set_phase(m1.store.load_state(m2.id), Phase(phase), "test", "test")
         proxy.advance_clock(HZ + 2)
@@ -397,9 +423,17 @@ def test_r25_a_retired_migrations_sweep_deletes_the_next_ones_tombstones(proxy, 
         assert "_rs_del" in run2.stored(old_key) and "_rs_del" in run2.stored(new_key)
 
         go.set()
-        sweep.result(timeout=120)
-        assert proxy.release(handle)["status"] == 200  # A's mirror, in time
-        put.result()
+        try:  # fixed: M1's sweep stops (the marker names M2 now) before it writes
+            sweep.result(timeout=120)
+        except Exception:  # noqa: BLE001 - how it reports the stop is not the point
+            pass
+        assert "_rs_del" in run2.stored(old_key) and "_rs_del" in run2.stored(new_key), \
+            "the retired migration's sweep deleted the next one's tombstones"
+        proxy.release(handle)  # A's mirror, in time: refused by the tombstone's fence
+        try:
+            put.result()
+        except Exception:  # noqa: BLE001 - the mirror's failure is logged, not raised
+            pass
         assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None, "a deleted item came back"
     finally:
         a.close()
@@ -407,8 +441,6 @@ def test_r25_a_retired_migrations_sweep_deletes_the_next_ones_tombstones(proxy, 
 
 
 # ------------------------------------------------------------------ 6. the previous migration's horizon
-@pytest.mark.xfail(strict=True, reason="r25: the first transition out of planned waits max(H, STEADY) but a shim "
-                                      "of the previous (complete) migration signs with that migration's larger H")
 def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dual_write(proxy, unique_name):
     """M1 (started with ``--request-horizon 30``) is ``complete``; shim A still runs M1's file. A deletes
     an item (a plain delete: ``complete`` routing); the request is held on the way, inside its
@@ -439,8 +471,8 @@ def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dua
 
         text = m1.migration.text.replace("shards = 32", "shards = 64").replace("shards = 16", "shards = 32")
         m2 = parse(text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-32-to-64"'), "<m2>")
-        m1.store.register(m2, request_horizon=6, server_deadline=True)
-        proxy.advance_clock(max(6, STEADY_HORIZON_SECONDS) + 2)  # what the operator waits out of planned
+        _start_next(m1, m2, horizon=6)  # out of planned: max(6, STEADY, M1's 30) + 2 s
+        assert STEADY_HORIZON_SECONDS < HZ
         m1.store.set_phase(m1.store.load_state(m2.id), Phase.DUAL_WRITE, "test", "test")
         run2 = Run(proxy, m1.dynamo, m2, KeyMapper(m2), m1.store, m1.control)
         b = run2.shim()
@@ -450,15 +482,17 @@ def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dua
             assert run2.stored(run2.keys(item)[0])["val"] == {"N": "2"}
 
             outcome = proxy.release(handle)
-            assert outcome["status"] == 200, outcome  # inside M1's horizon
-            delete.result()
-            assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None  # the delete is served
+            # fixed: M2's planned outlasted M1's horizon, so the delete dated by M1's fact is refused
+            assert outcome["status"] != 200, outcome
+            with pytest.raises(Exception):
+                delete.result()
+            assert b.get_item(Key=key_of(item), ConsistentRead=True)["Item"]["val"] == 2  # B's update stands
 
             proxy.advance_clock(6 + 2)
             m1.store.set_phase(m1.store.load_state(m2.id), Phase.DUAL_READ, "test", "test")
             assert b.refresh() and b.phase == "dual_read"
-            assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None, \
-                "a deleted item came back one phase later"
+            assert b.get_item(Key=key_of(item), ConsistentRead=True)["Item"]["val"] == 2, \
+                "B's acknowledged update was undone one phase later"
         finally:
             b.close()
     finally:
@@ -498,8 +532,6 @@ def test_r25_a_lost_answer_retried_after_another_writer_fails_a_landed_put(proxy
         b.close()
 
 
-@pytest.mark.xfail(strict=True, reason="r25: the previous migration's strip removes the next one's _rs_new marks; "
-                                      "the next one's abort then leaves its new copies: duplicates")
 def test_r25_the_previous_migrations_strip_unmarks_the_next_ones_copies(proxy, unique_name, monkeypatch):
     """M1 (16 -> 32) is ``complete`` and its strip pass stalls before its first page; M2 (32 -> 48)
     starts and reaches ``dual_write``: shim A writes an item (old layout, and its new-layout copy
@@ -533,7 +565,7 @@ def test_r25_the_previous_migrations_strip_unmarks_the_next_ones_copies(proxy, u
 
     text = m1.migration.text.replace("shards = 32", "shards = 48").replace("shards = 16", "shards = 32")
     m2 = parse(text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-32-to-48"'), "<m2>")
-    m1.store.register(m2, request_horizon=HZ, server_deadline=True)
+    _start_next(m1, m2)
     m1.store.set_phase(m1.store.load_state(m2.id), Phase.DUAL_WRITE, "test", "test")
     proxy.advance_clock(HZ + 2)
     mapper = KeyMapper(m2)
@@ -555,22 +587,19 @@ def test_r25_the_previous_migrations_strip_unmarks_the_next_ones_copies(proxy, u
     finally:
         a.close()
     go.set()
-    stripping.result(timeout=120)
+    try:  # fixed: M1's strip stops (the marker names M2 now) before it writes
+        stripping.result(timeout=120)
+    except Exception:  # noqa: BLE001 - how it reports the stop is not the point
+        pass
+    assert run2.stored(new_key)["_rs_new"] == {"S": m2.id}, "the previous migration's strip unmarked M2's copy"
 
     m1.store.set_phase(m1.store.load_state(m2.id), Phase.ABORTED, "test", "test")
     proxy.advance_clock(HZ + 2)
     assert run_job(CLEANUP, m1.dynamo, m1.store, m2.id, FAST).done
     assert m1.store.load_state(m2.id).retired
     proxy.advance_clock(HZ + 2)
-    s = run2.shim()
-    try:
-        assert s.phase == "steady"
-        # The shim hides the stray for this calculated layout (it is not at the item's computed key);
-        # the table holds it all the same, unmarked, and no reshard pass will ever remove it.
-        assert [x for x in s.query(Key={"sensor_id": "s-1"}, ConsistentRead=True)["Items"]
-                if x["event_id"] == item["event_id"]] == [{**item, "val": 1}]
+    # (M2's retire gave the marker back to M1: a shim of M2's file refuses now; the table is read raw.)
+    if True:
         physical = [x for x in m1.dynamo.call("scan", TableName=m2.table, ConsistentRead=True)["Items"]
                     if x.get("event_id") == {"S": item["event_id"]}]
         assert len(physical) == 1, f"one logical item, {len(physical)} physical items after the abort: {physical}"
-    finally:
-        s.close()
