@@ -552,13 +552,18 @@ class Fleet:
         phases = job_rule(job, repair).phases
         if self.horizon is None:
             return phase_guard(self.store, m.id, job, phases, min_interval=0.0), self.w.dynamo
+        from reshard.control import marker as markers
         from reshard.jobs.facts import DatedWrites, JobFacts
-        facts = JobFacts(self.store, m.id, job, phases, min_interval=0.0, monotonic=self.w.clock)
+        # As run_job: the facts keep the phase version and the table marker the job began under.
+        marker = (self.w.dynamo, self.table, markers.key_for(self.w.dynamo.describe_table(self.table)))
+        facts = JobFacts(self.store, m.id, job, phases, min_interval=0.0, monotonic=self.w.clock,
+                         state=self.store.load_state(m.id), marker=marker)
         return facts, DatedWrites(self.w.dynamo, self.table, facts.horizon)
 
     def strip_pass(self, who: str, key: str = "m1") -> None:
         """`reshard cleanup --strip-bookkeeping` of migration ``key`` (complete): run_job's
         precondition, then the real Stripper page function over one segment, inline."""
+        from reshard.core.deadlines import DATE_MARGIN_SECONDS
         from reshard.core.phases import STRIP_JOB
         from reshard.jobs.strip import Stripper
         m = self.migrations[key]
@@ -569,8 +574,11 @@ class Fleet:
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
         guard, dynamo = self.job(key, STRIP_JOB)
         keys = m.keys
+        # With a server deadline each page's REMOVEs wait H + 2 s after its scan (strip._make_page).
+        hold = state.request_horizon + DATE_MARGIN_SECONDS if state.server_deadline else 0.0
         page = Stripper(dynamo, self.table, [keys.partition] + ([keys.sort] if keys.sort else []), budget,
-                        JobOptions(segments=1, workers=1, page_size=50)).page
+                        JobOptions(segments=1, workers=1, page_size=50), hold_seconds=hold, sleep=self.w.sleep,
+                        monotonic=self.w.clock).page
         engine = SegmentEngine(self.store, m.id, STRIP_JOB, 1, 1, page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False,
