@@ -59,6 +59,9 @@ UNFIXED = {
     # conditions, missing from ReturnValues, and comes back as a string when it is a number.
     "key_only",
     "tombstone_values",  # case 6: after a delete, create-only AND a values-only conjunct is refused
+    # found by this fuzzer: a query with a FilterExpression and a ProjectionExpression that leaves
+    # the filter's attributes out returns no item (random-suffix layout)
+    "query_projection",
 }
 
 EXAMPLES = int(os.environ.get("RESHARD_FUZZ_EXAMPLES", "12"))
@@ -300,6 +303,12 @@ def conditions(draw, names: tuple, depth: int = 0):
         # dynalite evaluates it; an empty string or binary in an ordering: dynalite's answer is not
         # DynamoDB's for sure. Where the reference is unsure, it is no reference: a scalar instead.
         value = draw(st.sampled_from(["a", Decimal("1.5"), Binary(b"z")]))
+    if op in ("eq", "ne") and isinstance(value, (dict, set, frozenset)):
+        # dynalite compares a map or a set by its members' order and a number inside by its text
+        # ("1.50" <> "1.5"): not DynamoDB's answer, so no reference. Lists keep their order in both.
+        value = draw(st.sampled_from(["a", Decimal("1.5"), ["x", Decimal(1)]]))
+    if op in ("eq", "ne") and isinstance(value, list):
+        value = _normalised(value)
     if op in ("eq", "ne", "lt", "gt"):
         return getattr(attr, op)(value)
     if op == "begins_with":
@@ -313,6 +322,18 @@ def conditions(draw, names: tuple, depth: int = 0):
     if op == "between":
         return attr.between(value, value)
     return attr.is_in([value, draw(st.sampled_from(["b", Decimal("2"), Binary(b"y")]))])
+
+
+def _normalised(value):
+    if isinstance(value, Decimal):
+        return Decimal(format(value.normalize(), "f"))  # 1.50 -> 1.5, 1E+2 -> 100
+    if isinstance(value, dict):
+        return {k: _normalised(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalised(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return {_normalised(v) for v in value}
+    return value
 
 
 def as_text(cond: ConditionBase) -> dict:
@@ -636,11 +657,8 @@ class Differential(RuleBasedStateMachine):
         L = self.layout
         rk, sk = self.keys_for(data.draw(st.sampled_from(L.parts)), data.draw(st.sampled_from(L.sorts)))
         kw = {"ConsistentRead": data.draw(st.booleans())}
-        if "projection_names" not in UNFIXED and data.draw(st.booleans()):
-            picked = data.draw(st.lists(st.sampled_from(self.names[:len(VALUES) + 2]), min_size=1, max_size=3,
-                                        unique=True))
-            kw["ProjectionExpression"] = ", ".join(f"#p{i}" for i in range(len(picked)))
-            kw["ExpressionAttributeNames"] = {f"#p{i}": n for i, n in enumerate(picked)}
+        if "projection_names" not in UNFIXED:
+            self.projection(data, kw)
         self.same("get_item", lambda: self.ref.get_item(Key=rk, **kw), lambda: self.shim.get_item(Key=sk, **kw))
 
     @rule(data=st.data())
@@ -663,6 +681,8 @@ class Differential(RuleBasedStateMachine):
         limit = data.draw(st.sampled_from([None, 1, 2, 5]))
         if limit:
             kw["Limit"] = limit
+        if "query_projection" not in UNFIXED:
+            self.projection(data, kw)
         self.same("query", lambda: _pages(self.ref.query, kw), lambda: _pages(self.shim.query, kw))
 
     @rule(data=st.data())
@@ -674,6 +694,7 @@ class Differential(RuleBasedStateMachine):
         limit = data.draw(st.sampled_from([None, 1, 3]))
         if limit:
             kw["Limit"] = limit
+        self.projection(data, kw)
         self.same("scan", lambda: _pages(self.ref.scan, kw), lambda: _pages(self.shim.scan, kw), normalise=_unordered)
 
     @rule(data=st.data())
@@ -723,6 +744,23 @@ class Differential(RuleBasedStateMachine):
     def backfill(self):
         copy_all(self.dynamo, self.mapper, self.phys)
         self.copied_in_backfill = True
+
+    def projection(self, data, kw: dict) -> None:
+        """Maybe a ProjectionExpression (placeholders, nested paths, key fields) on a read."""
+        if not data.draw(st.booleans()):
+            return
+        picked = data.draw(st.lists(st.sampled_from(self.names), min_size=1, max_size=3, unique=True))
+        names = dict(kw.get("ExpressionAttributeNames") or {})
+        parts = []
+        for i, path in enumerate(picked):
+            segs = []
+            for j, seg in enumerate(path.replace("[0]", "").split(".")):
+                names[f"#p{i}_{j}"] = seg
+                segs.append(f"#p{i}_{j}")
+            parts.append(".".join(segs) + ("[0]" if path.endswith("[0]") else ""))
+        kw["ProjectionExpression"] = ", ".join(parts)
+        kw["ExpressionAttributeNames"] = names
+        note(f"projection: {kw['ProjectionExpression']} {names}")
 
     def move(self, phase):
         note(f"phase {self.phase} -> {phase}")
