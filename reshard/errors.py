@@ -10,6 +10,47 @@ differences; 2 bad input or a refused transition.
 
 from __future__ import annotations
 
+import re
+
+
+# --------------------------------------------------------------------------- secrets
+
+#: What a server's error text (or a dump of a request) may carry that must never reach a
+#: terminal, a log or an application's exception: each match is replaced whole, its name
+#: included (``Credential=AKIA...`` becomes ``<credential removed>``). AWS's own shapes:
+#: ``InvalidSignatureException`` quotes the canonical request (signed headers, the session
+#: token among them) and the string to sign; ``IncompleteSignatureException`` quotes the
+#: ``Authorization`` header (``Credential=<key id>/...``, ``Signature=<hex>``).
+_SECRETS = (
+    (re.compile(r"The Canonical String for this request should have been.*?(?:The String-to-Sign should have "
+                r"been\s*(?:'[^']*'?|\S*)|\Z)", re.S), "<canonical request and string to sign removed>"),
+    (re.compile(r"The String-to-Sign should have been\s*(?:'[^']*'?|\S*)", re.S), "<string to sign removed>"),
+    (re.compile(r"x-amz-security-token\s*[:=]\s*[^\s'\"&,;]*", re.I), "<security token removed>"),
+    (re.compile(r"(?:aws_)?session_?token['\"]?\s*[:=]\s*['\"]?[^\s'\"&,;]*", re.I), "<session token removed>"),
+    (re.compile(r"(?:aws_)?secret_?access_?key(?:_?id)?['\"]?\s*[:=]\s*['\"]?[^\s'\"&,;]*", re.I),
+     "<secret access key removed>"),
+    (re.compile(r"Authorization\s*[:=]\s*(?:AWS4-HMAC-SHA256\s*)?[^\n'\"]*", re.I), "<authorization removed>"),
+    (re.compile(r"(?:X-Amz-)?Credential\s*=\s*[^\s,'\"&]*", re.I), "<credential removed>"),
+    (re.compile(r"(?:X-Amz-)?Signature\s*=\s*[^\s,'\"&]*", re.I), "<signature removed>"),
+    (re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|AIPA|ANPA|ANVA|AGPA|ABIA|ACCA)[A-Z0-9]{12,}\b"), "<access key id removed>"),
+    # A session token quoted bare (STS tokens start with these prefixes, base64 after).
+    (re.compile(r"\b(?:IQoJ|FwoG|FQoG)[A-Za-z0-9+/=]{16,}"), "<session token removed>"),
+)
+
+
+def scrub(text: str) -> str:
+    """``text`` without credentials, session tokens, signatures and canonical-request dumps.
+
+    The one scrubbing function: every path that shows a server's words runs through it (an
+    :class:`AWSError`'s message and the ``response`` it carries, the CLI's error line and
+    ``--verbose`` traceback, the shim's log lines, a failed segment's ``last_error``).
+    """
+    if not text:
+        return text
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
 
 class ReshardError(Exception):
     """Base class of every error reshard raises on purpose."""
@@ -52,12 +93,33 @@ class UnmappableItem(ReshardError):
         super().__init__(f"{reason}: {detail}")
 
 
+class BadVersion(UnmappableItem, BadInput):
+    """A stored ``_rs_v`` that no reshard writer can have written (malformed, not a string, or
+    further ahead of the clock than the skew bound): never adopted (reshard.core.versions).
+    The shim refuses that item's write with it; a job counts the item as unmappable."""
+
+    def __init__(self, detail: str):
+        UnmappableItem.__init__(self, "bad-version", detail)
+        Exception.__init__(self, detail)
+
+
 class RefusedTransition(BadInput):
     """A phase change that the rules or the fleet's state do not allow (exit 2)."""
 
 
 class ConcurrentChange(RefusedTransition):
     """Another operator (or worker) changed the record first; our conditional write lost."""
+
+
+class JobStopped(ReshardError):
+    """A data job is stopping (Ctrl-C, SIGTERM): a request waiting for capacity or for the settle
+    window is abandoned with its page (not checkpointed, so the next run redoes it). Exit 130."""
+
+    exit_code = 130
+
+
+class StartWouldRefuse(ReshardError):
+    """``plan`` found what ``start`` refuses (exit 1: the report is printed, the check failed)."""
 
 
 class FleetLagging(ReshardError):
@@ -118,6 +180,9 @@ class AWSError(ReshardError):
     def __init__(self, operation: str, code: str, message: str, request_id: str | None = None):
         self.operation = operation
         self.code = code
+        # A server's words may quote the request's credentials (InvalidSignatureException):
+        # scrubbed here, so no path that shows this error can show them.
+        message = scrub(message)
         self.aws_message = message
         self.request_id = request_id
         rid = f" (request id {request_id})" if request_id else ""

@@ -23,18 +23,32 @@ from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
 from reshard.control import doctor as doctors
 from reshard.control import fleet
+from reshard.control import horizon as horizons
+from reshard.control import marker as markers
+from reshard.control import live
 from reshard.control import transition as transitions
 from reshard.control.fleet import Census
-from reshard.control.records import MigrationState, Transition
-from reshard.control.runs import (allowed_unmappable, backfill_run, describe, item_total, read_run, runs,
+from reshard.control.gates import catch_up_verified
+from reshard.control.records import META, MigrationState, Transition
+from reshard.control.runs import (allowed_unmappable, await_no_writers, backfill_run, describe,
+                                  describe_lease_wait, held_lease_waits, item_total, read_run, runs,
                                   segment_records, sum_counters, unmappable_items, verify_verdict)
-from reshard.control.store import ControlStore, resolve
+from reshard.control.store import ControlStore, moved_meanwhile, resolve
 from reshard.core import capacity, hints, iam, planning
+from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, MAX_HORIZON_SECONDS, MIN_HORIZON_SECONDS, clamp_horizon
+from reshard.core.layout import GONE_ATTR, not_data
+from reshard.core.marker import MARKER_ATTR
+from reshard.core.wire import S
+from reshard.core.doctor import NOTES as doctor_notes
+from reshard.core.decode import utc_text
 from reshard.core.index_planning import IndexPlan, gsi_problems, index_plan
 from reshard.core.layout import KeyMapper
+from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration
-from reshard.core.progress import Progress, progress_counter
-from reshard.core.phases import CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase, decide
+from reshard.core.progress import Progress, progress_done
+from reshard.core.index import index_transition_refusal
+from reshard.core.phases import (CLEANUP_JOB, STRIP_JOB, Action, Decision, Phase, Precondition, decide, job_rule,
+                                 preconditions)
 from reshard.jobs.backfill import BACKFILL
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.cleanup import CLEANUP
@@ -66,11 +80,23 @@ class Started:
     allow_unmappable: int = 0
     item_count: dict | None = None  # the stored count (:func:`reshard.control.runs.item_total`)
     next: str = ""  # the ``next:`` hint (:func:`next_hint`)
+    #: The file is byte for byte the registered one (False: the same meaning, written otherwise).
+    same_bytes: bool = True
+
+
+def check_horizon(seconds: float) -> float:
+    """``--request-horizon``: a positive number of seconds, clamped to the documented bounds."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise errors.BadInput(f"--request-horizon {seconds:g}: give a positive number of seconds "
+                              f"(default {DEFAULT_HORIZON_SECONDS:g}; between {MIN_HORIZON_SECONDS:g} and "
+                              f"{MAX_HORIZON_SECONDS:g})")
+    return clamp_horizon(seconds)
 
 
 def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, *, allow_unmappable: int = 0,
           sample: int = planning.DEFAULT_SAMPLE, segments: int = 8, count: bool = False,
-          max_rcu: float | None = None) -> Started:
+          max_rcu: float | None = None, request_horizon: float = DEFAULT_HORIZON_SECONDS,
+          server_deadline: bool = True) -> Started:
     """Run every check of ``plan``, then register ``m`` (phase planned), creating the control table if missing.
 
     Refuses (:class:`~reshard.errors.BadInput`, one line per problem) what ``plan`` flags
@@ -80,11 +106,19 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
     whole table to it. Re-running ``start`` with the same file checks nothing again
     (idempotent) but records a changed allowance. ``count``: count the items exactly
     (:func:`count_items`) and store the total for progress and ETA.
+
+    Late writes (docs/late-writes.md): ``server_deadline`` probes that the server enforces
+    DynamoDB's signature window (:func:`reshard.control.horizon.probe`) and refuses one that
+    does not; False (``--no-server-deadline``, test servers) records ``server_deadline = off``
+    and nothing waits on the horizon. ``request_horizon`` (H, clamped) goes into META. Before
+    registering, the table marker is written (:mod:`reshard.control.marker`), naming this
+    migration and keeping the owner it replaces.
     """
+    horizon = check_horizon(request_horizon)
     desc = inspect.check_keys(dynamo, m)
     existing = store.load_state(m.id, missing_ok=True) if store.exists() else None
-    if existing is not None and existing.file_hash != m.content_hash:
-        store.register(m)  # refuses a changed file under a registered id, with a summary of the changes
+    if existing is not None and existing.changes_from(m):
+        store.register(m)  # refuses a change of meaning under a registered id, naming the changes
     analysis = None
     if existing is None:
         analysis = analyse(dynamo, m, sample=sample, segments=segments, desc=desc)
@@ -93,10 +127,32 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
             raise errors.BadInput(f"start refused: {len(problems)} problem(s) with {m.path} on table {m.table!r} "
                                   "(`reshard plan` shows the details):\n"
                                   + "\n".join(f"  - {p}" for p in problems))
+        if server_deadline:
+            # On the control row when the control table exists, else on the marker's key: the
+            # same server, and nothing is created before the probe passed.
+            why = (horizons.probe(store.dynamo, store.table, {"pk": S(store.mpk(m.id)), "sk": S(META)})
+                   if store.exists() else horizons.probe(dynamo, m.table, markers.key_for(desc)))
+            if why:
+                raise errors.BadInput(f"start refused: {why}")
+    if horizon != request_horizon:
+        say(f"--request-horizon {request_horizon:g} clamped to {horizon:g}s")
     created_table = store.ensure_table()
     if created_table:
         say(f"created control table {store.table!r} (PAY_PER_REQUEST)")
-    state, created = store.register(m)
+    if existing is None or existing.active:
+        # Before the registration (and again after a re-run: a doctor may have removed a
+        # marker whose start had not registered yet): shims refuse a table whose marker names
+        # a migration they cannot see.
+        markers.claim(dynamo, store, m.id, m.table, desc)
+    try:
+        state, created = store.register(m, request_horizon=horizon, server_deadline=server_deadline)
+    except errors.ReshardError:
+        if existing is None:  # e.g. another migration took the table meanwhile: its owner comes back
+            markers.give_back(dynamo, store, m.id, m.table, desc)
+        raise
+    if created and not server_deadline:
+        say("server deadline off (--no-server-deadline): the server does not refuse late requests, so a frozen "
+            "process's request could land after the fleet moved on; for test servers only")
     if created or allow_unmappable != allowed_unmappable(store, m.id):
         store.set_allowance(m.id, allow_unmappable)
     total = None
@@ -110,7 +166,8 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
     state = store.load_state(m.id)
     # A file registered before may be anywhere in its life: its hint reads the gates.
     return Started(state, store.table, created, created_table, analysis, allow_unmappable, total,
-                   next=hints.next_step(state.id, state.phase) if created else next_hint(store, state))
+                   next=hints.next_step(state.id, state.phase) if created else next_hint(store, state),
+                   same_bytes=state.file_hash == m.content_hash)
 
 
 def start_problems(desc: dict, m: Migration, analysis: planning.SampleAnalysis | IndexPlan,
@@ -147,7 +204,8 @@ def analyse(dynamo: Dynamo, m: Migration, *, sample: int = planning.DEFAULT_SAMP
 
     def observe(items: list[dict]) -> None:
         for item in items:
-            analysis.observe(item)
+            if not not_data(item):  # the table marker, a retired leftover: not an item to plan for
+                analysis.observe(item)
 
     inspect.scan_segments(dynamo, m.table, segments, None if full else sample, observe)
     return analysis
@@ -173,7 +231,10 @@ def count_items(dynamo: Dynamo, table: str, *, segments: int = 8, max_rcu: float
 
     say(f"counting the items of {table} (Select=COUNT scan, {segments} segments"
         + (f", at most {max_rcu:g} RCU/s)" if max_rcu else ")"))
-    return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0))
+    # The table marker and an earlier migration's retired leftovers are not items to migrate.
+    return inspect.count_items(dynamo, table, segments, progress, pace=lambda: budget.spend("read", 1.0),
+                               exclude=("attribute_not_exists(#rs_m) AND attribute_not_exists(#rs_g)",
+                                        {"#rs_m": MARKER_ATTR, "#rs_g": GONE_ATTR}))
 
 
 def next_hint(store: ControlStore, state: MigrationState, census: Census | None = None) -> str:
@@ -182,7 +243,15 @@ def next_hint(store: ControlStore, state: MigrationState, census: Census | None 
         return hints.next_step(state.id, state.phase, retired=state.retired)
     census = census or fleet.census(store, state.id, state.phase_version)
     return hints.next_step(state.id, state.phase, transitions.facts(store, state, census),
-                           retired=state.retired, switching=state.switching)
+                           retired=state.retired, switching=state.switching, rolled_back_from=rolled_back_from(state))
+
+
+def rolled_back_from(state: MigrationState) -> Phase | None:
+    """The phase the last move rolled back out of (None: the last move was no rollback)."""
+    last = state.last
+    if last is None or last.action != "rollback" or not last.from_phase:
+        return None
+    return Phase(last.from_phase)
 
 
 # ---------------------------------------------------------------------- status, list
@@ -197,18 +266,27 @@ class Status:
     advance: Decision  # whether `advance` would be allowed now, and why not
     jobs: list[dict]  # every job run, as :func:`job_runs` describes it
     next: str = ""  # the ``next:`` hint, from the same facts as ``advance``
+    #: The passing verify run that lifts the catch-up flag (the next transition clears it), or None.
+    catch_up_run: int | None = None
 
 
-def status_migration(store: ControlStore, ref: str | None) -> str:
+def status_migration(store: ControlStore, ref: str | None,
+                     on_several: Callable[[list[MigrationState]], None] | None = None) -> str:
     """The migration ``status`` shows: the one named, else the active one, else the most recently
-    started (so ``status`` still answers after ``complete`` or a retired abort)."""
+    started (so ``status`` still answers after ``complete`` or a retired abort).
+
+    Several active migrations and none named: ``on_several(active)`` is told them (the CLI lists
+    them), then a one-line refusal asks for one (exit 2)."""
     if ref:
         return resolve(store, ref)
     store.require_table()
     states = store.list_states()
     active = [s for s in states if s.active]
     if len(active) > 1:
-        return resolve(store, None)  # the one-line refusal naming them
+        if on_several is not None:
+            on_several(active)
+        raise errors.BadInput(f"{len(active)} active migrations in control table {store.table!r} (listed above): "
+                              f"name one, e.g. `reshard status {active[0].id}`")
     if active:
         return active[0].id
     if not states:
@@ -232,31 +310,38 @@ def status(store: ControlStore, migration_id: str,
     total = progress_total(state) if progress_total and any(not j["finished_at"] for j in jobs) else None
     for j in jobs:
         j["progress"] = job_progress_of(j, now, total)
-    hint = (hints.next_step(state.id, state.phase, facts, retired=state.retired, switching=state.switching)
+    hint = (hints.next_step(state.id, state.phase, facts, retired=state.retired, switching=state.switching,
+                            rolled_back_from=rolled_back_from(state))
             if state.active else hints.next_step(state.id, state.phase, retired=state.retired))
+    verified = catch_up_verified(store, state) if state.newer_may_be else None
     return Status(state=state, control_table=store.table, now=now, history=store.history(migration_id),
-                  census=census, advance=decision, jobs=jobs, next=hint)
+                  census=census, advance=decision, jobs=jobs, next=hint, catch_up_run=verified)
 
 
 @dataclass(frozen=True)
 class Listed:
     control_table: str
     migrations: list[dict]  # id, table, phase, retired, started, finished, by
+    control_table_exists: bool = True
 
 
 def list_migrations(store: ControlStore) -> Listed:
     """Every migration of the control table, oldest first (one Scan of the META rows).
 
     ``finished`` is when it stopped owning its table: the move to ``complete``, or the
-    retire of an aborted migration; None while it is active.
+    retire of an aborted migration; None while it is active. No control table: no
+    migration (an empty list; `start` creates the table), not an error.
     """
-    store.require_table()
-    rows = []
-    for s in store.list_states():
-        rows.append({"id": s.id, "table": s.table, "phase": s.phase.value, "retired": s.retired,
-                     "active": s.active, "phase_version": s.phase_version, "started": s.created_at,
-                     "started_by": s.created_by, "finished": None if s.active else s.updated_at})
-    return Listed(store.table, rows)
+    if not store.exists():
+        return Listed(store.table, [], control_table_exists=False)
+    return Listed(store.table, [listed_row(s) for s in store.list_states()])
+
+
+def listed_row(s: MigrationState) -> dict:
+    """One migration as ``list`` shows it."""
+    return {"id": s.id, "table": s.table, "phase": s.phase.value, "retired": s.retired,
+            "active": s.active, "phase_version": s.phase_version, "started": s.created_at,
+            "started_by": s.created_by, "finished": None if s.active else s.updated_at}
 
 
 def job_runs(store: ControlStore, migration_id: str) -> list[dict]:
@@ -309,55 +394,214 @@ def transition(store: ControlStore, migration_id: str, action: Action, *, wait: 
                from_phase: str | None = None, who: str | None = None, poll: float = ACK_POLL_SECONDS,
                say: Say = _quiet,
                on_lagging: Callable[[MigrationState, Census], None] | None = None,
-               allow_no_shims: bool = False) -> Transitioned:
-    """Apply one transition; with ``wait``, wait for the fleet before and after it.
+               allow_no_shims: bool = False, started_at: float | None = None,
+               sleep: Callable[[float], None] = time.sleep) -> Transitioned:
+    """Apply one transition, exactly the step its operator meant; with ``wait``, wait for the fleet
+    before and after it.
 
-    ``wait`` is one budget for both waits. ``from_phase`` acts only if the migration
-    is in that phase now. Refusals (rules, a lagging fleet, a lost race) raise; once
-    the transition happened, a fleet that has not caught up is reported, not raised.
-    ``on_lagging`` is called when the wait before the transition gave up (it may
-    raise to stop there; otherwise the transition is tried and the rules decide).
-    ``allow_no_shims``: the operator vouches that nothing writes the table (an empty
-    census is refused otherwise).
+    The phase this command starts from is read once, first: every later step (the wait, the
+    facts, the compare-and-set) acts on that phase version, so two operators who each run one
+    ``advance`` never move a migration two phases -- the one whose compare-and-set comes
+    second gets "X already moved it from A to B at T; nothing done". ``started_at`` (the wall
+    clock when the operator ran the command; the CLI passes it): a move recorded after it is
+    one this operator cannot have seen, so an ``advance``/``rollback`` that would now start
+    from the phase that move set is refused the same way (cross-host clock skew can make this
+    refuse a command started within the skew of another move: run it again).
+
+    ``wait`` is one budget for both waits. ``from_phase`` acts only if the migration is in
+    that phase now. Refusals (rules, a lagging fleet, a lost race) raise; once the
+    transition happened, a fleet that has not caught up is reported, not raised.
+    ``on_lagging`` is called when the wait before the transition gave up (it may raise to
+    stop there; otherwise the transition is tried and the rules decide). ``allow_no_shims``:
+    the operator vouches that nothing writes the table (an empty census is refused otherwise).
+    With a server deadline the move also waits until the phase has lasted its request horizon on
+    the server's clock (it says so on ``say``; ``sleep`` is how it waits:
+    :func:`reshard.control.transition.transition`).
     """
-    expected = None
-    if from_phase is not None:
-        current = store.load_state(migration_id)
-        if current.phase.value != from_phase:
-            raise errors.ConcurrentChange(
-                f"{action.value} refused for {migration_id!r}: it is in {current.phase} (phase version "
-                f"{current.phase_version}, last moved by {current.last.who if current.last else '?'}), "
-                f"not {from_phase}; check `reshard status` before acting again")
-        # The compare-and-set below then acts on exactly the version we checked.
-        expected = current.phase_version
+    first = store.load_state(migration_id)
+    if action in (Action.ADVANCE, Action.ROLLBACK) and started_at is not None and first.last is not None \
+            and first.last.at > started_at and first.last.action != "start":
+        raise errors.ConcurrentChange(moved_meanwhile(first.last, migration_id, after_start=True))
+    if from_phase is not None and first.phase.value != from_phase:
+        raise errors.ConcurrentChange(
+            f"{action.value} refused for {migration_id!r}: it is in {first.phase} (phase version "
+            f"{first.phase_version}, last moved by {first.last.who if first.last else '?'}), "
+            f"not {from_phase}; nothing done; check `reshard status` before acting again")
+    # The compare-and-set below acts on exactly the version read here.
+    expected = first.phase_version
+    remaining = 0.0
     if wait:
         start_at = store.monotonic()
-        before = store.load_state(migration_id)
-        census = fleet.census(store, migration_id, before.phase_version)
+        census = fleet.census(store, migration_id, expected)
         if not census.acknowledged:
             say(f"waiting up to {wait:g}s for {len(census.lagging)} live shim(s) to acknowledge "
-                f"{before.phase} v{before.phase_version}")
-            census = fleet.wait_for_ack(store, migration_id, before.phase_version,
-                                        max(0.0, wait - (store.monotonic() - start_at)), poll=poll)
+                f"{first.phase} v{expected}: {', '.join(census.describe_lagging()[:5])}")
+            census = fleet.wait_for_ack(store, migration_id, expected,
+                                        max(0.0, wait - (store.monotonic() - start_at)), poll=poll,
+                                        on_wait=lagging_reporter(say, first.phase, expected, wait, store.monotonic))
         if not census.acknowledged:
-            say(f"gave up after {wait:g}s waiting for the fleet to acknowledge {before.phase} "
-                f"v{before.phase_version}; lagging: {', '.join(census.describe_lagging())}")
+            say(f"gave up after {wait:g}s waiting for the fleet to acknowledge {first.phase} "
+                f"v{expected}; lagging: {', '.join(census.describe_lagging())}")
             if on_lagging is not None:
-                on_lagging(before, census)
-        # Act only on the state we waited for: if another operator moved the migration
-        # meanwhile, the compare-and-set below fails and we say so instead of moving it again.
-        if expected is not None and before.phase_version != expected:
-            raise store.lost_race(migration_id, expected)
-        expected = before.phase_version
+                on_lagging(first, census)
         remaining = max(0.0, wait - (store.monotonic() - start_at))
     started = time.monotonic()
     # The same budget covers watching stalled job leases go quiet before a cutover.
-    before, after = transitions.transition(store, migration_id, action, who=who, expected_version=expected,
-                                           allow_no_shims=allow_no_shims, lease_wait=remaining if wait else 0.0)
-    census = fleet.wait_for_ack(store, migration_id, after.phase_version, remaining, poll=poll) if wait else \
-        fleet.census(store, migration_id, after.phase_version)
+    leases_due = every(WAIT_REPORT_SECONDS, store.monotonic)
+    before, after = transitions.transition(
+        store, migration_id, action, who=who, expected_version=expected, allow_no_shims=allow_no_shims,
+        lease_wait=remaining,
+        on_lease_wait=lambda waits: say("waiting for job leases to go quiet before the cutover (a worker stalled "
+                                        "past its lease could still write): " + "; ".join(waits[:5]))
+        if leases_due() else None, say=say, sleep=sleep)
+    census = fleet.wait_for_ack(store, migration_id, after.phase_version, remaining, poll=poll,
+                                on_wait=lagging_reporter(say, after.phase, after.phase_version, wait or 0.0,
+                                                         store.monotonic)) \
+        if wait else fleet.census(store, migration_id, after.phase_version)
     return Transitioned(action, before, after, census, bool(wait), time.monotonic() - started,
                         next_hint(store, after, census))
+
+
+#: Seconds between two lines saying what a wait still waits for (PRODUCT.md: at least every 10 s).
+WAIT_REPORT_SECONDS = 8.0
+
+
+def every(seconds: float, clock: Callable[[], float] = time.monotonic, first: bool = True) -> Callable[[], bool]:
+    """True at the first call (``first``; else only once ``seconds`` passed since this was made),
+    then at most once per ``seconds`` (what a wait's report line uses)."""
+    last = [None if first else clock()]
+
+    def due() -> bool:
+        now = clock()
+        if last[0] is None or now - last[0] >= seconds:
+            last[0] = now
+            return True
+        return False
+    return due
+
+
+def lagging_reporter(say: Say, phase, version: int, limit: float, clock: Callable[[], float],
+                     report_seconds: float = WAIT_REPORT_SECONDS) -> Callable[[Census], None]:
+    """A wait's report: the lagging shims by name and how long is left, every ``report_seconds``
+    (the line that began the wait said it first)."""
+    due = every(report_seconds, clock, first=False)
+    began = clock()
+
+    def report(census: Census) -> None:
+        if census.acknowledged or not due():
+            return
+        left = max(0.0, limit - (clock() - began)) if limit else None
+        names = census.describe_lagging()
+        say(f"waiting for {len(names)} shim(s) to acknowledge {phase} v{version}: "
+            + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            + (f"; {left:.0f}s left" if left is not None else "")
+            + " (a shim that is gone is dropped once watched silent for its liveness window + longest request)")
+    return report
+
+
+@dataclass(frozen=True)
+class Preview:
+    """``advance|rollback|abort --dry-run``: what the command would do now and why, nothing written."""
+
+    action: Action
+    state: MigrationState
+    target: Phase | None
+    checks: tuple  # reshard.core.phases.Precondition, each with its state
+    switch: bool  # the move goes through the fleet-wide switch
+    census: Census
+
+    @property
+    def allowed(self) -> bool:
+        return self.target is not None and all(c.ok for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """0 it would go; 1 refused only for now (a wait may clear it); 2 refused by the rules."""
+        if self.allowed:
+            return 0
+        return 1 if self.target is not None and all(c.ok or c.clears_by_waiting for c in self.checks) else 2
+
+
+def preview(store: ControlStore, migration_id: str, action: Action, *, allow_no_shims: bool = False,
+            from_phase: str | None = None) -> Preview:
+    """What ``action`` would do now, each precondition with its state; reads only (one look at the
+    fleet and the job leases: a held lease counts as a writer here, which ``--wait`` may watch go quiet)."""
+    state = store.load_state(migration_id)
+    census = fleet.census(store, migration_id, state.phase_version)
+    if state.switching:
+        # advance finishes the switch, rollback abandons it (control.transition); abort is refused.
+        back = Phase(state.last.from_phase) if state.last and state.last.from_phase else None
+        target = {Action.ADVANCE: state.phase, Action.ROLLBACK: back}.get(action)
+        why = ("every live shim holds" if census.acknowledged else f"{len(census.lagging)} live shim(s) do not hold "
+               f"yet: {', '.join(census.describe_lagging()[:5])}")
+        checks = (Precondition(f"{action.value} is possible during the switch to {state.phase}", target is not None,
+                               "yes" if target is not None else "finish the switch (`reshard advance`) or undo it "
+                               "(`reshard rollback`) first"),) + (
+            (Precondition("every live shim acknowledged the switch", census.acknowledged, why,
+                          clears_by_waiting=True),) if action is Action.ADVANCE else ())
+        return Preview(action, state, target, checks, True, census)
+    found = transitions.facts(store, state, census, allow_no_shims=allow_no_shims)
+    if action is Action.ADVANCE and state.phase is Phase.BACKFILL:
+        found = dataclasses.replace(found, writers=await_no_writers(store, migration_id,
+                                                                    transitions.WRITING_JOBS, 0.0))
+    target, checks = preconditions(action, state.phase, found)
+    if target is not None and state.migration().indexes:
+        refusal = index_transition_refusal(action, state.phase, target)
+        checks += (Precondition("the sharded GSI allows this move", refusal is None, refusal or "yes"),)
+    if from_phase is not None:
+        checks = (Precondition(f"the migration is in {from_phase} (--from)", state.phase.value == from_phase,
+                               "yes" if state.phase.value == from_phase else f"it is in {state.phase}"),) + checks
+    switch = target is not None and transitions.needs_switch(state, state.phase, target)
+    return Preview(action, state, target, checks, switch, census)
+
+@dataclass(frozen=True)
+class Waited:
+    """``reshard wait``: the fleet and the jobs as the wait left them (nothing was moved)."""
+
+    state: MigrationState
+    census: Census
+    writers: list[str]  # job leases a live worker may still use (describe_lease_wait each)
+    done: bool  # every live shim acknowledged the phase version, no job lease is held
+    seconds: float
+    next: str = ""
+
+
+#: The jobs whose leases ``reshard wait`` waits for (every data job: "and jobs finished").
+ALL_JOBS = ("backfill", "verify", CLEANUP_JOB, STRIP_JOB)
+
+
+def wait(store: ControlStore, migration_id: str, *, timeout: float | None = None, poll: float = ACK_POLL_SECONDS,
+         say: Say = _quiet, sleep: Callable[[float], None] = time.sleep,
+         report_seconds: float = WAIT_REPORT_SECONDS) -> Waited:
+    """Wait until every live shim acknowledged the current phase version and no job's worker holds
+    a lease; move nothing. ``timeout`` None: as long as it takes.
+
+    The current phase is read again at every look (a transition meanwhile is waited for too).
+    A shim that is gone counts until it was watched silent for its liveness window + longest
+    request, and is then removed (as ``advance --wait`` does); a job lease counts until it is
+    released, or unchanged for the holder's lease + longest request (a dead worker's). Every
+    ``report_seconds`` it says what it still waits for, by name.
+    """
+    began = store.monotonic()
+    watch = LeaseWatch()
+    due = every(report_seconds, store.monotonic)
+    while True:
+        state = store.load_state(migration_id)
+        census = fleet.census(store, migration_id, state.phase_version)
+        if census.expired:
+            fleet.reap(store, migration_id, census.expired)
+        leases = held_lease_waits(store, migration_id, ALL_JOBS, watch, store.monotonic())
+        writers = [describe_lease_wait(*w) for w in leases]
+        done = census.acknowledged and not writers
+        elapsed = store.monotonic() - began
+        if done or (timeout is not None and elapsed >= timeout):
+            return Waited(state, census, writers, done, elapsed, next_hint(store, state, census))
+        if due():
+            pending = [f"shim {d}" for d in census.describe_lagging()[:5]] + writers[:5]
+            left = f"; {timeout - elapsed:.0f}s left" if timeout is not None else ""
+            say(f"waiting for {len(census.lagging)} shim(s) to acknowledge {state.phase} v{state.phase_version} "
+                f"and {len(writers)} job lease(s): {'; '.join(pending)}{left}")
+        sleep(poll if timeout is None else max(0.0, min(poll, timeout - elapsed)))
 
 
 # ---------------------------------------------------------------------- plan
@@ -585,10 +829,11 @@ class DoctorReport:
 
     @property
     def remaining(self) -> list:
-        """Findings still there: all of them read-only, else those not repaired."""
+        """Findings still there (notes aside: a paused run is no problem): all of them read-only,
+        else those not repaired."""
         if self.repairs is None:
-            return list(self.diagnosis.findings)
-        return [r.finding for r in self.repairs if r.outcome != "repaired"]
+            return [f for f in self.diagnosis.findings if f.kind not in doctor_notes]
+        return [r.finding for r in self.repairs if r.outcome != "repaired" and r.finding.kind not in doctor_notes]
 
     @property
     def healthy(self) -> bool:
@@ -612,7 +857,7 @@ class DoctorReport:
         lines = [f"doctor: control table {self.control_table}: {d.migrations} migration(s), {d.locks} table "
                  f"lock(s); data: {scanned or 'none'}"]
         if self.repairs is None:
-            lines += [f"FOUND {f.line()}" for f in d.findings]
+            lines += [f"{'NOTE' if f.kind in doctor_notes else 'FOUND'} {f.line()}" for f in d.findings]
         else:
             lines += [r.line() for r in self.repairs]
         lines.append("healthy" if self.healthy else f"{len(self.remaining)} finding(s) remain")
@@ -641,6 +886,28 @@ def doctor(store: ControlStore, dynamo: Dynamo, migration_id: str | None = None,
     return DoctorReport(store.table, diagnosis, repairs)
 
 
+# ---------------------------------------------------------------------- throttle, pause, resume
+
+@dataclass(frozen=True)
+class Controlled:
+    """What ``reshard throttle``, ``pause`` or ``resume`` did: one entry per running job run."""
+
+    migration: str
+    action: str
+    runs: list[live.Changed]
+
+
+def control_job(store: ControlStore, migration_id: str, action: str, *, job: str | None = None,
+                who: str | None = None, **fields) -> Controlled:
+    """Change the live control of every unfinished job run of the migration (or of ``job``'s):
+    ``max_wcu``/``max_rcu`` (throttle), ``paused`` and ``release_leases`` (pause, resume). Each
+    run is one conditional write (:func:`reshard.control.live.change`); every process of the
+    run adopts it at its next budget beat."""
+    found = live.targets(store, migration_id, job, action)
+    return Controlled(migration_id, action, [live.change(store, migration_id, name, run, action, who=who, **fields)
+                                             for name, run in found])
+
+
 # ---------------------------------------------------------------------- backfill, verify, cleanup
 
 #: The data jobs by name (their JobSpecs; one runner runs them all).
@@ -648,7 +915,8 @@ DATA_JOBS = {spec.name: spec for spec in (BACKFILL, VERIFY, CLEANUP, STRIP)}
 
 
 def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: str, options: JobOptions, *,
-                 subscribers: Iterable[Subscriber] = (), client: Callable[[], Dynamo] | None = None) -> JobResult:
+                 subscribers: Iterable[Subscriber] = (), client: Callable[[], Dynamo] | None = None,
+                 say: Say = _quiet, sleep: Callable[[float], None] = time.sleep) -> JobResult:
     """``reshard backfill|verify|cleanup``: run (or join, or resume) the job with this host's workers.
 
     ``options.processes`` > 1 runs it in that many child processes of this host
@@ -660,6 +928,10 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
     acknowledged the retire (the second pass's precondition waits for it, up to
     ``options.lease_wait``), nothing writes tombstones any more and a second pass sweeps
     what was left (:attr:`JobResult.sweep`).
+
+    With a server deadline, a pass that removes or marks (cleanup, each sweep, strip) starts
+    only once its phase lasted the request horizon on the server's clock; the wait says so
+    on ``say`` (the job's own check waits too, silently, for callers that go straight to it).
     """
     if options.processes > 1 and client is None:
         raise ValueError("run_data_job: processes > 1 needs client, the factory each child process calls")
@@ -668,6 +940,10 @@ def run_data_job(job: str, dynamo: Dynamo, store: ControlStore, migration_id: st
     spec = index_spec(DATA_JOBS[job]) if index_only else combined_spec(DATA_JOBS[job])
 
     def one_pass() -> JobResult:
+        if job in (CLEANUP_JOB, STRIP_JOB):
+            state = store.load_state(migration_id)
+            if job_rule(job).phases and state.phase in job_rule(job).phases:
+                horizons.await_before_removal(store, state, job, say=say, sleep=sleep)
         if options.processes > 1:
             return run_processes(job, client, dynamo, store, migration_id, options, subscribers=subscribers,
                                  index_only=index_only)
@@ -731,7 +1007,7 @@ def _stored_count_source(dynamo: Dynamo, state: MigrationState) -> tuple[int, st
     raw = state.raw
     if "item_count" not in raw:
         return None
-    at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(raw.get("item_count_at", {}).get("N", 0))))
+    at = utc_text(float(raw.get("item_count_at", {}).get("N", 0)))
     source = raw.get("item_count_source", {}).get("S", "count")
     return int(raw["item_count"]["N"]), f"{source} stored by `reshard start` at {at}"
 
@@ -754,13 +1030,13 @@ def done_items(store: ControlStore, migration_id: str, job: str, run: int) -> in
     if info is None:
         return 0
     totals = sum_counters(segment_records(store, migration_id, job, run, info.total_segments))
-    return int(totals.get(progress_counter(job), 0))
+    return progress_done(job, totals)
 
 
 def job_progress_of(run: dict, now: float, total: tuple[int | None, str] | None) -> dict:
     """A recorded run's progress (``status``): items done, rate since the run started, and for a
     run in progress the percent and ETA against ``total`` (:func:`progress_total`)."""
-    done = int(run["totals"].get(progress_counter(run["job"]), 0))
+    done = progress_done(run["job"], run["totals"])
     end = run["finished_at"] or now
     items, source = (None, "") if run["finished_at"] or total is None else total
     return Progress(done, items, max(0.0, end - run["started_at"]), total_source=source).as_dict()

@@ -151,7 +151,10 @@ class Recorder:
 
     def __init__(self):
         self.role = "?"
+        #: What the test is calling now (a shim method's name): each request is tagged with it.
+        self.method = ""
         self.calls: list[tuple[str, str, dict]] = []
+        self.methods: list[str] = []
         self._lock = threading.Lock()
 
     def install(self, monkeypatch) -> None:
@@ -166,6 +169,7 @@ class Recorder:
             def hook(params, model, **_):
                 with self._lock:
                     self.calls.append((role, model.name, _copy(params)))
+                    self.methods.append(self.method)
 
             client.meta.events.register("before-parameter-build.dynamodb", hook)
             return client
@@ -176,6 +180,16 @@ class Recorder:
         with self._lock:
             calls = list(self.calls)
         return [r for role, op, params in calls for r in requests_of(role, op, params, hash_keys)]
+
+    def by_method(self, table: str) -> dict[str, set[str]]:
+        """The operations sent to ``table`` while each shim method ran (method -> operations)."""
+        with self._lock:
+            pairs = list(zip(self.methods, self.calls))
+        out: dict[str, set[str]] = {}
+        for method, (_, op, params) in pairs:
+            if method and (params.get("TableName") == table or table in (params.get("RequestItems") or {})):
+                out.setdefault(method, set()).add(op)
+        return out
 
 
 def _copy(value):

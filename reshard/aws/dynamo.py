@@ -31,7 +31,7 @@ from tenacity.stop import stop_base
 
 from reshard import errors
 from reshard.aws import signing
-from reshard.aws.lean import lean_sender
+from reshard.aws.lean import UnreadableAnswer, lean_sender
 from reshard.core.deadlines import parse_http_date, sign_epoch
 
 #: Error codes that mean "slow down": retried, and reported to throttle listeners.
@@ -47,7 +47,12 @@ _NETWORK_ERRORS = (
     botocore.exceptions.ConnectionClosedError,  # an HTTPClientError, not a ConnectionError
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectTimeoutError,
+    UnreadableAnswer,  # the lean path's: no DynamoDB answer (a proxy's junk, a cut body): like a dropped one
 )
+
+#: What botocore's response parsing raises on an answer of the wrong shape (not a hook's own
+#: exception: tests stop actors with classes of their own, which pass through unchanged).
+_PARSER_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -81,6 +86,19 @@ READ_TIMEOUT_SECONDS = 30.0
 
 SHIM_RETRIES = RetryPolicy(max_attempts=6, max_seconds=10.0, base_seconds=0.025, max_backoff_seconds=1.0)
 
+#: Attempts a command makes at an endpoint it was given (--endpoint-url, AWS_ENDPOINT_URL[_DYNAMODB])
+#: that refuses the connection before anything ever answered there (nothing listens: a typo, a
+#: server not started): a few quick tries, then one line and exit 2, instead of the whole retry
+#: policy (~9 s of backoff). Once the endpoint has answered, a refused connection is a failure
+#: like any other (a restarting server) and gets the whole policy.
+FIRST_CONTACT_ATTEMPTS = 3
+
+#: Endpoints that answered this process at least once (an HTTP answer, an error answer too).
+_answered: set[str] = set()
+
+#: Where the region comes from, in aws-cli v2's order (botocore itself reads no AWS_REGION).
+REGION_HELP = "use --region, AWS_REGION or AWS_DEFAULT_REGION, or a profile with a region"
+
 
 @dataclass
 class CallStats:
@@ -89,6 +107,9 @@ class CallStats:
     calls: dict = field(default_factory=dict)
     retries: dict = field(default_factory=dict)
     throttles: int = 0
+    #: Throttles by why: DynamoDB's ThrottlingReasons (e.g. TableWriteKeyRangeThroughputExceeded)
+    #: when it says, else the error code; UnprocessedItems/UnprocessedKeys for a batch's leftovers.
+    throttle_reasons: dict = field(default_factory=dict)
     consumed: dict = field(default_factory=dict)  # table -> capacity units
 
     def add(self, bucket: dict, key: str, n: float = 1) -> None:
@@ -114,6 +135,39 @@ class _since(stop_base):
         return time.monotonic() - self.started >= self.seconds
 
 
+def throttle_reason(exc: BaseException) -> str:
+    """Why DynamoDB throttled: the first of its ``ThrottlingReasons`` when the answer has them
+    (the API reference's ThrottlingReason), else the error code."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        reasons = exc.response.get("ThrottlingReasons") or exc.response.get("Error", {}).get("ThrottlingReasons")
+        if isinstance(reasons, list) and reasons and isinstance(reasons[0], dict) and reasons[0].get("reason"):
+            return str(reasons[0]["reason"])[:100]
+    return _code(exc)
+
+
+class _Unanswered(stop_base):
+    """Stop after ``attempts`` while the endpoint has never answered (see FIRST_CONTACT_ATTEMPTS)."""
+
+    def __init__(self, dynamo: "Dynamo", attempts: int):
+        self.dynamo, self.attempts = dynamo, attempts
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        return (retry_state.attempt_number >= self.attempts and self.dynamo._gives_up_unanswered()
+                and isinstance(exc, botocore.exceptions.EndpointConnectionError))
+
+
+def _why_unreachable(exc: BaseException) -> str:
+    """"connection refused", "unknown host", ... from botocore's EndpointConnectionError."""
+    import re
+    text = str(getattr(exc, "kwargs", {}).get("error", "") or exc)
+    m = re.search(r"\[Errno -?\d+\] ([^\]\)'\"]+)", text)
+    reason = (m.group(1) if m else text).strip().rstrip(".")
+    if "Name or service not known" in reason or "nodename nor servname" in reason or "not known" in reason:
+        return "unknown host"
+    return reason[:1].lower() + reason[1:] if reason else "no connection"
+
+
 def _code(exc: BaseException) -> str:
     if isinstance(exc, botocore.exceptions.ClientError):
         return exc.response.get("Error", {}).get("Code", "")
@@ -129,6 +183,7 @@ def translate(operation: str, exc: BaseException) -> errors.AWSError:
     own ``except errors.ConditionalCheckFailed`` both see it.
     """
     if isinstance(exc, botocore.exceptions.ClientError):
+        _scrub_client_error(exc)
         err = exc.response.get("Error", {})
         code = err.get("Code", "Unknown")
         msg = err.get("Message", "") or str(exc)
@@ -150,11 +205,21 @@ def translate(operation: str, exc: BaseException) -> errors.AWSError:
         return errors.AWSConfigError(operation, "NoCredentials", "no AWS credentials found "
                                      "(set a profile, AWS_ACCESS_KEY_ID, or use --endpoint-url for a local server)")
     if isinstance(exc, botocore.exceptions.NoRegionError):
-        return errors.AWSConfigError(operation, "NoRegion", "no AWS region set (use --region or AWS_REGION)")
+        return errors.AWSConfigError(operation, "NoRegion", f"no AWS region set ({REGION_HELP})")
     if isinstance(exc, (botocore.exceptions.PartialCredentialsError, botocore.exceptions.ProfileNotFound,
                         botocore.exceptions.InvalidConfigError, botocore.exceptions.CredentialRetrievalError)):
         return errors.AWSConfigError(operation, type(exc).__name__, str(exc))
     return errors.AWSError(operation, type(exc).__name__, str(exc))
+
+
+def _scrub_client_error(exc: botocore.exceptions.ClientError) -> None:
+    """Scrub a botocore error in place: it stays attached as the ``__cause__`` of ours, so a
+    logged traceback prints its text too (``errors.scrub``: an InvalidSignatureException
+    quotes the signed request, session token included)."""
+    err = exc.response.get("Error") if isinstance(exc.response, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("Message"), str):
+        err["Message"] = errors.scrub(err["Message"])
+    exc.args = tuple(errors.scrub(a) if isinstance(a, str) else a for a in exc.args)
 
 
 _COMBINED: dict[tuple[type, type], type] = {}
@@ -186,8 +251,11 @@ class Dynamo:
     def __init__(self, client=None, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, retry: RetryPolicy | None = None, max_pool: int = 32,
                  read_timeout: float = READ_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
-                 sleep: Callable[[float], None] | None = None):
+                 sleep: Callable[[float], None] | None = None, first_contact_attempts: int | None = None):
         self.retry = retry or RetryPolicy()
+        # None: every call gets the whole retry policy (the shim: an app may start before its
+        # local server listens). The CLI gives FIRST_CONTACT_ATTEMPTS.
+        self.first_contact_attempts = first_contact_attempts
         self.stats = CallStats()
         self._lock = threading.Lock()
         self._capacity_listeners: list[Callable[[str, float], None]] = []
@@ -201,6 +269,9 @@ class Dynamo:
             client = make_client(read_timeout=read_timeout, connect_timeout=connect_timeout, **self._client_args)
         self.client = client
         self.endpoint_url = endpoint_url or client.meta.endpoint_url
+        # An endpoint someone named (else AWS's own, where a refused connection is the network's
+        # bad moment, not a typo): only such an endpoint is given up on at first contact.
+        self.endpoint_source = endpoint_source(endpoint_url) if self._client_args is not None else None
         self.region = client.meta.region_name
         # Single-item writes without returned values, GetItem and BatchGetItem take the lean
         # path (reshard/aws/lean.py): a fraction of boto3's client CPU per request, same retries, errors and hooks here.
@@ -240,7 +311,8 @@ class Dynamo:
                                   f"longer --lease-seconds")
         connect = min(CONNECT_TIMEOUT_SECONDS, attempt_seconds / 3)
         other = Dynamo(retry=self.retry, sleep=self._sleep, connect_timeout=connect,
-                       read_timeout=attempt_seconds - connect, **self._client_args)
+                       read_timeout=attempt_seconds - connect, first_contact_attempts=self.first_contact_attempts,
+                       **self._client_args)
         other.stats = self.stats
         other._lock = self._lock
         other._capacity_listeners = self._capacity_listeners
@@ -268,12 +340,18 @@ class Dynamo:
         for fn in self._capacity_listeners:
             fn(table, units)
 
+    def throttle_reasons(self) -> dict:
+        """Throttled answers so far by reason (:attr:`CallStats.throttle_reasons`), a copy."""
+        with self._lock:
+            return dict(self.stats.throttle_reasons)
+
     def add_throttle_listener(self, fn: Callable[[str], None]) -> None:
         self._throttle_listeners.append(fn)
 
     def with_retry(self, retry: RetryPolicy) -> "Dynamo":
         """The same client and listeners under another retry policy."""
-        other = Dynamo(self.client, retry=retry, sleep=self._sleep)
+        other = Dynamo(self.client, retry=retry, sleep=self._sleep, first_contact_attempts=self.first_contact_attempts)
+        other.endpoint_source = self.endpoint_source
         other.stats = self.stats
         other._lock = self._lock
         other._capacity_listeners = self._capacity_listeners
@@ -311,7 +389,17 @@ class Dynamo:
             def method(**kw):
                 return lean.send(operation, kw)
         else:
-            method = getattr(self.client, operation)
+            client_method = getattr(self.client, operation)
+
+            def method(**kw):
+                try:
+                    return client_method(**kw)
+                except _PARSER_ERRORS as e:
+                    # botocore's parser met an answer that is no DynamoDB answer (a 2xx body
+                    # ``[]`` raises AttributeError in it): a bad answer, like the lean path's,
+                    # never a raw exception out of the choke point.
+                    raise UnreadableAnswer(operation=operation, size="?",
+                                           why=f"botocore raised {type(e).__name__}: {e}") from e
         if guard is not None or horizon is not None:
             send = method
 
@@ -334,6 +422,7 @@ class Dynamo:
                 self.stats.add(self.stats.retries, operation)
                 if code in THROTTLE_CODES:
                     self.stats.throttles += 1
+                    self.stats.add(self.stats.throttle_reasons, throttle_reason(exc))
             if code in THROTTLE_CODES:
                 for fn in self._throttle_listeners:
                     fn(operation)
@@ -348,9 +437,10 @@ class Dynamo:
             raise  # a guard's refusal (some are ClientErrors too): already reshard's
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
             if isinstance(e, botocore.exceptions.ClientError):
+                _answered.add(self.endpoint_url)
                 self._note_answer(e.response)
             if not _is_retryable(e) or p.max_attempts <= 1:
-                raise translate(operation, e) from e
+                raise self._failure(operation, e) from e
             first = e
         else:
             first = None
@@ -367,10 +457,13 @@ class Dynamo:
                     raise first
                 return method(**kw)
 
+            stop = stop_after_attempt(p.max_attempts) | _since(started, p.max_seconds)
+            if self._gives_up_unanswered() and isinstance(first, botocore.exceptions.EndpointConnectionError):
+                stop = stop | _Unanswered(self, self.first_contact_attempts)
             retrying = Retrying(
                 retry=retry_if_exception(_is_retryable),
                 # the total time counts from the first attempt, not from tenacity's start
-                stop=stop_after_attempt(p.max_attempts) | _since(started, p.max_seconds),
+                stop=stop,
                 wait=wait_random_exponential(multiplier=p.base_seconds, max=p.max_backoff_seconds),
                 before_sleep=before_sleep,
                 reraise=True,
@@ -383,7 +476,8 @@ class Dynamo:
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
                 if isinstance(e, botocore.exceptions.ClientError):
                     self._note_answer(e.response)
-                raise translate(operation, e) from e
+                raise self._failure(operation, e) from e
+        _answered.add(self.endpoint_url)
         self._note_answer(resp)
         with self._lock:
             self.stats.add(self.stats.calls, operation)
@@ -398,9 +492,27 @@ class Dynamo:
                     fn(table, units)
         return resp
 
+    def _gives_up_unanswered(self) -> bool:
+        """Whether a refused connection ends this call after a few attempts: a command's call
+        to an endpoint it was given that never answered this process."""
+        return bool(self.first_contact_attempts) and self.endpoint_source is not None \
+            and self.endpoint_url not in _answered
+
+    def _failure(self, operation: str, exc: BaseException) -> errors.ReshardError:
+        """The reshard error for a call's last failure (:func:`translate`), or, for a given
+        endpoint that never answered, bad input naming it."""
+        if isinstance(exc, botocore.exceptions.ClientError):
+            _answered.add(self.endpoint_url)
+        elif isinstance(exc, botocore.exceptions.EndpointConnectionError) and self._gives_up_unanswered():
+            return errors.BadInput(f"nothing answers at {self.endpoint_url} ({_why_unreachable(exc)}; "
+                                   f"the endpoint comes from {self.endpoint_source}): start the server there "
+                                   f"(reshard local starts one) or fix {self.endpoint_source}")
+        return translate(operation, exc)
+
     # -- loops DynamoDB leaves to clients
     def batch_write(self, table: str, requests: list[dict], *, capacity: bool = False,
-                    guard: Callable[[], None] | None = None) -> int:
+                    guard: Callable[[], None] | None = None,
+                    horizon: Callable[[], float | None] | None = None) -> int:
         """BatchWriteItem in chunks of 25, re-sending UnprocessedItems until done.
 
         Returns the number of calls made. Unprocessed items are a form of throttling:
@@ -414,11 +526,13 @@ class Dynamo:
                 kwargs = {"RequestItems": pending}
                 if capacity:
                     kwargs["ReturnConsumedCapacity"] = "TOTAL"
-                resp = self.call("batch_write_item", guard=guard, **kwargs)
+                resp = self.call("batch_write_item", guard=guard, horizon=horizon, **kwargs)
                 calls += 1
                 pending = resp.get("UnprocessedItems") or {}
                 if pending:
                     attempt += 1
+                    with self._lock:
+                        self.stats.add(self.stats.throttle_reasons, "UnprocessedItems")
                     for fn in self._throttle_listeners:
                         fn("batch_write_item")
                     self._backoff(attempt)
@@ -426,10 +540,12 @@ class Dynamo:
 
     def batch_get(self, table: str, keys: list[dict], *, consistent: bool = False,
                   capacity: bool = False, projection: dict | None = None,
-                  last_response: dict | None = None) -> list[dict]:
+                  last_response: dict | None = None,
+                  horizon: Callable[[], float | None] | None = None) -> list[dict]:
         """BatchGetItem in chunks of 100, re-asking UnprocessedKeys until done.
 
         ``last_response``: a dict updated with the last raw response (its ResponseMetadata).
+        ``horizon``: as :meth:`call`'s, for every request.
         """
         out: list[dict] = []
         for start in range(0, len(keys), 100):
@@ -442,13 +558,15 @@ class Dynamo:
                 kwargs = {"RequestItems": pending}
                 if capacity:
                     kwargs["ReturnConsumedCapacity"] = "TOTAL"
-                resp = self.call("batch_get_item", **kwargs)
+                resp = self.call("batch_get_item", horizon=horizon, **kwargs)
                 if last_response is not None:
                     last_response.update(resp)
                 out.extend(resp.get("Responses", {}).get(table, []))
                 pending = resp.get("UnprocessedKeys") or {}
                 if pending:
                     attempt += 1
+                    with self._lock:
+                        self.stats.add(self.stats.throttle_reasons, "UnprocessedKeys")
                     for fn in self._throttle_listeners:
                         fn("batch_get_item")
                     self._backoff(attempt)
@@ -511,6 +629,64 @@ def _session(profile: str | None) -> boto3.session.Session:
         return boto3.session.Session(botocore_session=core, profile_name=profile)
 
 
+def endpoint_source(endpoint_url: str | None) -> str | None:
+    """Where the endpoint a client is made for comes from: the option, one of the two variables
+    botocore reads (aws-cli's order), or None (AWS's own endpoint for the region)."""
+    if endpoint_url:
+        return "--endpoint-url"
+    for var in ("AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"):
+        if os.environ.get(var):
+            return var
+    return None
+
+
+def _endpoint(endpoint_url: str | None) -> str | None:
+    """The endpoint a client is made for, checked: a URL with an http(s) scheme and a host
+    (botocore takes ``localhost:8000`` for a scheme ``localhost`` and fails later, unclearly)."""
+    from urllib.parse import urlsplit
+    source = endpoint_source(endpoint_url)
+    if source is None:
+        return None
+    url = endpoint_url or os.environ[source]
+    if "://" not in url:
+        raise errors.BadInput(f"{source} {url!r} has no scheme: write http://{url} for a local server "
+                              f"(or https://{url})")
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as e:
+        raise errors.BadInput(f"{source} {url!r}: {e} (give a URL such as http://127.0.0.1:8000)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise errors.BadInput(f"{source} {url!r} is not an http:// or https:// URL with a host "
+                              f"(give a URL such as http://127.0.0.1:8000)")
+    return url
+
+
+def _check_profile(session: boto3.session.Session, profile: str | None) -> None:
+    """A named profile that the AWS files do not have is one line now, not a ProfileNotFound from
+    deep inside botocore at the first request (which the region lookup makes before any ``try``)."""
+    name = profile or os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
+    if not name or name == "default":  # botocore reads a missing default profile as empty
+        return
+    known = session.available_profiles
+    if name in known:
+        return
+    source = "--profile" if profile else ("AWS_PROFILE" if os.environ.get("AWS_PROFILE") else "AWS_DEFAULT_PROFILE")
+    files = " or ".join(os.environ.get(var) or default for var, default in (
+        ("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")))
+    there = f"profiles there: {', '.join(sorted(known))}" if known else "no profiles there"
+    raise errors.BadInput(f"AWS profile {name!r} ({source}) is not in {files} ({there}); "
+                          f"`aws configure --profile {name}` creates it")
+
+
+def resolve_region(region: str | None, session: boto3.session.Session, local: bool = False) -> str | None:
+    """The region, as aws-cli v2 finds it: ``--region``, then ``AWS_REGION``, then
+    ``AWS_DEFAULT_REGION``, then the profile's ``region`` (botocore reads those two itself, but
+    not AWS_REGION); a local endpoint without any gets us-east-1 (local servers ignore it)."""
+    return (region or os.environ.get("AWS_REGION") or session.region_name
+            or ("us-east-1" if local else None))
+
+
 def make_client(*, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                 max_pool: int = 32, read_timeout: float = READ_TIMEOUT_SECONDS,
                 connect_timeout: float = CONNECT_TIMEOUT_SECONDS):
@@ -518,18 +694,20 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
 
     ``--endpoint-url`` (or ``AWS_ENDPOINT_URL[_DYNAMODB]``, which botocore reads itself)
     points at a local server; there, missing credentials and region get harmless
-    placeholders so a fresh machine needs no AWS setup.
+    placeholders so a fresh machine needs no AWS setup. Bad configuration (a missing profile,
+    a broken config file, no region, an endpoint that is no URL) is one line of bad input.
     """
+    endpoint = _endpoint(endpoint_url)
+    local = bool(endpoint) and _is_loopback(endpoint)
     try:
         session = _session(profile)
-    except botocore.exceptions.BotoCoreError as e:  # ProfileNotFound, a broken config file
+        _check_profile(session, profile)
+        region = resolve_region(region, session, local)
+        kwargs: dict[str, Any] = {}
+        if local and session.get_credentials() is None:
+            kwargs.update(aws_access_key_id="reshard-local", aws_secret_access_key="reshard-local")
+    except botocore.exceptions.BotoCoreError as e:  # a broken config file, a bad credential_process, ...
         raise errors.BadInput(f"AWS configuration: {e}") from None
-    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or os.environ.get("AWS_ENDPOINT_URL")
-    local = bool(endpoint) and _is_loopback(endpoint)
-    region = region or session.region_name or ("us-east-1" if local else None)
-    kwargs: dict[str, Any] = {}
-    if local and session.get_credentials() is None:
-        kwargs.update(aws_access_key_id="reshard-local", aws_secret_access_key="reshard-local")
     config = botocore.config.Config(
         retries={"total_max_attempts": 1, "mode": "standard"},
         # Client-side validation walks every attribute of every item again (about a sixth
@@ -544,11 +722,11 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
     try:
         return session.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config, **kwargs)
     except botocore.exceptions.NoRegionError:
-        raise errors.BadInput("no AWS region set: use --region or AWS_REGION") from None
-    except ValueError as e:  # botocore: "Invalid endpoint: notaurl"
+        raise errors.BadInput(f"no AWS region set: {REGION_HELP}") from None
+    except ValueError as e:  # botocore: "Invalid endpoint: ..."
         raise errors.BadInput(f"--endpoint-url {endpoint_url or endpoint!r}: {e} (give a URL such as "
                               "http://127.0.0.1:8000)") from None
-    except botocore.exceptions.BotoCoreError as e:  # ProfileNotFound, PartialCredentials, ...
+    except botocore.exceptions.BotoCoreError as e:  # PartialCredentials, ...
         raise errors.BadInput(f"AWS configuration: {e}") from None
 
 

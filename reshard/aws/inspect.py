@@ -176,12 +176,15 @@ def scan_matching(dynamo: Dynamo, table: str, filter_expression: str, names: dic
 
 
 def count_items(dynamo: Dynamo, table: str, segments: int, on_count: Callable[[int], None],
-                pace: Callable[[], ContextManager] | None = None) -> int:
+                pace: Callable[[], ContextManager] | None = None,
+                exclude: tuple[str, dict] | None = None) -> int:
     """The exact item count: a parallel ``Select=COUNT`` scan (every segment at once).
 
     A COUNT scan returns no items but is charged like a full scan (0.5 RCU per 4 KB,
     eventually consistent), so ``pace`` (a budget's ``spend``) wraps every page.
-    ``on_count`` gets each page's count, under a lock (a progress bar).
+    ``on_count`` gets each page's count, under a lock (a progress bar). ``exclude``: a
+    ``(FilterExpression, ExpressionAttributeNames)`` the counted items must pass (the
+    filter saves nothing: the scan reads every item).
     """
     lock = threading.Lock()
     totals = [0] * segments
@@ -189,6 +192,8 @@ def count_items(dynamo: Dynamo, table: str, segments: int, on_count: Callable[[i
     def one(segment: int) -> None:
         kwargs: dict[str, Any] = {"TableName": table, "Segment": segment, "TotalSegments": segments,
                                   "Select": "COUNT", "ReturnConsumedCapacity": "TOTAL"}
+        if exclude is not None:
+            kwargs["FilterExpression"], kwargs["ExpressionAttributeNames"] = exclude[0], dict(exclude[1])
         while True:
             with pace() if pace is not None else contextlib.nullcontext():
                 resp = dynamo.call("scan", **kwargs)

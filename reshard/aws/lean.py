@@ -67,8 +67,18 @@ except ImportError:  # pragma: no cover - orjson is optional
     _loads = json.loads
 
 class UnreadableAnswer(botocore.exceptions.BotoCoreError):
-    """A 2xx answer whose JSON neither parser reads (Dynamo.call reports it; never an empty page)."""
-    fmt = "unreadable {operation} answer ({size} bytes)"
+    """An answer that is no DynamoDB answer: a 2xx body neither JSON parser reads or that is no
+    JSON object (``[]``, ``123``), or one past the bounds below. Retried like a dropped
+    connection (Dynamo.call), then reported; never an empty page, never a raw TypeError."""
+    fmt = "unreadable {operation} answer ({size} bytes): {why}"
+
+
+#: What a server's answer may be, at most (the path trusts no server: a proxy, a stub, a
+#: compromised endpoint). DynamoDB's largest answer is a 16 MB BatchGetItem.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_HEADER_LINE_BYTES = 8 * 1024
+MAX_HEADERS = 100
+MAX_HEAD_BYTES = 64 * 1024
 
 
 #: botocore snake_case name -> DynamoDB operation.
@@ -156,9 +166,14 @@ class LeanSender:
         self.credentials = credentials
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         try:  # botocore's own string (it carries the app id, AWS_SDK_UA_APP_ID), built once
-            self.user_agent = client._user_agent_creator.to_string() + " reshard-lean"
+            agent = client._user_agent_creator.to_string() + " reshard-lean"
         except AttributeError:
-            self.user_agent = f"{client.meta.config.user_agent or 'Botocore'} reshard-lean"
+            agent = f"{client.meta.config.user_agent or 'Botocore'} reshard-lean"
+        # The app's user_agent_extra is its text: a CR/LF there must not start a header of its own.
+        self.user_agent = _CONTROL.sub(" ", agent)
+        #: How long one attempt may take in all (connect, send, the whole answer): the
+        #: attempt bound the census and the job fences assume (Dynamo.attempt_seconds).
+        self.attempt_seconds = connect_timeout + read_timeout
         self._local = threading.local()
         self._keys: dict = {}
         self._ssl = None
@@ -201,6 +216,10 @@ class LeanSender:
         creds = self.credentials.get_frozen_credentials()  # botocore refreshes expiring ones
         headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": _TARGET + op}
         if creds.token:
+            if _CONTROL.search(creds.token):
+                # Written raw it would end the header; the value itself is never shown.
+                raise botocore.exceptions.HTTPClientError(error="the session token holds a control character "
+                                                                "(a line break?): no request sent")
             headers["X-Amz-Security-Token"] = creds.token
         when = SIGN_DATE.get()  # a horizon's date (reshard/aws/signing.py), else now
         headers.update(sign(self._signing_key, creds.access_key, creds.secret_key, self.region, self.host_header,
@@ -221,14 +240,18 @@ class LeanSender:
         try:
             parsed = _loads(content) if content else {}
         except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
             if status < 300:
                 # Never an empty page: a job would take it for the end of its segment.
-                raise UnreadableAnswer(operation=op, size=len(content)) from None
+                raise UnreadableAnswer(operation=op, size=len(content), why="not a JSON object")
             parsed = {}
         if status >= 300 or "__type" in parsed:
             code = str(parsed.get("__type", "")).rpartition("#")[2] or str(status)
-            parsed = {"Error": {"Code": code, "Message": parsed.get("message") or parsed.get("Message") or ""},
-                      "ResponseMetadata": meta}
+            message = parsed.get("message") or parsed.get("Message") or ""
+            error = {"Code": code, "Message": message if isinstance(message, str) else str(message)}
+            parsed = self._modeled_error(code, status, answered.headers, content) if len(parsed) > 2 else {}
+            parsed.update(Error=error, ResponseMetadata=meta)
         else:
             if op in _READS and _BINARY_TAG.search(content):  # no B/BS tag in the text: nothing to decode
                 _decode_answer(parsed)
@@ -239,6 +262,18 @@ class LeanSender:
             raise self.client.exceptions.from_code(parsed["Error"]["Code"])(parsed, op)
         return parsed
 
+    def _modeled_error(self, code: str, status: int, headers, content: bytes) -> dict:
+        """The error's modeled members (``ThrottlingReasons``, a failed condition's ``Item``), as
+        botocore adds them to the response of the exception it raises (``Endpoint._add_modeled_error_fields``)."""
+        try:
+            shape = self.client.meta.service_model.shape_for_error_code(code)
+            if shape is None:
+                return {}
+            return dict(self.client._response_parser.parse(
+                {"status_code": status, "headers": dict(headers), "body": content}, shape))
+        except Exception:  # noqa: BLE001 - a botocore built differently: the Error alone, as before
+            return {}
+
     def _signing_key(self, secret: str, date: str) -> bytes:
         key = self._keys.get((secret, date))
         if key is None:
@@ -247,23 +282,32 @@ class LeanSender:
         return key
 
     def _roundtrip(self, headers: dict, body: bytes) -> _Response:
+        # One deadline for the whole attempt, not a timeout per read: an answer trickling in a
+        # byte at a time must not outlast the attempt bound the fences count on.
+        deadline = time.monotonic() + self.attempt_seconds
         sock, reader = self._connection()
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         data = (f"POST / HTTP/1.1\r\nHost: {self.host_header}\r\n{head}Content-Length: {len(body)}\r\n\r\n"
                 .encode("latin-1") + body)
         try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
             sock.sendall(data)
+            reader.deadline = deadline
             status, answer_headers, content = _read_response(reader)
         except socket.timeout as e:
             self._drop()
             raise botocore.exceptions.ReadTimeoutError(endpoint_url=self.url, error=e) from e
+        except _TooLarge as e:
+            self._drop()
+            raise UnreadableAnswer(operation=headers.get("X-Amz-Target", "").rpartition(".")[2], size="?",
+                                   why=str(e)) from None
         except (OSError, ValueError) as e:
             self._drop()
             raise botocore.exceptions.ConnectionClosedError(endpoint_url=self.url, error=e) from e
-        if answer_headers.get("connection", "").lower() == "close":
-            self._drop()
+        if answer_headers.get("connection", "").lower() == "close" or reader.buffered():
+            self._drop()  # closing, or bytes after the answer: nothing more is read from it
         crc = answer_headers.get("x-amz-crc32")
-        if crc is not None and status < 300 and int(crc) != zlib.crc32(content):
+        if crc is not None and status < 300 and (not crc.isdigit() or int(crc) != zlib.crc32(content)):
             # botocore retries a damaged answer; so do we (a dropped connection is retried).
             self._drop()
             raise botocore.exceptions.ConnectionClosedError(endpoint_url=self.url, error="CRC32 mismatch")
@@ -290,14 +334,13 @@ class LeanSender:
             except OSError as e:
                 sock.close()
                 raise botocore.exceptions.EndpointConnectionError(endpoint_url=self.url, error=e) from e
-            conn = self._local.conn = (sock, sock.makefile("rb"))
+            conn = self._local.conn = (sock, _Reader(sock))
         return conn
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
-            conn[1].close()
             conn[0].close()
 
 
@@ -364,35 +407,164 @@ def sign(key_for, access_key: str, secret: str, region: str, host: str, headers:
                              f"Signature={signature}"}
 
 
+class _TooLarge(ValueError):
+    """An answer past one of the bounds above (a clean error, never a MemoryError)."""
+
+
+#: Characters no header value may carry raw (CR and LF above all).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class _Reader:
+    """Reads one connection's answers under one deadline per attempt (:attr:`deadline`, set
+    by the sender): every wait for bytes is given only the time left, so an answer that
+    trickles in cannot outlast the attempt, however often a byte arrives."""
+
+    __slots__ = ("sock", "buf", "deadline")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+        self.deadline = float("inf")
+
+    def buffered(self) -> bool:
+        return bool(self.buf)
+
+    def _fill(self) -> bool:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the answer did not arrive within the attempt's bound")
+        self.sock.settimeout(left)
+        data = self.sock.recv(262144)
+        if not data:
+            return False
+        self.buf += data
+        return True
+
+    def head(self) -> list[bytes]:
+        """The status line and the header lines of the next answer (line endings removed), read
+        up to the blank line at most MAX_HEAD_BYTES in: one search of the buffer, not a read
+        per line (the CPU of this path counts)."""
+        start = 0
+        while True:
+            i = self.buf.find(b"\r\n\r\n", start)
+            if i >= 0:
+                end, sep = i, 4
+                break
+            i = self.buf.find(b"\n\n", start)  # a server ending its lines with LF alone
+            if i >= 0:
+                end, sep = i, 2
+                break
+            if len(self.buf) > MAX_HEAD_BYTES:
+                raise _TooLarge(f"more than {MAX_HEAD_BYTES} bytes of headers")
+            start = max(0, len(self.buf) - 3)
+            if not self._fill():
+                raise ConnectionResetError("the server closed the connection" if not self.buf
+                                           else "the answer was cut short")
+        if end > MAX_HEAD_BYTES:
+            raise _TooLarge(f"more than {MAX_HEAD_BYTES} bytes of headers")
+        block = bytes(self.buf[:end])
+        del self.buf[:end + sep]
+        return block.replace(b"\r\n", b"\n").split(b"\n")
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and including the next LF; at most ``limit`` bytes (then what there is)."""
+        start = 0
+        while True:
+            i = self.buf.find(b"\n", start)
+            if i >= 0 or len(self.buf) >= limit:
+                n = min(i + 1 if i >= 0 else limit, limit)
+                line = bytes(self.buf[:n])
+                del self.buf[:n]
+                return line
+            start = len(self.buf)
+            if not self._fill():
+                line = bytes(self.buf)
+                self.buf.clear()
+                return line
+
+    def read(self, n: int) -> bytes:
+        """``n`` bytes, or fewer if the connection ends first."""
+        while len(self.buf) < n:
+            if not self._fill():
+                break
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+
+def _line(reader, what: str) -> bytes:
+    line = reader.readline(MAX_HEADER_LINE_BYTES + 1)
+    if len(line) > MAX_HEADER_LINE_BYTES:
+        raise _TooLarge(f"{what} longer than {MAX_HEADER_LINE_BYTES} bytes")
+    return line
+
+
+def _head_lines(reader) -> list[bytes]:
+    """:meth:`_Reader.head` for any reader with ``readline`` (a file: the unit tests)."""
+    lines, head = [], 0
+    while True:
+        line = _line(reader, "a header line")
+        if not lines and not line:
+            raise ConnectionResetError("the server closed the connection")
+        if line in (b"\r\n", b"\n", b""):
+            return lines
+        head += len(line)
+        if len(lines) > MAX_HEADERS or head > MAX_HEAD_BYTES:
+            raise _TooLarge(f"more than {MAX_HEADERS} headers or {MAX_HEAD_BYTES} bytes of them")
+        lines.append(line.rstrip(b"\r\n"))
+
+
 def _read_response(reader) -> tuple[int, dict, bytes]:
-    """One HTTP/1.1 answer: status, headers (lower-case names), body (Content-Length or chunked)."""
-    line = reader.readline(65537)
-    if not line:
-        raise ConnectionResetError("the server closed the connection")
+    """One HTTP/1.1 answer: status, headers (lower-case names), body (Content-Length or chunked).
+
+    Bounded (the server is not trusted): a status line and each header line at most
+    MAX_HEADER_LINE_BYTES, at most MAX_HEADERS headers and MAX_HEAD_BYTES in all, a body of at
+    most MAX_BODY_BYTES (Content-Length digits only: ``-1`` or ``2**62`` is refused, never read
+    to the end of the connection nor allocated)."""
+    lines = reader.head() if isinstance(reader, _Reader) else _head_lines(reader)
+    line = lines[0]
     parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit() or len(parts[1]) != 3:
         raise ValueError(f"not an HTTP answer: {line[:80]!r}")
     status = int(parts[1])
+    if len(lines) > MAX_HEADERS + 1:
+        raise _TooLarge(f"more than {MAX_HEADERS} headers")
     headers: dict = {}
-    while True:
-        line = reader.readline(65537)
-        if line in (b"\r\n", b"\n", b""):
-            break
+    for line in lines:
+        if len(line) > MAX_HEADER_LINE_BYTES:
+            raise _TooLarge(f"a header line longer than {MAX_HEADER_LINE_BYTES} bytes")
+    for line in lines[1:]:
         name, _, value = line.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
     if "chunked" in headers.get("transfer-encoding", "").lower():
         chunks = []
+        total = 0
         while True:
-            size = int(reader.readline(65537).split(b";", 1)[0], 16)
+            size_text = _line(reader, "a chunk size").split(b";", 1)[0].strip()
+            if not size_text or len(size_text) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
+                raise ValueError(f"bad chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
-                while reader.readline(65537) not in (b"\r\n", b"\n", b""):
+                while _line(reader, "a trailer") not in (b"\r\n", b"\n", b""):
                     pass
                 break
-            chunks.append(reader.read(size))
-            reader.readline(65537)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise _TooLarge(f"a body of more than {MAX_BODY_BYTES} bytes")
+            chunk = reader.read(size)
+            if len(chunk) != size:
+                raise ConnectionResetError("the answer was cut short")
+            chunks.append(chunk)
+            _line(reader, "a chunk end")
         content = b"".join(chunks)
     else:
-        length = int(headers.get("content-length", "0"))
+        text = headers.get("content-length", "0")
+        if not text.isascii() or not text.isdigit() or len(text) > 20:
+            raise ValueError(f"bad Content-Length {text[:20]!r}")
+        length = int(text)
+        if length > MAX_BODY_BYTES:
+            raise _TooLarge(f"Content-Length {length}: more than {MAX_BODY_BYTES} bytes")
         content = reader.read(length) if length else b""
         if len(content) != length:
             raise ConnectionResetError("the answer was cut short")

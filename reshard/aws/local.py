@@ -89,6 +89,20 @@ class EmbeddedDynamoDB:
         self.stop()
         raise errors.ReshardError(f"the embedded DynamoDB server did not listen on {self.port} within {timeout:g}s")
 
+    def notes(self) -> list[str]:
+        """What the server said on starting that a person should know (the moto speed-ups'
+        refusal on an unchecked moto: the same answers, slower)."""
+        if self._err is None:
+            return []
+        self._err.seek(0)
+        text = self._err.read().decode(errors="replace")
+        self._err.seek(0, 2)
+        return [line.split(":", 2)[-1].strip() if line.startswith("WARNING:") else line.strip()
+                for line in text.splitlines() if "moto speed-ups" in line]
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None:

@@ -18,14 +18,47 @@ and B keys, hash-only and composite tables, every attribute type):
   as it is (binaries base64-encoded, as the serializer does).
 
 :func:`install` is idempotent; it imports moto (the ``demo`` and ``test`` extras).
+
+They lean on moto's private code, so they apply only to the code they were checked against:
+setup.cfg bounds moto to the minor series checked, and :func:`install` first compares the source
+of every function it replaces, wraps or relies on with the fingerprints of the releases checked
+(:data:`KNOWN_SOURCES`). On any other source it patches nothing and logs one warning (moto then
+answers as it always did, slower); the test suite installs with ``strict=True`` and stops on it.
+A new moto release: run ``python3 -m reshard.aws.moto_speedups`` (it prints the fingerprints),
+compare the functions' changes, run tests/functional/test_moto_speedups.py, then add them.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import importlib
+import inspect
+import logging
+import os
 import threading
 
+log = logging.getLogger("reshard.moto_speedups")
+
+#: The moto releases whose sources :data:`KNOWN_SOURCES` holds (setup.cfg: moto<5.3).
+CHECKED = "moto 5.2.0-5.2.5"
+
+#: For each function the patches replace (``all_items``), wrap (``get_application``,
+#: ``_serialize_type_structure``, ``query``) or rely on (the rest: what they call, and the callers
+#: of ``all_items`` whose order the replacement keeps): the fingerprints (:func:`fingerprint`)
+#: of its source in the releases checked.
+KNOWN_SOURCES: dict[str, frozenset[str]] = {
+    "moto.moto_server.werkzeug_app:DomainDispatcherApplication.get_application": frozenset({"0ff6939685bde917"}),
+    "moto.core.serialize:BaseJSONSerializer._serialize_type_structure": frozenset({"36873909cd0aeb4d"}),
+    "moto.core.serialize:BaseJSONSerializer._default_serialize": frozenset({"25ce8ddbb1a991c0"}),
+    "moto.dynamodb.models.table:Table.all_items": frozenset({"c80d2ee3c896acd0"}),
+    "moto.dynamodb.models.table:Table.query": frozenset({"002b4d00be6df07c"}),
+    "moto.dynamodb.models.table:Table.scan": frozenset({"5ef1ab21eef06a74"}),
+    "moto.dynamodb.models.dynamo_type:DynamoType.cast_value.fget": frozenset({"135da387dfcc7c1c"}),
+}
+
 _installed = False
+_active = False
 _lock = threading.Lock()
 _here = threading.local()  # the partition a Query on this thread reads, while it runs
 
@@ -51,36 +84,56 @@ def _order(item) -> tuple:
     return (item.hash_key.cast_value,)
 
 
-def _shapes_known() -> bool:
-    """Whether moto's internals are the ones patched below (setup.cfg allows any moto >= 5.0;
-    these were written against 5.x): every patched name exists and ``Table.query`` takes the
-    index name 7th after the hash key (``args[6]``), where ``partition_query`` looks for it."""
-    import inspect
+class MotoNotRecognised(RuntimeError):
+    """moto's code is not what the speed-ups were checked against (``install(strict=True)``)."""
+
+
+def fingerprint(name: str) -> str:
+    """The first 16 hex digits of the sha256 of the source of ``module:Class.function``, or
+    ``"missing"`` when moto has no such function."""
+    module, _, path = name.partition(":")
     try:
-        import moto
-        from moto.core.serialize import BaseJSONSerializer
-        from moto.dynamodb.models.table import Table
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication
-        params = list(inspect.signature(Table.query).parameters)
-    except (ImportError, AttributeError, TypeError, ValueError):
-        return False
-    return (str(getattr(moto, "__version__", "")).startswith("5.")
-            and hasattr(DomainDispatcherApplication, "get_application")
-            and hasattr(BaseJSONSerializer, "_serialize_type_structure")
-            and hasattr(BaseJSONSerializer, "_default_serialize")
-            and hasattr(Table, "all_items")
-            and params[:2] == ["self", "hash_key"] and len(params) > 8 and params[8] == "index_name")
+        obj = importlib.import_module(module)
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        source = inspect.getsource(obj)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return "missing"
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def install() -> None:
-    """Patch moto's DynamoDB backend, serializer and server dispatch in this process (once)."""
-    global _installed
+def unrecognised() -> list[str]:
+    """The functions of this moto whose source no release checked had (empty: patch away); asked
+    before :func:`install` (the patched functions are reshard's own after)."""
+    return [name for name, known in KNOWN_SOURCES.items() if fingerprint(name) not in known]
+
+
+def active() -> bool:
+    """Whether this process runs moto with the speed-ups."""
+    return _active
+
+
+def install(strict: bool = False) -> bool:
+    """Patch moto's DynamoDB backend, serializer and server dispatch in this process (once);
+    True if they are in place. On a moto whose code is not the code checked: nothing is patched,
+    one warning is logged and False returned, or with ``strict`` :class:`MotoNotRecognised`."""
+    global _installed, _active
     with _lock:
         if _installed:
-            return
+            return _active
         _installed = True
-    if not _shapes_known():
-        return  # another moto than the one these were written against: run it unpatched (slower, same answers)
+    if os.environ.get("RESHARD_MOTO_SPEEDUPS") == "0":  # to measure what they save (docs/benchmarks.md)
+        return False
+    changed = unrecognised()
+    if changed:
+        import moto
+        message = (f"moto {getattr(moto, '__version__', '?')} is not what reshard's moto speed-ups were checked "
+                   f"against ({CHECKED}; changed: {', '.join(changed)}): running moto unpatched (the same "
+                   f"answers, slower); see reshard/aws/moto_speedups.py")
+        if strict:
+            raise MotoNotRecognised(message)
+        log.warning(message)
+        return False
     from moto.core.serialize import BaseJSONSerializer
     from moto.dynamodb.models.table import Table
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
@@ -129,3 +182,12 @@ def install() -> None:
     DomainDispatcherApplication.get_application = dynamodb_application
     BaseJSONSerializer._serialize_type_structure = attribute_value_as_is
     Table.all_items, Table.query = all_items, partition_query
+    _active = True
+    return True
+
+
+if __name__ == "__main__":  # the fingerprints of the installed moto, to check a new release
+    import moto as _moto
+    print(f"moto {_moto.__version__}")
+    for _name in KNOWN_SOURCES:
+        print(f"  {_name}: {fingerprint(_name)}")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 
 from reshard import errors, operations
+from reshard.cli.metrics import metrics_options
 from reshard.cli.options import (command, concurrency_option, host_id_option, job_progress, lease_seconds_option,
-                                 max_rcu_option, max_wcu_option, migration_argument, page_size_option, processes_option,
-                                 resolve_processes, segments_option, workers_option)
+                                 max_rcu_option, max_wcu_option, max_wcu_per_key_option, migration_argument,
+                                 page_size_option, processes_option, resolve_processes, segments_option,
+                                 workers_option)
 from reshard.jobs.backfill import COUNTERS
 from reshard.jobs.index_jobs import REWRITE_COUNTERS
 from reshard.jobs.runner import JobOptions
@@ -65,13 +67,14 @@ def report_pointer_lines(mid: str, t: dict) -> list[str]:
 @concurrency_option
 @max_wcu_option
 @max_rcu_option
+@max_wcu_per_key_option
 @host_id_option
 @page_size_option("Items per Scan page (the unit of work redone after a kill).")
 @lease_seconds_option("How long a segment lease lasts without a renewal before another worker may take the "
                       "segment over.")
-def backfill_command(env, migration, segments, processes, workers, concurrency, max_wcu, max_rcu, host_id,
-                     page_size,
-                     lease_seconds):
+@metrics_options
+def backfill_command(env, migration, segments, processes, workers, concurrency, max_wcu, max_rcu, max_wcu_per_key,
+                     host_id, page_size, lease_seconds):
     """Copy every item that moves from the old layout to the new one.
 
     \b
@@ -104,12 +107,17 @@ def backfill_command(env, migration, segments, processes, workers, concurrency, 
       reshard backfill migrations/0001_sensor_events.toml --segments 16 --workers 4
       reshard backfill --segments 64 --processes 8 --max-wcu 4000
       reshard backfill 0001_sensor_events --segments 64 --max-wcu 2000 --host-id "$JOB_COMPLETION_INDEX"
+      reshard backfill --segments 16 --metrics-port 9108      # Prometheus: docs/metrics.md
+
+    \b
+    While it runs: `reshard throttle --max-wcu N`, `reshard pause`, `reshard resume`
+    steer every process of the run (no restart), `reshard status --watch` follows it.
     """
     mid = env.migration_id(migration)
     store = env.store()
     opts = JobOptions(segments=segments, workers=workers, page_size=page_size, max_wcu=max_wcu, max_rcu=max_rcu,
-                      lease_seconds=lease_seconds, concurrency=concurrency, host_id=host_id,
-                      processes=resolve_processes(processes, segments))
+                      max_wcu_per_key=max_wcu_per_key or None, lease_seconds=lease_seconds,
+                      concurrency=concurrency, host_id=host_id, processes=resolve_processes(processes, segments))
     subs = job_progress(env, "backfill", mid, opts)
     start = time.monotonic()
     result = operations.run_data_job("backfill", env.dynamo(), store, mid, opts, subscribers=subs,

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from reshard import operations
+from reshard import errors, operations
 from reshard.cli.options import Env, command
 from reshard.core.iam import ROLES
 from reshard.core.migration import load
@@ -14,8 +14,8 @@ from reshard.core.migration import load
 
 @command("iam-policy")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--role", type=click.Choice(list(ROLES)), default="operator", show_default=True,
-              help="app: instances importing the shim (data items; writes only their migration's heartbeat "
+@click.option("--role", type=click.Choice(list(ROLES)), default=None,
+              help="Required. app: instances importing the shim (data items; writes only their migration's heartbeat "
                    "partition). observer: plan, status, list, doctor without --repair, verify --no-record "
                    "(reads only, writes nothing). worker: backfill, verify (the recorded run the cutover gate "
                    "counts), verify --repair, cleanup (data writes, job leases; no "
@@ -32,6 +32,11 @@ def iam_policy(env: Env, file: str, role: str, account: str) -> None:
     Example:
       reshard iam-policy migrations/0001_sensor_events.toml --role app --account 123456789012
     """
+    if role is None:
+        # No default: the broadest policy (operator) printed by accident is the wrong one to paste.
+        raise errors.BadInput("iam-policy needs --role, one of: app (the application instances' shim), observer "
+                              "(reads only: plan, status, list, doctor, verify --no-record), worker (backfill, "
+                              "verify, cleanup), operator (transitions and everything else)")
     policy = operations.iam_policy(load(file), role, env.control_table, env.region, account)
     # JSON in text mode too (it is the product); --query/--output table go through the one path.
     env.emit(policy.document, lambda: json.dumps(policy.document, indent=2))

@@ -8,13 +8,15 @@ refused transition; 130 interrupted. No traceback unless ``--verbose``.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 import click
 
 from reshard import errors
-from reshard.cli import backfill, demo, doctor, iam, phase, plan, verify
-from reshard.cli.options import global_options
+from reshard.core.decode import safe_text
+from reshard.cli import backfill, control, demo, doctor, iam, local, phase, plan, verify
+from reshard.cli.options import STARTED_AT, global_options
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -38,7 +40,12 @@ def cli() -> None:
       reshard advance            # cutover; then cleanup
       reshard cleanup
       reshard advance            # complete
+      reshard wait               # the fleet caught up (moves nothing)
       reshard list               # every migration of the control table
+
+    \b
+    A running job is steered without a restart (every host, within a second):
+      reshard throttle --max-wcu 500    reshard pause    reshard resume
     """
 
 
@@ -49,6 +56,7 @@ cli.add_command(phase.list_command)
 cli.add_command(phase.advance)
 cli.add_command(phase.rollback)
 cli.add_command(phase.abort)
+cli.add_command(phase.wait_command)
 cli.add_command(plan.plan)
 cli.add_command(backfill.backfill_command)
 cli.add_command(verify.verify)
@@ -56,19 +64,26 @@ cli.add_command(verify.cleanup)
 cli.add_command(doctor.doctor)
 cli.add_command(iam.iam_policy)
 cli.add_command(demo.demo)
+cli.add_command(control.throttle)
+cli.add_command(control.pause)
+cli.add_command(control.resume)
+cli.add_command(local.local)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
+    STARTED_AT.at = time.time()  # before anything is read: see operations.transition(started_at=)
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv or "-v" in argv
     try:
-        cli.main(args=argv, prog_name="reshard", standalone_mode=False)
-        return 0
+        # Not standalone: click returns the code of a click.exceptions.Exit raised by a command
+        # (e.g. `advance --dry-run` that would be refused) instead of exiting.
+        code = cli.main(args=argv, prog_name="reshard", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except errors.ReshardError as e:
         if verbose:
-            traceback.print_exc()
-        click.echo(f"reshard: error: {e}", err=True)
+            _traceback()
+        _error(f"reshard: error: {e}")
         return e.exit_code
     except click.exceptions.Exit as e:
         return e.exit_code
@@ -77,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         hint = ""
         if isinstance(e, click.UsageError) and e.ctx is not None:
             hint = f" (see `{e.ctx.command_path} --help`)"
-        click.echo(f"reshard: error: {e.format_message()}{hint}", err=True)
+        _error(f"reshard: error: {e.format_message()}{hint}")
         return 2
-    except click.exceptions.Abort:
-        click.echo("reshard: aborted", err=True)
+    except click.exceptions.Abort as e:
+        # click turns a KeyboardInterrupt (Ctrl-C, or SIGTERM through a job's handler) into Abort.
+        click.echo("reshard: interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "reshard: aborted",
+                   err=True)
         return 130
     except KeyboardInterrupt:
         click.echo("reshard: interrupted", err=True)
@@ -89,10 +106,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as e:  # a bug of ours: still one line, unless --verbose
         if verbose:
-            traceback.print_exc()
-        click.echo(f"reshard: internal error: {type(e).__name__}: {e} (run with --verbose for the traceback)",
-                   err=True)
+            _traceback()
+        _error(f"reshard: internal error: {type(e).__name__}: {e} (run with --verbose for the traceback)")
         return 1
+
+
+def _error(line: str) -> None:
+    """The error line (and a refusal's `  - ` lines): no credential a server quoted, no
+    control character a row held (``errors.scrub``, ``decode.safe_text``)."""
+    click.echo(safe_text(errors.scrub(line), None, keep_lines=True), err=True)
+
+
+def _traceback() -> None:
+    """``--verbose``'s traceback, scrubbed the same way (a chained botocore error's text too)."""
+    click.echo(safe_text(errors.scrub(traceback.format_exc()), None, keep_lines=True), err=True, nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

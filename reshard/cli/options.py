@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,12 +20,18 @@ import click
 
 from reshard import errors
 from reshard.cli import formats
-from reshard.aws.dynamo import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, Dynamo
+from reshard.aws.dynamo import CONNECT_TIMEOUT_SECONDS, FIRST_CONTACT_ATTEMPTS, READ_TIMEOUT_SECONDS, Dynamo
 from reshard.control.store import DEFAULT_CONTROL_TABLE, ControlStore, resolve
+from reshard.core.decode import MAX_LEASE_SECONDS, safe_text
 from reshard.core.phases import Phase
 from reshard.jobs.engine import DEFAULT_LEASE_SECONDS
 
 _GLOBALS = ("endpoint_url", "region", "profile", "control_table", "output", "query", "verbose")
+
+#: When the running command started (wall clock; :func:`reshard.cli.main.main` sets ``at`` first
+#: thing, per thread: tests run commands in threads): a phase move recorded after it is one its
+#: operator cannot have seen.
+STARTED_AT = threading.local()
 
 
 @dataclass
@@ -35,9 +42,10 @@ class Env:
     region: str | None = None
     profile: str | None = None
     control_table: str = DEFAULT_CONTROL_TABLE
-    output: str = "text"
+    output: str | None = None  # None: no --output given (the text for people)
     query: str | None = None
     verbose: bool = False
+    started_at: float | None = field(default_factory=lambda: getattr(STARTED_AT, "at", None))
     _dynamo: Dynamo | None = field(default=None, repr=False)
     _store: ControlStore | None = field(default=None, repr=False)
 
@@ -50,16 +58,18 @@ class Env:
 
     @property
     def machine(self) -> bool:
-        """stdout carries data for a program (json, table, or a --query result): banners go to stderr."""
-        return self.output != "text" or self.query is not None
+        """stdout carries data for a program (any --output, or a --query result): banners go to stderr."""
+        return self.output is not None or self.query is not None
 
     def dynamo(self, **kwargs) -> Dynamo:
         if self._dynamo is None:
+            kwargs.setdefault("first_contact_attempts", FIRST_CONTACT_ATTEMPTS)  # a dead --endpoint-url: exit 2 at once
             self._dynamo = Dynamo(endpoint_url=self.endpoint_url, region=self.region, profile=self.profile, **kwargs)
         return self._dynamo
 
     def client_factory(self) -> Callable[[], Dynamo]:
-        """How a ``--processes`` child builds its own client (picklable: the same global options)."""
+        """How a ``--processes`` child builds its own client (picklable: the same global options). The
+        whole retry policy from the first request: the parent's client has reached the endpoint."""
         return functools.partial(Dynamo, endpoint_url=self.endpoint_url, region=self.region, profile=self.profile)
 
     def store(self) -> ControlStore:
@@ -74,11 +84,11 @@ class Env:
     def emit(self, data: dict, text: str | Callable[[], str]) -> None:
         """Print a command's result: ``data`` through --query and --output, or ``text`` for people
         (the one rendering path, :func:`reshard.cli.formats.emit_text`)."""
-        click.echo(formats.emit_text(data, text, self.output, self._query))
+        click.echo(safe_text(formats.emit_text(data, text, self.output, self._query), None, keep_lines=True))
 
     def info(self, message: str) -> None:
         """A progress or banner line: stderr unless stdout is plain text, so stdout stays data."""
-        click.echo(message, err=self.machine)
+        click.echo(safe_text(errors.scrub(message), None, keep_lines=True), err=self.machine)
 
 
 def _store_global(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -101,7 +111,9 @@ def global_options(f: Callable) -> Callable:
                      envvar="RESHARD_CONTROL_TABLE", show_envvar=True,
                      help=f"Control table name (default {DEFAULT_CONTROL_TABLE})."),
         click.option("--output", type=click.Choice(formats.FORMATS), default=None, expose_value=False,
-                     callback=_store_global, help="Output format: text for people (default), json, or table."),
+                     callback=_store_global,
+                     help="json (times in ISO 8601), text (aws-cli's tab-separated text of the same document, for "
+                          "cut and shell loops) or table. Without it: the text for people."),
         click.option("--query", default=None, expose_value=False, callback=_store_global, metavar="JMESPATH",
                      help="A JMESPath expression applied to the command's data (its --output json document) "
                           "before it is printed, as in aws-cli; e.g. --query 'jobs[].progress'."),
@@ -184,6 +196,12 @@ max_wcu_option = click.option(
 max_rcu_option = click.option(
     "--max-rcu", type=click.FloatRange(min=0, min_open=True), default=None,
     help="Read capacity budget in RCU/s for the whole job run, shared like --max-wcu.")
+max_wcu_per_key_option = click.option(
+    "--max-wcu-per-key", type=click.FloatRange(min=0), default=800.0, show_default=True,
+    help="The copy's write rate per new partition key value, WCU/s, on this host (divided among its "
+         "--processes; several hosts: give each its part). DynamoDB serves one key at most 1,000 WCU/s "
+         "whatever the budget: a layout with few new keys is copied at what each key takes, the rest of "
+         "the budget goes to the others. 0: not paced per key.")
 host_id_option = click.option(
     "--host-id", default=None, envvar="RESHARD_HOST_ID", show_envvar=True, metavar="NAME",
     help="This process's name in the run's budget row (default: the host name), e.g. a Kubernetes "
@@ -211,7 +229,8 @@ def lease_seconds_option(help: str = "How long a segment lease lasts without a r
                                      "may take the segment over.") -> Callable:
     """``--lease-seconds`` of the data jobs (the help differs a little per command; the
     time fence that goes with it is the same for all)."""
-    return click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=DEFAULT_LEASE_SECONDS,
+    return click.option("--lease-seconds", type=click.FloatRange(min=1.0, max=MAX_LEASE_SECONDS),
+                        default=DEFAULT_LEASE_SECONDS,
                         show_default=True, help=f"{help} {LEASE_FENCE_HELP}")
 
 
@@ -223,6 +242,12 @@ allow_no_shims_option = click.option(
     "--allow-no-shims", is_flag=True, default=False,
     help="Transition even though no live shim reports for the table (only when nothing writes it: an empty "
          "census also looks like shims reporting to another control table).")
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, default=False,
+    help="Say what the command would do now and why -- each precondition with its state -- and write nothing "
+         "(one look at the fleet and the job leases, no waiting). Exit 0 if it would go, 1 if it is refused only "
+         "for now (shims not caught up, a job lease still held: `reshard wait` may clear it), 2 if the rules "
+         "refuse it.")
 wait_option = click.option(
     "--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
     help="Wait up to SECONDS for the fleet: first for every live shim to acknowledge the current phase, "
@@ -252,10 +277,18 @@ def job_progress(env: "Env", job: str, mid: str, options) -> list:
         interval = float(os.environ.get(PROGRESS_SECONDS_ENV, "10"))
     except ValueError:
         raise errors.BadInput(f"${PROGRESS_SECONDS_ENV} must be a number of seconds") from None
+    from reshard.cli.metrics import job_metrics
+
     store, dynamo = env.store(), env.dynamo()
     segments = options.segments + (job == "verify")  # verify's last segment is its join
-    return [ProgressReporter(job, mid, segments, options.worker_count,
-                             total=lambda: operations.progress_total(dynamo, store.load_state(mid)),
-                             done_before=lambda run: operations.done_items(store, mid, job, run),
+
+    def total():
+        return operations.progress_total(dynamo, store.load_state(mid))
+
+    def done_before(run: int) -> int:
+        return operations.done_items(store, mid, job, run)
+
+    return [ProgressReporter(job, mid, segments, options.worker_count, total=total, done_before=done_before,
                              say=env.info, tty=is_tty() and not env.machine, interval=interval,
-                             processes=options.processes)]
+                             processes=options.processes),
+            *job_metrics(env, job, mid, options, total, done_before)]

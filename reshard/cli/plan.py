@@ -10,7 +10,7 @@ import shlex
 
 import click
 
-from reshard import operations
+from reshard import errors, operations
 from reshard.cli import render
 from reshard.cli.options import Env, command, max_rcu_option, max_wcu_option
 from reshard.core import planning
@@ -66,7 +66,9 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     \b
     "start will refuse" lists what `reshard start` refuses (it runs the same checks):
     key types, templates that match no item, unmappable or too-large items (unless
-    `start --allow-unmappable N`), new-key collisions.
+    `start --allow-unmappable N`), new-key collisions. Exit status 1 when that list is
+    not empty (the report is still printed), 0 when `start` would accept the file, 2
+    for a bad file or option.
 
     \b
     Example:
@@ -84,9 +86,14 @@ def plan(env: Env, file: str, sample: int, segments: int, max_wcu: float | None,
     if isinstance(result, operations.IndexPlanReport):
         report = render.plan_index_data(result, file, _global_prefix(env))
         env.emit(report, lambda: render.plan_index_text(report))
-        return
-    report = render.plan_data(result, file, _global_prefix(env))
-    env.emit(report, lambda: render.plan_text(report, result.analysis))
+    else:
+        report = render.plan_data(result, file, _global_prefix(env))
+        env.emit(report, lambda: render.plan_text(report, result.analysis))
+    if result.blockers:
+        # The same list `start` refuses with (operations.start_problems): a script that runs
+        # `plan && start` stops here, not at start.
+        raise errors.StartWouldRefuse(f"`reshard start` would refuse {file}: {len(result.blockers)} problem(s), "
+                                      "listed under \"start will refuse\" (JSON: start_refuses)")
 
 
 def _global_prefix(env: Env) -> str:

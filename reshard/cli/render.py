@@ -7,13 +7,13 @@ people, from the same data, so the two never tell different stories.
 from __future__ import annotations
 
 import shlex
-import time
 
-from reshard.control.store import MigrationState
+from reshard.cli.formats import instant
 from reshard.control.fleet import Census
 from reshard.core import planning
+from reshard.core.decode import safe_text, utc_text
 from reshard.core.progress import describe as describe_progress, duration
-from reshard.core.phases import TERMINAL, Phase
+from reshard.core.phases import TERMINAL
 from reshard.operations import IndexPlanReport, Listed, Plan, Started, Status, Transitioned
 
 
@@ -28,7 +28,7 @@ def start_data(r: Started) -> dict:
     state = r.state
     return {"migration": state.id, "table": state.table, "control_table": r.control_table, "created": r.created,
             "control_table_created": r.control_table_created, "phase": state.phase.value,
-            "phase_version": state.phase_version, "next": r.next,
+            "phase_version": state.phase_version, "next": r.next, "same_bytes": r.same_bytes,
             "allow_unmappable": r.allow_unmappable, "item_count": r.item_count,
             "checked": None if r.checked is None else {
                 "sampled": r.checked.scanned, "mappable": r.checked.mappable,
@@ -45,11 +45,15 @@ def start_text(r: Started) -> str:
                      f" (allowed: {r.allow_unmappable}), {a.collisions} collisions")
         if r.item_count:
             text += f"\nitems: {r.item_count['items']} ({r.item_count['source']})"
-    else:
+    elif r.same_bytes:
         text = (f"migration {state.id!r} is already registered with this file: phase {state.phase} "
                 f"(phase version {state.phase_version}); nothing changed")
-        if state.phase in TERMINAL:
-            text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
+    else:
+        text = (f"migration {state.id!r} is already registered with a file of the same meaning (this one differs "
+                "only in comments, whitespace, key order, quoting or description; the registered text stays): "
+                f"phase {state.phase} (phase version {state.phase_version}); nothing changed")
+    if not r.created and state.phase in TERMINAL:
+        text += f"\n(it is {state.phase}; to migrate again, give the file a new id)"
     return f"{text}\nnext: {r.next}"
 
 
@@ -66,6 +70,11 @@ def status_data(s: Status) -> dict:
         "phase": state.phase.value, "phase_version": state.phase_version, "switching": state.switching,
         "retired": state.retired, "active": state.active,
         "created_at": state.created_at, "created_by": state.created_by,
+        # Late writes (docs/late-writes.md): the request horizon, whether the server enforces it,
+        # when the current phase began on the server's clock, and the catch-up flag.
+        "request_horizon": state.request_horizon, "server_deadline": state.server_deadline,
+        "phase_since": state.phase_since, "newer_may_be": state.newer_may_be,
+        "catch_up_verified_by": s.catch_up_run,
         "history": [t.as_dict() for t in s.history],
         "fleet": fleet_summary(census),
         "shims": shims,
@@ -103,13 +112,14 @@ def _render_job(j: dict) -> list[str]:
             diffs = ", ".join(f"{n} {k}" for k, n in r["counts"].items() if n) or "no differences"
             lines.append(f"    verdict: {'PASSED' if r['passed'] else 'FAILED'} ({diffs})")
             for e in r["examples"]:
-                lines.append(f"      {e['kind']}: old {e['old_key']} new {e['new_key']} {e['detail']}".rstrip())
+                example = f"{e.get('kind', '?')}: old {e.get('old_key')} new {e.get('new_key')} {e.get('detail', '')}"
+                lines.append("      " + safe_text(example, 1000).rstrip())
     if j.get("unmappable", {}).get("count"):
         u = j["unmappable"]
         lines.append(f"    unmappable items (left in place): {u['count']}, allowed {u.get('allowed', 0)} "
                      "(start --allow-unmappable)" + _more(u))
         for e in u["examples"]:
-            lines.append(f"      {_key_text(e['old_key'])}: {e['reason']}: {e['detail']}")
+            lines.append(f"      {_key_text(e['old_key'])}: {safe_text(e['reason'])}: {safe_text(e['detail'], 1000)}")
     if j.get("collisions", {}).get("count"):
         c = j["collisions"]
         lines.append(f"    COLLISIONS (two pre-migration copies of one item differ; whichever the backfill met "
@@ -128,6 +138,7 @@ def _render_job(j: dict) -> list[str]:
     if j.get("last_throttle"):
         label = "last budget decision" if j["finished_at"] else "throttling"
         lines.append(f"    {label}: {j['last_throttle']}")
+    lines += _control_lines(j)
     if j.get("budget") and not j["finished_at"]:
         b = j["budget"]
         units = [(lane, unit.upper(), b[f"max_{unit}"]) for lane, unit in (("write", "wcu"), ("read", "rcu"))
@@ -141,18 +152,38 @@ def _render_job(j: dict) -> list[str]:
     for seg in j["segments"]:
         c = seg["counters"]
         progress = " ".join(f"{k}={int(c[k]) if float(c[k]).is_integer() else c[k]}" for k in shown if c.get(k))
-        owner = f" owner {seg['owner']} ({seg['lease_seconds_left']}s left)" if seg["owner"] else ""
-        err = f" error: {seg['last_error']}" if seg["last_error"] else ""
+        owner = f" owner {safe_text(seg['owner'])} ({seg['lease_seconds_left']}s left)" if seg["owner"] else ""
+        err = f" error: {safe_text(seg['last_error'], 500)}" if seg["last_error"] else ""
         lines.append(f"    segment {seg['segment']:>4} {seg['state']:<8}{owner} {progress}{err}".rstrip())
     return lines
+
+
+def _control_lines(j: dict) -> list[str]:
+    """The run's live control (``reshard throttle/pause/resume``): who paused or throttled it, when."""
+    c = j.get("control")
+    if not c:
+        return []
+    out = []
+    if c["paused"] and not j["finished_at"]:
+        leases = "leases released" if c["release_leases"] else "leases kept and renewed"
+        out.append(f"    PAUSED by {c['paused_by']} since {_when(c['paused_since'])} ({leases}): no data write "
+                   f"until `reshard resume`")
+    budget = [f"{c[f]:g} {f[4:].upper()}/s (by {c['set_by'][f]})" for f in ("max_wcu", "max_rcu") if c.get(f)]
+    if budget and not j["finished_at"]:
+        out.append(f"    budget set by `reshard throttle`: {', '.join(budget)}; it wins over the processes' options")
+    for ch in c["changes"][-3:]:
+        out.append(f"    control v{ch['version']} {_when(ch['at'])} {ch['action']:<8} {ch['text']}  by {ch['who']}")
+    return out
 
 
 def _key_text(key: dict | None) -> str:
     """``PK='a#1', SK='0'`` for a key in the attribute-value format (as ``plan`` shows keys)."""
     if not key:
         return "?"
-    return ", ".join(f"{a}={(next(iter(v.values())) if isinstance(v, dict) and len(v) == 1 else v)!r}"
-                     for a, v in key.items())
+    if not isinstance(key, dict):
+        return safe_text(key)  # a recorded key that was no JSON key: shown as its text
+    return safe_text(", ".join(f"{a}={(next(iter(v.values())) if isinstance(v, dict) and len(v) == 1 else v)!r}"
+                               for a, v in key.items()), 500)
 
 
 def _more(report: dict) -> str:
@@ -163,11 +194,11 @@ def _more(report: dict) -> str:
 
 
 def _when(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at)) if at else "?"
+    return utc_text(at)  # "?" for a time from a row that is no time at all (1E+125)
 
 
 def _since(history: list[dict]) -> str:
-    return f", since {_when(history[-1]['at'])} by {history[-1]['who']}" if history else ""
+    return f", since {_when(history[-1]['at'])} by {safe_text(history[-1]['who'])}" if history else ""
 
 
 def status_text(r: dict) -> str:
@@ -178,6 +209,16 @@ def status_text(r: dict) -> str:
     if r.get("switching"):
         lines.append(f"switch:    the fleet is switching authority to {r['phase']}: shims hold every request; "
                      f"`reshard advance {r['migration']}` finishes the switch, `reshard rollback` undoes it")
+    if r.get("newer_may_be") and r.get("catch_up_verified_by"):
+        lines.append(f"catch-up:  verify run {r['catch_up_verified_by']} passed after the switch: the next transition "
+                     f"clears the flag (until then shims read both layouts)")
+    elif r.get("newer_may_be"):
+        lines.append(f"catch-up:  the {r['newer_may_be']} layout may hold writes whose mirror was lost in the switch: "
+                     f"shims read both layouts; a passing `reshard verify {r['migration']}` lifts it")
+    if "server_deadline" in r:
+        lines.append(f"horizon:   {r['request_horizon']:g} s, " + (
+            "enforced by the server (each phase lasts at least that + 2 s)" if r["server_deadline"]
+            else "not enforced (--no-server-deadline: nothing refuses a late request)"))
     adv = r["advance"]
     if adv["to"] is None:
         lines.append(f"advance:   not possible: {'; '.join(adv['refusals'])}")
@@ -191,8 +232,8 @@ def status_text(r: dict) -> str:
     lines += ["", "history:"]
     for t in r["history"]:
         frm = t["from"] or "-"
-        lines.append(f"  v{t['phase_version']:<3} {_when(t['at'])}  {t['action']:<8} {frm:>10} -> {t['to']:<10}"
-                     f"  by {t['who']}")
+        lines.append(f"  v{t['phase_version']:<3} {_when(t['at'])}  {safe_text(t['action']):<8} {safe_text(frm):>10} "
+                     f"-> {safe_text(t['to']):<10}  by {safe_text(t['who'])}")
 
     f = r["fleet"]
     ack = (f"all acknowledged phase version {f['phase_version']}" if f["acknowledged"]
@@ -203,8 +244,12 @@ def status_text(r: dict) -> str:
                      "writes the table)")
     for s in r["shims"]:
         mark = "expired" if not s["live"] else ("ok" if s["acknowledged"] else "LAGGING")
-        lines.append(f"  {s['instance']:<24} {s['host']} pid {s['pid']:<7} on {s['phase']} v{s['phase_version']:<4}"
-                     f" {s['seconds_ago']:>7}s ago  {mark}")
+        if s.get("unreadable"):
+            # A row the census could not decode: named, never printed raw (it counts as lagging).
+            lines.append(f"  {safe_text(s['instance']):<24} UNREADABLE ({safe_text(s['unreadable'])})  {mark}")
+            continue
+        lines.append(f"  {safe_text(s['instance']):<24} {safe_text(s['host'])} pid {s['pid']:<7} on "
+                     f"{safe_text(s['phase'])} v{s['phase_version']:<4} {s['seconds_ago']:>7}s ago  {mark}")
 
     lines += ["", "jobs:" if r["jobs"] else "jobs:      none yet"]
     for j in r["jobs"]:
@@ -215,12 +260,17 @@ def status_text(r: dict) -> str:
 # ---------------------------------------------------------------------- list
 
 def list_data(r: Listed) -> dict:
-    return {"control_table": r.control_table, "migrations": r.migrations}
+    return {"control_table": r.control_table, "control_table_exists": r.control_table_exists,
+            "migrations": [dict(m, started=instant(m["started"]), finished=instant(m["finished"]))
+                           for m in r.migrations]}
 
 
 def list_text(r: dict) -> str:
     """One line per migration, oldest first: id, table, phase, started, finished."""
     if not r["migrations"]:
+        if not r.get("control_table_exists", True):
+            return (f"no migration: control table {r['control_table']} does not exist yet (`reshard start FILE` "
+                    "creates it; --control-table or $RESHARD_CONTROL_TABLE names another)")
         return f"no migration in control table {r['control_table']} (run `reshard start FILE`)"
     rows = [("ID", "TABLE", "PHASE", "STARTED", "FINISHED")]
     for m in r["migrations"]:
@@ -256,8 +306,60 @@ def transition_text(t: Transitioned) -> str:
         if len(lag) > 20:
             lines.append(f"  ... and {len(lag) - 20} more")
         lines.append(f"the next transition is refused until they acknowledge {after.phase}; "
-                     "watch `reshard status`, or use `--wait SECONDS`")
+                     f"`reshard wait {after.id}` waits for them (and moves nothing)")
     lines.append(f"next: {t.next}")
+    return "\n".join(lines)
+
+
+def preview_data(p) -> dict:
+    """``--dry-run``: the move it would make, each precondition with its state (nothing written)."""
+    s = p.state
+    return {"migration": s.id, "action": p.action.value, "dry_run": True, "phase": s.phase.value,
+            "phase_version": s.phase_version, "switching": s.switching,
+            "to": p.target.value if p.target else None, "would_move": p.allowed, "through_switch": p.switch,
+            "exit_status": p.exit_code,
+            "preconditions": [{"what": c.what, "ok": c.ok, "state": c.state, "clears_by_waiting": c.clears_by_waiting}
+                              for c in p.checks],
+            "fleet": fleet_summary(p.census)}
+
+
+def preview_text(p) -> str:
+    s = p.state
+    head = f"{p.action.value} --dry-run: {s.id} is in {s.phase} (phase version {s.phase_version})"
+    if p.allowed:
+        how = (" through the switch (shims hold their requests until every live shim acknowledged it)"
+               if p.switch else "")
+        lines = [f"{head}; it would move {s.phase} -> {p.target} (phase version {s.phase_version + 1}){how}"]
+    elif p.target is None:
+        lines = [f"{head}; refused: there is no {p.action.value} from here"]
+    else:
+        why = "refused for now (a wait may clear it: `reshard wait`)" if p.exit_code == 1 else "refused"
+        lines = [f"{head}; {p.action.value} to {p.target}: {why}"]
+    for c in p.checks:
+        lines.append(f"  [{'ok' if c.ok else 'NO'}] {c.what}: {c.state}")
+    lines.append("nothing written (--dry-run)")
+    return "\n".join(lines)
+
+
+def wait_data(w) -> dict:
+    return {"migration": w.state.id, "phase": w.state.phase.value, "phase_version": w.state.phase_version,
+            "done": w.done, "waited_seconds": round(w.seconds, 1), "fleet": fleet_summary(w.census),
+            "job_leases": list(w.writers), "next": w.next}
+
+
+def wait_text(w) -> str:
+    s = w.state
+    if w.done:
+        shims = (f"all {len(w.census.live)} live shim(s) acknowledged" if w.census.live else "no live shim reports; "
+                 "nothing to acknowledge")
+        lines = [f"wait: {s.id} in {s.phase} (phase version {s.phase_version}): {shims}; no job lease held "
+                 f"(after {w.seconds:.1f}s; nothing moved)"]
+    else:
+        lines = [f"wait: {s.id} in {s.phase} (phase version {s.phase_version}): still waiting after "
+                 f"{w.seconds:.1f}s (nothing moved)"]
+        lines += [f"  shim {d}: has not acknowledged" for d in w.census.describe_lagging()[:20]]
+        lines += [f"  {d}" for d in w.writers[:20]]
+    lines.append(f"next: {w.next}")
     return "\n".join(lines)
 
 

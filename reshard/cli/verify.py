@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from reshard import errors, operations
+from reshard.cli.metrics import metrics_options
 from reshard.cli.options import (Env, command, concurrency_option, host_id_option, job_progress,
                                  lease_seconds_option, max_rcu_option, max_wcu_option, migration_argument,
                                  page_size_option, processes_option, resolve_processes, segments_option,
@@ -17,7 +18,8 @@ from reshard.jobs.runner import JobOptions
 def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
     """Run a data job with progress; returns (result, JSON-able summary)."""
     result = operations.run_data_job(job, env.dynamo(), env.store(), mid, opts,
-                                     subscribers=job_progress(env, job, mid, opts), client=env.client_factory())
+                                     subscribers=job_progress(env, job, mid, opts), client=env.client_factory(),
+                                     say=env.info)
     return result, dict(result.as_dict(), migration=mid)
 
 
@@ -54,6 +56,7 @@ def _run_job(env: Env, job: str, mid: str, opts: JobOptions):
 @host_id_option
 @page_size_option()
 @lease_seconds_option()
+@metrics_options
 def verify(env: Env, migration, segments, processes, workers, repair, no_record, examples, settle_seconds,
            records_dir, max_rcu, max_wcu, host_id, page_size, lease_seconds):
     """Compare the old and the new layout item by item, both ways.
@@ -116,7 +119,7 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
     def text() -> str:
         verdict = "PASSED" if result.passed else ("FAILED" if result.finished else "INCOMPLETE")
         run = "(read-only, not recorded: does not count for the cutover gate)" if no_record else f"run {result.run}"
-        lines = [f"verify {mid} {run}: {verdict}; checked {result.checked} items in "
+        lines = [f"verify {mid} {run}: {verdict}; checked {result.checked} physical items (both layouts) in "
                  f"{data['elapsed_seconds']} s"]
         for kind, n in result.differences.items():
             if n:
@@ -170,6 +173,7 @@ def verify(env: Env, migration, segments, processes, workers, repair, no_record,
 @host_id_option
 @page_size_option()
 @lease_seconds_option()
+@metrics_options
 def cleanup(env: Env, migration, segments, processes, workers, concurrency, delete, enable_ttl, strip_bookkeeping, max_wcu,
             max_rcu, host_id, page_size, lease_seconds):
     """Retire what the migration no longer needs.

@@ -8,6 +8,10 @@ Rows, in the job's partition ``J#<id>#<job>`` (the worker role's, IAM ``LeadingK
                                   request_seconds, host, pid (written by that member only)
 
 The rules (who takes what, when a member is gone) are pure: :mod:`reshard.core.shares`.
+Every refresh also reads the run's live-control row (``M#<id>`` / ``C#<job>#<run>``,
+:mod:`reshard.control.live`): the operator's ``reshard throttle`` budget replaces the
+processes' own ``--max-wcu`` / ``--max-rcu`` on the lanes it sets, and ``reshard pause``
+holds the process (:attr:`CapacityBudget.hold`, which the segment engine obeys).
 This module reads and writes the rows; every change of the budget row is conditional on
 its ``version`` (or on its absence, for the first member), so two members that rebalance
 at once never overwrite each other's share: the loser re-reads and decides again.
@@ -15,19 +19,25 @@ at once never overwrite each other's share: the loser re-reads and decides again
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 import time
+from typing import Callable
 
 from reshard import errors
-from reshard.control.records import check_row
+from reshard.control.live import read_control
+from reshard.control.records import RunControl, check_row
 from reshard.control.store import ControlStore
+from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, seconds
 from reshard.core.leases import LeaseWatch
 from reshard.core.shares import (DEFAULT_LIVENESS_SECONDS, DEFAULT_REFRESH_SECONDS, LANES, Member, Rebalance, Shares,
                                  rebalance, silence_bound)
+from reshard.core.survive import FailureLog, describe
 from reshard.core.wire import N, S, get_n, get_s
 
+log = logging.getLogger("reshard.jobs")
 #: The row attribute of each lane's total.
 TOTAL_ATTR = {"write": "max_wcu", "read": "max_rcu"}
 
@@ -61,8 +71,11 @@ def read_members(store: ControlStore, migration_id: str, job: str, run: int) -> 
     out = []
     for i in store.query(store.jpk(migration_id, job), member_prefix(job, run)):
         check_row(i)
-        out.append(Member(get_s(i, "member"), int(get_n(i, "beat", 0)), float(get_n(i, "liveness_seconds", 0)),
-                          float(get_n(i, "request_seconds", 0)), get_s(i, "host", "?"), int(get_n(i, "pid", 0)),
+        # The silence it asks the others to wait out is clamped (reshard.core.decode).
+        out.append(Member(get_s(i, "member"), int(get_n(i, "beat", 0)),
+                          seconds(get_n(i, "liveness_seconds"), MAX_LIVENESS_SECONDS),
+                          seconds(get_n(i, "request_seconds"), MAX_REQUEST_SECONDS), get_s(i, "host", "?"),
+                          int(get_n(i, "pid", 0)),
                           frozenset(v["S"] for v in i.get("idle", {}).get("L", []))))
     return out
 
@@ -86,6 +99,24 @@ def beat(store: ControlStore, migration_id: str, job: str, run: int, member: str
 def forget(store: ControlStore, migration_id: str, job: str, run: int, member: str) -> None:
     """Remove this member's beat row (it left the run)."""
     store.delete(store.jpk(migration_id, job), member_sk(job, run, member))
+
+
+def reap(store: ControlStore, migration_id: str, job: str, run: int, gone: list[Member]) -> None:
+    """Remove the beat rows of members judged gone, each only while its beat is still the one
+    judged (a member that beat meanwhile keeps its row, and rejoins with what is free).
+
+    Without this, every process that joins the run later (a re-run after a kill -9) would
+    count the dead member live until it had watched its beat for the silence bound itself,
+    and meanwhile hold only half the budget; `doctor --repair` was the only way out.
+    """
+    for m in gone:
+        try:
+            store.delete(store.jpk(migration_id, job), member_sk(job, run, m.member), condition="#b = :b",
+                         names={"#b": "beat"}, values={":b": N(m.beat)})
+        except errors.ConditionalCheckFailed:
+            pass  # it beat again: alive after all
+        except errors.ReshardError:
+            break  # an outage: the next refresh tries again
 
 
 def write_shares(store: ControlStore, migration_id: str, job: str, run: int, row: Shares | None,
@@ -148,13 +179,15 @@ class BudgetMembership:
     ``share``, ``valid_until``, ``clock``; control never imports jobs).
     ``totals``: the budget this process was started with (lane -> units/s; None: join the
     run's budget as the row states it). The latest process started with a budget sets the
-    run's budget; the others follow at their next refresh.
+    run's budget; the others follow at their next refresh -- unless an operator set that
+    lane with ``reshard throttle`` (the run's control row): the operator's budget wins, for
+    every process, also one started later with another ``--max-wcu``.
     """
 
     def __init__(self, store, migration_id: str, job: str, run: int, budget,
                  totals: dict | None, *, member: str, request_seconds: float,
                  refresh_seconds: float | None = None, liveness_seconds: float | None = None,
-                 host: str | None = None):
+                 host: str | None = None, is_dead: Callable[[Member], bool] | None = None):
         self.store = store
         self.migration_id, self.job, self.run = migration_id, job, run
         self.budget = budget
@@ -167,7 +200,17 @@ class BudgetMembership:
         if self.liveness_seconds <= 2 * self.refresh_seconds:
             raise errors.BadInput(f"the budget's liveness window ({self.liveness_seconds:g}s) must exceed two "
                                   f"refreshes ({self.refresh_seconds:g}s each)")
+        #: A member known dead at once (a process of this host that no longer exists): its share
+        #: is reclaimed at the next refresh instead of after its silence bound.
+        self.is_dead = is_dead or (lambda m: False)
+        #: Who holds a share this member is short of, while it waits (what the job says it waits for).
+        self.waiting_for = ""
+        budget.hold_detail = lambda: self.waiting_for
         self.live_members = 0
+        #: The run's live control as last read (None: never changed by an operator).
+        self.control: RunControl | None = None
+        #: Called after every refresh (the job's metrics and its progress read the state then).
+        self.listeners: list = []
         #: This member holds less than the even split of some lane (it waits for others to shrink).
         self.below_split = False
         self.last_error = ""
@@ -176,6 +219,9 @@ class BudgetMembership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one refresh at a time (the thread, and join/leave)
+        # The thread survives every failure (a garbled budget row, a bad answer): logged once
+        # per kind, and the share lapses until a refresh works again (reshard.core.survive).
+        self._failures = FailureLog(log, f"{job} budget beat of {member}")
         if totals:
             for kind, total in totals.items():
                 if total is not None:
@@ -186,6 +232,7 @@ class BudgetMembership:
     def join(self) -> "BudgetMembership":
         """Take this process's first share (raises on a control-table error), then keep refreshing."""
         self.refresh()
+        self.notify()
         self._thread = threading.Thread(target=self._loop, name=f"{self.job}-budget", daemon=True)
         self._thread.start()
         return self
@@ -211,7 +258,19 @@ class BudgetMembership:
             try:
                 self.refresh()
             except Exception as e:  # noqa: BLE001 - retried next refresh; the share lapses meanwhile
-                self.last_error = f"{type(e).__name__}: {e}"
+                self.last_error = describe(e)
+                self._failures.failed(e)
+            else:
+                self._failures.recovered()
+            self.notify()
+
+    def notify(self) -> None:
+        """Call every listener with this membership (after each refresh, and once at the end)."""
+        for fn in self.listeners:
+            try:
+                fn(self)
+            except Exception as e:  # noqa: BLE001 - a metrics listener never stops the budget
+                self.last_error = f"listener: {describe(e)}"
 
     # -- one refresh
     def refresh(self, attempts: int = 8) -> bool:
@@ -219,24 +278,46 @@ class BudgetMembership:
         this process holds a share it may pace at until ``budget.valid_until``."""
         with self._lock:
             sent = self.budget.clock()  # before sending: the share lapses counting from here
+            # The operator's live control first: a pause holds the workers at their next data
+            # write, a throttle replaces this process's own totals (reshard.control.live).
+            self.control = read_control(self.store, self.migration_id, self.job, self.run)
+            self.budget.hold = self.control.hold if self.control else None
+            totals = self.effective_totals()
+            if not totals and read_shares(self.store, self.migration_id, self.job, self.run) is None:
+                return False  # the run has no budget (nothing to share); the control was read
             self._beat += 1
             # Lanes without demand for two refreshes: aim at 0, the active members share the budget.
-            idle = frozenset(k for k in LANES if self.budget.idle(k, 2 * self.refresh_seconds))
+            # A held (paused) process keeps its share: its workers wait for `resume`, not for work.
+            idle = frozenset() if self.budget.hold else \
+                frozenset(k for k in LANES if self.budget.idle(k, 2 * self.refresh_seconds))
             beat(self.store, self.migration_id, self.job, self.run, self.member, self._beat,
                  self.liveness_seconds, self.request_seconds, self.host, idle)
             for _ in range(attempts):
                 # The row before the members: a member in the row beat before it was written
                 # into it, so the member query that follows sees its beat (never dropped unseen).
                 row = read_shares(self.store, self.migration_id, self.job, self.run)
-                if row is None and not self.totals:
+                if row is None and not totals:
                     return False  # the run has no budget (nothing to share)
                 members = read_members(self.store, self.migration_id, self.job, self.run)
                 now = self.budget.clock()
-                judged = [m for m in members if self._watch.observe(m.member, m.beat, now) <= silence_bound(m)]
+                quiet = {m.member: self._watch.observe(m.member, m.beat, now) for m in members}
+                judged = [m for m in members if m.member == self.member
+                          or (quiet[m.member] <= silence_bound(m) and not self.is_dead(m))]
                 live = [m.member for m in judged]
+                gone = [m for m in members if m.member not in live]
+                if gone:
+                    reap(self.store, self.migration_id, self.job, self.run, gone)
+                holders = [m for m in judged if m.member != self.member and row is not None
+                           and any(row.share(m.member, k) > 0 for k in LANES)
+                           and quiet[m.member] > 2 * self.refresh_seconds]
+                self.waiting_for = "; ".join(
+                    f"member {m.member} holds " + ", ".join(f"{row.share(m.member, k):g} {k}" for k in LANES
+                                                            if row.share(m.member, k) > 0)
+                    + f" units/s and has not beaten for {quiet[m.member]:.0f}s of {silence_bound(m):.0f}s "
+                      "(then its share is reclaimed)" for m in holders[:3])
                 resting = {k: {m.member for m in judged if k in m.idle and m.member != self.member}
                            | ({self.member} if k in idle else set()) for k in LANES}
-                decided = rebalance(row or Shares(self.totals or {}), self.member, live, self.totals, resting)
+                decided = rebalance(row or Shares(totals or {}), self.member, live, totals, resting)
                 self.live_members = len(set(live) | {self.member})
                 if decided.write:
                     # Lower before the write lands, raise only after: the shares in use never
@@ -269,6 +350,17 @@ class BudgetMembership:
             self.budget.valid_until = sent + self.liveness_seconds
             return True
 
+    def effective_totals(self) -> dict | None:
+        """The totals this process writes into the run's budget row: the operator's (``reshard
+        throttle``) on the lanes it set, this process's own options on the others; None: neither."""
+        own = self.totals or {}
+        set_by_operator = self.control.totals if self.control else {}
+        out = {lane: set_by_operator.get(lane) if set_by_operator.get(lane) is not None else own.get(lane)
+               for lane in LANES}
+        for lane, field in TOTAL_ATTR.items():
+            self.budget.set_by[lane] = self.control.set_by(field) if set_by_operator.get(lane) is not None else ""
+        return {k: v for k, v in out.items() if v is not None} or None
+
     def _apply(self, shares: dict, totals: dict) -> None:
         """Pace at ``shares`` (lanes with a budget)."""
         for kind, share in shares.items():
@@ -283,4 +375,10 @@ class BudgetMembership:
             if lane.total is not None:
                 out[f"max_{unit}"] = lane.total
                 out[f"share_{unit}"] = lane.budget
+        if len(out) == 1:
+            return {}  # no budget on either lane
+        by = {unit: self.budget.set_by[kind] for kind, unit in (("write", "wcu"), ("read", "rcu"))
+              if self.budget.set_by.get(kind)}
+        if by:
+            out["set_by"] = by  # lanes whose budget an operator set with `reshard throttle`
         return out

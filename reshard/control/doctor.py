@@ -34,11 +34,16 @@ from reshard import errors
 from reshard.aws import inspect
 from reshard.aws.dynamo import Dynamo
 from reshard.control import budget, fleet, runs
+from reshard.control import marker as markers
+from reshard.control.horizon import retire_settled
+from reshard.control.live import read_control
 from reshard.control.records import TABLE_LOCK_SK, MigrationState, check_row, run_sk, segment_sk, table_lock_pk
 from reshard.control.store import ControlStore, operator_name
 from reshard.core import doctor as rules
 from reshard.core.doctor import Finding, MigrationFacts
+from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, seconds
 from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR
+from reshard.core.marker import Owner, owner_of
 from reshard.core.leases import FREE, LeaseWatch, SegmentRecord
 from reshard.core.phases import JOB_RULES
 from reshard.core.versions import unchanged, version_of
@@ -67,7 +72,8 @@ class Diagnosis:
 
     def as_dict(self) -> dict:
         return {"findings": [f.as_dict() for f in self.findings], "migrations": self.migrations,
-                "locks": self.locks, "tables_scanned": self.tables, "healthy": not self.findings}
+                "locks": self.locks, "tables_scanned": self.tables,
+                "healthy": not [f for f in self.findings if f.kind not in rules.NOTES]}
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,8 @@ class _Screened(ControlStore):
             resp = dict(resp, Items=[i for i in resp["Items"] if self._keep(i)])
         return resp
 
-    def query(self, pk: str, prefix: str = "", consistent: bool = True) -> list[dict]:
-        return [i for i in super().query(pk, prefix, consistent) if self._keep(i)]
+    def query(self, pk: str, prefix: str = "", consistent: bool = True, **kwargs) -> list[dict]:
+        return [i for i in super().query(pk, prefix, consistent, **kwargs) if self._keep(i)]
 
     def check_every_row(self) -> None:
         """One Scan of the whole control table (it is small), so a foreign row in a
@@ -143,6 +149,7 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
     store = _Screened(store)
     store.check_every_row()
     states = store.list_states()
+    server_now = store.dynamo.answer_date()  # the server's clock, as the Scan's answer dated it
     if migration_id is not None:
         store.load_state(migration_id)  # a clear error for an unknown id
     chosen = [s for s in states if migration_id in (None, s.id)]
@@ -166,16 +173,20 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
                                         latest_run=latest, now=now)
                 found += [f] if f else []
             for r in all_runs:
+                control = read_control(store, s.id, job, r.run) if not r.finished and r.run == latest else None
+                hold = control.hold if control else None
                 f = rules.run_finding(m, job, r.run, finished=r.finished, abandoned=r.abandoned_at is not None,
                                       latest_run=latest, segments=r.total_segments,
-                                      held_leases=sum(1 for _, run, _ in held if run == r.run))
+                                      held_leases=sum(1 for _, run, _ in held if run == r.run),
+                                      paused=hold.summary() if hold else None)
                 found += [f] if f else []
             for row in budget.member_rows(store, s.id, job):
                 run = int(get_n(row, "run", 0))
                 f = rules.budget_member_finding(
                     m, job, run, get_s(row, "member", "?"), int(get_n(row, "beat", 0)),
-                    last_beat_at=float(get_n(row, "at", 0)), liveness_seconds=float(get_n(row, "liveness_seconds", 0)),
-                    request_seconds=float(get_n(row, "request_seconds", 0)), now=now,
+                    last_beat_at=float(get_n(row, "at", 0)),
+                    liveness_seconds=seconds(get_n(row, "liveness_seconds"), MAX_LIVENESS_SECONDS),
+                    request_seconds=seconds(get_n(row, "request_seconds"), MAX_REQUEST_SECONDS), now=now,
                     run_over=not rules.job_can_run(job, m) or run < latest or bool(
                         info.get(run) and (info[run].finished or info[run].abandoned_at is not None)))
                 found += [f] if f else []
@@ -210,18 +221,24 @@ def diagnose(store: ControlStore, dynamo: Dynamo, migration_id: str | None = Non
             continue
         try:
             more, scanned[table] = _data_findings(dynamo, table, [s for s in states if s.table == table],
-                                                  active_on.get(table), spend)
+                                                  active_on.get(table), spend, server_now)
             found += more
-        except errors.ResourceNotFound:
+            f = _marker_finding(store, dynamo, table, by_id)
+            found += [f] if f else []
+        except (errors.ResourceNotFound, errors.TableProblem):
             scanned[table] = None  # the data table is gone: nothing left in it
     return Diagnosis(found, len(chosen), len(locks), scanned)
 
 
 def _data_findings(dynamo: Dynamo, table: str, states: list[MigrationState],
-                   active: MigrationState | None, spend: Spend | None) -> tuple[list[Finding], int]:
+                   active: MigrationState | None, spend: Spend | None,
+                   store_now: float | None = None) -> tuple[list[Finding], int]:
     """Marked copies of retired migrations and leftover tombstones in one data table
     (and how many items the Scan read)."""
-    retired = {s.id: s.updated_at for s in states if s.retired}
+    # Judged by marker and the server's clock (the Date of the control-table answer), never
+    # by a version's wall time against ours (issue 25, case 6).
+    server_now = store_now
+    retired = {s.id for s in states if s.retired and retire_settled(s, server_now)}
     cutoff = rules.tombstone_cutoff_ms(facts(active) if active else None, active.created_at if active else 0.0)
     key_attrs = [k["AttributeName"] for k in dynamo.describe_table(table)["KeySchema"]]
     # Only items carrying a marker can be leftovers; the filter saves the transfer, not the reads.
@@ -238,6 +255,29 @@ def _data_findings(dynamo: Dynamo, table: str, states: list[MigrationState],
             tombstones.append(seen)
     newest = max(states, key=lambda s: s.created_at).id if states else ""
     return rules.data_findings(table, active.id if active else newest, copies, tombstones, cutoff), scanned
+
+
+def _marker_finding(store: ControlStore, dynamo: Dynamo, table: str, by_id: dict) -> Finding | None:
+    """The table's marker, if it names a migration no control table knows."""
+    owner = owner_of(markers.read(dynamo, table, markers.key_for(dynamo.describe_table(table))))
+    if owner is None:
+        return None
+    known = owner.migration_id in by_id if owner.control_table == store.table else \
+        markers.owner_state(store, owner) is not None
+    return rules.marker_finding(table, owner.migration_id, owner.control_table, known,
+                                owner.previous.text() if owner.previous else None)
+
+
+def _give_marker_back(store: ControlStore, dynamo: Dynamo, f: Finding) -> str:
+    r = f.ref
+    owner = Owner(r["owner"], r["control"])
+    if markers.owner_state(store, owner) is not None:  # registered since the diagnosis: it is no orphan
+        raise errors.ConditionalCheckFailed("put_item", "ConditionalCheckFailedException", "registered since")
+    other = store if r["control"] == store.table else ControlStore(store.dynamo, r["control"])
+    note = markers.give_back(dynamo, other, r["owner"], r["table"])
+    if "changed" in note or "does not name" in note:
+        raise errors.ConditionalCheckFailed("put_item", "ConditionalCheckFailedException", note)
+    return note
 
 
 # --------------------------------------------------------------------------- repair
@@ -425,6 +465,7 @@ REPAIRS: dict[str, Callable[[ControlStore, Dynamo, Finding], str]] = {
     "orphaned_lease": _release_lease, "expired_lease": _release_lease,
     "stale_shim": _reap_shim, "foreign_shim": _reap_shim, "dead_budget_member": _remove_member,
     "abandoned_run": _abandon_run, "stale_lock": _delete_lock, "missing_lock": _take_lock,
+    "orphan_marker": _give_marker_back,
 }
 #: Findings repaired in the data table (paced by the write budget).
 DATA_KINDS = ("retired_copies", "old_tombstones")

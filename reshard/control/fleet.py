@@ -26,7 +26,8 @@ from typing import Callable, Iterable
 from reshard import errors
 from reshard.control.records import DEFAULT_LIVENESS_SECONDS, Heartbeat, shim_sk
 from reshard.control.store import ControlStore
-from reshard.core.wire import N, S
+from reshard.core import decode
+from reshard.core.wire import N, S, still_as_read
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,41 @@ def forget(store: ControlStore, migration_id: str, instance: str) -> None:
     store.delete(store.hpk(migration_id), shim_sk(instance))
 
 
+#: What the census reads of a heartbeat row (a projection: the app's partition may also hold
+#: junk attributes, which are then neither transferred nor parsed).
+HEARTBEAT_ATTRIBUTES = ("pk", "sk", "schema", "instance", "host", "pid", "phase", "phase_version", "at",
+                        "liveness_seconds", "refresh_seconds", "beat", "request_seconds", "write_seconds")
+#: Rows per census request (Limit): a partition stuffed with rows is read in bounded pages.
+HEARTBEAT_PAGE = 200
+
+
 def heartbeats(store: ControlStore, migration_id: str) -> list[Heartbeat]:
     """Every heartbeat row of the migration, live or not.
 
-    Also the rows a shim of an older release writes in the migration's own partition
-    (``M#<id>``, where heartbeats lived before they got theirs): uncounted, such a shim
-    could lag a phase unnoticed. A row that fails :func:`~reshard.control.records.check_row`
-    raises (fail closed: a census that skipped it could miss a shim).
+    Only the rows under ``S#`` of the heartbeat partition are read (a Query, projected to the
+    attributes a heartbeat has): whatever else an app writes in its partition costs the
+    census nothing. Also the rows a shim of an older release writes in the migration's own
+    partition (``M#<id>``, where heartbeats lived before they got theirs): uncounted, such a
+    shim could lag a phase unnoticed. A row that fails
+    :func:`~reshard.control.records.check_row` (a mistyped attribute, another instance's
+    name, an unknown schema) is counted as an unreadable shim that lags every version
+    (:meth:`Heartbeat.unreadable_row`): fail closed, yet it stops counting once it stayed
+    unchanged for the longest silence any shim may have -- one bad row never holds the
+    fleet back for good, and never stops the census.
     """
-    rows = store.query(store.hpk(migration_id), "S#") + store.query(store.mpk(migration_id), "S#")
-    return [Heartbeat.from_item(i) for i in rows]
+    out = []
+    for pk in (store.hpk(migration_id), store.mpk(migration_id)):
+        for i in store.query(pk, "S#", attributes=HEARTBEAT_ATTRIBUTES, page_size=HEARTBEAT_PAGE):
+            try:
+                out.append(Heartbeat.from_item(i))
+            except errors.ForeignControlRow as e:
+                out.append(Heartbeat.unreadable_row(i, _reason(i, str(e))))
+    return out
+
+
+def _reason(item: dict, message: str) -> str:
+    where = decode.where(item)
+    return message[len(where):].lstrip(": ") if message.startswith(where) else message
 
 
 def silent_for(store: ControlStore, h: Heartbeat, now: float) -> float:
@@ -100,17 +126,27 @@ def is_live(store: ControlStore, h: Heartbeat, now: float) -> bool:
     return silent_for(store, h, now) <= h.silence_seconds
 
 
-def census(store: ControlStore, migration_id: str, version: int) -> Census:
+def others_on_table(store: ControlStore, migration_id: str) -> tuple[str, ...]:
+    """The other migrations registered on this migration's data table (one Scan of the
+    control table's META rows: a census that polls reads it once, :func:`wait_for_ack`)."""
+    table = store.load_state(migration_id).table
+    return tuple(s.id for s in store.list_states() if s.table == table and s.id != migration_id)
+
+
+def census(store: ControlStore, migration_id: str, version: int, others: tuple[str, ...] | None = None) -> Census:
     """Which shims of the migration's table are live now, and which lag behind ``version``.
 
     Counts the heartbeats of *every* migration registered on the same data table: a shim
     still running another migration's file writes that file's layouts, unfenced or
     fenced differently, so it must hold this migration back as a lagging shim does.
+    ``others``: those migrations' ids when the caller read them already (a poll: no
+    migration can register on the table while this one holds its lock, and one that is
+    finished cannot move), else one Scan finds them.
     """
+    if others is None:
+        others = others_on_table(store, migration_id)
     beats = heartbeats(store, migration_id)
-    table = store.load_state(migration_id).table
-    others = [h for other in store.list_states() if other.table == table and other.id != migration_id
-              for h in heartbeats(store, other.id)]
+    others = [h for other in others for h in heartbeats(store, other)]
     # Read first, then take the time: a beat we saw was sent before this instant, so
     # timing its silence from here never starts the timer before the shim's own.
     now = store.monotonic()
@@ -126,8 +162,13 @@ def reap(store: ControlStore, migration_id: str, gone: Iterable[Heartbeat]) -> i
     removed = 0
     for h in gone:
         try:
-            store.delete(h.row_pk or store.hpk(migration_id), shim_sk(h.instance), condition="(#b = :b OR attribute_not_exists(#b)) AND #at = :at",
-                         names={"#b": "beat", "#at": "at"}, values={":b": N(h.beat), ":at": N(h.at)})
+            if h.unreadable:
+                # No beat to condition on: every attribute as it was read (a rewrite changes one).
+                store.delete(h.row_pk, shim_sk(h.instance), **unchanged_row(h.raw))
+            else:
+                store.delete(h.row_pk or store.hpk(migration_id), shim_sk(h.instance),
+                             condition="(#b = :b OR attribute_not_exists(#b)) AND #at = :at",
+                             names={"#b": "beat", "#at": "at"}, values={":b": N(h.beat), ":at": N(h.at)})
             removed += 1
         except errors.ConditionalCheckFailed:
             pass  # it beat again (or was removed already): not ours to remove
@@ -136,20 +177,33 @@ def reap(store: ControlStore, migration_id: str, gone: Iterable[Heartbeat]) -> i
     return removed
 
 
+def unchanged_row(raw: dict) -> dict:
+    """The condition (``condition``, ``names``, ``values``) that a heartbeat row still holds
+    exactly what the census read of it (every attribute it projects: equal, or still absent)."""
+    names, values = {}, {}
+    conds = still_as_read([a for a in HEARTBEAT_ATTRIBUTES if a not in ("pk", "sk")], raw, "u", names, values)
+    return {"condition": " AND ".join(conds), "names": names, "values": values or None}
+
+
 def wait_for_ack(store: ControlStore, migration_id: str, version: int, seconds: float,
-                 sleep: Callable[[float], None] = time.sleep, poll: float = 1.0) -> Census:
+                 sleep: Callable[[float], None] = time.sleep, poll: float = 1.0,
+                 on_wait: Callable[[Census], None] | None = None) -> Census:
     """Poll the census until every live shim acknowledged ``version`` or time runs out.
 
     The deadline is measured with the store's clock, the same clock that decides
     liveness, so a test that injects a clock and a ``sleep`` advancing it sees
-    heartbeats expire while it waits (and never spins on the real clock).
+    heartbeats expire while it waits (and never spins on the real clock). ``on_wait``:
+    called with each census that is still waiting (to say who lags).
     """
     deadline = store.monotonic() + max(0.0, seconds)
+    others = others_on_table(store, migration_id)  # once: each poll then reads only the heartbeat rows
     while True:
-        c = census(store, migration_id, version)
+        c = census(store, migration_id, version, others)
         if c.expired:
             reap(store, migration_id, c.expired)
         left = deadline - store.monotonic()
         if c.acknowledged or left <= 0:
             return c
+        if on_wait is not None:
+            on_wait(c)
         sleep(min(poll, left))

@@ -78,6 +78,22 @@ def cleanup_missing(store: ControlStore, state: MigrationState) -> str | None:
     return None
 
 
+def catch_up_verified(store: ControlStore, state: MigrationState) -> int | None:
+    """The verify run that lifts the catch-up flag (``newer_may_be``), or None: the latest
+    verify run, if it was started in the phase version the migration is at now (so every item
+    it judged was read after the switch), finished and passed (no difference, no repair).
+
+    The flag itself is on the phase row, which a worker may not write (docs/iam.md): the
+    operator's next transition clears it (:func:`reshard.control.transition.transition`),
+    and until then the shims keep reading both layouts (a cost, never a risk).
+    """
+    latest = latest_run(store, state.id, VERIFY_JOB)
+    if latest is None or latest.phase_version != state.phase_version:
+        return None
+    verdict = verify_verdict(store, state.id, latest.run, shown=0)
+    return latest.run if verdict["finished"] and verdict["passed"] else None
+
+
 def gate_facts(store: ControlStore, state: MigrationState) -> dict:
     """Every gate's verdict, as the fields of :class:`reshard.core.phases.Facts`."""
     return {"backfill_missing": backfill_missing(store, state), "verify_missing": verify_missing(store, state),

@@ -12,8 +12,10 @@ import json
 import time
 from typing import Callable, Iterable
 
-from reshard.control.budget import read_shares
-from reshard.control.records import (META, RunInfo, example_prefix, run_sk, segment_prefix, segment_sk, unmappable_sk)
+from reshard.control.budget import read_members, read_shares
+from reshard.control.live import read_control
+from reshard.control.records import (META, RunInfo, check_row, example_prefix, run_sk, segment_prefix, segment_sk,
+                                     unmappable_sk)
 from reshard.control.store import ControlStore
 from reshard.core.compare import differences, failing, passes
 from reshard.core.leases import FREE, LeaseWatch, SegmentRecord, quiet_remaining
@@ -100,11 +102,22 @@ def describe(store: ControlStore, migration_id: str, job: str, run: int,
     budget = None if shared is None else {
         **{f"max_{u}": shared.total.get(lane) for lane, u in (("write", "wcu"), ("read", "rcu"))},
         "shares": {m: dict(v) for m, v in sorted(shared.shares.items())}}
+    control = read_control(store, migration_id, job, run)
+    hold = control.hold if control else None
     return {"job": job, "run": run, "total_segments": info.total_segments, "started_at": info.started_at,
             "finished_at": info.finished_at, "done": sum(r.done for r in recs),
             "failed": [r.segment for r in recs if r.failed and not r.done],
             "totals": sum_counters(recs), "last_throttle": throttles[-1] if throttles else None,
-            "budget": budget, "segments": [r.as_dict(now) for r in recs]}
+            "budget": budget,
+            # The operator's live control (reshard throttle/pause/resume): None until first used.
+            "control": None if control is None else {
+                **control.as_dict(), "set_by": {f: control.set_by(f) or None for f in ("max_wcu", "max_rcu")},
+                "paused_by": hold.by if hold else None, "paused_since": hold.since if hold else None},
+            # The processes beating in the run's budget row (runs with a budget only).
+            "members": [] if shared is None or info.finished_at else
+            [{"member": mm.member, "host": mm.host, "pid": mm.pid, "idle": sorted(mm.idle)}
+             for mm in read_members(store, migration_id, job, run)],
+            "segments": [r.as_dict(now) for r in recs]}
 
 
 def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now: float) -> list[str]:
@@ -112,6 +125,7 @@ def live_leases(store: ControlStore, migration_id: str, jobs: Iterable[str], now
     out = []
     for job in jobs:
         for item in store.query(store.jpk(migration_id, job), f"J#{job}#"):
+            check_row(item)
             if get_s(item, "owner", FREE) != FREE and float(get_n(item, "lease_expires", 0)) > now:
                 out.append(f"{job} segment {int(get_n(item, 'segment', -1))} ({get_s(item, 'owner')})")
     return out
@@ -123,15 +137,35 @@ def held_leases(store: ControlStore, migration_id: str,
     out = []
     for job in jobs:
         for item in store.query(store.jpk(migration_id, job), f"J#{job}#"):
+            check_row(item)  # types first: a segment number stored as a string is refused in one line
             rec = SegmentRecord.from_item(int(get_n(item, "segment", -1)), item)
             if rec.held:
                 out.append((job, int(get_n(item, "run", 0)), rec))
     return out
 
 
+def held_lease_waits(store: ControlStore, migration_id: str, jobs: Iterable[str], watch: LeaseWatch,
+                     now: float) -> list[tuple[str, SegmentRecord, float, float]]:
+    """The held leases of ``jobs`` whose worker may still write: (job, record, unchanged for, seconds
+    left until it cannot), each timed by ``watch`` on this host's clock."""
+    out = []
+    for job, run, rec in held_leases(store, migration_id, tuple(jobs)):
+        unchanged = watch.observe((job, run, rec.segment), rec.token, now)
+        remaining = quiet_remaining(rec, unchanged)
+        if remaining > 0:
+            out.append((job, rec, unchanged, remaining))
+    return out
+
+
+def describe_lease_wait(job: str, rec: SegmentRecord, unchanged: float, remaining: float) -> str:
+    """``backfill segment 3: lease held by host:pid:inv:0, quiet for 12 s of 95 s``."""
+    return (f"{job} segment {rec.segment}: lease held by {rec.owner}, quiet for {unchanged:.0f} s of "
+            f"{unchanged + remaining:.0f} s")
+
+
 def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str], wait: float | None,
                      *, monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                     poll: float = 0.5) -> str | None:
+                     poll: float = 0.5, on_wait: Callable[[list[str]], None] | None = None) -> str | None:
     """Wait until no worker of ``jobs`` can still write; None then, else a sentence saying how long to wait.
 
     A lease counts as gone once released, or once its (owner, counter) token has been
@@ -140,7 +174,8 @@ def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str]
     sending at its own local deadline, and what it sent before lands within that. The
     timer of a lease starts at the first look, so a single look never clears a held
     lease: ``wait`` seconds are spent watching (None: as long as the held leases need,
-    restarting when a token changes, up to twice that).
+    restarting when a token changes, up to twice that). ``on_wait``: called before each sleep
+    with what it waits for (:func:`describe_lease_wait` of each lease).
     """
     jobs = tuple(jobs)
     watch = LeaseWatch()
@@ -148,12 +183,8 @@ def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str]
     limit = wait
     while True:
         now = monotonic()
-        left = []
-        for job, run, rec in held_leases(store, migration_id, jobs):
-            unchanged = watch.observe((job, run, rec.segment), rec.token, now)
-            remaining = quiet_remaining(rec, unchanged)
-            if remaining > 0:
-                left.append((job, rec, remaining))
+        waits = held_lease_waits(store, migration_id, jobs, watch, now)
+        left = [(job, rec, remaining) for job, rec, _, remaining in waits]
         if not left:
             return None
         longest = max(r for _, _, r in left)
@@ -165,6 +196,8 @@ def await_no_writers(store: ControlStore, migration_id: str, jobs: Iterable[str]
                     f"its lease could still write until each lease has been unchanged for its lease + the longest "
                     f"request in flight, watched on this host's clock: wait {longest:.0f}s more "
                     f"(retry with --wait {int(longest) + 5}, or see `reshard status`)")
+        if on_wait is not None:
+            on_wait([describe_lease_wait(*w) for w in waits])
         sleep(min(poll, longest))
 
 
@@ -173,16 +206,37 @@ def unmappable_items(store: ControlStore, migration_id: str, job: str = BACKFILL
     unversioned old copies of one logical item that differ) also names the other old key."""
     out = []
     for i in store.query(store.jpk(migration_id, job), unmappable_sk(job, "")):
-        row = {"old_key": load_key(get_s(i, "old_key")), "reason": get_s(i, "reason"), "detail": get_s(i, "detail")}
+        check_row(i)
+        row = {"old_key": _key_or_text(get_s(i, "old_key", "")), "reason": get_s(i, "reason", "?"),
+               "detail": get_s(i, "detail", "")}
         if "other_key" in i:
-            row["other_key"] = load_key(get_s(i, "other_key"))
+            row["other_key"] = _key_or_text(get_s(i, "other_key"))
         out.append(row)
     return out
 
 
+def _key_or_text(text: str):
+    """A key a worker recorded (JSON), or its text as it is when it is none (shown, never used)."""
+    try:
+        key = load_key(text)
+        return key if isinstance(key, dict) else text
+    except (ValueError, TypeError, AttributeError):
+        return text
+
+
 def examples(store: ControlStore, migration_id: str, job: str, run: int) -> list[dict]:
-    """The example differences a run recorded (``D#<job>#<run>#...``)."""
-    return [json.loads(get_s(i, "body")) for i in store.query(store.jpk(migration_id, job), example_prefix(job, run))]
+    """The example differences a run recorded (``D#<job>#<run>#...``; a body that is no JSON
+    object is shown as its text)."""
+    out = []
+    for i in store.query(store.jpk(migration_id, job), example_prefix(job, run)):
+        check_row(i)
+        body = get_s(i, "body", "")
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        out.append(parsed if isinstance(parsed, dict) else {"kind": "?", "detail": body})
+    return out
 
 
 def backfill_progress(store: ControlStore, migration_id: str) -> dict | None:
@@ -201,6 +255,8 @@ def allowed_unmappable(store: ControlStore, migration_id: str) -> int:
     cutover gate stays closed.
     """
     item = store.get(store.mpk(migration_id), META)
+    if item:
+        check_row(item)
     return int(get_n(item, "allow_unmappable", 0)) if item else 0
 
 
@@ -214,6 +270,7 @@ def item_total(store: ControlStore, migration_id: str) -> dict | None:
     item = store.get(store.mpk(migration_id), META)
     if not item or "item_count" not in item:
         return None
+    check_row(item)
     return {"items": int(get_n(item, "item_count")), "source": get_s(item, "item_count_source"),
             "at": float(get_n(item, "item_count_at", 0))}
 

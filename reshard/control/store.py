@@ -12,7 +12,6 @@ Row layout: :mod:`reshard.control.records`.
 
 from __future__ import annotations
 
-import difflib
 import getpass
 import os
 import pathlib
@@ -22,12 +21,13 @@ from typing import Any, Callable
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo, expression_kwargs
-from reshard.control.records import (META, SCHEMA, TABLE_LOCK_SK, MigrationState, Transition, heartbeat_pk, history_sk,
-                                     jobs_pk, migration_pk, table_lock_pk)
+from reshard.control.records import (META, SCHEMA, TABLE_LOCK_SK, MigrationState, Transition, check_row, heartbeat_pk,
+                                     history_sk, jobs_pk, migration_pk, table_lock_pk)
+from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, clamp_horizon
 from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration, load
 from reshard.core.phases import Phase
-from reshard.core.wire import N, S, get_s
+from reshard.core.wire import N, S, get_s, projection
 
 DEFAULT_CONTROL_TABLE = "reshard-control"
 #: What an operator needs on the control table (named in permission errors).
@@ -130,9 +130,17 @@ class ControlStore:
                           ConsistentRead=consistent)
         return resp.get("Item")
 
-    def query(self, pk: str, prefix: str = "", consistent: bool = True) -> list[dict]:
+    def query(self, pk: str, prefix: str = "", consistent: bool = True, attributes: tuple[str, ...] = (),
+              page_size: int | None = None) -> list[dict]:
+        """Every row of partition ``pk`` whose sort key starts with ``prefix``; ``attributes``:
+        only these (a ProjectionExpression: junk attributes are not transferred or parsed);
+        ``page_size``: at most this many rows per request (Limit)."""
         kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": consistent,
                                   "ExpressionAttributeValues": {":pk": S(pk)}}
+        if attributes:
+            kwargs.update(projection(attributes))
+        if page_size:
+            kwargs["Limit"] = page_size
         if prefix:
             kwargs["KeyConditionExpression"] = "pk = :pk AND begins_with(sk, :p)"
             kwargs["ExpressionAttributeValues"][":p"] = S(prefix)
@@ -180,34 +188,46 @@ class ControlStore:
     def jpk(migration_id: str, job: str) -> str:
         return jobs_pk(migration_id, job)
 
-    def register(self, m: Migration, who: str | None = None) -> tuple[MigrationState, bool]:
-        """Register a migration as ``planned``. Idempotent for the same file text.
+    def register(self, m: Migration, who: str | None = None, *, request_horizon: float = DEFAULT_HORIZON_SECONDS,
+                 server_deadline: bool = False) -> tuple[MigrationState, bool]:
+        """Register a migration as ``planned``. Idempotent for a file of the same meaning.
 
-        Returns (state, created). Refuses a changed file under the same id (with a diff
-        summary) and a second active migration on the same table.
+        Returns (state, created). A file that differs from the registered one only in what is
+        not meaning (comments, whitespace, key order, quoting, description) is the same
+        migration: the registered text stays. Refuses a change of meaning under the same id
+        (naming each change, ``to.shards: 32 -> 64``) and a second active migration on the
+        same table. The row keeps the hash of the bytes (``file_hash``, what earlier releases
+        compare) beside the hash of the meaning (``meaning_hash``). ``request_horizon`` and
+        ``server_deadline`` (whether the server was found to enforce the signature window:
+        ``start``'s probe) go into META (docs/late-writes.md); a re-registration keeps what
+        the first one recorded.
         """
         self.ensure_table()
         who = who or operator_name()
         now = self.clock()
         existing = self.load_state(m.id, missing_ok=True)
         if existing is not None:
-            if existing.file_hash == m.content_hash:
+            changes = existing.changes_from(m)
+            if not changes:
                 return existing, False
-            raise errors.BadInput(f"migration {m.id!r} is already registered with different content; "
-                                  f"{diff_summary(existing.file_text, m.text)}. Give the changed file a new id.")
+            raise errors.BadInput(changed_meaning(m.id, changes))
         self._claim_table(m, now)
         item = {
             "pk": S(self.mpk(m.id)), "sk": S(META), "id": S(m.id), "table": S(m.table),
-            "file_text": S(m.text), "file_hash": S(m.content_hash), "file_path": S(m.path),
+            "file_text": S(m.text), "file_hash": S(m.content_hash), "meaning_hash": S(m.meaning_hash),
+            "file_path": S(m.path),
             "phase": S(Phase.PLANNED.value), "phase_version": N(1),
             "created_at": N(now), "created_by": S(who), "updated_at": N(now), "updated_by": S(who),
             "last_from": S(""), "last_to": S(Phase.PLANNED.value), "last_action": S("start"),
+            "request_horizon": N(clamp_horizon(request_horizon)),
+            "server_deadline": S("enforced" if server_deadline else "off"),
         }
         try:
             self.put(item, condition="attribute_not_exists(pk)")
         except errors.ConditionalCheckFailed:
             # Someone registered the same id between our read and write.
-            return self.register(m, who)
+            return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline)
+        self.stamp_since(m.id, 1)
         self.record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True
 
@@ -234,6 +254,8 @@ class ControlStore:
         except errors.ConditionalCheckFailed:
             pass
         owner = self.get(table_lock_pk(m.table), TABLE_LOCK_SK)
+        if owner:
+            check_row(owner)
         other = get_s(owner or {}, "migration_id", "?")
         other_state = self.load_state(other, missing_ok=True)
         if other_state is not None and other_state.active:
@@ -291,29 +313,64 @@ class ControlStore:
 
     # ------------------------------------------------------------------ phase writes
     def set_phase(self, state: MigrationState, target: Phase, action: str, who: str,
-                  switching: bool = False) -> MigrationState:
+                  switching: bool = False, newer_may_be: str | None = None) -> MigrationState:
         """Compare-and-set the phase from ``state`` to ``target`` and record the transition.
 
         Only the operator who read this exact ``phase_version`` wins; the loser gets
         ConcurrentChange with the phase the winner set. ``switching``: the fleet must
         hold requests until the switch into ``target`` is finished (a second write).
+        ``newer_may_be``: set the catch-up flag (the end of an authority switch: the layout
+        that was authoritative may hold a write whose mirror never landed); None leaves it.
+
+        The write removes ``phase_since``; :meth:`stamp_since` then records the server's
+        ``Date`` of this write's answer (a second write: the date is known only once the
+        server answered). A process that dies in between leaves it absent, and the next
+        reader counts from its own first sight of the version -- never from the previous
+        phase's date, which would end this phase too early.
         """
         now = self.clock()
         new_version = state.phase_version + 1
+        values = {":to": S(target.value), ":nv": N(new_version), ":now": N(now), ":who": S(who),
+                  ":from": S(state.phase.value), ":act": S(action), ":v": N(state.phase_version),
+                  ":sw": {"BOOL": switching}}
+        sets = ("SET phase = :to, phase_version = :nv, updated_at = :now, updated_by = :who, "
+                "last_from = :from, last_to = :to, last_action = :act, switching = :sw")
+        if newer_may_be is not None:
+            sets += ", newer_may_be = :nmb"
+            values[":nmb"] = S(newer_may_be)
         try:
-            self.update(
-                self.mpk(state.id), META,
-                "SET phase = :to, phase_version = :nv, updated_at = :now, updated_by = :who, "
-                "last_from = :from, last_to = :to, last_action = :act, switching = :sw",
-                condition="phase_version = :v AND phase = :from",
-                values={":to": S(target.value), ":nv": N(new_version), ":now": N(now), ":who": S(who),
-                        ":from": S(state.phase.value), ":act": S(action), ":v": N(state.phase_version),
-                        ":sw": {"BOOL": switching}},
-            )
+            self.update(self.mpk(state.id), META, sets + " REMOVE phase_since",
+                        condition="phase_version = :v AND phase = :from", values=values)
         except errors.ConditionalCheckFailed:
             raise self.lost_race(state.id, state.phase_version) from None
+        self.stamp_since(state.id, new_version)
         self.record_history(state.id, Transition(new_version, state.phase.value, target.value, action, who, now))
         return self.load_state(state.id)
+
+    def stamp_since(self, migration_id: str, version: int, date: float | None = None) -> None:
+        """Record ``phase_since`` for ``version``: ``date``, else the server's ``Date`` of the
+        answer this thread just got (the compare-and-set that made ``version``). Conditional
+        on the version and on no date being recorded yet; skipped when the server sent no
+        ``Date`` (readers then count from their own first sight)."""
+        date = self.dynamo.answer_date() if date is None else date
+        if date is None:
+            return
+        try:
+            self.update(self.mpk(migration_id), META, "SET phase_since = :d",
+                        condition="phase_version = :v AND attribute_not_exists(phase_since)",
+                        values={":d": N(int(date)), ":v": N(version)})
+        except errors.ConditionalCheckFailed:
+            pass  # moved on meanwhile, or already recorded
+
+    def clear_newer_may_be(self, migration_id: str, version: int, flag: str) -> bool:
+        """Clear the catch-up flag, only if the migration is still at ``version`` with ``flag``
+        (a verify that started in this phase version passed). False: it moved, or is clear."""
+        try:
+            self.update(self.mpk(migration_id), META, "REMOVE newer_may_be",
+                        condition="phase_version = :v AND newer_may_be = :f", values={":v": N(version), ":f": S(flag)})
+            return True
+        except errors.ConditionalCheckFailed:
+            return False
 
     def mark_retired(self, state: MigrationState, who: str) -> None:
         """Compare-and-set ``retired`` on an aborted migration, bumping ``phase_version`` so
@@ -323,22 +380,31 @@ class ControlStore:
         try:
             self.update(self.mpk(state.id), META,
                         "SET retired = :t, phase_version = :nv, updated_at = :now, updated_by = :who, "
-                        "last_from = :ph, last_to = :ph, last_action = :act",
+                        "last_from = :ph, last_to = :ph, last_action = :act REMOVE phase_since",
                         condition="phase_version = :v AND phase = :ph",
                         values={":t": {"BOOL": True}, ":nv": N(state.phase_version + 1), ":now": N(now),
                                 ":who": S(who), ":ph": S(Phase.ABORTED.value), ":act": S("retire"),
                                 ":v": N(state.phase_version)})
         except errors.ConditionalCheckFailed:
             return
+        self.stamp_since(state.id, state.phase_version + 1)  # the second sweep counts from here
         self.record_history(state.id, Transition(state.phase_version + 1, Phase.ABORTED.value,
                                                  Phase.ABORTED.value, "retire", who, now))
 
     def lost_race(self, migration_id: str, version: int) -> errors.ConcurrentChange:
+        """The error of a compare-and-set on ``version`` that lost: names the move that won
+        (META's copy of the last move, or the history row right after ``version`` when it
+        moved more than once since)."""
         now = self.load_state(migration_id)
-        who = now.last.who if now.last else "?"
-        return errors.ConcurrentChange(
-            f"another operator ({who}) moved migration {migration_id!r} first: it is now in {now.phase} "
-            f"(phase version {now.phase_version}, you acted on {version}); check `reshard status` before acting again")
+        won = now.last
+        if won is None or won.phase_version != version + 1:
+            # It moved more than once since: the move right after ours is in the history.
+            row = self.get(self.mpk(migration_id), history_sk(version + 1))
+            won = Transition.from_item(row) if row is not None else won
+        if won is None:  # pragma: no cover - a registered migration always has a last move
+            return errors.ConcurrentChange(f"migration {migration_id!r} moved since phase version {version}; "
+                                           "nothing done; check `reshard status`")
+        return errors.ConcurrentChange(moved_meanwhile(won, migration_id))
 
     def release_table(self, table: str, migration_id: str) -> None:
         """Free the ``T#<table>`` lock if this migration still holds it."""
@@ -366,13 +432,24 @@ class ControlStore:
         return [s.id for s in self.list_states() if s.active]
 
 
-def diff_summary(old: str, new: str, limit: int = 6) -> str:
-    """One line saying how two migration files differ (changed lines, first few)."""
-    changes = [l for l in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
-               if l[:1] in "+-" and not l.startswith(("+++", "---"))]
-    shown = " | ".join(c.strip() for c in changes[:limit])
-    more = f" (+{len(changes) - limit} more)" if len(changes) > limit else ""
-    return f"{len(changes)} changed line(s): {shown}{more}"
+def moved_meanwhile(t: Transition, migration_id: str, after_start: bool = False) -> str:
+    """The line of an operator whose move another one made first: who moved the migration, from
+    what to what, when, and that nothing was done (``after_start``: that move came after this
+    command started, so its operator cannot have meant to move on from there)."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.at))
+    what = (f"finished the switch to {t.to_phase}" if t.action == "switch"
+            else f"moved it from {t.from_phase} to {t.to_phase}")
+    return (f"{t.who} already {what} at {when}" + (" (after this command started)" if after_start else "")
+            + f"; nothing done: {migration_id!r} is in {t.to_phase} (phase version {t.phase_version}); check "
+            "`reshard status`, then run the command again if you still mean it from there")
+
+
+def changed_meaning(migration_id: str, changes: list[str], limit: int = 6) -> str:
+    """One line refusing a file whose meaning differs from the registered one, naming the changes."""
+    shown = "; ".join(changes[:limit]) + (f" (+{len(changes) - limit} more)" if len(changes) > limit else "")
+    return (f"migration {migration_id!r} is already registered with a different meaning: {shown}. A registered "
+            "migration cannot change; give the changed file a new id (comments, whitespace, key order, quoting "
+            "and description may differ)")
 
 
 def resolve(store: ControlStore, ref: str | None) -> str:
@@ -389,5 +466,7 @@ def resolve(store: ControlStore, ref: str | None) -> str:
     if not active:
         raise errors.MigrationNotFound("no active migration in control table "
                                        f"{store.table!r}; name one (file or id)")
-    raise errors.BadInput(f"{len(active)} active migrations ({', '.join(active)}); name one (file or id)")
+    shown = ", ".join(f"{s.id} (table {s.table}, {s.phase})" for s in store.list_states() if s.active)
+    raise errors.BadInput(f"{len(active)} active migrations: {shown}; name one (file or id), e.g. "
+                          f"`reshard status {active[0]}`")
 

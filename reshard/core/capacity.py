@@ -87,6 +87,18 @@ class TokenBucket:
         self.tokens -= n
         return max(0.0, -self.tokens / self.rate)
 
+    def try_take(self, n: float) -> bool:
+        """Take ``n`` tokens if the bucket holds them, else take nothing and say False (a server
+        admitting a request). A request bigger than the bucket can hold is admitted when the
+        bucket is full, going into debt."""
+        self._refill()
+        if self.rate is None:
+            return True
+        if self.tokens < min(n, self.rate * self.burst_seconds):
+            return False
+        self.tokens -= n
+        return True
+
     def adjust(self, delta: float) -> None:
         """Charge (positive) or refund (negative) units after the fact."""
         self._refill()

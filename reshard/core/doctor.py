@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
+from reshard.core.decode import quoted
 from reshard.core.layout import NEW_COPY_ATTR, is_tombstone
 from reshard.core.leases import SegmentRecord
 from reshard.core.phases import JOB_RULES, STRIP_JOB, Phase
-from reshard.core.versions import parse_version, version_of
+from reshard.core.versions import version_ms, version_of
 
 #: Every kind of finding, and what it means (``doctor --help`` and the runbook list them).
 KINDS = {
@@ -34,10 +35,14 @@ KINDS = {
     "expired_lease": "a segment lease is held past its expiry by its holder's own clock (the worker died?)",
     "unfinished_run": "a job run stopped before it finished and can still be resumed",
     "abandoned_run": "a job run never finished and can never be resumed (superseded, or its phase is over)",
+    "paused_run": "a job run an operator paused (`reshard pause`): its processes hold, not stuck; a note, "
+                  "not a problem (`reshard resume` lets it go on)",
     "stale_shim": "a shim heartbeats a phase version its migration has left (lagging, or gone)",
     "foreign_shim": "a shim heartbeats a finished migration's file while another migration is active on "
                     "its table",
     "retired_copies": "new-layout copies (_rs_new) of an aborted and retired migration are left in the table",
+    "orphan_marker": "the data table's marker names a migration no control table knows (a start that died "
+                     "before registering it): shims of other migrations refuse the table",
     "old_tombstones": "delete markers (_rs_del) older than the table's current migration, or left after the "
                       "last migration ended",
     "dead_budget_member": "a process's beat row in a job run's budget (B#<job>#<run>#<member>) outlived it: "
@@ -53,6 +58,10 @@ KINDS = {
 #: active migration: versions are hybrid-logical-clock strings stamped with the writer's
 #: wall clock, so "older" keeps a wide margin (a tombstone near the start is kept).
 TOMBSTONE_CLOCK_MARGIN_SECONDS = 3600.0
+
+
+#: Kinds that are notes, not problems: shown, but ``doctor`` stays healthy (exit 0) with them.
+NOTES = frozenset({"paused_run"})
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ def foreign_row_finding(control_table: str, pk: str, sk: str, reason: str) -> Fi
     break that release."""
     kind, _, rest = pk.partition("#")
     migration = rest.rpartition("#")[0] if kind == "J" else rest if kind in ("M", "S") else ""
-    where = f"control row ({pk!r}, {sk!r})"
+    where = f"control row ({quoted(pk)}, {quoted(sk)})"  # as reshard.core.decode.where names it
     detail = reason[len(where):].lstrip(": ") if reason.startswith(where) else reason
     key = shlex.quote(json.dumps({"pk": {"S": pk}, "sk": {"S": sk}}, ensure_ascii=False))
     table = shlex.quote(control_table)
@@ -154,12 +163,16 @@ def lease_finding(m: MigrationFacts, job: str, run: int, rec: SegmentRecord, *, 
 
 
 def run_finding(m: MigrationFacts, job: str, run: int, *, finished: bool, abandoned: bool, latest_run: int,
-                segments: int, held_leases: int) -> Finding | None:
-    """A run that never finished: resumable (the job's command), or never resumable (repair marks it)."""
+                segments: int, held_leases: int, paused: str | None = None) -> Finding | None:
+    """A run that never finished: resumable (the job's command), or never resumable (repair marks
+    it); ``paused``: an operator paused it (who, since when, what of its leases): a note."""
     if finished or abandoned:
         return None
     subject = f"{job} run {run}"
     if job_can_run(job, m) and run == latest_run:
+        if paused:
+            return Finding("paused_run", m.id, subject, f"{paused}; not stuck",
+                           f"reshard resume {m.id} --job {job} (when it should go on)")
         if held_leases:
             return None  # being worked on (a dead holder shows up as an expired lease)
         return Finding("unfinished_run", m.id, subject, "stopped before every segment was done, no worker holds it",
@@ -245,25 +258,38 @@ def leftover_tombstone(item: Mapping[str, Any], cutoff_ms: int | None) -> bool:
     if not is_tombstone(item):
         return False
     version = version_of(item)
-    return cutoff_ms is None or not version or parse_version(version)[0] < cutoff_ms
+    if cutoff_ms is None or not version:
+        return True
+    ms = version_ms(version)
+    return ms is not None and ms < cutoff_ms  # a version no writer wrote: not judged a leftover
 
 
-def written_before(item: Mapping[str, Any], at: float) -> bool:
-    """Unversioned, or a version whose wall time is not after ``at`` (wall seconds)."""
-    version = version_of(item)
-    return not version or parse_version(version)[0] <= at * 1000
+def retired_copy_of(item: Mapping[str, Any], retired: Collection[str]) -> str | None:
+    """The retired migration whose marked copy ``item`` is (``_rs_new`` = its id), else None.
 
-
-def retired_copy_of(item: Mapping[str, Any], retired: Mapping[str, float]) -> str | None:
-    """The retired migration whose marked copy ``item`` is (from before its retire), else None.
-
-    The rule :class:`reshard.jobs.cleanup.Cleaner` applies: a later writer that kept the
-    marker (an update of the item) stamped a newer version, and its item stays.
+    The rule :class:`reshard.jobs.cleanup.Cleaner` applies. The marker alone decides: every
+    shim write sets its own migration's marker on a new-layout key or removes it, so no
+    live writer keeps a retired migration's marker; no version's wall time is compared with
+    this host's clock (a writer's clock ahead of ours would keep a leftover for ever).
+    ``retired`` holds only migrations whose retire is old enough on the server's clock that
+    no copy of theirs can still land (:func:`reshard.jobs.cleanup.retire_settled`).
     """
     marker = item.get(NEW_COPY_ATTR, {}).get("S")
-    if marker is not None and marker in retired and written_before(item, retired[marker]):
-        return marker
-    return None
+    return marker if marker is not None and marker in retired else None
+
+
+def marker_finding(table: str, owner_id: str, owner_control: str, known: bool, previous: str | None) -> Finding | None:
+    """A table marker (``core/marker.py``) naming a migration no control table knows: a
+    ``start`` that died between writing the marker and registering the migration. Shims of
+    every other migration refuse the table until it goes (fail closed)."""
+    if known:
+        return None
+    back = f"gives the marker back to {previous}" if previous else "removes the marker"
+    return Finding("orphan_marker", owner_id, f"table {table!r} marker",
+                   f"names migration {owner_id!r} (control table {owner_control!r}), which no control table knows: "
+                   "shims of any other migration refuse the table",
+                   f"rerun `reshard start` for it, or {repair_command(owner_id)} ({back}, only while it still names "
+                   f"{owner_id!r})", True, {"table": table, "owner": owner_id, "control": owner_control})
 
 
 def data_findings(table: str, migration: str, copies: Mapping[str, list], tombstones: list,

@@ -247,7 +247,8 @@ class Recorder:
         (``values`` None: unmappable), ``new_key`` its logical item's new-layout key."""
         attrs = self.attrs
         key = _hash(canonical([item[a] for a in attrs]))  # key_hash(item, attrs)
-        version = item[VERSION_ATTR]["S"] if VERSION_ATTR in item else ""  # version_of
+        v = item.get(VERSION_ATTR)
+        version = v["S"] if v is not None and "S" in v else ""  # version_of (a non-string: the oldest)
         live = TOMBSTONE_ATTR not in item  # not is_tombstone
         if values is None:
             return Record(key, None, side, version, live, kslot=self.key_slot(item, key))

@@ -27,7 +27,8 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterable, Mapping
 
 from reshard.errors import UnmappableItem
-from reshard.core.migration import JUMP, SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, resolve_function
+from reshard.core.migration import JUMP, SHARD, LayoutSpec, Migration, RESERVED_PREFIX, TemplatePart, load_function
+from reshard.core.marker import MARKER_ATTR
 
 #: Bookkeeping attributes, all under the one reserved prefix, never shown to the app.
 VERSION_ATTR = RESERVED_PREFIX + "v"  # write version, see reshard.core.versions
@@ -42,6 +43,10 @@ NEW_COPY_ATTR = RESERVED_PREFIX + "new"
 #: key (``dump_key``). It tells the backfill's idempotent redo of the same copy from a
 #: copy of another unversioned old item of the same logical item (a collision).
 SOURCE_ATTR = RESERVED_PREFIX + "src"
+#: On an old-layout item cleanup retired (its TTL is set, it waits for DynamoDB to expire it):
+#: the migration that retired it. Every reader and job treats such an item as absent: it is
+#: a leftover, and a later migration must not copy it back (docs/late-writes.md, case 6).
+GONE_ATTR = RESERVED_PREFIX + "gone"
 #: What ``reshard cleanup --strip-bookkeeping`` removes from live items after ``complete``
 #: (a tombstone's ``_rs_del`` is never stripped: that would turn a delete into an item).
 BOOKKEEPING_ATTRS = (VERSION_ATTR, NEW_COPY_ATTR, SOURCE_ATTR)
@@ -314,6 +319,21 @@ def derive_time(value: Any, fmt: str, field: str) -> str:
 
 # --------------------------------------------------------------------------- layouts
 
+class _LazyFunction:
+    """A layout's ``shard_function``, imported at its first call (never when a file is parsed
+    or a layout built: importing runs the module's code; :func:`load_function`)."""
+
+    def __init__(self, spec: LayoutSpec):
+        self.spec = spec
+        self._fn: Callable[[str, int], int] | None = None
+
+    def __call__(self, key: str, shards: int) -> int:
+        if self._fn is None:
+            self._fn = load_function(self.spec.shard_function, self.spec.origin, self.spec.origin or "<migration>",
+                                     f"{self.spec.side}.shard_function")
+        return self._fn(key, shards)
+
+
 class Layout:
     """One side of a migration, compiled: computes and parses physical keys."""
 
@@ -335,8 +355,7 @@ class Layout:
         self.derived = dict(spec.fields)
         self.shard_by = spec.shard_by
         if spec.shard_function:
-            fn = resolve_function(spec.shard_function)
-            self._shard_fn: Callable[[str, int], int] = fn
+            self._shard_fn: Callable[[str, int], int] = _LazyFunction(spec)
         else:
             algorithm = spec.hash or "sha256"
             self._shard_fn = lambda s, n: hash_shard(s, n, algorithm)
@@ -620,6 +639,17 @@ def strip_action(item: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
 def is_tombstone(item: Mapping[str, Any] | None) -> bool:
     """True for a delete marker left by the shim."""
     return bool(item) and TOMBSTONE_ATTR in item
+
+
+def is_retired(item: Mapping[str, Any] | None) -> bool:
+    """True for an old-layout item a cleanup retired (``_rs_gone``): absent for every reader."""
+    return bool(item) and GONE_ATTR in item
+
+
+def not_data(item: Mapping[str, Any] | None) -> bool:
+    """An item no job copies, compares or counts: the table marker (``core/marker.py``) or a
+    retired leftover (:func:`is_retired`). Neither is unmappable nor missing: it is not data."""
+    return bool(item) and (GONE_ATTR in item or MARKER_ATTR in item)
 
 
 def key_of(item: Mapping[str, Any], attrs: Iterable[str]) -> Wire:

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from reshard.core import decode
+from reshard.core.decode import MAX_LEASE_SECONDS, MAX_REQUEST_SECONDS
 from reshard.core.wire import get_n, get_s, load_key, number
 
 #: The owner of a free lease.
@@ -62,14 +64,19 @@ class SegmentRecord:
     def from_item(cls, segment: int, item: dict | None) -> "SegmentRecord":
         if not item:
             return cls(segment)
+        # A worker's row (any worker, or an operator's typo): types checked, and the waits it
+        # asks observers for clamped (reshard.core.decode), before anyone acts on it.
+        decode.check_types(item, "segment")  # the checkpoint too: a key reshard can read back
         cp = get_s(item, "checkpoint")
+        checkpoint = load_key(cp) if cp else None
         counters = {k: number(v["N"]) for k, v in item.get("counters", {}).get("M", {}).items()}
         return cls(segment, True, get_s(item, "owner", FREE), float(get_n(item, "lease_expires", 0)),
-                   int(get_n(item, "lease_counter", 0)), load_key(cp) if cp else None, counters,
+                   int(get_n(item, "lease_counter", 0)), checkpoint, counters,
                    item.get("done", {}).get("BOOL", False), item.get("failed", {}).get("BOOL", False),
                    get_s(item, "failed_by", ""), int(get_n(item, "attempts", 0)), get_s(item, "last_error", ""),
                    int(get_n(item, "takeovers", 0)), get_s(item, "last_throttle", ""),
-                   float(get_n(item, "lease_seconds", 0)), float(get_n(item, "max_request_seconds", 0)))
+                   decode.seconds(get_n(item, "lease_seconds"), MAX_LEASE_SECONDS),
+                   decode.seconds(get_n(item, "max_request_seconds"), MAX_REQUEST_SECONDS))
 
     @property
     def held(self) -> bool:

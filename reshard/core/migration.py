@@ -16,10 +16,15 @@ keep their keys, ``Migration.source``/``target`` are None and ``changes_table`` 
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import importlib
+import json
+import os
 import re
 import string
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,12 @@ HASHES = ("sha256", "md5", JUMP)
 MAX_SHARDS = 1000
 MAX_RANDOM_SHARDS = 99
 
+#: The widest a ``{shard:...}`` format spec may pad (width or precision).
+MAX_FORMAT_WIDTH = 32
+#: Python's format-spec mini-language for an integer: [[fill]align][sign][z][#][0][width][grouping][.precision][type].
+_SPEC_RE = re.compile(r"(?:(?P<fill>.)?(?P<align>[<>=^]))?(?P<sign>[-+ ])?z?#?0?(?P<width>\d+)?[_,]?"
+                      r"(?:\.(?P<precision>\d+))?(?P<type>[bcdoxXn])?", re.S)
+
 #: The field name a template uses for the shard number.
 SHARD = "shard"
 
@@ -63,6 +74,8 @@ _INDEX_LAYOUT_KEYS = _LAYOUT_KEYS - {"sort"}
 #: DynamoDB's rule for table and index names.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
 _CLEANUP_KEYS = {"ttl_attribute", "retain_hours"}
+RANDOM_IN_TO = ('"random" is refused in [to] (the new layout must be deterministic: the shim and the backfill '
+                "must write the same logical item to the same key)")
 _DERIVED_KEYS = {"from", "format"}
 
 
@@ -98,6 +111,9 @@ class LayoutSpec:
     hash: str | None
     shard_function: str | None
     fields: Mapping[str, DerivedField] = field(default_factory=dict)
+    #: Where a ``shard_function``'s module may be loaded from: the migration file's path
+    #: (:func:`load_function`); not part of the layout's meaning.
+    origin: str = field(default="", compare=False)
 
     @property
     def random(self) -> bool:
@@ -191,8 +207,113 @@ class Migration:
 
     @property
     def content_hash(self) -> str:
-        """sha256 of the file's text: `start` refuses a changed file under the same id."""
+        """sha256 of the file's bytes as text (kept beside :attr:`meaning_hash` on the control
+        row: a shim or `start` of an earlier release compares this one)."""
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def meaning(self) -> dict:
+        """What the file means, as plain data (:func:`meaning_of`)."""
+        return meaning_of(self)
+
+    @property
+    def meaning_hash(self) -> str:
+        """The hash of :meth:`meaning`: what identifies a migration file (PRODUCT.md), so a
+        comment, whitespace, key order or quoting edit changes nothing and a change of meaning
+        under the same id is refused by `start` and by shims. Prefixed with the form's version
+        (:data:`MEANING_FORM`)."""
+        return meaning_hash(meaning_of(self))
+
+
+# ----------------------------------------------------------------------------- meaning
+#
+# A migration is identified by its meaning, not its bytes. The meaning is the parsed,
+# validated file with every default filled in (an explicit ``hash = "sha256"`` equals an
+# omitted one, ``shard_by = "x"`` equals ``["x"]``, ``retain_hours = 168`` an omitted
+# ``[cleanup]``): the id, the table, its key names, both layouts of the table and of every
+# ``[index.NAME]`` (templates as written, shard counts, shard_by in order -- the order is
+# the hash input --, hash or shard_function, derived fields) and ``[cleanup]``. Not meaning:
+# ``description``, comments, whitespace, key order, quoting, inline vs dotted tables, the
+# order of ``[index.NAME]`` tables and of derived fields (both are looked up by name).
+
+#: The version of the canonical form :func:`meaning_of` builds; bump it when the form changes
+#: (a new key, another default), so a hash stored by another release is not compared with ours
+#: (:func:`registered_changes` parses the registered text again instead).
+MEANING_FORM = 1
+
+
+def _layout_meaning(spec: LayoutSpec) -> dict:
+    return {"partition": spec.partition_text, "sort": spec.sort_text, "shards": spec.shards,
+            "shard_by": "random" if spec.random else list(spec.shard_by), "hash": spec.hash,
+            "shard_function": spec.shard_function,
+            "fields": {n: {"from": d.source, "format": d.format} for n, d in spec.fields.items()}}
+
+
+def meaning_of(m: Migration) -> dict:
+    """The canonical form of ``m``'s meaning (plain JSON data; see the comment above)."""
+    return {"form": MEANING_FORM, "id": m.id, "table": m.table,
+            "keys": {"partition": m.keys.partition, "sort": m.keys.sort},
+            "from": _layout_meaning(m.source) if m.source else None,
+            "to": _layout_meaning(m.target) if m.target else None,
+            "index": {i.name: {"partition": i.partition, "sort": i.sort, "type": i.partition_type,
+                               "from": _layout_meaning(i.source), "to": _layout_meaning(i.target)}
+                      for i in m.indexes},
+            "cleanup": {"ttl_attribute": m.cleanup.ttl_attribute, "retain_hours": float(m.cleanup.retain_hours)}}
+
+
+def meaning_hash(meaning: dict) -> str:
+    """``m<form>:<sha256 of the canonical JSON>`` (sorted keys, no spaces)."""
+    canonical = json.dumps(meaning, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return f"m{meaning.get('form', MEANING_FORM)}:{hashlib.sha256(canonical.encode()).hexdigest()}"
+
+
+def meaning_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """What differs between two meanings, one ``key: old -> new`` each (``to.shards: 32 -> 64``)."""
+    out: list[str] = []
+    for k in sorted(set(old) | set(new), key=str):
+        if k == "form":
+            continue
+        a, b = old.get(k), new.get(k)
+        path = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += meaning_changes(a, b, f"{path}.")
+        elif a != b:
+            out.append(f"{path}: {_shown(a)} -> {_shown(b)}")
+    return out
+
+
+def _shown(v: Any) -> str:
+    if v is None:
+        return "(none)"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True, ensure_ascii=False)
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+@functools.lru_cache(maxsize=32)
+def _registered_meaning(text: str) -> dict:
+    """The meaning of a registered file's text (a shim asks at every refresh: parsed once)."""
+    return meaning_of(parse(text, "<registered>"))
+
+
+def registered_changes(m: Migration, text: str, file_hash: str = "", stored_meaning: str = "") -> list[str]:
+    """How ``m`` differs in meaning from the file registered as ``text`` ([] when it means the same).
+
+    ``file_hash`` / ``stored_meaning``: the hashes the control row holds (a row registered
+    by an earlier release has no meaning hash). The same bytes, or the same meaning hash of
+    this form, answer at once; otherwise the registered text is parsed and both meanings are
+    compared here, which also names what changed.
+    """
+    if file_hash and file_hash == m.content_hash:
+        return []
+    if stored_meaning and stored_meaning == m.meaning_hash:
+        return []
+    try:
+        registered = _registered_meaning(text)
+    except MigrationFileError as e:
+        return [f"the registered file is not valid for this release of reshard ({e.problem})"]
+    return meaning_changes(registered, meaning_of(m))
 
 
 def load(path: str | Path) -> Migration:
@@ -209,19 +330,27 @@ def load(path: str | Path) -> Migration:
     return parse(text, str(path))
 
 
-def parse(text: str, path: str = "<migration>") -> Migration:
-    """Validate the TOML text of a migration file; ``path`` is only used in messages."""
+def parse(text: str, path: str = "<migration>", origin: str | None = None) -> Migration:
+    """Validate the TOML text of a migration file; ``path`` is only used in messages.
+
+    ``origin``: where the file was read from, for a ``shard_function``'s allow-list
+    (default ``path``). A text read back from the control table (``origin`` given: the path
+    ``start`` registered it from) was checked when it was registered: its function is
+    checked again only where it is loaded (:func:`load_function`), so a host without the
+    application's code can still read the migration."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise MigrationFileError(path, None, f"TOML syntax error: {e}") from None
-    v = _Validator(path)
+    v = _Validator(path, origin)
     return v.migration(doc, text)
 
 
 class _Validator:
-    def __init__(self, path: str):
+    def __init__(self, path: str, origin: str | None = None):
         self.path = path
+        self.origin = path if origin is None else origin
+        self.check_functions = origin is None
 
     def fail(self, key: str | None, problem: str):
         raise MigrationFileError(self.path, key, problem)
@@ -290,9 +419,8 @@ class _Validator:
                          indexes)
 
     def deterministic_and_different(self, source: LayoutSpec, target: LayoutSpec, where: str) -> None:
-        if target.random:
-            self.fail(f"{where}to.shard_by", '"random" is refused in [to]: the new layout must be deterministic, '
-                      "so the shim and the backfill write the same logical item to the same key")
+        if target.random:  # pragma: no cover - layout() refuses it first
+            self.fail(f"{where}to.shard_by", RANDOM_IN_TO)
         if (source.partition_text, source.sort_text, source.shards, source.shard_by, source.hash,
                 source.shard_function, dict(source.fields)) == (
                 target.partition_text, target.sort_text, target.shards, target.shard_by, target.hash,
@@ -375,9 +503,12 @@ class _Validator:
                 if p.field and p.field.startswith(RESERVED_PREFIX):
                     self.fail(k, f"field {{{p.field}}} uses the reserved prefix {RESERVED_PREFIX!r}")
         shard_uses = [p for p in (*partition, *(sort or ())) if p.field == SHARD]
-        if len(shard_uses) != 1:
-            self.fail(f"{where}.partition", "must contain {shard} exactly once (in the partition or the sort template)"
-                      if not shard_uses else "{shard} may appear only once across the templates")
+        if not shard_uses:
+            self.fail(f"{where}.partition", "must contain {shard} exactly once (in the partition or the sort template)")
+        if len(shard_uses) > 1:
+            # Blame the template holding the second {shard} (the sort's, when both have one).
+            twice = f"{where}.sort" if any(p.field == SHARD for p in sort or ()) else f"{where}.partition"
+            self.fail(twice, "{shard} may appear only once across the templates")
 
         shards = doc["shards"]
         if isinstance(shards, bool) or not isinstance(shards, int):
@@ -394,6 +525,10 @@ class _Validator:
         fn = doc.get("shard_function")
         if sb is None:
             self.fail(f"{where}.shard_by", 'missing: a list of fields to hash, or "random"')
+        if sb == "random" and side == "to":
+            # The first thing to say about a random [to]: whatever else it sets (a hash, more
+            # than 99 shards) is moot, since [to] can never be random.
+            self.fail(f"{where}.shard_by", RANDOM_IN_TO)
         if sb == "random":
             shard_by = None
             if shards > MAX_RANDOM_SHARDS:
@@ -416,9 +551,13 @@ class _Validator:
                 if hash_name is not None:
                     self.fail(f"{where}.shard_function", "set either hash or shard_function, not both")
                 self.string(fn, f"{where}.shard_function")
-                if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", fn):
+                if not _FUNCTION_RE.match(fn):
                     self.fail(f"{where}.shard_function", f"must look like 'package.module:function' (got {fn!r})")
-                resolve_function(fn, self.path, f"{where}.shard_function")
+                # Checked, never imported here: parsing a file runs no code of it
+                # (load_function imports the module where the function is first called).
+                problem = function_refusal(fn, self.origin) if self.check_functions else None
+                if problem:
+                    self.fail(f"{where}.shard_function", problem)
             else:
                 if hash_name is None:
                     hash_name = "sha256"
@@ -426,7 +565,7 @@ class _Validator:
                     self.fail(f"{where}.hash", f"unknown hash {hash_name!r} (known: {', '.join(HASHES)})")
         return LayoutSpec(side, partition, ptext, sort, stext, shards, shard_by,
                           hash_name if shard_by is not None and fn is None else None,
-                          fn if shard_by is not None else None, fields)
+                          fn if shard_by is not None else None, fields, origin=self.origin)
 
     def template(self, text: str, key: str) -> tuple[TemplatePart, ...]:
         try:
@@ -448,6 +587,14 @@ class _Validator:
             if spec and fname != SHARD:
                 self.fail(key, f"only {{shard}} may carry a format spec (got {{{fname}:{spec}}})")
             if spec:
+                m = _SPEC_RE.fullmatch(spec)
+                if m is None:
+                    self.fail(key, f"bad format spec {{shard:{spec}}} (an integer format such as {{shard:02d}})")
+                width, precision = (int(g) if g else 0 for g in m.group("width", "precision"))
+                if width > MAX_FORMAT_WIDTH or precision > MAX_FORMAT_WIDTH:
+                    # Python would pad every key formatted to that width (300 MB for 300000000).
+                    self.fail(key, f"format spec {{shard:{spec}}}: width and precision are limited to "
+                                   f"{MAX_FORMAT_WIDTH} (a key attribute holds at most 2048 bytes)")
                 try:
                     format(7, spec)
                 except ValueError:
@@ -507,21 +654,150 @@ class _Validator:
                         continue
                     self.fail(f"to.fields.{n}.from", f"field {src!r} is in no [from] template or shard_by, "
                                                      "so no item can supply it")
-                self.fail(key, f"field {{{n}}} is in no [from] template, shard_by or derived field, "
-                               "so no item can supply it")
+                self.fail(*self.unsupplied(source, target, key, n))
+
+    @staticmethod
+    def unsupplied(source: LayoutSpec, target: LayoutSpec, key: str, name: str) -> tuple[str, str]:
+        """The key to blame, and the problem, for a [to] field ``name`` (at ``key``) no item supplies.
+
+        The usual cause is one field spelt two ways: ``{sensr_id}`` in ``[from]`` and
+        ``{sensor_id}`` in ``[to]``. The [to] name is the one nothing supplies, but the typo
+        may be on either side. A [from] template field that [to] never uses and that is spelt
+        almost like ``name`` is named too; the key blamed is the one whose spelling the file
+        uses less often, and on a tie (one use each) the [from] key, with both spellings in the
+        message: nothing in the file says which one is right.
+        """
+        plain = (f"field {{{name}}} is in no [from] template, shard_by or derived field, so no item can "
+                 "supply it")
+        used_by_to = {*target.template_fields(), *(target.shard_by or ()), *target.fields,
+                      *(d.source for d in target.fields.values())}
+        unused = [f for f in source.template_fields() if f != SHARD and f not in used_by_to]
+        close = difflib.get_close_matches(name, unused, n=1, cutoff=0.75)
+        if not close:
+            return key, plain
+        other = close[0]
+        from_key = "from.partition" if any(p.field == other for p in source.partition) else "from.sort"
+
+        def uses(f: str) -> int:
+            return sum(p.field == f for spec in (source, target) for p in (*spec.partition, *(spec.sort or ()))) \
+                + sum(list(spec.shard_by or ()).count(f) for spec in (source, target)) \
+                + sum(d.source == f for spec in (source, target) for d in spec.fields.values())
+
+        if uses(name) < uses(other):
+            return key, f"{plain}; did you mean {{{other}}}, as {from_key} has it?"
+        return from_key, (f"{{{other}}} here and {{{name}}} in {key} look like one field spelt two ways "
+                          f"({{{name}}} is in no [from] template, shard_by or derived field, so no item can "
+                          "supply it): correct the misspelt one")
 
 
-def resolve_function(spec: str, path: str = "<migration>", key: str = "shard_function"):
-    """Import ``package.module:function`` and return the callable (the escape hatch)."""
+# --------------------------------------------------------------------------- shard_function
+
+#: ``package.module:function``.
+_FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+#: Packages (comma-separated dotted prefixes) whose callables a ``shard_function`` may name,
+#: wherever they are installed: the deployment says which, not the migration file.
+FUNCTION_PACKAGES_ENV = "RESHARD_SHARD_FUNCTION_PACKAGES"
+#: Never the application's own: the standard library and reshard itself (``shutil:rmtree``,
+#: ``os:system`` would pass any signature check and run at the first key computed).
+_NEVER = frozenset(sys.stdlib_module_names) | {"reshard", "builtins", "__main__"}
+
+
+def _declared_packages() -> tuple[str, ...]:
+    return tuple(p.strip() for p in os.environ.get(FUNCTION_PACKAGES_ENV, "").split(",") if p.strip())
+
+
+def _declared(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in _declared_packages())
+
+
+def _search_dirs(origin: str) -> list[Path]:
+    """Where an application module next to a migration file lives: the file's directory and
+    the one holding it (``app/migrations/x.toml``: ``app/``, the project). None for a file
+    read from the control table (``control-table:<id>``): only declared packages then."""
+    if not origin or origin.startswith(("control-table:", "<")):
+        return []
+    here = Path(origin).resolve().parent
+    return [here, here.parent]
+
+
+def _module_file(module: str, origin: str) -> Path | None:
+    """The source of ``module`` under a search directory (a module or a package), else None.
+    Only the filesystem is looked at: nothing is imported."""
+    rel = Path(*module.split("."))
+    for d in _search_dirs(origin):
+        for candidate in (d / rel.with_suffix(".py"), d / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def function_refusal(spec: str, origin: str) -> str | None:
+    """Why ``spec`` (``package.module:function``) may not be a shard function, or None. Pure of
+    imports: a module of the standard library or of reshard is refused; an application's module
+    must be found next to the migration file (or in its project directory), or belong to a
+    package the deployment declared in ``$RESHARD_SHARD_FUNCTION_PACKAGES``."""
+    module = spec.partition(":")[0]
+    top = module.split(".")[0]
+    if top in _NEVER:
+        return (f"{spec!r} names a module of the standard library or of reshard; a shard function must be the "
+                "application's own (a module next to the migration file, or a package named in "
+                f"${FUNCTION_PACKAGES_ENV})")
+    if _declared(module) or _module_file(module, origin) is not None:
+        return None
+    where = " or ".join(str(d) for d in _search_dirs(origin)) or "(a file read from the control table: none)"
+    return (f"module {module!r} is neither next to the migration file (looked in {where}) nor in a package named "
+            f"in ${FUNCTION_PACKAGES_ENV} (comma-separated, e.g. 'myapp,company.sharding'); reshard imports only "
+            "the application's own modules")
+
+
+def load_function(spec: str, origin: str = "", path: str = "<migration>", key: str = "shard_function"):
+    """Import ``package.module:function`` and return the callable (the escape hatch).
+
+    Called where the function is first needed (a key computed), never when a file is
+    parsed: importing the module runs its code. The same allow-list as
+    :func:`function_refusal`; a module found next to the migration file is loaded from
+    there (not from whatever ``sys.path`` holds under that name), and the callable must be
+    defined in that module (``from shutil import rmtree`` in it is refused)."""
+    problem = function_refusal(spec, origin)
+    if problem:
+        raise MigrationFileError(path, key, problem)
     mod_name, _, fn_name = spec.partition(":")
     try:
-        mod = importlib.import_module(mod_name)
+        mod = sys.modules.get(mod_name)
+        if mod is None and not _declared(mod_name):
+            mod = _import_from(mod_name, origin)
+        if mod is None:
+            mod = importlib.import_module(mod_name)
     except Exception as e:  # ImportError and whatever the module raises at import
         raise MigrationFileError(path, key, f"cannot import {mod_name!r}: {e}") from None
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise MigrationFileError(path, key, f"{mod_name!r} has no callable {fn_name!r}")
+    if getattr(fn, "__module__", mod_name) != mod_name:
+        raise MigrationFileError(path, key, f"{spec!r} is {getattr(fn, '__module__', '?')}.{fn_name}, imported into "
+                                            f"{mod_name!r}: name the application's own function")
     return fn
+
+
+def _import_from(module: str, origin: str):
+    """Import ``module`` from the search directory that holds it (its top-level package
+    loaded from that file, then the rest through the package's path)."""
+    import importlib.util
+    top, _, rest = module.partition(".")
+    source = _module_file(top, origin)
+    if source is None:
+        return None
+    package = source.name == "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        top, source, submodule_search_locations=[str(source.parent)] if package else None)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[top] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(top, None)
+        raise
+    return importlib.import_module(module) if rest else mod
 
 
 def _describe(value: Any) -> str:

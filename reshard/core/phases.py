@@ -16,7 +16,7 @@ Why every transition waits for the fleet
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -59,6 +59,11 @@ class Routing:
         monotonically per item and mirror writes can be ordered by them.
     ``hold``: the fleet is switching authority (:data:`SWITCH`): requests wait, and
         never act on either layout, until the switch is over.
+    ``catch_up``: the layout (``"old"``/``"new"``) that may hold a newer copy than the
+        authoritative one after an authority switch (a mirror that never landed): reads
+        read it too (newest wins), and a write first reads its copy and, when it is newer,
+        puts it onto the authoritative key (docs/late-writes.md, "Catch-up"). None: no
+        such layout.
     """
 
     writes: tuple[str, ...]
@@ -66,6 +71,7 @@ class Routing:
     tombstones: bool
     fenced: bool
     hold: bool = False
+    catch_up: str | None = None
 
     @property
     def authoritative(self) -> str:
@@ -103,9 +109,22 @@ def changes_authority(frm: Phase, to: Phase) -> bool:
     return bool(a and b and a.writes and b.writes and a.authoritative != b.authoritative)
 
 
-def routing_of(phase: Phase, switching: bool = False) -> Routing:
-    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it."""
-    return SWITCH if switching else ROUTING[phase]
+def routing_of(phase: Phase, switching: bool = False, newer_may_be: str | None = None) -> Routing:
+    """The routing of ``phase``; :data:`SWITCH` while the fleet switches authority into it.
+
+    ``newer_may_be`` (the control row's catch-up flag, ``"old"`` after backfill -> cutover,
+    ``"new"`` after cutover -> backfill, None once a verify cleared it): when it names a
+    layout other than the authoritative one, reads also read that layout (newest wins) and
+    writes catch up from it first (:attr:`Routing.catch_up`). The gates of :func:`decide`
+    keep a phase that reads one layout from starting while the other may be newer.
+    """
+    if switching:
+        return SWITCH
+    r = ROUTING[phase]
+    if newer_may_be not in ("old", "new") or not r.writes or newer_may_be == r.authoritative:
+        return r
+    reads = r.reads if newer_may_be in r.reads else (*r.reads, newer_may_be)
+    return replace(r, reads=reads, catch_up=newer_may_be)
 
 
 #: The shim's routing when no migration is registered for its table at all.
@@ -138,6 +157,10 @@ class Facts:
     #: A job that may still write (a backfill or verify lease not yet released or quiet
     #: long enough, see :func:`reshard.control.runs.await_no_writers`): cutover waits for it.
     writers: str | None = None
+    #: The control row's catch-up flag (:func:`routing_of`): ``"old"``, ``"new"`` or None.
+    newer_may_be: str | None = None
+    #: The command that lifts it (a passing verify started in this phase version).
+    verify_command: str = "reshard verify"
 
 
 @dataclass(frozen=True)
@@ -192,30 +215,91 @@ def target_of(action: Action, phase: Phase) -> tuple[Phase | None, str | None]:
     raise ValueError(action)
 
 
-def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
-    """Whether ``action`` may move a migration out of ``phase``, given ``facts``."""
+@dataclass(frozen=True)
+class Precondition:
+    """One thing a transition needs, and its state now (``advance --dry-run`` lists them all).
+
+    ``ok``: satisfied. ``state``: what was found (when not ok: the refusal sentence).
+    ``clears_by_waiting``: not ok only for now -- the fleet has not acknowledged yet, or a
+    job's lease is still held -- so ``reshard wait`` (or ``--wait``) may clear it.
+    """
+
+    what: str
+    ok: bool
+    state: str
+    clears_by_waiting: bool = False
+
+
+def preconditions(action: Action, phase: Phase, facts: Facts) -> tuple[Phase | None, tuple[Precondition, ...]]:
+    """The phase ``action`` leads to from ``phase`` (None: none) and every precondition with its state.
+
+    :func:`decide` refuses exactly the ones that are not ok, with their ``state`` as the reason.
+    """
     target, why_not = target_of(action, phase)
     if target is None:
-        return Decision(action, phase, None, (why_not,))
-    refusals: list[str] = []
+        return None, (Precondition(f"{action.value} is possible from {phase}", False, why_not),)
+    out: list[Precondition] = []
     if facts.live_shims == 0:
         # Fail closed: an empty census also describes an application whose shims report to
         # another control table (a typo), or that does not use the shim at all.
-        refusals.append("no live shim reports for this table: deploy the application with the shim (same "
-                        "control table) first; if nothing writes the table, pass --allow-no-shims")
+        out.append(Precondition("live shims report for the table", False,
+                                "no live shim reports for this table: deploy the application with the shim (same "
+                                "control table) first; if nothing writes the table, pass --allow-no-shims"))
+    else:
+        out.append(Precondition("live shims report for the table", True,
+                                "not counted: --allow-no-shims vouches that nothing writes the table"
+                                if facts.live_shims is None else f"{facts.live_shims} live shim(s)"))
     if facts.lagging:
         shown = ", ".join(facts.lagging[:5]) + (f" and {len(facts.lagging) - 5} more" if len(facts.lagging) > 5 else "")
-        refusals.append(f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
-                        f"(wait with `reshard {action.value} --wait SECONDS`, or see `reshard status`; a shim that is gone "
-                        "counts until a --wait has watched its heartbeat stay unchanged for its liveness window + "
-                        "its longest request, about 65 s by default, and then removes it)")
+        out.append(Precondition(
+            f"every live shim acknowledged {phase}", False,
+            f"{len(facts.lagging)} live shim(s) have not acknowledged {phase} yet: {shown} "
+            f"(`reshard wait` waits for them and moves nothing, or `reshard {action.value} --wait SECONDS`; see "
+            "`reshard status`; a shim that is gone counts until a wait has watched its heartbeat stay unchanged "
+            "for its liveness window + its longest request, about 65 s by default, and then removes it)",
+            clears_by_waiting=True))
+    else:
+        out.append(Precondition(f"every live shim acknowledged {phase}", True, "yes"))
     if action is Action.ADVANCE and target is Phase.CUTOVER:
-        for missing in (facts.backfill_missing, facts.verify_missing, facts.writers):
-            if missing:
-                refusals.append(missing)
-    if action is Action.ADVANCE and target is Phase.COMPLETE and facts.cleanup_missing:
-        refusals.append(facts.cleanup_missing)
-    return Decision(action, phase, target, tuple(refusals))
+        out.append(Precondition("the backfill finished", facts.backfill_missing is None,
+                                facts.backfill_missing or "yes"))
+        out.append(Precondition("a passing verify started after the backfill finished", facts.verify_missing is None,
+                                facts.verify_missing or "yes"))
+        out.append(Precondition("no backfill or verify worker can still write", facts.writers is None,
+                                facts.writers or "yes", clears_by_waiting=True))
+    if action is Action.ADVANCE and target is Phase.COMPLETE:
+        out.append(Precondition("the cleanup pass finished", facts.cleanup_missing is None,
+                                facts.cleanup_missing or "yes"))
+    catch_up = catch_up_refusal(target, facts.newer_may_be, facts.verify_command)
+    if facts.newer_may_be is not None:
+        out.append(Precondition(f"nothing only the {facts.newer_may_be} layout holds is lost (the catch-up verify "
+                                "after the authority switch)", catch_up is None, catch_up or "yes"))
+    return target, tuple(out)
+
+
+def decide(action: Action, phase: Phase, facts: Facts) -> Decision:
+    """Whether ``action`` may move a migration out of ``phase``, given ``facts``."""
+    target, checks = preconditions(action, phase, facts)
+    return Decision(action, phase, target, tuple(c.state for c in checks if not c.ok))
+
+
+def catch_up_refusal(target: Phase, newer_may_be: str | None, verify_command: str = "reshard verify") -> str | None:
+    """Why a move into ``target`` must wait for the catch-up verify, or None.
+
+    After an authority switch the layout that was authoritative before may hold a write
+    whose mirror never landed (``newer_may_be``). A phase that reads only the other layout
+    would no longer see it: ``cleanup`` (and on) reads only new, so it waits while old may
+    be newer; ``aborted``, ``dual_write`` and ``planned`` read only old, so they wait while
+    new may be newer. A verify that started in this phase version and passed (its repairs
+    copy the newer copy over the older, in both directions) lifts the flag.
+    """
+    reads_only = {Phase.CLEANUP: "new", Phase.COMPLETE: "new", Phase.ABORTED: "old",
+                  Phase.DUAL_WRITE: "old", Phase.PLANNED: "old"}.get(target)
+    if reads_only is None or newer_may_be not in ("old", "new") or newer_may_be == reads_only:
+        return None
+    return (f"the {newer_may_be} layout may hold writes the {reads_only} layout lacks (a mirror lost across the "
+            f"authority switch), and {target} reads only the {reads_only} layout: run `{verify_command}` (with "
+            "--repair if it finds differences) until a run started in this phase passes, then retry")
 
 
 #: The data jobs, by name (run records, leases and status use these names).
@@ -238,9 +322,11 @@ JOB_RULES: dict[str, JobRule] = {
     BACKFILL_JOB: JobRule((Phase.BACKFILL,), "the shims must dual-write before the copy races them; "
                                             "`reshard advance` gets there"),
     VERIFY_JOB: JobRule((Phase.BACKFILL, Phase.CUTOVER), "it compares the layouts the backfill filled"),
-    # --repair writes from the old layout, which is authoritative only up to backfill.
-    f"{VERIFY_JOB} --repair": JobRule((Phase.BACKFILL,), "--repair writes from the old layout, which is "
-                                                        "authoritative only up to backfill"),
+    # --repair copies the newer copy over the older (version-fenced), in either direction:
+    # the catch-up after a switch (newer_may_be) needs it on both sides of the switch.
+    f"{VERIFY_JOB} --repair": JobRule((Phase.BACKFILL, Phase.CUTOVER),
+                                      "--repair copies the newer copy over the older, which needs both layouts "
+                                      "written (backfill and cutover)"),
     CLEANUP_JOB: JobRule((Phase.CLEANUP, Phase.ABORTED), "old items may be retired only once no shim reads them, "
                                                          "and new copies removed only once a migration is aborted"),
     # complete: one layout, unfenced, no tombstones (ROUTING), so no write compares a

@@ -1,28 +1,54 @@
 """Progress arithmetic, gh-ost style: items done of a total, percent, rate and ETA.
 
-Pure module: the periodic log line of a data job, its tqdm bar's total and ``status``'s
-per-job rate and ETA all come from :class:`Progress`. The total is an estimate (DynamoDB's
-ItemCount, refreshed about every six hours, or a counted total), so the percent is capped at
-100 and the ETA at zero rather than going past them.
+Pure module: the periodic log line of a data job, its tqdm bar and ``status``'s per-job
+rate and ETA all come from :class:`Progress`, and what a page did from
+:func:`progress_done`: the same unit (the old layout's items) on both sides of done / total.
+The total is an estimate (a counted total, or DynamoDB's ItemCount, refreshed about every
+six hours), so done never runs past the total shown (the total follows done), the percent
+is capped at 100 and the ETA at zero.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
-#: The counter that says how many physical items a job has read (its unit of progress).
+#: The counter that says how many physical items a job's scan read.
 PROGRESS_COUNTER = {"backfill": "scanned", "verify": "checked", "cleanup": "scanned"}
+
+#: The new layout's items a job's scan met (counted apart, so progress leaves them out).
+NEW_LAYOUT_COUNTER = {"backfill": "new_layout", "verify": "new_copies", "cleanup": "new_layout"}
 
 
 def progress_counter(job: str) -> str:
-    """The page counter that measures ``job``'s progress."""
+    """The page counter of the physical items ``job``'s scan read."""
     return PROGRESS_COUNTER.get(job, "scanned")
+
+
+def progress_done(job: str, counts: Mapping[str, float]) -> int:
+    """How much of ``job`` a page (or a run's counters) did, in the unit of its total.
+
+    The unit is the old layout's items, on both sides of done / total: the total is the
+    item count ``start --count`` (or a full-scan ``start``) stored, taken before any shim
+    wrote a new-layout copy, or DescribeTable's ItemCount. A scan reads the whole table,
+    both layouts, so the new layout's copies it meets (a shim's mirror write, a copy made
+    earlier) are left out of done: counting them made ``6,196/4,401 (100%)``. A migration
+    that keeps the table's keys (index-only) and ``cleanup --strip-bookkeeping`` (one
+    layout left) count every item scanned.
+    """
+    read = counts.get(progress_counter(job), 0) or 0
+    new = counts.get(NEW_LAYOUT_COUNTER.get(job, ""), 0) or 0
+    return max(0, int(read) - int(new))
 
 
 @dataclass(frozen=True)
 class Progress:
     """``done`` items of ``total`` (None: unknown) after ``elapsed`` seconds, of which
-    ``done_before`` were done by an earlier invocation (they do not count for the rate)."""
+    ``done_before`` were done by an earlier invocation (they do not count for the rate).
+
+    ``total`` is an estimate: once ``done`` passes it, the total shown is ``done`` (never
+    ``6,196/4,401``) and :attr:`estimate_low` says so.
+    """
 
     done: int
     total: int | None
@@ -31,10 +57,19 @@ class Progress:
     total_source: str = ""
 
     @property
+    def estimate_low(self) -> bool:
+        return bool(self.total) and self.done > self.total
+
+    @property
+    def shown_total(self) -> int | None:
+        """The total as shown: never below ``done``."""
+        return max(self.total, self.done) if self.total else None
+
+    @property
     def pct(self) -> float | None:
         if not self.total:
             return None
-        return min(100.0, 100.0 * self.done / self.total)
+        return min(100.0, 100.0 * self.done / self.shown_total)
 
     @property
     def rate(self) -> float:
@@ -45,11 +80,12 @@ class Progress:
     def eta_seconds(self) -> float | None:
         if not self.total or self.rate <= 0:
             return None
-        return max(0.0, (self.total - self.done) / self.rate)
+        return max(0.0, (self.shown_total - self.done) / self.rate)
 
     def as_dict(self) -> dict:
         eta = self.eta_seconds
-        return {"done": self.done, "total": self.total, "total_source": self.total_source or None,
+        return {"done": self.done, "total": self.shown_total, "total_source": self.total_source or None,
+                "estimate_low": self.estimate_low,
                 "pct": None if self.pct is None else round(self.pct, 1), "rate": round(self.rate, 1),
                 "elapsed_seconds": round(self.elapsed, 1), "eta_seconds": None if eta is None else round(eta)}
 
@@ -62,6 +98,8 @@ def describe(p: dict) -> str:
     """The text of :meth:`Progress.as_dict` (``status`` renders the recorded dict with it)."""
     of = f"/{p['total']:,}" if p.get("total") else ""
     pct = f" ({p['pct']:.1f}%)" if p.get("pct") is not None else ""
+    if p.get("estimate_low"):
+        pct += " (more than the estimated total)"
     out = f"{p['done']:,}{of} items{pct}, {p['rate']:,.1f} items/s"
     if p.get("eta_seconds") is not None:
         out += f", ETA {duration(p['eta_seconds'])}"

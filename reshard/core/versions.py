@@ -16,6 +16,21 @@ Version scheme
     with every write acknowledged on its authoritative copy, and mirror copies converge
     to the highest version -- the last acknowledged write.
 
+A stored version is input
+    Any client that can write the data table can write ``_rs_v``. A writer adopts a
+    stored version only after :func:`check_version`: a string of the exact format above
+    (the writer id 1-64 printable ASCII characters without '.'), at most
+    :data:`MAX_AHEAD_MS` ahead of the writer's clock (``now_ms``, an argument: the server's
+    clock may be passed instead). Anything else (``"9999999999999.999999.zz"``, a number, a
+    list, 10 KB of text) raises :class:`~reshard.errors.BadVersion` naming the item and the
+    value: the shim refuses *that item's* write with it (the application sees a
+    ``ValidationException``), every other item and every other shim go on, and the clock
+    never moves. Adopting it would have pushed the clock past every real version (a 13-digit
+    millisecond count overflowing to 14 digits sorts *below* them all: every later fenced
+    write lost) and spread the forged time to every shim writing the item. Readers never
+    raise: :func:`version_of` gives a non-string ``_rs_v`` as ``""`` (oldest), so reads, a
+    backfill copy's fence and verify's comparison treat it as a foreign write.
+
 The copy step
     The backfill copies each old item with one PutItem fenced by :func:`copy_fence`:
     onto nothing or an older version only, so a newer write at the new key (a shim's
@@ -32,24 +47,67 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from reshard import errors
+from reshard.core.decode import quoted
 from reshard.core.layout import SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR
 
 _MS_WIDTH = 13
 _COUNTER_WIDTH = 6
 _COUNTER_MAX = 10 ** _COUNTER_WIDTH - 1
+_MS_MAX = 10 ** _MS_WIDTH - 1  # 2286-11-20: past it a version would need 14 digits and sort low
+#: A writer id: printable ASCII without '.' (the separator) or blanks, as long as this at most.
+MAX_WRITER_CHARS = 64
+_WRITER = r"[\x21-\x2d\x2f-\x7e]{1,%d}" % MAX_WRITER_CHARS
+_VERSION_RE = re.compile(r"(\d{%d})\.(\d{%d})\.(%s)" % (_MS_WIDTH, _COUNTER_WIDTH, _WRITER))
+_WRITER_RE = re.compile(_WRITER)
+#: How far ahead of a writer's clock a stored version may be and still be adopted. AWS
+#: refuses a request signed more than 5 minutes away from its own clock (SigV4, as users
+#: observe it), so every writer that reached DynamoDB is within 5 minutes of AWS, and two
+#: writers within 10 minutes of each other; a version further ahead came from no such writer.
+MAX_AHEAD_MS = 10 * 60 * 1000
+
+
+def now_ms() -> int:
+    """This host's wall clock in milliseconds (what a :class:`VersionClock` stamps)."""
+    return time.time_ns() // 1_000_000
 
 
 def parse_version(version: str) -> tuple[int, int, str]:
-    ms, counter, writer = version.split(".", 2)
-    return int(ms), int(counter), writer
+    """``(ms, counter, writer)`` of a well-formed version; :class:`~reshard.errors.BadVersion` else."""
+    m = _VERSION_RE.fullmatch(version) if isinstance(version, str) else None
+    if m is None:
+        raise errors.BadVersion(f"{VERSION_ATTR} {quoted(version)} is not a version reshard writes "
+                                f"('<13-digit ms>.<6-digit counter>.<writer id>')")
+    return int(m.group(1)), int(m.group(2)), m.group(3)
+
+
+def version_ms(version: str) -> int | None:
+    """The wall time (ms) of a well-formed version; None for anything else (a reader that
+    judges an item by its version's time leaves an item it cannot judge alone)."""
+    m = _VERSION_RE.fullmatch(version) if isinstance(version, str) else None
+    return int(m.group(1)) if m else None
+
+
+def check_version(version: str, now: int, ahead_ms: int = MAX_AHEAD_MS) -> tuple[int, int, str]:
+    """:func:`parse_version`, and refuse a version more than ``ahead_ms`` ahead of ``now``
+    (milliseconds: this host's clock, or the server's). Pure."""
+    ms, counter, writer = parse_version(version)
+    if ms > now + ahead_ms:
+        raise errors.BadVersion(f"{VERSION_ATTR} {quoted(version)} is {(ms - now) / 1000:.0f}s ahead of this "
+                                f"writer's clock, beyond the {ahead_ms / 60000:g}-minute skew bound")
+    return ms, counter, writer
 
 
 def format_version(ms: int, counter: int, writer: str) -> str:
+    if not 0 <= ms <= _MS_MAX or not 0 <= counter <= _COUNTER_MAX:
+        # Never a version that sorts below the real ones (a 14-digit ms, a 7-digit counter).
+        raise errors.BadVersion(f"no version at ms {ms}, counter {counter}: out of the fixed widths")
     return f"{ms:0{_MS_WIDTH}d}.{counter:0{_COUNTER_WIDTH}d}.{writer}"
 
 
@@ -58,12 +116,17 @@ class VersionClock:
 
     def __init__(self, writer_id: str | None = None, now_ms: Callable[[], int] | None = None):
         self.writer_id = writer_id or os.urandom(4).hex()
-        if "." in self.writer_id:
-            raise ValueError("writer id must not contain '.'")
-        self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        if not _WRITER_RE.fullmatch(self.writer_id):
+            raise errors.BadInput(f"writer id must be 1-{MAX_WRITER_CHARS} printable ASCII characters without '.' "
+                                  f"or blanks (got {quoted(self.writer_id)}): it ends every version the writer stamps")
+        self._now_ms = now_ms or globals()["now_ms"]
         self._lock = threading.Lock()
         self._ms = 0
         self._counter = 0
+
+    def now(self) -> int:
+        """The clock's wall time (ms): what a stored version is checked against."""
+        return self._now_ms()
 
     def next(self) -> str:
         """A version greater than every version this clock issued or observed."""
@@ -78,20 +141,55 @@ class VersionClock:
             return format_version(self._ms, self._counter, self.writer_id)
 
     def observe(self, version: str | None) -> None:
-        """Make the next version greater than ``version`` (seen on a fenced write's loser)."""
+        """Make the next version greater than ``version`` (seen on a fenced write's loser).
+
+        Checked first (:func:`check_version` against this clock): a malformed version, or one
+        further ahead than the skew bound, raises :class:`~reshard.errors.BadVersion` and
+        the clock does not move."""
         if not version:
             return
-        ms, counter, _ = parse_version(version)
+        ms, counter, _ = check_version(version, self._now_ms())
         with self._lock:
             if (ms, counter) >= (self._ms, self._counter):
                 self._ms, self._counter = ms, counter
 
 
 def version_of(item: Mapping[str, Any] | None) -> str:
-    """The item's version string; ``""`` (oldest) for none or a pre-migration item."""
+    """The item's version string; ``""`` (oldest) for none, a pre-migration item, or a
+    ``_rs_v`` that is no string at all (written by something else: a reader treats it as
+    the oldest, a writer refuses it with :func:`stored_version`). Never raises."""
+    if not item:
+        return ""
+    av = item.get(VERSION_ATTR)
+    if av is None:
+        return ""
+    v = av.get("S") if isinstance(av, Mapping) else None
+    return v if isinstance(v, str) else ""
+
+
+def stored_version(item: Mapping[str, Any] | None, now: int | None, what: str) -> str:
+    """The version a writer may adopt from a stored ``item`` (``""``: none stored), checked
+    with :func:`check_version`; otherwise :class:`~reshard.errors.BadVersion` naming ``what``
+    (the item) and the value, and how to clear it. ``now`` None: the format only (a job that
+    copies or compares a version adopts none: it never judges another host's clock). Pure."""
     if not item or VERSION_ATTR not in item:
         return ""
-    return item[VERSION_ATTR]["S"]
+    av = item[VERSION_ATTR]
+    v = av.get("S") if isinstance(av, Mapping) and len(av) == 1 else None
+    try:
+        if not isinstance(v, str):
+            raise errors.BadVersion(f"{VERSION_ATTR} is {quoted(json.dumps(av, default=repr))}, not a string")
+        if now is None:
+            parse_version(v)
+        else:
+            check_version(v, now)
+    except errors.BadVersion as e:
+        raise errors.BadVersion(
+            f"{what} carries a {VERSION_ATTR} that no reshard writer wrote ({e}); refusing to write it "
+            f"rather than adopt that version (it would fence out every later write of the item). A writer "
+            f"outside reshard set it: remove it (UpdateItem REMOVE {VERSION_ATTR}) and write the item again; "
+            f"`reshard verify` reports items like it") from None
+    return v
 
 
 def newest(items):
@@ -146,6 +244,27 @@ def fence_for(version: str) -> Fence:
     if not version:
         return Fence("attribute_not_exists(#rs_v)", names, {})
     return Fence("attribute_not_exists(#rs_v) OR #rs_v < :rs_v", names, {":rs_v": {"S": version}})
+
+
+def not_version(version: str) -> Fence:
+    """Only if the item does not already hold exactly ``version``: the condition of every stamped
+    write in phases without a version fence (cleanup, complete).
+
+    A write whose answer was lost is retried by the client with the same version; if the first
+    attempt landed, the retry fails this condition instead of applying again (an ``ADD`` twice),
+    and :func:`own_attempt` recognises the landed attempt. Costs no capacity: a condition.
+    """
+    return Fence("attribute_not_exists(#rs_v) OR #rs_v <> :rs_v", {"#rs_v": VERSION_ATTR}, {":rs_v": {"S": version}})
+
+
+def own_attempt(version: str | None, stored: Mapping[str, Any] | None) -> bool:
+    """Whether ``stored`` (read after a write of ``version`` failed its condition) is that write's
+    own landed attempt: its answer was lost and the retry met it.
+
+    Versions are unique per writer (a writer id, a clock that never repeats), so a stored
+    version equal to the attempt's can only have been written by this very attempt.
+    """
+    return bool(version) and version_of(stored) == version
 
 
 def unchanged(version: str, key_attr: str) -> Fence:

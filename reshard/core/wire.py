@@ -66,6 +66,21 @@ def key_id(item: Mapping, attrs: Iterable[str]) -> tuple:
     return tuple(next(iter(item[a].items())) for a in attrs)
 
 
+def still_as_read(attrs: Iterable[str], read: Mapping, tag: str, names: dict, values: dict) -> list[str]:
+    """Conditions that each of ``attrs`` still holds what ``read`` held (equal, or still
+    absent): the guard of a write made from what was read. Placeholders ``#<tag><n>`` and
+    ``:<tag><n>`` are added to ``names`` and ``values``."""
+    cond = []
+    for n, attr in enumerate(attrs):
+        names[f"#{tag}{n}"] = attr
+        if attr in read:
+            values[f":{tag}{n}"] = read[attr]
+            cond.append(f"#{tag}{n} = :{tag}{n}")
+        else:
+            cond.append(f"attribute_not_exists(#{tag}{n})")
+    return cond
+
+
 def projection(attrs: Iterable[str]) -> dict:
     """``ProjectionExpression`` + ``ExpressionAttributeNames`` reading just ``attrs``.
 

@@ -7,7 +7,8 @@ The copy protocol, per page of one parallel-scan segment (:func:`Backfill.page`)
        untouched, counted and recorded as ``U#backfill#<digest>`` in the control table.
        Tombstones are copied like items: they carry the logical key fields.
     3. One *version-conditioned* PutItem per moved item, ``--concurrency`` of them in flight
-       per worker (:func:`reshard.jobs.runner.item_writes`)
+       per worker (:func:`reshard.jobs.runner.item_writes`), each new partition key paced
+       under DynamoDB's per-key limit (:mod:`reshard.jobs.pacing`, ``--max-wcu-per-key``)
        (:func:`reshard.core.versions.copy_fence`): onto nothing or an older version only;
        a copy of an unversioned (pre-migration) item also onto our own earlier copy of
        the same source (stamped ``_rs_src``: a redone page). Just before each request
@@ -59,16 +60,18 @@ from reshard.control.runs import entered_at
 from reshard.control.store import ControlStore
 from reshard.core.capacity import items_read_units, items_write_units
 from reshard.core.index import NEW, IndexMapper, reindexed
-from reshard.core.layout import SOURCE_ATTR, KeyMapper, item_size
+from reshard.core.layout import SOURCE_ATTR, VERSION_ATTR, KeyMapper, item_size, not_data
 from reshard.core.phases import BACKFILL_JOB, Phase
-from reshard.core.versions import copy_fence, copy_outcome, version_of
+from reshard.core.versions import copy_fence, copy_outcome, stored_version, version_of
 from reshard.core.wire import N, S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, count_writes, scan_page
+from reshard.jobs.pacing import KeyPacer, key_pacer
+from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobSpec, conditional_put, count_writes, over_leftovers,
+                                 scan_page)
 
 COUNTERS = ("scanned", "moved", "copied", "fenced", "duplicates", "collisions", "unmoved", "new_layout",
-            "unmappable", "rcu", "wcu")
+            "unmappable", "not_data", "rcu", "wcu")
 
 #: How often a copy is retried when its target vanished between the failed fence and the read.
 _COPY_TRIES = 3
@@ -83,7 +86,7 @@ class Backfill:
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, mapper: KeyMapper, table: str,
                  budget: CapacityBudget, page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 1,
-                 indexes: Sequence[IndexMapper] = ()):
+                 indexes: Sequence[IndexMapper] = (), key_pacer: KeyPacer | None = None):
         self.dynamo = dynamo
         self.store = store
         self.migration_id = migration_id
@@ -98,6 +101,8 @@ class Backfill:
         #: A combined migration's sharded GSIs: each new copy is written with their [to] values
         #: (what shims write from dual_read on), so the copy never lands an old value.
         self.indexes = tuple(indexes)
+        #: Paces the copies of each new partition key under DynamoDB's per-key limit (pacing.py).
+        self.key_pacer = key_pacer or KeyPacer(None)
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
@@ -114,12 +119,23 @@ class Backfill:
 
         moving = []
         for item in items:
+            if not_data(item):
+                # The table marker, or an old item an earlier migration's cleanup retired
+                # (``_rs_gone``, TTL pending): not data, never copied (case 6 of issue 25), and
+                # not counted as scanned (the progress total counts items, not these).
+                counts["not_data"] += 1
+                counts["scanned"] -= 1
+                continue
             # The table holds both layouts: a new-layout copy (a shim's mirror write, or a
             # copy made earlier) carries the _rs_new marker and is not an old item at all.
             if self.mapper.is_new_copy(item):
                 counts["new_layout"] += 1
                 continue
             try:
+                # A version no reshard writer wrote (a plain client's) is reported, not copied:
+                # every fenced write after the copy would refuse the item anyway.
+                if VERSION_ATTR in item:
+                    stored_version(item, None, "the item")
                 new_item, moves = self.mapper.remap(item)
                 if moves and self.indexes:
                     new_item = reindexed(new_item, self.indexes, NEW)
@@ -147,8 +163,10 @@ class Backfill:
             new.pop(SOURCE_ATTR, None)  # provenance only matters for unversioned copies
         else:
             new[SOURCE_ATTR] = S(source)
-        fence = copy_fence(version, self.new_attrs[0], source)
+        fence = over_leftovers(copy_fence(version, self.new_attrs[0], source))
         units = items_write_units([new])
+        # A few new partition keys take the whole copy: each is paced under its own limit.
+        self.key_pacer.pace(dump_key({self.new_attrs[0]: new[self.new_attrs[0]]}), units)
         for _ in range(_COPY_TRIES):
             # Fenced at the server: onto nothing or an older version only (see the module
             # docstring). The lease's guard: no request once our lease may have expired.
@@ -219,7 +237,13 @@ def _since_dual_writes(store: ControlStore, state, options) -> float:
 
 def _make_page(ctx: JobContext):
     return Backfill(ctx.dynamo, ctx.store, ctx.state.id, ctx.mapper, ctx.migration.table, ctx.budget,
-                    ctx.options.page_size, ctx.options.concurrency).page
+                    ctx.options.page_size, ctx.options.concurrency, key_pacer=job_key_pacer(ctx)).page
+
+
+def job_key_pacer(ctx: JobContext) -> KeyPacer:
+    """The run's per-key pacer in this process (``--max-wcu-per-key``, shared by its workers; a
+    ``--processes`` child's options already carry its part of the host's rate)."""
+    return key_pacer(ctx.options.max_wcu_per_key, sleep=ctx.sleep)
 
 
 #: ``reshard backfill``: run it with :func:`reshard.jobs.runner.run_job`.

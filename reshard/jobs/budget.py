@@ -92,9 +92,51 @@ class CapacityBudget:
         #: A member of a shared budget paces nothing after this instant of ``clock`` (its
         #: last beat's liveness window; :class:`BudgetMembership` sets it). None: not shared.
         self.valid_until: float | None = None
+        #: The run is paused (``reshard pause``; :class:`reshard.control.records.Hold`): the segment
+        #: engine sends no data write while it is set. The budget membership sets it every beat.
+        self.hold = None
+        #: lane -> who set the run's budget with ``reshard throttle`` ("" : the processes' options).
+        self.set_by = {"write": "", "read": ""}
+        #: Seconds requests waited for the budget (pacing and holds), for the job's metrics.
+        self.waited = 0.0
         #: How long a request waits for a share before the page fails (BudgetUnavailable).
         self.hold_limit = 60.0
         self.hold_poll = 0.05
+        #: Told, while a request is held without a share, what it waits for (progress reports
+        #: rate-limit them); :class:`BudgetMembership` adds who holds the share (``hold_detail``).
+        self.wait_listeners: list[Callable[[str], None]] = []
+        self.hold_detail: Callable[[], str] | None = None
+        #: Set by :meth:`stop` (Ctrl-C, SIGTERM): no request waits for capacity any more.
+        self._stopped = threading.Event()
+        self._paced_said = -1e18
+
+    def stop(self) -> None:
+        """The job is stopping: wake every request sleeping for capacity; it and every later
+        one raises :class:`~reshard.errors.JobStopped` instead of being sent (its page is
+        abandoned, not checkpointed: the next run redoes it)."""
+        self._stopped.set()
+
+    def _say_paced(self) -> None:
+        """Requests wait for the budget (a page may take minutes at a low one): say so to the
+        wait listeners, at most once a second (the progress line shows it between pages)."""
+        if not self.wait_listeners:
+            return
+        now = self.clock()
+        if now - self._paced_said < 1.0:
+            return
+        self._paced_said = now
+        text = f"capacity: {self.throttle_reason()}"
+        for fn in self.wait_listeners:
+            fn(text)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep for the budget, cut short by :meth:`stop` (an injected ``sleep`` is called as is)."""
+        if self.sleep is time.sleep:
+            self._stopped.wait(seconds)
+        else:
+            self.sleep(seconds)
+        if self._stopped.is_set():
+            raise errors.JobStopped("the job is stopping: the request was not sent")
 
     # -- a share of a run's budget (BudgetMembership calls these)
     def set_share(self, kind: str, share: float, total: float) -> None:
@@ -159,6 +201,8 @@ class CapacityBudget:
         reported the estimate stands as the charge.
         """
         lane = self.lanes[kind]
+        if self._stopped.is_set():
+            raise errors.JobStopped("the job is stopping: the request was not sent")
         with self._lock:
             lane.waiting += 1  # demand (CapacityBudget.idle): held, or sleeping for the bucket
             lane.demand_at = self.clock()
@@ -166,7 +210,10 @@ class CapacityBudget:
             wait = self._admit(lane, estimate)
             if wait > 0:
                 lane.paced_at = self.clock()
-                self.sleep(wait)
+                with self._lock:
+                    self.waited += wait
+                self._pause(wait)
+                self._say_paced()
         finally:
             with self._lock:
                 lane.waiting -= 1
@@ -205,7 +252,15 @@ class CapacityBudget:
             if now - held_since > self.hold_limit:
                 raise errors.BudgetUnavailable(f"waited {self.hold_limit:g}s for capacity: {why}")
             lane.paced_at = now
-            self.sleep(self.hold_poll)
+            if self.wait_listeners:
+                detail = self.hold_detail() if self.hold_detail else ""
+                text = f"waiting {now - held_since:.0f}s for {lane.kind} capacity: {why}" + (
+                    f"; {detail}" if detail else "")
+                for fn in self.wait_listeners:
+                    fn(text)
+            with self._lock:
+                self.waited += self.hold_poll
+            self._pause(self.hold_poll)
         return wait
 
     def _on_capacity(self, table: str, units: float) -> None:
@@ -253,8 +308,13 @@ class CapacityBudget:
         AIMD backing off after DynamoDB throttled, or requests waiting at --max-wcu/--max-rcu;
         else the latest decision (what happened last), or "" if the budget never acted."""
         now = self.clock()
+        hold = self.hold
+        if hold is not None:
+            return hold.reason()
         with self._lock:
             for kind, option in (("write", "--max-wcu"), ("read", "--max-rcu")):
+                if self.set_by.get(kind):
+                    option += f" (set by `reshard throttle`, {self.set_by[kind]})"
                 lane = self.lanes[kind]
                 aimd = lane.aimd
                 if aimd.rate is not None and aimd.ceiling is not None and aimd.rate < aimd.ceiling:

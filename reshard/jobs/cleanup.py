@@ -30,7 +30,10 @@ Every pass also removes **marked copies of a retired migration of the same table
 only when that version is not newer than the retire (a later writer's item is kept).
 
 Unmappable items are left alone (counted). The pass is resumable and budgeted like the
-backfill (segment engine, leases, checkpoints). ``cleanup → complete`` needs a
+backfill (segment engine, leases, checkpoints). Its Scan is strongly consistent: it runs
+right after the fleet entered ``cleanup`` (or the abort), when the last mirror writes of
+``cutover`` (or a backfill's last copies) may have landed a moment before, and an eventually
+consistent page may not show them yet; an item the pass does not see is never retired. ``cleanup → complete`` needs a
 finished pass that started after the migration entered ``cleanup``.
 """
 
@@ -38,19 +41,20 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.aws.inspect import ttl_status
 from reshard.control.runs import await_no_writers
 from reshard.control.store import ControlStore
+from reshard.control.horizon import await_before_removal, retire_settled
 from reshard.control.transition import WRITING_JOBS, retire
-from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, is_tombstone, item_size
+from reshard.core.layout import GONE_ATTR, NEW_COPY_ATTR, KeyMapper, is_tombstone, item_size, not_data
 from reshard.core.migration import Migration
 from reshard.core.phases import CLEANUP_JOB, Phase
-from reshard.core.versions import parse_version, unchanged, version_of
-from reshard.core.wire import N, key_of
+from reshard.core.versions import unchanged, version_of
+from reshard.core.wire import N, S, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
 from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, count_writes, scan_page
@@ -78,22 +82,22 @@ def check_ttl(dynamo: Dynamo, migration: Migration, enable: bool) -> None:
 class Cleaner:
     """The page function of a cleanup pass.
 
-    ``retired``: other migrations of this table that were aborted and retired, by id,
-    with the wall-clock time of their retire: their marked copies are garbage.
+    ``retired``: ids of other migrations of this table that were aborted and retired
+    (:func:`retired_migrations`): their marked copies are garbage.
     ``concurrency``: writes of a page in flight at once (``run_job`` passes ``--concurrency``;
     1, one after the other on the worker's thread, for tests that drive one interleaving).
     """
 
     def __init__(self, dynamo: Dynamo, mapper: KeyMapper, table: str, budget: CapacityBudget,
                  opts: JobOptions, aborted: bool, clock: Callable[[], float] = time.time,
-                 retired: dict[str, float] | None = None, concurrency: int = 1):
+                 retired: Iterable[str] = (), concurrency: int = 1):
         self.dynamo = dynamo
         self.mapper = mapper
         self.table = table
         self.budget = budget
         self.opts = opts
         self.aborted = aborted
-        self.retired = dict(retired or {})
+        self.retired = frozenset(retired)
         self.concurrency = concurrency
         self.key_attrs = mapper.old.key_attrs
         self.ttl_attr = mapper.migration.cleanup.ttl_attribute
@@ -105,12 +109,21 @@ class Cleaner:
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = {"scanned": 0, "expiring": 0, "kept_own_ttl": 0, "deleted": 0, "tombstones_retired": 0,
                   "new_copies_removed": 0, "retired_copies_removed": 0, "untouched": 0, "unmoved": 0,
-                  "unmappable": 0, "changed_meanwhile": 0}
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
+                  "unmappable": 0, "changed_meanwhile": 0, "not_data": 0, "new_layout": 0}
+        # Consistent: the last mirrors of cutover (or the last copies before an abort) may have
+        # landed a moment ago; a stale page would not show them, and nothing passes again.
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size, consistent=True)
         items = resp.get("Items", [])
-        counts["scanned"] = len(items)
         writes = []
         for item in items:
+            if not_data(item):
+                # The table marker, an old item a cleanup already retired (_rs_gone): not data,
+                # not counted as scanned (progress counts items).
+                counts["not_data"] += 1
+                continue
+            counts["scanned"] += 1
+            # The new layout's items, counted apart: progress counts the old layout's (core/progress).
+            counts["new_layout"] += self.mapper.is_new_copy(item)
             action = self.action(item)
             if action in ("untouched", "unmoved", "unmappable"):
                 counts[action] += 1
@@ -133,9 +146,14 @@ class Cleaner:
 
     def action(self, item: dict) -> str:
         """What the pass does to one scanned item (pure decision, see the module docstring)."""
+        if not_data(item):
+            return "untouched"  # the table marker, or an old item a cleanup already retired (_rs_gone)
         marker = item.get(NEW_COPY_ATTR, {}).get("S")
         if marker is not None and marker in self.retired and marker != self.mapper.migration.id:
-            return "remove_retired_copy" if self._from_before_retire(item, self.retired[marker]) else "untouched"
+            # A copy of a retired migration: no writer keeps that marker on an item it writes
+            # (every shim write sets its own migration's marker or removes it), so the marker
+            # alone says it is garbage -- no version's wall time is compared with our clock.
+            return "remove_retired_copy"
         if self.mapper.is_new_copy(item):
             if self.aborted:
                 return "remove_copy"
@@ -154,13 +172,6 @@ class Cleaner:
             return "unmoved"
         return "expire"
 
-    @staticmethod
-    def _from_before_retire(item: dict, retired_at: float) -> bool:
-        """Written by the retired migration's era: unversioned, or a version not after its retire.
-        (A later writer that kept the marker -- an update of the item -- stamped a newer one.)"""
-        version = version_of(item)
-        return not version or parse_version(version)[0] <= retired_at * 1000
-
     def _delete_if_unchanged(self, guard: Callable[[], None], item: dict) -> bool:
         """Delete an item only if its version is still the one scanned (a newer write wins).
         ``guard``: the lease's, before every attempt."""
@@ -168,41 +179,50 @@ class Cleaner:
                                   unchanged(version_of(item), self.key_attrs[0]), guard=guard)
 
     def _set_ttl(self, guard: Callable[[], None], item: dict) -> str:
-        """Give an old item the TTL attribute, unless its own TTL expires sooner.
+        """Give an old item the TTL attribute, unless its own TTL expires sooner, and mark it
+        retired (``_rs_gone`` = this migration): until DynamoDB's TTL removes it, every reader
+        and every later migration treats it as absent (issue 25, case 6).
 
-        An UpdateItem that sets the one attribute. A PutItem of the item as scanned plus the
+        An UpdateItem that sets the attributes. A PutItem of the item as scanned plus the
         attribute, under the same condition, would have the same effect for every writer
         reshard has (they all stamp a new version), but it would also undo a change made
         outside the shim without a version, and dynalite spent about as much CPU on it
         (630-670 against 630-710 us per item, measured side by side): not worth that.
         """
         own = item.get(self.ttl_attr, {}).get("N")
-        if own is not None and float(own) <= self.expires:
-            return "kept_own_ttl"  # no request: it goes sooner by itself
+        keep_own = own is not None and float(own) <= self.expires  # it goes sooner by itself
         units = max(1.0, math.ceil(item_size(item) / 1024))  # an update is billed on the item's size
         fence = unchanged(version_of(item), self.key_attrs[0])
+        names = {**fence.names, "#gone": GONE_ATTR}
+        values = {**fence.values, ":mid": S(self.mapper.migration.id)}
+        if keep_own:
+            update, condition = "SET #gone = :mid", f"({fence.expression})"
+        else:
+            # Only the item as scanned (same version; never one created since), and only if
+            # its own TTL is not sooner.
+            update = "SET #ttl = :exp, #gone = :mid"
+            condition = f"({fence.expression}) AND (attribute_not_exists(#ttl) OR #ttl > :exp)"
+            names["#ttl"] = self.ttl_attr
+            values[":exp"] = N(self.expires)
         try:
             with self.budget.spend("write", units):
-                self.dynamo.call(
-                    "update_item", guard=guard, TableName=self.table, Key=self._key(item),
-                    UpdateExpression="SET #ttl = :exp",
-                    # Only the item as scanned (same version; never one created since), and
-                    # only if its own TTL is not sooner.
-                    ConditionExpression=f"({fence.expression}) AND (attribute_not_exists(#ttl) OR #ttl > :exp)",
-                    ExpressionAttributeNames={**fence.names, "#ttl": self.ttl_attr},
-                    ExpressionAttributeValues={**fence.values, ":exp": N(self.expires)})
-            return "expiring"
+                self.dynamo.call("update_item", guard=guard, TableName=self.table, Key=self._key(item),
+                                 UpdateExpression=update, ConditionExpression=condition,
+                                 ExpressionAttributeNames=names, ExpressionAttributeValues=values)
+            return "kept_own_ttl" if keep_own else "expiring"
         except errors.ConditionalCheckFailed:
             return "changed_meanwhile"
 
 
 def _check(store: ControlStore, state, options: JobOptions) -> float:
-    if state.phase is Phase.ABORTED:
-        # A backfill (or a repairing verify) started before the abort writes new copies
-        # until its workers notice the phase at their next page, and one stalled past its
-        # lease until its own deadline; removing copies while one may still write could
-        # leave copies behind the cleanup's scan. Wait until none can (a stalled lease:
-        # lease + longest request, watched on this host's clock).
+    if state.server_deadline:
+        await_before_removal(store, state, CLEANUP_JOB)
+    elif state.phase is Phase.ABORTED:
+        # Without a server deadline: a backfill (or a repairing verify) started before the
+        # abort writes new copies until its workers notice the phase at their next page, and
+        # one stalled past its lease until its own deadline; removing copies while one may
+        # still write could leave copies behind the cleanup's scan. Wait until none can (a
+        # stalled lease: lease + longest request, watched on this host's clock).
         busy = await_no_writers(store, state.id, WRITING_JOBS, options.lease_wait)
         if busy:
             raise errors.RefusedTransition(f"cleanup refused for {state.id!r}: {busy}")
@@ -215,10 +235,15 @@ def _prepare(ctx: JobContext) -> None:
         check_ttl(ctx.dynamo, ctx.migration, ctx.options.enable_ttl)
 
 
-def retired_migrations(store: ControlStore, table: str, but: str) -> dict[str, float]:
-    """Other migrations of ``table`` that were aborted and retired: id -> when (wall seconds)."""
-    return {s.id: s.updated_at for s in store.list_states()
-            if s.table == table and s.id != but and s.phase is Phase.ABORTED and s.retired}
+def retired_migrations(store: ControlStore, table: str, but: str) -> set[str]:
+    """Ids of other migrations of ``table`` that were aborted and retired, and whose retire
+    is at least their request horizon + DATE_MARGIN old on the server's clock (the ``Date``
+    of the control table's answer): no copy of theirs can land any more, so a copy removed
+    now stays removed. A retire with no recorded date (or no server deadline) counts at once."""
+    states = store.list_states()
+    now = store.dynamo.answer_date()
+    return {s.id for s in states if s.table == table and s.id != but and s.phase is Phase.ABORTED and s.retired
+            and retire_settled(s, now)}
 
 
 def _make_page(ctx: JobContext):
@@ -231,7 +256,7 @@ def _make_page(ctx: JobContext):
 def _finish(ctx: JobContext, result: RunResult) -> None:
     if ctx.state.phase is Phase.ABORTED:
         # retire checks again that no backfill/repair worker can still write a copy.
-        retire(ctx.store, ctx.state.id, lease_wait=ctx.options.lease_wait)
+        retire(ctx.store, ctx.state.id, lease_wait=ctx.options.lease_wait, dynamo=ctx.dynamo)
 
 
 #: ``reshard cleanup``: a fresh pass per phase; retires an aborted migration when done.

@@ -41,7 +41,7 @@ from typing import Any, Callable
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.core.index import NEW, OLD, mappers
-from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, VERIFY_JOB, Phase
+from reshard.core.phases import ROUTING, BACKFILL_JOB, CLEANUP_JOB, VERIFY_JOB, Phase
 from reshard.jobs import backfill as backfill_jobs
 from reshard.jobs import cleanup as cleanup_jobs
 from reshard.jobs import verify as verify_jobs
@@ -160,7 +160,8 @@ def _backfill_page(ctx: JobContext):
     index_mappers = mappers(m.indexes)
     shared = SharedScan(ctx.dynamo)
     table = backfill_jobs.Backfill(shared.recording, ctx.store, ctx.state.id, ctx.mapper, m.table, ctx.budget,
-                                   opts.page_size, opts.concurrency, indexes=tuple(index_mappers.values()))
+                                   opts.page_size, opts.concurrency, indexes=tuple(index_mappers.values()),
+                                   key_pacer=backfill_jobs.job_key_pacer(ctx))
     index = IndexRewrite(shared.replaying, ctx.store, ctx.state.id, BACKFILL_JOB, index_mappers, m.keys, m.table,
                          ctx.budget, NEW, _projections(ctx.dynamo, m.table), opts.page_size, opts.concurrency)
     return _both(table.page, index.page, "backfill")
@@ -216,26 +217,30 @@ class CombinedVerifier:
 
 
 def combined_verifier(dynamo: Dynamo, store, migration_id: str, run: int, migration, mapper, budget, opts, sleep,
-                      clock, repair: bool = False) -> CombinedVerifier:
-    """Both halves of a combined verify over one :class:`SharedScan` of ``dynamo``."""
+                      clock, repair: bool = False, horizon: float | None = None,
+                      authoritative: str = "old") -> CombinedVerifier:
+    """Both halves of a combined verify over one :class:`SharedScan` of ``dynamo``
+    (``horizon``, ``authoritative``: as :class:`~reshard.jobs.verify.Verifier`'s)."""
     index_mappers = mappers(migration.indexes)
     shared = SharedScan(dynamo)
     table = verify_jobs.Verifier(shared.recording, store, migration_id, run, mapper, migration.table, budget, opts,
                                  sleep, ttl_attribute=verify_jobs.table_ttl_attribute(dynamo, migration.table),
-                                 clock=clock)
+                                 clock=clock, horizon=horizon, authoritative=authoritative)
     table.indexes = tuple(index_mappers.values())
     fixer = None
     if repair:  # backfill phase only (JOB_RULES): shims write the new value, as the rewrite does
         fixer = IndexRewrite(shared.replaying, store, migration_id, VERIFY_JOB, index_mappers, migration.keys,
                              migration.table, budget, NEW, _projections(dynamo, migration.table))
     index = IndexVerifier(shared.replaying, store, migration_id, run, index_mappers, migration.keys, migration.table,
-                          budget, opts, sleep, repair=fixer)
+                          budget, opts, sleep, repair=fixer, horizon=horizon)
     return CombinedVerifier(table, index, opts.segments)
 
 
 def _verify_page(ctx: JobContext):
     return combined_verifier(ctx.dynamo, ctx.store, ctx.state.id, ctx.run, ctx.migration, ctx.mapper, ctx.budget,
-                             ctx.options, ctx.sleep, ctx.clock, repair=ctx.options.repair).page
+                             ctx.options, ctx.sleep, ctx.clock, repair=ctx.options.repair,
+                             horizon=verify_jobs.settle_horizon(ctx.state),
+                             authoritative=ROUTING[ctx.state.phase].authoritative).page
 
 
 # --------------------------------------------------------------------------- cleanup

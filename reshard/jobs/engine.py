@@ -81,6 +81,7 @@ from reshard import errors
 from reshard.control.records import RunInfo, run_sk, segment_sk
 from reshard.control.runs import read_run, segment_records, sum_counters
 from reshard.control.store import ControlStore
+from reshard.core.decode import MAX_LEASE_SECONDS, MAX_REQUEST_SECONDS, check_bound
 from reshard.core.leases import ASSUMED_MAX_REQUEST_SECONDS, FREE, LeaseDecision, LeaseWatch, SegmentRecord, lease_decision
 from reshard.core.wire import N, S, dump_key
 from reshard.jobs.subscribers import Fanout, Subscriber
@@ -88,6 +89,18 @@ DEFAULT_LEASE_SECONDS = 60.0
 DEFAULT_MAX_ATTEMPTS = 3
 #: The choke point's default connect + read timeout (:attr:`Dynamo.attempt_seconds`).
 DEFAULT_MAX_REQUEST_SECONDS = ASSUMED_MAX_REQUEST_SECONDS
+
+
+def same_host_alive(owner: str, host: str | None = None) -> bool:
+    """True when ``owner`` is a process of this host that still exists (ours, or a sibling)."""
+    parts = owner.split(":")
+    if len(parts) < 2 or parts[0] != (host or socket.gethostname()):
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    return pid == os.getpid() or not same_host_dead(owner, host)
 
 
 def same_host_dead(owner: str, host: str | None = None) -> bool:
@@ -118,6 +131,18 @@ class LeaseLost(Exception):
 
 class LeaseDeadline(LeaseLost):
     """Our lease may have expired by now (the local deadline passed): send no further write."""
+
+
+class Paused(LeaseLost):
+    """The run was paused with ``--release-leases`` (or stopped, or its phase moved, while
+    paused) before a data write: the page in flight sends nothing more and its lease is
+    released; whoever claims it after ``reshard resume`` redoes the page from the checkpoint."""
+
+
+#: How often a held worker looks whether the run was resumed (its own process's state: no request).
+HOLD_POLL_SECONDS = 0.1
+#: How often a held worker tells its subscribers why it waits (the progress line says it).
+HOLD_SAY_SECONDS = 1.0
 
 
 @dataclass
@@ -193,9 +218,68 @@ class PageContext:
 
     def write_guard(self) -> None:
         """Immediately before each data write request (pass it as ``guard=`` to
-        :meth:`Dynamo.call`): the time fence, then a renewal if due (never past the deadline)."""
+        :meth:`Dynamo.call`): a pause holds here (the lease renewed meanwhile), then the time
+        fence, then a renewal if due (never past the deadline)."""
+        self._engine.hold_here(self.lease, in_page=True)
         self.check_deadline()
         self.ensure_lease()
+
+    @property
+    def stopping(self) -> bool:
+        """The job is stopping (Ctrl-C, SIGTERM): a page that waits should give up."""
+        return self._engine.stop_event.is_set()
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` for the page (verify's settle window), cut short by a stop: then
+        raise :class:`~reshard.errors.JobStopped` (the page is abandoned, never checkpointed)."""
+        self._engine.pause(seconds)
+        if self.stopping:
+            raise errors.JobStopped("the job is stopping: the page in flight is abandoned")
+
+    def waiting(self, what: str) -> None:
+        """Say what this page waits for (the progress reporter shows it, at least every 10 s)."""
+        self._engine.subs.on_wait(self.segment, what)
+
+
+#: The longest one sleep of a settle wait: between two, the page says what it waits for and
+#: notices a stop (Ctrl-C). The looks (a consistent read of the suspects) keep their own pace.
+SETTLE_SLICE_SECONDS = 2.0
+
+
+def settle_text(items: int, example: str, window: float, left: float) -> str:
+    """What a page waiting for the settle window says (the progress line shows it)."""
+    return (f"settle window: {max(0.0, left):.0f}s left of {window:g}s for {items} item(s) seen differing "
+            f"(e.g. {example}), reported only if unchanged that long (the longest a shim write may still land; "
+            "--settle-seconds overrides)")
+
+
+def settle_wait(ctx, sleep: Callable[[float], None], at: float,
+                what: Callable[[float], str] | None = None) -> None:
+    """Sleep towards ``at`` on the engine's monotonic clock, never past the lease's renewal
+    point (renewed here when due; a lease taken over raises, the page is redone). Returns
+    when ``at`` (or the renewal point) is reached: the caller looks again (a look is cheap).
+
+    With the real ``time.sleep``, in slices of :data:`SETTLE_SLICE_SECONDS`: before each,
+    ``what(now)`` is said (``ctx.waiting``: the reporter shows it at least every 10 s), and
+    a stop (Ctrl-C) raises :class:`~reshard.errors.JobStopped` (the page is abandoned, not
+    checkpointed). An injected ``sleep`` (tests driving a clock) is called once, as is.
+    """
+    ctx.ensure_lease()
+    now = ctx.now()
+    step = at - now
+    if ctx.lease.renew_due > now:
+        step = min(step, ctx.lease.renew_due - now)
+    if step <= 0:
+        return
+    pause = getattr(ctx, "pause", None)
+    if sleep is not time.sleep or pause is None:
+        sleep(step)
+        return
+    end = now + step
+    while (left := end - ctx.now()) > 0:
+        if what is not None and hasattr(ctx, "waiting"):
+            ctx.waiting(what(ctx.now()))
+        pause(min(left, SETTLE_SLICE_SECONDS))
 
 
 #: ``page(ctx, start_key) -> (counts, next_key)``: process one page durably.
@@ -223,8 +307,15 @@ class SegmentEngine:
                  invocation: str | None = None, host: str | None = None,
                  is_dead: Callable[[str], bool] | None = None,
                  guard: Callable[[], str | None] | None = None, join: bool = False,
-                 idle_wait: Callable[[float], None] | None = None):
+                 idle_wait: Callable[[float], None] | None = None, phase_version: int | None = None,
+                 hold: Callable[[], object | None] | None = None):
         self.store = store
+        #: The migration's phase version the run is started in (recorded on a new run: verify's
+        #: catch-up flag is cleared only by a run that started in the current version).
+        self.phase_version = phase_version
+        #: ``hold() -> Hold | None``: the run is paused (``reshard pause``; the budget membership
+        #: reads it at every beat). Workers send no data write and claim nothing while it is set.
+        self.hold = hold
         #: The last segment is a join: claimed only once every other segment is done.
         self.join = join
         #: A worker of this engine saw the run stamped finished (it did it, or found it done).
@@ -244,6 +335,11 @@ class SegmentEngine:
                 f"--lease-seconds {lease_seconds:g} must exceed the longest a request can be in flight "
                 f"({max_request_seconds:g}s: connect + read timeout), or a worker could never write safely; "
                 f"use at least {2 * max_request_seconds:g}")
+        # Observers clamp what a segment row says to these bounds (reshard.core.decode): a
+        # lease or request bound above them would be judged shorter than it is.
+        check_bound("--lease-seconds", lease_seconds, MAX_LEASE_SECONDS, "use a shorter lease")
+        check_bound("the longest request (connect + read timeout)", max_request_seconds, MAX_REQUEST_SECONDS,
+                    "use shorter timeouts")
         self.lease_seconds = lease_seconds
         self.max_request_seconds = max_request_seconds
         self.max_attempts = max_attempts
@@ -261,6 +357,11 @@ class SegmentEngine:
         self.invocation = invocation or os.urandom(3).hex()
         self.is_dead = is_dead or (lambda owner: same_host_dead(owner, self.host))
         self.stop_event = threading.Event()
+        #: Called once when the run is stopped (Ctrl-C, SIGTERM): the runner stops the budget's
+        #: sleeps there, so no worker waits out a low budget before it releases its lease.
+        self.stop_hooks: list[Callable[[], None]] = []
+        #: Segments this host could not claim, why (a lease held elsewhere): what an idle worker waits for.
+        self._held: dict[int, tuple[str, float, float]] = {}
         self._worked: list[int] = []
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
@@ -271,10 +372,12 @@ class SegmentEngine:
         now = self.clock()
         try:
             # Conditional: the first process creates the run; everyone else joins it.
-            self.store.put({"pk": S(self.pk), "sk": S(run_sk(self.job, self.run)), "job": S(self.job),
-                            "run": N(self.run), "total_segments": N(self.total), "started_at": N(now),
-                            "started_by": S(self._owner_prefix())},
-                           condition="attribute_not_exists(pk)")
+            row = {"pk": S(self.pk), "sk": S(run_sk(self.job, self.run)), "job": S(self.job),
+                   "run": N(self.run), "total_segments": N(self.total), "started_at": N(now),
+                   "started_by": S(self._owner_prefix())}
+            if self.phase_version is not None:
+                row["phase_version"] = N(self.phase_version)
+            self.store.put(row, condition="attribute_not_exists(pk)")
         except errors.ConditionalCheckFailed:
             pass
         info = read_run(self.store, self.migration_id, self.job, self.run)
@@ -302,6 +405,13 @@ class SegmentEngine:
             unchanged = self._watch.observe(rec.segment, rec.token, self.monotonic())
         d = lease_decision(rec, me=me, invocation=self.invocation, unchanged_for=unchanged,
                            lease_seconds=self.lease_seconds, is_dead=self.is_dead)
+        with self._lock:
+            # What an idle worker waits for: a lease nobody on this host is known to keep alive
+            # (another process of this host that still exists is working on it: not a wait).
+            if not d.claim and rec.held and not same_host_alive(rec.owner, self.host):
+                self._held[rec.segment] = (rec.owner, unchanged, rec.holder_lease_seconds(self.lease_seconds))
+            else:
+                self._held.pop(rec.segment, None)
         if not d.claim:
             return None
         sent = self.monotonic()  # before sending: the deadline counts from here, never from a later moment
@@ -451,6 +561,35 @@ class SegmentEngine:
             pass
         self._run_stamped = True
 
+    # ---------------------------------------------------------------- a paused run
+    def hold_here(self, lease: Lease | None, in_page: bool = False) -> None:
+        """Wait here while the run is paused (``reshard pause``): no data write is sent.
+
+        ``lease``: the segment this worker holds (None: between segments). Kept-lease pause: it
+        is renewed while held (its token changes, so nobody takes it over and no page is
+        redone). ``--release-leases``: raise :class:`Paused` at once; the caller releases it.
+        In a page (``in_page``, before one of its writes), a stop or a phase change while held
+        raises :class:`Paused` too: the page is redone from its checkpoint by whoever claims it.
+        At a page boundary they just end the wait (the caller looks at both next).
+        """
+        held = self.hold() if self.hold is not None else None
+        said = None
+        while held is not None:
+            if lease is not None and getattr(held, "release_leases", False):
+                raise Paused(f"segment {lease.segment}: {held.reason()}")
+            if self.stop_event.is_set() or (self.guard is not None and self.guard()):
+                if in_page and lease is not None:
+                    raise Paused(f"segment {lease.segment}: stopped while paused")
+                return
+            now = self.monotonic()
+            if said is None or now - said >= HOLD_SAY_SECONDS:
+                said = now
+                self.subs.on_hold(lease.segment if lease else None, held.reason())
+            if lease is not None:
+                self._renew_if_due(lease)  # a kept lease stays ours for as long as the pause lasts
+            self.stop_event.wait(HOLD_POLL_SECONDS)
+            held = self.hold()
+
     # ---------------------------------------------------------------- workers
     def run_all(self) -> RunResult:
         """Work until every segment is done, or failed in this invocation, or we are stopped."""
@@ -474,17 +613,22 @@ class SegmentEngine:
                    for i in range(self.workers)]
         for t in threads:
             t.start()
+        interrupted = False
         try:
             for e in ended:
                 while not e.wait(0.2):
                     pass
         except KeyboardInterrupt:
-            # Finish the page, release the lease: within a lease, after which it may be gone anyway.
-            self.stop_event.set()
+            # Say so at once; stop the budget's sleeps (a low budget would otherwise keep a
+            # worker asleep for its next request); each worker finishes or abandons its page
+            # and releases its lease: within a lease, after which it may be gone anyway.
+            interrupted = True
+            self.subs.on_stopping("stopping: finishing the page in flight, releasing leases")
+            self.stop()
             deadline = time.monotonic() + self.lease_seconds
             for e in ended:
                 e.wait(max(0.0, deadline - time.monotonic()))
-        if self._errors:
+        if self._errors and not interrupted:
             raise self._errors[0]
         # Normally the worker that finished the last segment stamped the run; if that
         # process died in between, whoever sees every segment done does it now (not again
@@ -496,7 +640,26 @@ class SegmentEngine:
                            sorted(self._worked), time.monotonic() - start, self.stop_event.is_set(),
                            self.stop_reason)
         self.subs.on_run_done(result)
+        if interrupted:
+            # Leases released (or left to expire by a worker still in a request): the command
+            # ends as interrupted (exit 130), not as a run that stopped by itself.
+            raise KeyboardInterrupt
         return result
+
+    def stop(self) -> None:
+        """Stop every worker at its next page boundary (or wait), and the stop hooks (the budget)."""
+        if self.stop_event.is_set():
+            return
+        self.stop_event.set()
+        for hook in self.stop_hooks:
+            hook()
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, cut short by :meth:`stop` (an injected ``sleep`` is called as is)."""
+        if self.sleep is time.sleep:
+            self.stop_event.wait(seconds)
+        else:
+            self.sleep(seconds)
 
     def work_inline(self, index: int = 0) -> list[int]:
         """Join the run and work as one worker on the calling thread (no threads started)
@@ -517,6 +680,9 @@ class SegmentEngine:
         rng = random.Random(f"{me}")
         try:
             while not self.stop_event.is_set():
+                if self.hold is not None and self.hold() is not None:
+                    self.hold_here(None)  # paused: claim nothing until resumed (or stopped)
+                    continue
                 recs = self.records()
                 open_ = [r for r in recs if not r.done and not (r.failed and r.failed_by == self.invocation)]
                 ready = open_
@@ -550,8 +716,19 @@ class SegmentEngine:
                         # finishes the last scan takes it): its workers finish or release it.
                         return
                     # Some is leased by live workers elsewhere: wait for them to finish, or for
-                    # their leases to expire (then we take over).
-                    self.idle_wait(self.poll_seconds)
+                    # their leases to expire (then we take over). Say which.
+                    with self._lock:
+                        held = sorted(self._held.items())
+                    if held:
+                        self.subs.on_wait(None, "; ".join(
+                            f"lease of segment {seg} held by {owner}, quiet for {quiet:.0f}s of {lease:.0f}s"
+                            for seg, (owner, quiet, lease) in held[:4])
+                            + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+                            + " (taken over once unchanged for the whole lease; a live holder renews it)")
+                    if self.idle_wait is time.sleep:
+                        self.stop_event.wait(self.poll_seconds)
+                    else:
+                        self.idle_wait(self.poll_seconds)
                     continue
                 self._work(*claimed)
         except BaseException as e:  # a control-table failure: report it from run_all
@@ -560,6 +737,8 @@ class SegmentEngine:
             self.stop_event.set()
 
     def _work(self, lease: Lease, rec: SegmentRecord, decision: LeaseDecision) -> None:
+        if decision.takeover:
+            self.subs.on_takeover(rec.segment, rec.owner)
         self.subs.on_segment_start(rec.segment, rec.checkpoint is not None, decision.reason)
         counters = dict(rec.counters)
         key = rec.checkpoint
@@ -570,6 +749,13 @@ class SegmentEngine:
                 if self.stop_event.is_set():
                     self.release(lease)
                     return
+                if self.hold is not None and self.hold() is not None:
+                    try:
+                        self.hold_here(lease)  # paused at a page boundary: the lease kept and renewed
+                    except Paused:
+                        self.release(lease)  # --release-leases: checkpoint kept, segment free
+                        return
+                    continue  # look at the stop and the phase again before the next page
                 # The first page after a claim reads the phase afresh: a lease claimed after
                 # an abort's cleanup looked for held leases must see the abort before writing.
                 why = (getattr(self.guard, "fresh", self.guard)() if first else self.guard()) if self.guard else None
@@ -583,6 +769,13 @@ class SegmentEngine:
                     return
                 try:
                     counts, next_key = self.page(ctx, key)
+                except (Paused, errors.JobStopped):
+                    # Paused with --release-leases (or stopped while paused) before one of the
+                    # page's writes, or stopped mid-page (a budget sleep or a settle wait cut
+                    # short): nothing of it is checkpointed or sent any more; the page is redone
+                    # after resume or by the next run; not a failed attempt.
+                    self.release(lease)
+                    return
                 except LeaseDeadline:
                     # Nothing more is sent; give the lease back if it is still ours (fenced
                     # on the token, so a lease taken over meanwhile is left alone).
@@ -591,7 +784,7 @@ class SegmentEngine:
                 except LeaseLost:
                     raise
                 except Exception as e:  # noqa: BLE001 - any failure releases the segment with its error
-                    msg = f"{type(e).__name__}: {e}"
+                    msg = errors.scrub(f"{type(e).__name__}: {e}")  # stored in the control table, shown by status
                     after = self.release(lease, msg)
                     attempts = after.attempts if after else 0
                     self.subs.on_segment_failed(rec.segment, msg, attempts,

@@ -71,14 +71,15 @@ from reshard.core.index_join import (GSI_DIFFERS, GSI_EXTRA, GSI_MISSING, SCAN, 
 from reshard.core.index_join import verdict as index_verdict
 from reshard.core.index_planning import index_entry_size
 from reshard.core.join import COLUMNS, fields_from_text, from_row
-from reshard.core.layout import VERSION_ATTR, is_tombstone, item_size
+from reshard.core.layout import VERSION_ATTR, is_tombstone, item_size, not_data
 from reshard.core.migration import Keys
 from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Phase
+from reshard.core.deadlines import DATE_MARGIN_SECONDS
 from reshard.core.settle import Watch, decide, settle_window
 from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, dump_key, key_of, projection
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import LeaseLost, PageContext
+from reshard.jobs.engine import LeaseLost, PageContext, settle_text, settle_wait
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite, _groups, segment_path
 from reshard.jobs.records import complete as records_complete
 from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair, count_writes,
@@ -118,7 +119,10 @@ class IndexRewrite:
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = dict.fromkeys(REWRITE_COUNTERS, 0)
         self.budget.take_usage()
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.page_size)
+        # The abort's rewrite back to old values is consistent: a backfill's rewrite that landed
+        # a moment ago would show its item still at the old value on a stale page, and stay new.
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.page_size,
+                         consistent=self.dest == OLD)
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         work = []
@@ -135,8 +139,10 @@ class IndexRewrite:
         """What the rewrite does to one scanned item: (counter, [(mapper, seen, value)]).
 
         The changes of every index of the item go into one UpdateItem."""
-        if is_tombstone(item):
-            return "not_indexed", []  # a leftover delete marker of an earlier migration: not an item
+        if is_tombstone(item) or not_data(item):
+            # A leftover delete marker of an earlier migration, the table marker, an old item a
+            # cleanup retired (``_rs_gone``): not an item.
+            return "not_indexed", []
         changes, indexed = [], False
         for m in self.mappers:
             if not m.in_index(item):
@@ -225,8 +231,11 @@ class IndexVerifier(RunRecords):
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, index_mappers: dict,
                  keys: Keys, table: str, budget: CapacityBudget, opts: JobOptions, sleep=time.sleep,
-                 repair: IndexRewrite | None = None):
+                 repair: IndexRewrite | None = None, horizon: float | None = None):
         self.dynamo, self.store, self.migration_id, self.run = dynamo, store, migration_id, run
+        #: The request horizon when the server enforces it: the settle window is then H + 2 s on
+        #: the server's clock (the table verify's rule, ``Verifier._window``); None: it does not.
+        self.horizon = horizon
         self.repair = repair
         self.mappers: list[IndexMapper] = list(index_mappers.values())
         self.by_name = {m.name: m for m in self.mappers}
@@ -254,7 +263,7 @@ class IndexVerifier(RunRecords):
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
         for item in items:
-            if is_tombstone(item):
+            if is_tombstone(item) or not_data(item):
                 continue
             checked = False
             for m in self.mappers:
@@ -483,6 +492,7 @@ class IndexVerifier(RunRecords):
             with self.budget.spend("read", float(len(keys))):
                 for item in self.dynamo.batch_get(self.table, list(keys.values()), consistent=True, capacity=True):
                     found[dump_key(key_of(item, self.key_attrs))] = item
+        self._first_date = self.dynamo.answer_date() if keys else None  # the look's start, server clock
         out = []
         for m, key, seen in suspects:
             item = found.get(dump_key(key))
@@ -516,11 +526,18 @@ class IndexVerifier(RunRecords):
             watches.append(((self.by_name[name], key, seen), Watch()))
         window: float | None = None
         reads = 0
+        server = self.horizon is not None  # timed by the re-reads' Date (see Verifier._settle)
         while watches:
             sent = ctx.now()
             looked = self._look([s for s, _ in watches])
             reads += 1
             now = ctx.now()
+            date = self.dynamo.answer_date() if server else None
+            first = getattr(self, "_first_date", None) or date
+            if server and (date is None or first is None):
+                server = False
+            if server:
+                sent, now = first, date + 1.0  # the look began no earlier than ``first``'s second
             if window is None:
                 window = self._window()
             waiting, due = [], []
@@ -549,7 +566,12 @@ class IndexVerifier(RunRecords):
                                   version_of(entries[0]) if entries else "", detail)
             watches = waiting
             if watches:
-                self._wait_until(ctx, min(due))
+                # On the server's clock with a deadline: its times become ours by the offset seen at
+                # the last look (the wait sleeps on our monotonic clock, in slices it can report).
+                shift = ctx.now() - sent if server else 0.0
+                settle_wait(ctx, self.sleep, min(due) + shift, lambda now, n=len(watches), ends=max(
+                    w.since for _, w in watches) + window + shift: settle_text(n, f"GSI {watches[0][0][0].name}",
+                                                                               window, ends - now))
 
     def _account(self, side: str) -> None:
         """Charge the read units this thread spent since the last call to ``side`` (table or index)."""
@@ -560,17 +582,9 @@ class IndexVerifier(RunRecords):
         shims publish (as the table verify's ``Verifier._window``)."""
         if self.opts.settle_seconds is not None:
             return max(0.0, self.opts.settle_seconds)
+        if self.horizon is not None:
+            return self.horizon + DATE_MARGIN_SECONDS
         return settle_window(h.settle_seconds for h in heartbeats(self.store, self.migration_id))
-
-    def _wait_until(self, ctx: PageContext, at: float) -> None:
-        """Sleep towards ``at``, never past the lease's renewal point (renewed when due)."""
-        ctx.ensure_lease()
-        now = ctx.now()
-        step = at - now
-        if ctx.lease.renew_due > now:
-            step = min(step, ctx.lease.renew_due - now)
-        if step > 0:
-            self.sleep(step)
 
     # ---------------------------------------------------------------- examples
     def example(self, kind: str, item: dict, m: IndexMapper, detail: str) -> None:
@@ -671,7 +685,8 @@ def _verify_page(ctx: JobContext):
         repair = IndexRewrite(ctx.dynamo, ctx.store, ctx.state.id, VERIFY_JOB, mappers(m.indexes), m.keys, m.table,
                               ctx.budget, NEW, _projections(ctx.dynamo, m.table))
     return IndexVerifier(ctx.dynamo, ctx.store, ctx.state.id, ctx.run, mappers(m.indexes), m.keys, m.table,
-                         ctx.budget, ctx.options, ctx.sleep, repair=repair).page
+                         ctx.budget, ctx.options, ctx.sleep, repair=repair,
+                         horizon=ctx.state.request_horizon if ctx.state.server_deadline else None).page
 
 
 def _nothing_to_expire(ctx: JobContext):

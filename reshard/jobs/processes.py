@@ -158,6 +158,7 @@ class _Forward(Subscriber):
         self.conn = conn
         self.lock = threading.Lock()  # one pipe, many worker threads
         self.reason: Callable[[], str] = lambda: ""
+        self.waits: dict = {}
 
     def _send(self, *event) -> None:
         with self.lock:
@@ -174,6 +175,16 @@ class _Forward(Subscriber):
         self._send("segment_failed", segment, error, attempts, final)
     def on_lease_lost(self, segment, reason) -> None: self._send("lease_lost", segment, reason)
     def on_throttle(self, reason) -> None: self._send("throttle", reason)
+    def on_hold(self, segment, reason) -> None: self._send("hold", segment, reason)
+    def on_takeover(self, segment, previous_owner) -> None: self._send("takeover", segment, previous_owner)
+    def on_budget_state(self, state) -> None: self._send("budget_state", dict(state))
+    def on_wait(self, segment, what) -> None:
+        # A held request reports every 50 ms: pass on a change, or the same wait once a second.
+        now = time.monotonic()
+        last = self.waits.get(segment)
+        if last is None or last[0] != what or now - last[1] >= 1.0:
+            self.waits[segment] = (what, now)
+            self._send("wait", segment, what)
 
 
 def _stop_once(signum, frame):
@@ -281,13 +292,16 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     ``dynamo``/``store``: the parent's, for the preconditions, the result and the finish hook.
     """
     spec = job_spec(job, index_only)
-    state, run = choose_run(spec, dynamo, store, migration_id, options, sleep)
+    subs = Fanout(subscribers)
+    state, run = choose_run(spec, dynamo, store, migration_id, options, sleep,
+                            on_wait=lambda what: subs.on_wait(None, what))
     count = max(1, options.processes)
     # Each child passes the run's whole budget: the budget row shares it between the members.
-    child_opts = dataclasses.replace(options, processes=1,
+    # The per-key pace has no shared row: each child takes its part of the host's.
+    per_key = options.max_wcu_per_key / count if options.max_wcu_per_key else options.max_wcu_per_key
+    child_opts = dataclasses.replace(options, processes=1, max_wcu_per_key=per_key,
                                      poll_seconds=options.poll_seconds or min(CHILD_POLL_SECONDS,
                                                                               options.lease_seconds / 4))
-    subs = Fanout(subscribers)
     mp = context(start_method)
     started_at = time.monotonic()
     children: list[_Child] = []
@@ -296,6 +310,7 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
     def forward(signum, frame) -> None:
         if not stopping.is_set():
             stopping.set()
+            subs.on_stopping("stopping: every process finishes the page in flight and releases its leases")
             for c in children:
                 if c.process.exitcode is None:
                     try:
@@ -336,8 +351,11 @@ def run_processes(job: str, make_dynamo: Callable[[], Dynamo], dynamo: Dynamo, s
             os.kill(c.process.pid, signal.SIGTERM)
         for c in alive:
             c.process.join(options.lease_seconds)
-    return _combine(spec, job, dynamo, store, state, migration_id, options, run, children, subs, state_box,
-                    stopping.is_set(), time.monotonic() - started_at, sleep)
+    result = _combine(spec, job, dynamo, store, state, migration_id, options, run, children, subs, state_box,
+                      stopping.is_set(), time.monotonic() - started_at, sleep)
+    if stopping.is_set():
+        raise KeyboardInterrupt  # stopped by Ctrl-C or SIGTERM: the command exits 130, as one process does
+    return result
 
 
 def _pump(children: list[_Child], subs: Fanout, box: dict, wakes) -> None:
@@ -391,6 +409,14 @@ def _relay(c: _Child, event: tuple, subs: Fanout, box: dict, reasons: dict) -> N
         subs.on_lease_lost(*event[1:])
     elif kind == "throttle":
         subs.on_throttle(event[1])
+    elif kind == "hold":
+        subs.on_hold(*event[1:])
+    elif kind == "takeover":
+        subs.on_takeover(*event[1:])
+    elif kind == "budget_state":
+        subs.on_budget_state({**event[1], "process": c.index + 1})
+    elif kind == "wait":
+        subs.on_wait(*event[1:])
     elif kind in ("result", "error"):
         c.outcome = event
 

@@ -34,14 +34,17 @@ from reshard.control.runs import allowed_unmappable, run_to_join
 from reshard.control.store import ControlStore
 from reshard.core.capacity import page_scan_units
 from reshard.core.compare import KINDS, differences, passes
-from reshard.core.layout import KeyMapper
+from reshard.core.layout import GONE_ATTR, KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.phases import VERIFY_JOB, Phase, job_rule
 from reshard.core.versions import Fence
 from reshard.core.wire import N
-from reshard.control.budget import BudgetMembership, read_shares
+from reshard.control.budget import BudgetMembership
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult, SegmentEngine
+from reshard.jobs.facts import DatedWrites, JobFacts
+from reshard.jobs.engine import (DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, LeaseLost, PageContext, PageFn, RunResult,
+                                 SegmentEngine, same_host_dead)
+from reshard.jobs.pacing import DEFAULT_KEY_WCU
 from reshard.jobs.subscribers import Subscriber
 
 DEFAULT_PAGE_SIZE = 500
@@ -69,6 +72,9 @@ class JobOptions:
     page_size: int = DEFAULT_PAGE_SIZE
     max_wcu: float | None = None
     max_rcu: float | None = None
+    #: The copy's write rate per new partition key, WCU/s, for this host (divided among its
+    #: processes; reshard.jobs.pacing); None or 0: not paced per key.
+    max_wcu_per_key: float | None = DEFAULT_KEY_WCU
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: How long a job watches what it must wait for: held backfill/verify leases going
@@ -272,12 +278,14 @@ def announce_repair(store: ControlStore, migration_id: str, run: int, counts: di
 # --------------------------------------------------------------------------- preconditions
 
 def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repair: bool = False,
-                          wait: float | None = 0.0, sleep: Callable[[float], None] = time.sleep) -> MigrationState:
+                          wait: float | None = 0.0, sleep: Callable[[float], None] = time.sleep,
+                          on_wait: Callable[[str], None] | None = None) -> MigrationState:
     """The migration is in a phase where ``job`` runs and every live shim acknowledged it.
 
     ``wait``: how long to watch a lagging fleet catch up (None: until each lagging shim
     either acknowledged or was watched silent long enough to be gone -- its liveness
     window + request bound; one look cannot tell a crashed shim from a slow one).
+    ``on_wait``: told, at each look while it waits, which shims it waits for.
     """
     rule = job_rule(job, repair)
     state = store.load_state(migration_id)
@@ -292,7 +300,11 @@ def require_phase_and_ack(store: ControlStore, migration_id: str, job: str, repa
     census = fleet.census(store, migration_id, state.phase_version)
     if not census.acknowledged and wait != 0:
         bound = max(h.silence_seconds for h in census.lagging) + 1.0 if wait is None else wait
-        census = fleet.wait_for_ack(store, migration_id, state.phase_version, bound, sleep=sleep)
+        said = (lambda c: on_wait(
+            f"{len(c.lagging)} live shim(s) have not acknowledged {state.phase} v{state.phase_version}, and the "
+            f"job writes only once they have: {', '.join(c.describe_lagging()[:5])} (a shim that is gone is "
+            "dropped once watched silent for its liveness window + longest request)")) if on_wait else None
+        census = fleet.wait_for_ack(store, migration_id, state.phase_version, bound, sleep=sleep, on_wait=said)
     if not census.acknowledged:
         shown = ", ".join(census.describe_lagging()[:5])
         raise errors.RefusedTransition(
@@ -308,25 +320,10 @@ def phase_guard(store: ControlStore, migration_id: str, job: str, phases: Iterab
 
     A consistent read of META at most every ``min_interval`` seconds, shared by the
     workers, so a job started before an abort or a rollback stops writing at its next
-    page instead of racing the cleanup that follows.
+    page instead of racing the cleanup that follows. It is also the job's fact keeper:
+    :meth:`~reshard.jobs.facts.JobFacts.horizon` dates every data write (docs/late-writes.md).
     """
-    phases = frozenset(phases)
-    last = {"at": -1e18, "why": None}
-    lock = threading.Lock()
-
-    def guard(fresh: bool = False) -> str | None:
-        with lock:
-            now = time.monotonic()
-            if fresh or now - last["at"] >= min_interval:
-                state = store.load_state(migration_id)
-                last["at"] = now
-                last["why"] = None if state.phase in phases else (
-                    f"{job} stopped: the migration moved to {state.phase} (phase version {state.phase_version})")
-            return last["why"]
-
-    # The engine reads the phase afresh on the first page after each claim.
-    guard.fresh = lambda: guard(fresh=True)  # type: ignore[attr-defined]
-    return guard
+    return JobFacts(store, migration_id, job, phases, min_interval=min_interval)
 
 
 # --------------------------------------------------------------------------- the runner
@@ -339,14 +336,16 @@ def _interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: finish the page, 
 
 
 def choose_run(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: str, opts: JobOptions,
-               sleep: Callable[[float], None] = time.sleep) -> tuple[MigrationState, int]:
+               sleep: Callable[[float], None] = time.sleep,
+               on_wait: Callable[[str], None] | None = None) -> tuple[MigrationState, int]:
     """Every precondition of ``spec``, then the run to join or start (nothing is written).
 
     :func:`run_job` calls it; so does a parent of ``--processes`` workers, to refuse once
     before starting any and to hand all of them the same run (a fresh job's children must
     not each decide on their own whether to start a new run).
     """
-    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair, wait=opts.lease_wait, sleep=sleep)
+    state = require_phase_and_ack(store, migration_id, spec.name, opts.repair, wait=opts.lease_wait, sleep=sleep,
+                                  on_wait=on_wait)
     not_before = spec.check(store, state, opts)
     dynamo.describe_table(state.migration().table)  # a clear error if the table is missing
     return state, run_to_join(store, migration_id, spec.name, not_before=not_before, fresh=spec.fresh)
@@ -371,34 +370,43 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     dynamo = dynamo.bounded(opts.lease_seconds / 3)
     lease_store = store if store.dynamo.attempt_seconds <= opts.lease_seconds / 3 else \
         ControlStore(store.dynamo.bounded(opts.lease_seconds / 3), store.table, store.clock)
-    state, chosen = choose_run(spec, dynamo, store, migration_id, opts, sleep)
+    subscribers = list(subscribers)
+    state, chosen = choose_run(spec, dynamo, store, migration_id, opts, sleep,
+                               on_wait=lambda what: [s.on_wait(None, what) for s in subscribers])
     run = chosen if run is None else run
     migration = state.migration()
+    # The phase guard keeps the job's facts; every data write is dated by them (jobs/facts.py).
+    facts = JobFacts(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases, state=state)
+    dynamo = DatedWrites(dynamo, migration.table, facts.horizon)
     budget = budget or CapacityBudget(opts.max_wcu, opts.max_rcu)
     budget.attach(dynamo, migration.table)
-    subscribers = list(subscribers)
     budget.listeners.append(lambda d: [s.on_throttle(d.reason) for s in subscribers])
+    budget.wait_listeners.append(lambda what: [s.on_wait(None, what) for s in subscribers])
     for s in subscribers:
         s.on_budget(budget.throttle_reason)
     mapper = KeyMapper(migration) if migration.changes_table else None
     ctx = JobContext(dynamo, store, state, migration, mapper, run, budget, opts, clock, sleep)
     spec.prepare(ctx)
+    guard = facts  # the page guard (the job's metrics read the phase it last saw)
     engine = SegmentEngine(lease_store, migration_id, spec.name, run, opts.segments + spec.join, spec.make_page(ctx),
                            workers=opts.worker_count, lease_seconds=opts.lease_seconds,
                            max_attempts=opts.max_attempts, clock=clock, sleep=sleep, subscribers=subscribers,
                            poll_seconds=opts.poll_seconds,
                            max_request_seconds=max(dynamo.attempt_seconds, lease_store.dynamo.attempt_seconds),
                            throttle_reason=budget.throttle_reason,
-                           guard=phase_guard(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases),
-                           join=spec.join, idle_wait=idle_wait)
+                           guard=facts, join=spec.join, idle_wait=idle_wait, phase_version=state.phase_version,
+                           hold=lambda: budget.hold)
+    engine.stop_hooks.append(budget.stop)  # Ctrl-C: no worker sleeps out a low budget first
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     membership = None
     try:
         membership = shared_budget(lease_store, migration_id, spec.name, run, budget, opts, engine)
-        if membership:
-            membership.join()
+        membership.listeners.append(lambda m: [s.on_budget_state(budget_state(m, dynamo, guard, state.phase.value))
+                                               for s in subscribers])
+        membership.join()  # the run's control (a pause, an operator's budget) before the first claim
         segments = engine.run_all()
+        membership.notify()  # the last counters, for the job's metrics
     finally:
         if membership:
             membership.leave()
@@ -412,14 +420,15 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
 
 
 def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, budget: CapacityBudget,
-                  opts: JobOptions, engine: SegmentEngine) -> BudgetMembership | None:
-    """This process's membership of the run's budget row: when it was given ``--max-wcu`` /
-    ``--max-rcu``, or when the run already has a budget (a process started without one must
-    not spend outside the run's budget). None: the run has no budget at all."""
+                  opts: JobOptions, engine: SegmentEngine) -> BudgetMembership:
+    """This process's membership of the run's budget row and reader of its live control.
+
+    It paces at a share of the run's budget when it was given ``--max-wcu`` / ``--max-rcu``,
+    when the run has a budget (a process started without one must not spend outside the
+    run's budget), or once an operator sets one (``reshard throttle``); without any it only
+    reads the run's control row at each beat (a pause, or a budget to join)."""
     totals = {"write": opts.max_wcu, "read": opts.max_rcu}
     if opts.max_wcu is None and opts.max_rcu is None:
-        if read_shares(store, migration_id, job, run) is None:
-            return None
         totals = None
     # Named after the host (or --host-id) and pid; the invocation keeps a restarted process
     # with a recycled pid (pid 1 in a container) apart from its predecessor.
@@ -427,10 +436,42 @@ def shared_budget(store: ControlStore, migration_id: str, job: str, run: int, bu
     return BudgetMembership(store, migration_id, job, run, budget, totals, member=member,
                             request_seconds=engine.max_request_seconds,
                             refresh_seconds=opts.budget_refresh_seconds,
-                            liveness_seconds=opts.budget_liveness_seconds, host=engine.host)
+                            liveness_seconds=opts.budget_liveness_seconds, host=engine.host,
+                            # A member process of this host that no longer exists (kill -9): its
+                            # share is reclaimed at once, as its leases are taken over at once.
+                            is_dead=lambda m: same_host_dead(f"{m.host}:{m.pid}", engine.host))
+
+
+def budget_state(m: BudgetMembership, dynamo: Dynamo, guard, phase: str) -> dict:
+    """What a budget beat tells the job's subscribers (its metrics): this process's budget,
+    what it consumed, its throttles by reason, the run's control, the phase as last read."""
+    budget = m.budget
+    out = {"member": m.member, "pid": os.getpid(), "members": m.live_members,
+           "phase": getattr(guard, "phase", lambda: None)() or phase,
+           "budget_wait_seconds": round(budget.waited, 3),
+           "throttles": dynamo.throttle_reasons()}
+    for kind, unit in (("write", "wcu"), ("read", "rcu")):
+        lane = budget.lanes[kind]
+        out[f"consumed_{unit}"] = round(lane.consumed, 3)
+        out[f"max_{unit}"] = lane.total if lane.total is not None else lane.budget
+        out[f"share_{unit}"] = lane.budget if lane.total is not None else None
+        out[f"set_by_{unit}"] = budget.set_by.get(kind) or None
+    hold = budget.hold
+    out.update({"paused": hold is not None, "release_leases": bool(hold and hold.release_leases),
+                "hold_reason": hold.reason() if hold else None,
+                "control_version": m.control.version if m.control else 0})
+    return out
 
 
 # --------------------------------------------------------------------------- data-table writes jobs share
+
+def over_leftovers(fence: Fence) -> Fence:
+    """``fence``, or the target is a retired leftover (``_rs_gone``: an earlier migration's
+    cleanup retired it, and its TTL will delete it): every reader treats it as absent, so a
+    copy may replace it whatever its version -- keeping it would let the TTL delete the item."""
+    return Fence(f"({fence.expression}) OR attribute_exists(#rs_gone)", {**fence.names, "#rs_gone": GONE_ATTR},
+                 fence.values)
+
 
 def _guarded(guard: Callable[[], None] | None) -> dict:
     return {"guard": guard} if guard is not None else {}
@@ -468,13 +509,23 @@ def conditional_delete(dynamo: Dynamo, budget: CapacityBudget, table: str, key: 
 
 
 def scan_page(dynamo: Dynamo, budget: CapacityBudget, table: str, ctx: PageContext, start_key: dict | None,
-              page_size: int, avg_item_bytes: float = 1024.0) -> dict:
-    """One page of this segment's parallel Scan, paced by the read budget."""
+              page_size: int, avg_item_bytes: float = 1024.0, consistent: bool = False) -> dict:
+    """One page of this segment's parallel Scan, paced by the read budget.
+
+    ``consistent``: a strongly consistent Scan (twice the read units). An eventually
+    consistent page may show an item as it was up to about a second ago -- not there yet,
+    or at its previous version. The backfill and verify read so (a copy of a past version
+    is fenced, a past difference is re-read consistently before it counts); a job that
+    decides from the page alone and never passes again -- cleanup, the strip, an abort's
+    GSI rewrite -- must see what is there now (tests/integration/test_stale_scans.py).
+    """
     kwargs: dict = {"TableName": table, "Segment": ctx.segment, "TotalSegments": ctx.total_segments,
                     "Limit": page_size, "ReturnConsumedCapacity": "TOTAL"}
+    if consistent:
+        kwargs["ConsistentRead"] = True
     if start_key:
         kwargs["ExclusiveStartKey"] = start_key
-    with budget.spend("read", page_scan_units(page_size, avg_item_bytes)):
+    with budget.spend("read", page_scan_units(page_size, avg_item_bytes, consistent)):
         return dynamo.call("scan", **kwargs)
 
 

@@ -32,7 +32,9 @@ from __future__ import annotations
 import math
 
 from reshard.aws.dynamo import Dynamo
-from reshard.core.layout import VERSION_ATTR, item_size, strip_action
+from reshard.control.horizon import await_before_removal
+from reshard.control.store import ControlStore
+from reshard.core.layout import VERSION_ATTR, item_size, not_data, strip_action
 from reshard.core.phases import STRIP_JOB
 from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import key_of
@@ -42,7 +44,7 @@ from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_del
 from reshard import errors
 
 #: The counters of a strip pass (status and the CLI show them).
-COUNTERS = ("scanned", "stripped", "clean", "tombstones_deleted", "changed_meanwhile", "rcu", "wcu")
+COUNTERS = ("scanned", "stripped", "clean", "tombstones_deleted", "changed_meanwhile", "not_data", "rcu", "wcu")
 
 
 class Stripper:
@@ -58,10 +60,14 @@ class Stripper:
 
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
         counts = dict.fromkeys(COUNTERS, 0)
-        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size)
+        # Consistent: an item written a moment ago would be missing from a stale page, never stripped.
+        resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size, consistent=True)
         items = resp.get("Items", [])
-        counts["scanned"] = len(items)
         for item in items:
+            if not_data(item):  # the table marker (it stays after complete), a retired leftover
+                counts["not_data"] += 1
+                continue
+            counts["scanned"] += 1
             action, attrs = strip_action(item)
             if action == "clean":
                 counts["clean"] += 1
@@ -103,5 +109,11 @@ def _make_page(ctx: JobContext):
                     ctx.budget, ctx.options).page
 
 
+def _check(store: ControlStore, state, options: JobOptions) -> float:
+    # Removing the versions removes what a late mirror's fence compares against.
+    await_before_removal(store, state, STRIP_JOB)
+    return 0.0
+
+
 #: ``reshard cleanup --strip-bookkeeping``: a fresh pass per invocation (resumes an unfinished one).
-STRIP = JobSpec(STRIP_JOB, _make_page, fresh=True)
+STRIP = JobSpec(STRIP_JOB, _make_page, check=_check, fresh=True)

@@ -73,20 +73,21 @@ from reshard.aws.inspect import ttl_status
 from reshard.core.compare import INFO, KINDS, Difference, Judgement, differences, judge, passes
 from reshard.core.index import NEW as INDEX_NEW, mappers, reindexed
 from reshard.core.join import MISPLACED, NEW, OLD, Record, Recorder, fields_from_text, verdict
-from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, KeyMapper, hash_shard
+from reshard.core.deadlines import DATE_MARGIN_SECONDS
+from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, hash_shard, is_tombstone, not_data
 from reshard.core.migration import SHARD
-from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, job_rule
+from reshard.core.phases import BACKFILL_JOB, ROUTING, VERIFY_JOB, job_rule
 from reshard.core.settle import Watch, decide, settle_window
-from reshard.core.versions import fence_for, unchanged, version_of
+from reshard.core.versions import fence_for, stored_version, unchanged, version_of
 from reshard.core.wire import S, dump_key, key_of
 from reshard.jobs.budget import CapacityBudget
-from reshard.jobs.engine import LeaseLost, PageContext
+from reshard.jobs.engine import LeaseLost, PageContext, settle_text, settle_wait
 from reshard.jobs.index_jobs import IndexVerifier
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite
 from reshard.jobs.records import complete as records_complete
 from reshard.jobs.records import discard as discard_records
 from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, announce_repair, conditional_delete, conditional_put,
-                                 phase_guard, require_phase_and_ack, scan_page)
+                                 over_leftovers, phase_guard, require_phase_and_ack, scan_page)
 
 DIFFERENCE_KINDS = tuple(KINDS)
 #: The join segment's checkpoint: the identity hash (hex) of the last suspect judged.
@@ -130,8 +131,16 @@ class Verifier(RunRecords):
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, run: int, mapper: KeyMapper,
                  table: str, budget: CapacityBudget, opts: JobOptions,
                  sleep: Callable[[float], None] = time.sleep, *, ttl_attribute: str | None = None,
-                 clock: Callable[[], float] = time.time, records_dir: pathlib.Path | None = None):
+                 clock: Callable[[], float] = time.time, records_dir: pathlib.Path | None = None,
+                 horizon: float | None = None, authoritative: str = "old"):
         self.dynamo = dynamo
+        #: The migration's request horizon when the server enforces it (None: it does not):
+        #: the settle window is then ``horizon + DATE_MARGIN`` on the server's clock.
+        self.horizon = horizon
+        #: The layout written first in the phase this run repairs in (``"old"`` in backfill,
+        #: ``"new"`` in cutover): a copy of the same version but other content is replaced
+        #: only from it.
+        self.authoritative = authoritative
         self.store = store
         self.migration_id = migration_id
         self.run = run
@@ -166,7 +175,8 @@ class Verifier(RunRecords):
             return {}
         with self.budget.spend("read", len(unique) * (1.0 if consistent else 0.5)):
             found = self.dynamo.batch_get(self.table, unique, consistent=consistent, capacity=True)
-        return {_kid(self._key(i)): i for i in found}
+        # A retired leftover (``_rs_gone``) or the table marker is absent for every reader.
+        return {_kid(self._key(i)): i for i in found if not not_data(i)}
 
     # ---------------------------------------------------------------- one page
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
@@ -199,6 +209,8 @@ class Verifier(RunRecords):
         mapper = self.mapper
         old, new, fields_of, is_new_copy = mapper.old, mapper.new, mapper.fields, mapper.is_new_copy
         for item in items:
+            if not_data(item):
+                continue  # the table marker, an earlier migration's retired leftover: not data
             if counts is not None:
                 counts["checked"] += 1
             if is_new_copy(item):
@@ -229,6 +241,8 @@ class Verifier(RunRecords):
                     out.append(record(item, MISPLACED, fields))
                 continue
             try:
+                if VERSION_ATTR in item:
+                    stored_version(item, None, "the item")  # a plain client's _rs_v: reported, never judged
                 fields = fields_of(item, old)
                 new_key = new.key(fields)
             except errors.UnmappableItem as e:
@@ -350,10 +364,14 @@ class Verifier(RunRecords):
 
     def _window(self) -> float:
         """How long a disagreement must be seen unchanged before it is reported: the
-        operator's ``--settle-seconds``, else the largest write bound any shim of the
+        operator's ``--settle-seconds``; else, when the server enforces the request horizon,
+        ``H + DATE_MARGIN`` on the server's clock (a write in flight when verify looked has
+        landed by then, or can never land); else the largest write bound any shim of the
         migration published (:func:`reshard.core.settle.settle_window`)."""
         if self.opts.settle_seconds is not None:
             return max(0.0, self.opts.settle_seconds)
+        if self.horizon is not None:
+            return self.horizon + DATE_MARGIN_SECONDS
         return settle_window(h.settle_seconds for h in heartbeats(self.store, self.migration_id))
 
     def _settle(self, ctx: PageContext, counts: dict, suspects: list[Check]) -> None:
@@ -374,6 +392,9 @@ class Verifier(RunRecords):
         window: float | None = None
         watches = [(c, Watch()) for c in suspects]
         reads = 0
+        # With a server deadline the window is timed on the server's clock: the ``Date`` of
+        # each re-read's answer (whole seconds, so a look happened in [date, date + 1)).
+        server = self.horizon is not None
         while watches:
             keys = [k for c, _ in watches for k in (*c.candidates, c.new_key)]
             # Two instants per look: what the read shows was true at some moment between
@@ -384,6 +405,11 @@ class Verifier(RunRecords):
             found = self._read(keys, consistent=True)
             reads += 1
             now = ctx.now()
+            date = self.dynamo.answer_date() if server else None
+            if server and date is None:
+                server = False  # no Date header: our own monotonic clock, as without a deadline
+            if server:
+                sent, now = date, date + 1.0
             if window is None:
                 # Read after the first consistent look: a shim whose write we may have seen
                 # in flight wrote its heartbeat before it served that write.
@@ -412,19 +438,12 @@ class Verifier(RunRecords):
                 self._conclude(ctx, counts, c, j, details)
             watches = waiting
             if watches:
-                self._wait_until(ctx, min(due))
-
-    def _wait_until(self, ctx: PageContext, at: float) -> None:
-        """Sleep towards ``at`` on the engine's monotonic clock, never past the lease's
-        renewal point (renewed here when due; a lease taken over raises, the page is
-        redone). Returns after one sleep: the caller looks again (a look is cheap)."""
-        ctx.ensure_lease()
-        now = ctx.now()
-        step = at - now
-        if ctx.lease.renew_due > now:
-            step = min(step, ctx.lease.renew_due - now)
-        if step > 0:
-            self.sleep(step)
+                shown = ", ".join(f"{f}={v}" for f, v in zip(self.mapper.key_fields, watches[0][0].identity))
+                # On the server's clock with a deadline: its times become ours by the offset seen at
+                # the last look (the wait sleeps on our monotonic clock, in slices it can report).
+                shift = ctx.now() - sent if server else 0.0
+                settle_wait(ctx, self.sleep, min(due) + shift, lambda now, n=len(watches), ends=max(
+                    w.since for _, w in watches) + window + shift, e=shown: settle_text(n, e, window, ends - now))
 
     def _conclude(self, ctx: PageContext, counts: dict, c: Check, j: Judgement, details: list[str]) -> None:
         """Report a difference that stayed (repairing it first if asked)."""
@@ -472,14 +491,21 @@ class Verifier(RunRecords):
         kind, old, new = j.kind, j.reference, j.new
         try:
             if kind in ("missing", "stale", "diverged", "resurrected") and old is not None:
-                if version_of(new) > version_of(old):
-                    return False  # a newer write sits in the new layout only: leave it, report it
+                if new is not None and version_of(new) > version_of(old):
+                    # The new copy is newer: a write (or a delete's tombstone) whose mirror to
+                    # the old layout never landed -- a cutover write before a rollback. The
+                    # newer copy goes over the older one, as catch-up needs in both directions.
+                    self._announce_repair(counts)
+                    return self._mirror_to_old(ctx, new, c, old)
+                same = new is not None and version_of(new) == version_of(old)
+                if same and self.authoritative != "old":
+                    return False  # same version, other content: only the authoritative copy may win
                 target, _ = self.mapper.remap(old)  # a tombstone re-keys to a tombstone copy
                 target = reindexed(target, self.indexes, INDEX_NEW) if self.indexes else target
                 self._announce_repair(counts)
                 # Same version but other content: only this exact stale copy may be replaced.
-                fence = unchanged(version_of(old), self.key_attrs[0]) \
-                    if new is not None and version_of(new) == version_of(old) else fence_for(version_of(old))
+                fence = unchanged(version_of(old), self.key_attrs[0]) if same else \
+                    over_leftovers(fence_for(version_of(old)))
                 return conditional_put(self.dynamo, self.budget, self.table, target, fence, guard=ctx.write_guard)
             if kind == "extra" and new is not None and self.mapper.is_new_copy(new) and not version_of(new):
                 # An unversioned copy with no old item behind it (its source was deleted
@@ -516,7 +542,9 @@ class Verifier(RunRecords):
         logical = self.mapper.to_logical(new, self.mapper.new)
         item = self.mapper.to_physical(logical, self.mapper.old, shard)
         item[VERSION_ATTR] = new[VERSION_ATTR]
-        return conditional_put(self.dynamo, self.budget, self.table, item, fence_for(version),
+        if is_tombstone(new):
+            item[TOMBSTONE_ATTR] = new[TOMBSTONE_ATTR]  # a delete's marker goes back as a delete marker
+        return conditional_put(self.dynamo, self.budget, self.table, item, over_leftovers(fence_for(version)),
                                guard=ctx.write_guard)
 
     def _delete_copy(self, ctx: PageContext, item: dict, key: dict) -> bool:
@@ -558,10 +586,16 @@ def _after_backfill(store: ControlStore, state, options: JobOptions) -> float:
     return info.finished_at
 
 
+def settle_horizon(state) -> float | None:
+    """The request horizon the settle window is timed by (None: no server deadline)."""
+    return state.request_horizon if state.server_deadline else None
+
+
 def _make_page(ctx: JobContext):
     return Verifier(ctx.dynamo, ctx.store, ctx.state.id, ctx.run, ctx.mapper, ctx.migration.table, ctx.budget,
                     ctx.options, ctx.sleep, ttl_attribute=table_ttl_attribute(ctx.dynamo, ctx.migration.table),
-                    clock=ctx.clock).page
+                    clock=ctx.clock, horizon=settle_horizon(ctx.state),
+                    authoritative=ROUTING[ctx.state.phase].authoritative).page
 
 
 #: ``reshard verify``: a fresh run each time (a finished run is a verdict), joined by
@@ -578,12 +612,20 @@ class _NoLease(NamedTuple):
 
 class _Segment:
     """What a page of a read-only verify needs of a :class:`PageContext`: its segment and a
-    monotonic clock (the settle window). No lease: nothing is written, nothing to fence."""
+    monotonic clock (the settle window). No lease: nothing is written, nothing to fence.
+    ``stop``: set on Ctrl-C; a settle wait then gives up (:meth:`pause`)."""
 
     lease = _NoLease()
 
-    def __init__(self, segment: int, total: int, monotonic: Callable[[], float]):
+    def __init__(self, segment: int, total: int, monotonic: Callable[[], float],
+                 stop: threading.Event | None = None):
         self.segment, self.total_segments, self.now = segment, total, monotonic
+        self._stop = stop or threading.Event()
+
+    def pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+        if self._stop.is_set():
+            raise errors.JobStopped("the verify is stopping")
 
     def ensure_lease(self) -> None:  # no lease to renew
         pass
@@ -658,16 +700,18 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
             raise errors.BadInput("a read-only verify of a combined migration needs its verifier "
                                   "(operations passes it)")
         verifier = combined(dynamo, store, migration_id, 0, migration, KeyMapper(migration), budget, opts, sleep,
-                            clock)
+                            clock, horizon=settle_horizon(state))
     elif migration.changes_table:
         verifier = Verifier(dynamo, store, migration_id, 0, KeyMapper(migration), migration.table, budget, opts, sleep,
-                            ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock)
+                            ttl_attribute=table_ttl_attribute(dynamo, migration.table), clock=clock,
+                            horizon=settle_horizon(state))
     else:
         verifier = IndexVerifier(dynamo, store, migration_id, 0, mappers(migration.indexes), migration.keys,
-                                 migration.table, budget, opts, sleep)
+                                 migration.table, budget, opts, sleep, horizon=settle_horizon(state))
     verifier.collected = []
     # Stop at the next page once the migration left verify's phases, as a recorded run does.
     guard = phase_guard(store, migration_id, VERIFY_JOB, job_rule(VERIFY_JOB).phases)
+    stop = threading.Event()  # Ctrl-C: settle waits and budget sleeps give up, the pool ends
 
     def pages(index: int, total: int) -> tuple[dict, str]:
         counts: dict = {}
@@ -676,7 +720,9 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
             why = guard()
             if why:
                 return counts, why
-            page, key = verifier.page(_Segment(index, total, monotonic), key)
+            if stop.is_set():
+                return counts, "stopped"
+            page, key = verifier.page(_Segment(index, total, monotonic, stop), key)
             for k, v in page.items():
                 counts[k] = counts.get(k, 0) + v
             if not key:
@@ -695,8 +741,13 @@ def verify_read_only(dynamo: Dynamo, store: ControlStore, migration_id: str, opt
         verifier.records_dir = pathlib.Path(tmp)
         verifier.remove_records = False
         with ThreadPoolExecutor(min(opts.worker_count, opts.segments), thread_name_prefix="verify-ro") as pool:
-            for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
-                add(counts, why)
+            try:
+                for counts, why in pool.map(lambda i: pages(i, opts.segments + join), range(opts.segments)):
+                    add(counts, why)
+            except KeyboardInterrupt:
+                stop.set()  # the pool's threads give up at their next wait or page; then exit 130
+                budget.stop()
+                raise
         if join and not reasons:  # every segment's records are here: the join
             add(*pages(opts.segments, opts.segments + 1))
     shown = verifier.collected[:opts.examples] if opts.examples else []

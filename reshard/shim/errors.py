@@ -19,6 +19,7 @@ always was (so ``except reshard.errors.ConditionalCheckFailed`` works too):
   :class:`ShimUnavailable`          ``ReshardShimUnavailable``      ``errors.ShimUnavailable``
   :class:`SwitchInProgress`         ``ReshardSwitchInProgress``     ``errors.SwitchInProgress``
   :class:`ScanInterrupted`          ``ReshardScanInterrupted``      ``errors.ScanInterrupted``
+  :class:`OldValuesUnknown`         ``ReshardOldValuesUnknown``     ``errors.ReshardError``
   :class:`ShimAWSError`             its ``code`` (e.g.              ``errors.AWSError``
                                     ``ReshardVersionConflict``)
   ================================  ==============================  =====================
@@ -27,11 +28,13 @@ always was (so ``except reshard.errors.ConditionalCheckFailed`` works too):
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable, TypeVar
 
 import botocore.exceptions
 
 from reshard import errors
+from reshard.shim import metrics
 
 
 class ShimClientError(botocore.exceptions.ClientError):
@@ -69,6 +72,26 @@ class ScanInterrupted(errors.ScanInterrupted, ShimClientError):
     """A paged scan resumed across a change of the layouts the shim reads: restart the scan."""
 
     code = "ReshardScanInterrupted"
+
+
+class OldValuesUnknown(errors.ReshardError, ShimClientError):
+    """The write landed exactly once, but the ``ReturnValues`` old values it asked for are lost.
+
+    Its first attempt was applied and the answer was lost on the way (a dropped connection, a
+    timeout); the retry met that attempt already stored (its own version) and applied nothing
+    again. The old values existed only in the lost answer (DynamoDB keeps no history), so
+    ``ALL_OLD`` / ``UPDATED_OLD`` cannot be answered truthfully. Raised after the write was
+    completed in every layout: do not send the write again. ``landed`` is True.
+    """
+
+    code = "ReshardOldValuesUnknown"
+    landed = True
+
+    def __init__(self, operation: str):
+        super().__init__(f"{operation}: the write landed exactly once, but the old values asked for with ReturnValues "
+                         "were in its answer, which was lost (the retry found the write already applied and did not "
+                         "apply it again); the write is complete in every layout: do not send it again",
+                         operation)
 
 
 class ShimAWSError(errors.AWSError, ShimClientError):
@@ -115,16 +138,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def client_errors(operation: str) -> Callable[[F], F]:
-    """Decorate a public shim method: reshard's errors leave it as ``ClientError``\\ s."""
+    """Decorate a public shim method: reshard's errors leave it as ``ClientError``\\ s, and a
+    method of the table itself records its latency (and a ``ShimUnavailable``) in the shim's
+    metrics (:mod:`reshard.shim.metrics`; a no-op without an OpenTelemetry SDK)."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
-        def method(*args, **kwargs):
+        def method(self, *args, **kwargs):
+            started = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                return fn(self, *args, **kwargs)
             except errors.ReshardError as e:
+                if isinstance(e, errors.ShimUnavailable) and hasattr(self, "_phases"):
+                    metrics.unavailable(self.migration.id, as_client_error(e, operation).response["Error"]["Code"])
                 if isinstance(e, botocore.exceptions.ClientError):
                     raise
                 raise as_client_error(e, operation) from e
+            finally:
+                if hasattr(self, "_phases"):  # the table's methods (a batch writer's are the table's calls)
+                    metrics.request_done(self.migration.id, self._phases.phase, operation,
+                                         time.perf_counter() - started)
         return method  # type: ignore[return-value]
     return wrap

@@ -111,6 +111,7 @@ from reshard.core.index import INDEX_RETIRED, INDEX_ROUTING, IndexMapper, IndexR
 from reshard.core.layout import is_tombstone, item_size, scalar
 from reshard.core.phases import Phase
 from reshard.core.versions import newest
+from reshard.core.wire import still_as_read
 from reshard.shim.errors import ShimValidationError
 from reshard.shim.expr import split_top, top_attribute
 from reshard.shim.query import PAGE_BYTES, _after, _just_before, _order_key, _plain, _satisfies, _sort_to_av, conjuncts
@@ -303,14 +304,7 @@ def index_actions(plan: IndexUpdate, read: Mapping[str, Any], known: Mapping[str
                                       f"migration's layout gives: give {im.attr!r} a placeholder of its own",
                                       "UpdateItem")
         overrides[own] = value
-    cond: list[str] = []
-    for n, attr in enumerate(plan.reads):
-        names[f"#rs_ix{n}"] = attr
-        if attr in read:
-            vals[f":rs_ix{n}"] = read[attr]
-            cond.append(f"#rs_ix{n} = :rs_ix{n}")
-        else:
-            cond.append(f"attribute_not_exists(#rs_ix{n})")
+    cond = still_as_read(plan.reads, read, "rs_ix", names, vals)
     return sets, names, vals, " AND ".join(cond) or None, overrides
 
 

@@ -51,6 +51,16 @@ Phase
     the phase to act on (never the control table) and tells it when it is done, so a
     new phase is acknowledged only after the requests on the old one drain.
 
+Late requests (docs/late-writes.md)
+    Every request to the data table goes through :meth:`ShardedTable._call` (or
+    ``_batch_get``): signed so that DynamoDB refuses it once the server's clock passes the
+    horizon of the phase fact it obeys (``PhaseCache.horizon``), a refusal for lateness being
+    ``ShimUnavailable``. A write retried after a lost answer recognises its own landed attempt
+    (``_authoritative``). While the control row's ``newer_may_be`` is set, reads read both
+    layouts and each write first catches the authoritative copy up (``_catch_up``). The table
+    marker and copies a cleanup retired (``_rs_gone``) are no items to any read, and no
+    update builds on a retired copy.
+
 Reserved names: every bookkeeping attribute starts with ``_rs_`` and never reaches the
 application; placeholders ``#rs_*`` / ``:rs_*`` are reserved in expressions.
 
@@ -91,13 +101,17 @@ from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from reshard.core.index import IndexMapper
-from reshard.core.layout import (MAX_ITEM_BYTES, NEW_COPY_ATTR, TOMBSTONE_ATTR, VERSION_ATTR, KeyMapper, Layout,
-                                 hash_shard, is_tombstone, item_size, to_av)
+from reshard.core.layout import (GONE_ATTR, MAX_ITEM_BYTES, NEW_COPY_ATTR, SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR,
+                                 KeyMapper, Layout, hash_shard, is_retired, is_tombstone, item_size, not_data, to_av)
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
+from reshard.core.decode import safe_text
+from reshard.core.wire import dump_key, still_as_read
 from reshard.core.phases import Phase, Routing
-from reshard.core.versions import VersionClock, fence_for, newest, version_of
-from reshard.shim.errors import ItemTooLarge, ShimValidationError, client_errors
+from reshard.core.versions import (VersionClock, fence_for, newest, not_version, own_attempt, stored_version, unchanged,
+                                   version_of)
+from reshard.shim import metrics as shim_metrics
+from reshard.shim.errors import ItemTooLarge, OldValuesUnknown, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
                                split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
@@ -118,6 +132,25 @@ MAX_FENCE_RETRIES = 5
 # fan-out), each asked for its capacity while the app's request runs; the sum is reported.
 _CAPACITY: contextvars.ContextVar[list | None] = contextvars.ContextVar("reshard_capacity", default=None)
 _HOOKS_LOCK = threading.Lock()
+#: The (table, phase state) of the request running in this context: its data requests are signed
+#: by the fact of that phase version (``PhaseCache.horizon``); query workers run in a copy of it.
+_REQUEST: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("reshard_request", default=None)
+
+
+def _late(e: errors.AWSError) -> bool:
+    """DynamoDB refused the request as signed too long ago (it arrived after its horizon)."""
+    return e.code == "InvalidSignatureException" and "expired" in (e.aws_message or "").lower()
+
+
+def _hidden(item: Mapping[str, Any] | None) -> bool:
+    """An item no read returns, not even as a tombstone: the table marker, or an old-layout copy
+    a cleanup retired (``_rs_gone``): for the shim it is no copy at all."""
+    return not_data(item)
+
+
+class _Landed(dict):
+    """The outcome of an authoritative write whose answer was lost and whose retry met its own
+    landed attempt: ``{"Attributes": the stored item}`` (what ALL_NEW would have returned)."""
 
 
 def _ask_capacity(params: dict, **_) -> None:
@@ -296,10 +329,54 @@ class ShardedTable:
                 single = self._single[r] = Routing(("old",), ("old",), tombstones=False, fenced=r.fenced,
                                                    hold=r.hold)
             st = dataclasses.replace(st, routing=single)
+        _REQUEST.set((self, st))
         return st
 
     def _end(self, st: PhaseState) -> None:
+        _REQUEST.set(None)
         self._phases.end(st)
+
+    # ------------------------------------------------------------------ data requests
+    def _horizon(self) -> float | None:
+        """``Dynamo.call(horizon=)`` of every data request: the server time after which DynamoDB
+        refuses it, from the fact of the phase version the request runs under."""
+        cur = _REQUEST.get()
+        st = cur[1] if cur is not None and cur[0] is self else self._phases.current()
+        return self._phases.horizon(st)
+
+    def _call(self, operation: str, guard: Callable[[], None] | None = None, **kwargs) -> dict:
+        """One request to the data table, signed to die at its horizon. A refusal for arriving
+        after it is ShimUnavailable (nothing was applied; never retried as is)."""
+        try:
+            return self.dynamo.call(operation, guard=guard, horizon=self._horizon, **kwargs)
+        except errors.AWSError as e:
+            if _late(e):
+                raise self._phases.refused_late(e, operation) from e
+            raise
+
+    def _get(self, key: dict, consistent: bool, **kwargs) -> tuple[dict | None, dict]:
+        """(the stored item at ``key`` or None -- a retired copy or the marker count as none, the response)."""
+        resp = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=consistent, **kwargs)
+        item = resp.get("Item")
+        return (None if _hidden(item) else item), resp
+
+    def _batch_get(self, keys: list[dict], consistent: bool, last_response: dict | None = None) -> list[dict]:
+        """Every stored item at ``keys`` (BatchGetItems of 100), retired copies and the marker left out."""
+        try:
+            found = self.dynamo.batch_get(self.table, keys, consistent=consistent, last_response=last_response,
+                                          horizon=self._horizon)
+        except errors.AWSError as e:
+            if _late(e):
+                raise self._phases.refused_late(e, "BatchGetItem") from e
+            raise
+        return [i for i in found if not _hidden(i)]
+
+    def _visible(self, resp: dict) -> dict:
+        """A Query or Scan page without the items no read returns."""
+        items = resp.get("Items")
+        if items and any(_hidden(i) for i in items):
+            resp = {**resp, "Items": [i for i in items if not _hidden(i)]}
+        return resp
 
     # ------------------------------------------------------------------ inputs
     def _logical_item(self, item: Mapping[str, Any]) -> dict:
@@ -383,7 +460,7 @@ class ShardedTable:
         candidates = layout.candidate_keys(fields)
         # Consistent: an eventually consistent miss would put a second copy of an existing
         # item into another shard.
-        found = self.dynamo.batch_get(self.table, candidates, consistent=True)
+        found = self._batch_get(candidates, consistent=True)
         if found:
             # The new layout's key may also parse as an old candidate (same template): the
             # new-copy marker tells the copy apart from the item's genuine old location.
@@ -422,8 +499,8 @@ class ShardedTable:
         kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
-        return self.dynamo.call("put_item", guard=None if mirror else self._phases.check_live,
-                                TableName=self.table, Item=item, **kwargs)
+        return self._call("put_item", guard=None if mirror else self._phases.check_live,
+                          TableName=self.table, Item=item, **kwargs)
 
     def _put_through(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
                      app_condition: str | None, app_names: dict, app_values: dict, *, return_old: bool,
@@ -456,6 +533,11 @@ class ShardedTable:
 
         _, resp = self._authoritative(st, key, app_condition, attempt)
         self._mirror_to(targets[1:], built["item"])
+        if isinstance(resp, _Landed):
+            # Our own attempt landed and its answer was lost: the write happened exactly once.
+            if return_old:
+                raise OldValuesUnknown("DeleteItem" if tombstone else "PutItem")
+            return {}
         return resp
 
     def _check_sizes(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
@@ -502,41 +584,128 @@ class ShardedTable:
             self._put(item, fence.expression, fence.names, fence.values, mirror=True)
         except errors.ConditionalCheckFailed:
             pass  # a newer write (or tombstone) is already there: it wins, as it should
+        except errors.ShimUnavailable as e:
+            # Late: this shim froze (or the mirror was held) past its phase fact's horizon, so
+            # the fleet may have moved on (two transitions: the item may be deleted or stripped
+            # since). DynamoDB refused the mirror -- or it was never sent -- and that is the
+            # fence working. The authoritative write landed: the app's write succeeded; the
+            # other layout catches up (the switch's newer_may_be, then verify).
+            log.warning("reshard shim %s: mirror write of %s to table %r not applied, too late (the authoritative "
+                        "write landed; the fleet's catch-up and verify bring the other layout up to date): %s",
+                        self.instance_id, {k: item[k] for k in self.mapper.old.key_attrs if k in item}, self.table, e)
         except errors.ReshardError as e:
             # The authoritative write landed; this layout misses it until the next write,
             # a backfill re-run or verify --repair (README, Limits). Say so loudly.
+            shim_metrics.mirror_failed(self.migration.id, self._phases.phase)
             log.warning("reshard shim %s: mirror write of %s to table %r failed after the authoritative write "
                         "landed (re-run `reshard verify` before the next transition): %s",
                         self.instance_id, {k: item[k] for k in self.mapper.old.key_attrs if k in item}, self.table, e)
             raise
 
+    def _catch_up(self, st: PhaseState, fields: dict, targets: list[tuple[dict, bool]]) -> None:
+        """Catch-up after an authority switch (``routing.catch_up``, docs/late-writes.md): bring
+        the authoritative copy up to a newer copy of the flagged layout before writing over it.
+
+        A mirror lost before the switch (its writer died between its two writes, or froze until
+        the mirror was refused as late) left the flagged layout newer than the authoritative
+        one. One consistent BatchGetItem reads the authoritative key and the flagged layout's
+        copy (every candidate of a random-suffix layout); when that copy is newer (or the
+        authoritative copy is missing), it is put onto the authoritative key under its own
+        version's fence -- never over a newer write -- and the version clock observes it, so
+        the write that follows builds on it and carries a higher version (its mirror then
+        overwrites the stale copy: both layouts equal again). A tombstone is copied like an
+        item: the write then builds on the absent item it stands for.
+        """
+        other = st.routing.catch_up
+        if other is None:
+            return
+        auth_key, mark = targets[0]
+        layout = self.mapper.layout(other)
+        candidates = [k for k in layout.candidate_keys(fields) if k != auth_key]
+        if not candidates:
+            return  # the item does not move: one physical item serves both layouts
+        found = self._batch_get([auth_key] + candidates, consistent=True)
+        auth = next((i for i in found if self._key_of(i) == auth_key), None)
+        copies = [i for i in found if self._key_of(i) != auth_key]
+        if other == "old" and layout.random:
+            # A new copy found at a key the old template also parses is not an old copy.
+            copies = [i for i in copies if not self.mapper.is_new_copy(i)]
+        best = newest(copies)
+        if best is None or (auth is None and is_tombstone(best)):
+            return
+        if auth is not None and version_of(best) <= version_of(auth):
+            return
+        item = {k: v for k, v in best.items() if k != SOURCE_ATTR}
+        item.update(auth_key)
+        self._marked(item, mark)
+        if not is_tombstone(item):
+            item = self._with_index_values(st, item, fields)  # the phase's GSI value, as every copy it writes
+        fence = fence_for(version_of(best))
+        try:
+            self._put(item, fence.expression, fence.names, fence.values)
+        except errors.ConditionalCheckFailed:
+            pass  # something at least as new landed meanwhile: the write builds on that
+        self.versions.observe(version_of(best))
+        log.info("reshard shim %s: caught %s up from the %s layout (version %s)", self.instance_id, auth_key, other,
+                 version_of(best) or "unversioned")
+
     def _authoritative(self, st: PhaseState, key: dict, app_condition: str | None,
-                       attempt: Callable[[str | None, str | None, dict, dict], dict]) -> tuple[str | None, dict]:
+                       attempt: Callable[[str | None, str | None, dict, dict], dict],
+                       update: bool = False) -> tuple[str | None, dict]:
         """Run ``attempt(version, condition, names, values)`` on the authoritative copy.
 
-        In fenced phases the condition is the app's AND the version fence; on a failed
-        condition one consistent read tells a fence loss (stored version >= ours: observe
-        it and retry above it) from the application's own condition failing.
+        In fenced phases the condition is the app's AND the version fence; in stamped phases
+        without a fence (cleanup, complete) the app's AND ``_rs_v <> :v`` (``not_version``). On a
+        failed condition one consistent read tells them apart:
+
+        * the stored version *is* ours: our own attempt landed and its answer was lost (the
+          client retried it): returns a :class:`_Landed` with the stored item -- the write
+          happened exactly once, and is not applied again (an ``ADD`` stays single);
+        * fenced, stored version >= ours: a fence loss: observe it and retry above it;
+        * otherwise the application's condition failed.
+
+        A copy a cleanup retired (``_rs_gone``) at the key is no item: when it fails a condition
+        (an ``update`` never writes over one: it would keep its stale attributes) it is deleted,
+        still retired and unchanged, and the write is tried again.
         """
         version = self.versions.next() if st.stamps else None
         for _ in range(MAX_FENCE_RETRIES + 1):
             names: dict = {}
             values: dict = {}
             condition = app_condition
-            if st.routing.fenced:
-                fence = fence_for(version)
-                condition = and_conditions(app_condition, fence.expression)
+            fence = fence_for(version) if st.routing.fenced else not_version(version) if version else None
+            if fence is not None:
+                ours = fence.expression
+                if update:
+                    ours = f"({ours}) AND attribute_not_exists(#rs_gone)"
+                    names["#rs_gone"] = GONE_ATTR
+                condition = and_conditions(app_condition, ours)
                 names.update(fence.names)
                 values.update(fence.values)
             try:
                 return version, attempt(version, condition, names, values)
             except errors.ConditionalCheckFailed:
-                if not st.routing.fenced:
-                    raise  # no fence in this phase: only the app's condition can have failed
+                if fence is None:
+                    raise  # no condition of ours in this phase: only the app's can have failed
                 # Consistent: a stale (older) version would turn our fence loss into a
                 # false "condition failed" for the application.
-                stored = version_of(self.dynamo.call("get_item", TableName=self.table, Key=key,
-                                                     ConsistentRead=True).get("Item"))
+                item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+                if is_retired(item):
+                    self._remove_retired(key, item)
+                    continue
+                if own_attempt(version, item) or (not st.routing.fenced and not app_condition and not update):
+                    # (An unfenced put with no app condition: only `_rs_v <> :v` can have failed, so
+                    # our attempt landed, even if a newer write replaced it before this read.)
+                    log.info("reshard shim %s: %s landed on a lost answer's first attempt; not applied again",
+                             self.instance_id, key)
+                    return version, _Landed(Attributes=item)
+                # A stored version is input: one no reshard writer wrote (malformed, or further
+                # ahead than the clocks' skew) is never adopted; this item's write is refused.
+                stored = stored_version(item, self.versions.now(), f"item {_key_text(key)} of table {self.table!r}")
+                if not st.routing.fenced:
+                    if not app_condition:
+                        continue  # an update's retired-copy guard, and that copy is gone since: again
+                    raise  # not ours: the app's condition failed
                 if stored >= version:
                     self.versions.observe(stored)  # another writer is ahead: go above it
                 elif app_condition:
@@ -548,6 +717,18 @@ class ShardedTable:
         # the request loudly instead of spinning.
         raise errors.AWSError("write", "ReshardVersionConflict",
                               f"lost the version race on {key} {MAX_FENCE_RETRIES + 1} times; retry the request")
+
+    def _remove_retired(self, key: dict, item: Mapping[str, Any]) -> None:
+        """Delete a copy a cleanup retired (``_rs_gone``), if it is still that copy: no reader
+        counts it, its TTL would remove it later, and a write must not build on it."""
+        fence = unchanged(version_of(item), self.mapper.keys.partition)
+        try:
+            self._call("delete_item", guard=self._phases.check_live, TableName=self.table, Key=key,
+                       ConditionExpression=f"attribute_exists(#rs_gone) AND ({fence.expression})",
+                       ExpressionAttributeNames={**fence.names, "#rs_gone": GONE_ATTR},
+                       **({"ExpressionAttributeValues": fence.values} if fence.values else {}))
+        except errors.ConditionalCheckFailed:
+            pass  # changed since: the retried write meets what is there now
 
     @staticmethod
     def _app_names_values(names: Mapping | None, values: Mapping | None) -> tuple[dict, dict]:
@@ -576,7 +757,7 @@ class ShardedTable:
         return condition, app_names, app_values
 
     def _to_app(self, item: Mapping[str, Any] | None, layout: Layout | None = None) -> dict | None:
-        if not item or is_tombstone(item):
+        if not item or is_tombstone(item) or _hidden(item):
             return None
         if layout is None:
             layout = self.mapper.old
@@ -589,7 +770,7 @@ class ShardedTable:
 
     def _strip(self, attrs: Mapping[str, Any] | None) -> dict | None:
         """Returned attributes without bookkeeping and physical keys (for UPDATED_* values)."""
-        if not attrs or is_tombstone(attrs):
+        if not attrs or is_tombstone(attrs) or _hidden(attrs):
             return None
         return from_wire({k: v for k, v in attrs.items()
                           if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)})
@@ -612,8 +793,10 @@ class ShardedTable:
         st = self._begin()
         try:
             logical = self._with_index_values(st, logical, fields)
-            resp = self._put_through(st, self._write_keys(st, fields), logical, condition, app_names,
-                                     app_values, return_old=ReturnValues == "ALL_OLD")
+            targets = self._write_keys(st, fields)
+            self._catch_up(st, fields, targets)
+            resp = self._put_through(st, targets, logical, condition, app_names, app_values,
+                                     return_old=ReturnValues == "ALL_OLD")
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
@@ -636,6 +819,7 @@ class ShardedTable:
         st = self._begin()
         try:
             targets = self._write_keys(st, fields)
+            self._catch_up(st, fields, targets)
             keys = [k for k, _ in targets]
             if not st.routing.tombstones:
                 # No racing copy exists in these phases (steady, cleanup, complete): a
@@ -656,8 +840,7 @@ class ShardedTable:
                             kwargs["ExpressionAttributeValues"] = app_values
                     if want_old and i == 0:
                         kwargs["ReturnValues"] = "ALL_OLD"
-                    resp = self.dynamo.call("delete_item", guard=self._phases.check_live if i == 0 else None,
-                                            **kwargs)
+                    resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
                     if i == 0:
                         old, first = resp.get("Attributes"), resp
                 return self._response(old, self.mapper.layout(st.routing.writes[0]), first)
@@ -704,6 +887,7 @@ class ShardedTable:
         st = self._begin()
         try:
             write_targets = self._write_keys(st, fields)
+            self._catch_up(st, fields, write_targets)
             keys = [k for k, _ in write_targets]
             mirrors = write_targets[1:]
             # In every phase, steady included: an update of a tombstone revives the item.
@@ -758,10 +942,10 @@ class ShardedTable:
                         kwargs["ConditionExpression"] = condition
                     if internal_rv != "NONE":
                         kwargs["ReturnValues"] = internal_rv
-                    return self.dynamo.call("update_item", guard=self._phases.check_live, **kwargs)
+                    return self._call("update_item", guard=self._phases.check_live, **kwargs)
 
                 try:
-                    _, resp = self._authoritative(st, keys[0], condition, attempt)
+                    _, resp = self._authoritative(st, keys[0], condition, attempt, update=True)
                     break
                 except errors.ConditionalCheckFailed:
                     # Ours or the app's condition: without an app condition it was ours; with
@@ -773,16 +957,17 @@ class ShardedTable:
                 raise errors.AWSError("write", "ReshardVersionConflict",
                                       f"the fields index values are computed from changed under the update of "
                                       f"{keys[0]} {MAX_FENCE_RETRIES + 1} times; retry the request")
+            # Our own attempt already landed (its answer was lost): the stored item is our result.
+            landed = isinstance(resp, _Landed)
             attrs = resp.get("Attributes")
             if need_result:
-                if internal_rv == "ALL_NEW":
+                if internal_rv == "ALL_NEW" or landed:
                     full = attrs
                 else:
                     # The app asked for old values: read the result (one more read). A
                     # write landing in between is mirrored instead of ours; fine, it is
                     # newer and the mirror is fenced by its own version.
-                    full = self.dynamo.call("get_item", TableName=self.table, Key=keys[0],
-                                            ConsistentRead=True).get("Item")
+                    full = self._get(keys[0], True)[0]
                 if full and self._indexes:
                     fixed = self._fix_index_values(st, keys[0], full)
                     if fixed and internal_rv == "ALL_NEW" and attrs:
@@ -790,6 +975,8 @@ class ShardedTable:
                 if full and mirrors:  # None: the item was removed in between; nothing left to mirror
                     # Every copy gets the index value of the phase, as a put gives it.
                     self._mirror_to(mirrors, self._with_index_values(st, full, fields))
+            if landed and rv in ("ALL_OLD", "UPDATED_OLD"):
+                raise OldValuesUnknown("UpdateItem")  # after the mirror: the write is complete
         finally:
             self._end(st)
         meta = _metadata(resp)
@@ -831,9 +1018,11 @@ class ShardedTable:
         if not plan.reads:
             return {}
         names = {f"#rs_r{i}": a for i, a in enumerate(plan.reads)}
-        item = self.dynamo.call("get_item", TableName=self.table, Key=key, ConsistentRead=True,
-                                ProjectionExpression=", ".join(names), ExpressionAttributeNames=names).get("Item")
-        return dict(item or {})
+        names["#rs_gone"] = GONE_ATTR  # a retired copy there is no item: its fields are not the item's
+        resp = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True,
+                          ProjectionExpression=", ".join(names), ExpressionAttributeNames=names)
+        item = resp.get("Item") or {}
+        return {} if is_retired(item) else dict(item)
 
     def _fix_index_values(self, st: PhaseState, key: dict, full: Mapping[str, Any]) -> dict:
         """After an update: give each GSI attribute of the resulting item ``full`` the value of
@@ -868,20 +1057,17 @@ class ShardedTable:
                 continue
             names = {"#rs_g": im.attr}
             values = {":rs_g": value, ":rs_was": full[im.attr]}
-            cond = ["#rs_g = :rs_was"]
-            for i, f in enumerate(im.layout(side).needed_fields):
-                names[f"#rs_f{i}"] = f
-                if f in full:
-                    values[f":rs_f{i}"] = full[f]
-                    cond.append(f"#rs_f{i} = :rs_f{i}")
-                else:
-                    cond.append(f"attribute_not_exists(#rs_f{i})")
+            cond = ["#rs_g = :rs_was", *still_as_read(im.layout(side).needed_fields, full, "rs_f", names, values)]
             try:
-                self.dynamo.call("update_item", guard=self._phases.check_live, TableName=self.table, Key=key,
-                                 UpdateExpression="SET #rs_g = :rs_g", ConditionExpression=" AND ".join(cond),
-                                 ExpressionAttributeNames=names, ExpressionAttributeValues=values)
+                self._call("update_item", guard=self._phases.check_live, TableName=self.table, Key=key,
+                           UpdateExpression="SET #rs_g = :rs_g", ConditionExpression=" AND ".join(cond),
+                           ExpressionAttributeNames=names, ExpressionAttributeValues=values)
             except errors.ConditionalCheckFailed:
-                continue  # changed since: that write computed the value from what it wrote
+                # Changed since (that write computed the value from what it wrote) -- or this very
+                # update landed and its answer was lost: then the item holds our value.
+                now, _ = self._get(key, True)
+                if now is None or now.get(im.attr) != value:
+                    continue
             fixed[im.attr] = value
         return fixed
 
@@ -903,14 +1089,11 @@ class ShardedTable:
         try:
             keys = self._read_keys(st, fields)
             if len(keys) == 1:
-                resp = self.dynamo.call("get_item", TableName=self.table, Key=keys[0][0],
-                                        ConsistentRead=ConsistentRead)
-                item = resp.get("Item")
+                item, resp = self._get(keys[0][0], ConsistentRead)
                 layout = keys[0][1]
             else:
                 resp = {}
-                found = self.dynamo.batch_get(self.table, [k for k, _ in keys], consistent=ConsistentRead,
-                                              last_response=resp)
+                found = self._batch_get([k for k, _ in keys], ConsistentRead, last_response=resp)
                 item = newest(found)
                 layout = None
                 if item is not None:
@@ -1065,8 +1248,7 @@ class ShardedTable:
             # A field stored as an attribute keeps its type in the cursor (a key template makes text).
             return _identity(m, fields), {f: item[f] if f in item else to_av(v) for f, v in fields.items()}
         if missing and reread:
-            whole = self.dynamo.call("get_item", TableName=self.table, Key=self._key_of(item),
-                                     ConsistentRead=True).get("Item")
+            whole = self._get(self._key_of(item), True)[0]
             if whole is not None:
                 return self._logical_key(whole, reread=False)
         return None
@@ -1151,15 +1333,15 @@ class ShardedTable:
         return resp
 
     def _scan_page(self, **kwargs) -> dict:
-        return self.dynamo.call("scan", TableName=self.table, **kwargs)
+        return self._visible(self._call("scan", TableName=self.table, **kwargs))
 
     def _lookup(self, keys: list[dict]) -> list[dict]:
         # Consistent: a scan decides which copy to return from these reads.
-        return self.dynamo.batch_get(self.table, keys, consistent=True)
+        return self._batch_get(keys, consistent=True)
 
     # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
     def _query_page(self, **kwargs) -> dict:
-        return self.dynamo.call("query", TableName=self.table, **kwargs)
+        return self._visible(self._call("query", TableName=self.table, **kwargs))
 
     def _run_all(self, fn: Callable[[Any], None], items: Sequence[Any]) -> None:
         pool = self._pool() if len(items) > 1 else None
@@ -1227,8 +1409,7 @@ class ShardedTable:
             for k, _ in keys:
                 unique.setdefault(repr(sorted(k.items())), k)
         found = {repr(sorted(self._key_of(i).items())): i
-                 for i in self.dynamo.batch_get(self.table, list(unique.values()), consistent=consistent,
-                                                last_response=meta)}
+                 for i in self._batch_get(list(unique.values()), consistent, last_response=meta)}
         out: list[tuple[dict, Layout] | None] = []
         for keys in wanted:
             copies = [(found[r], layout) for r, layout in ((repr(sorted(k.items())), l) for k, l in keys)
@@ -1372,7 +1553,8 @@ class BatchWriter:
         st = t._begin()
         try:
             layout = t.mapper.layout(st.routing.writes[0])
-            batchable = len(st.routing.writes) == 1 and not st.routing.fenced and not layout.random
+            batchable = (len(st.routing.writes) == 1 and not st.routing.fenced and not layout.random
+                         and not st.routing.catch_up)
             if batchable:
                 # BatchWriteItem takes no conditions: fine here, as these phases fence
                 # nothing and need no lookup. It also rejects two requests for one key,
@@ -1392,7 +1574,13 @@ class BatchWriter:
                         _, fields = t._key(body)
                         key = layout.key(fields)
                         requests[repr(sorted(key.items()))] = {"DeleteRequest": {"Key": key}}
-                t.dynamo.batch_write(t.table, list(requests.values()), guard=t._phases.check_live)
+                try:
+                    t.dynamo.batch_write(t.table, list(requests.values()), guard=t._phases.check_live,
+                                         horizon=t._horizon)
+                except errors.AWSError as e:
+                    if _late(e):
+                        raise t._phases.refused_late(e, "BatchWriteItem") from e
+                    raise
                 return
         finally:
             t._end(st)
@@ -1407,3 +1595,8 @@ class BatchWriter:
 
     def __exit__(self, *exc) -> None:
         self.flush()
+
+
+def _key_text(key: Mapping[str, Any]) -> str:
+    """A physical key as a message names it (``{"PK": "s-1#3", "SK": "..."}``)."""
+    return safe_text(dump_key(key))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import boto3
 import pytest
@@ -91,3 +92,52 @@ def test_demo_report_matches_the_table(demo_run):
                     and int(i["PK"]["S"].rsplit("#", 1)[1]) != shard(i["event_id"]["S"], TO)]
     assert all("expires_at" in i for i in old_of_moved)
     assert fc["old_items_with_ttl"] == len(old_of_moved) > 0
+
+
+#: Words of reshard's internals a reader of the demo cannot know (issue 27): its lines and
+#: report say what happened instead.
+INTERNAL_WORDS = ("fenced", "changed_meanwhile", "gsi_", "tombstone", "_retired", "new_layout", "new_copies",
+                  "phase version", "unmoved", "untouched", "expiring")
+
+
+def numbers(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"(?<![\w.])(\d+)(?![\w.])", text)]
+
+
+def test_demo_says_what_happened_in_words_whose_numbers_add_up(demo_run):
+    from reshard.demo import render_report
+
+    _, out, err, _ = demo_run
+    report = json.loads(out)
+    text = render_report(report)
+    shown = text + "\n" + err                       # the report and the lines printed as it ran
+    assert [w for w in INTERNAL_WORDS if w in shown] == []
+    line = {m.group(1): m.group(2) for m in re.finditer(r"(?m)^(\w[\w ]*?): +(.*(?:\n {14}.*)*)", text)}
+    # app traffic: the kinds add up to the total, and so do the phases
+    total, *kinds = numbers(line["app traffic"].split(":")[0])
+    assert total == sum(kinds[1:])                  # kinds[0]: the number of app threads
+    per_phase = numbers(line["app traffic"].split("per phase:")[1])
+    assert sum(per_phase) == total
+    # items: live = loaded + put - deleted = changed key + kept
+    m = re.match(r"(\d+) live at the end = (\d+) loaded \+ (\d+) put by the app - (\d+) it deleted; (\d+) of them "
+                 r"changed key \(\d+ -> \d+ shards\), (\d+) kept theirs", line["items"])
+    live, loaded, put, deleted, moved, kept = map(int, m.groups())
+    assert live == loaded + put - deleted == moved + kept and loaded == 200
+    # backfill and cleanup: the parts after "read N items:" add up to N, the copied and the
+    # skipped to the old items whose key changes
+    for job in ("backfill", "cleanup"):
+        read, rest = re.match(r"read (\d+) items: (.*)", line[job], re.S).groups()
+        parts = [numbers(p)[0] for p in rest.split("\n")[0].split("; ")]
+        assert sum(parts) == int(read), (job, line[job])
+    changing = re.search(r"(\d+) old items \(delete markers included\) whose key changes: ([^;]*)", line["backfill"])
+    assert int(changing.group(1)) == sum(numbers(changing.group(2)))
+    # verify: the items it read split into three kinds
+    read, new, same, changing = numbers(re.search(r"read \d+ items of both layouts \([^)]*\)", line["verify"]).group())
+    assert read == new + same + changing and "no differences" in line["verify"]
+    # final check: every key ever written = live + deleted
+    checked, live2, _, deleted2, *_ = numbers(line["final check"])
+    assert (checked, live2, deleted2) == (live + deleted, live, deleted)
+    # time: the parts add up to the whole (each rounded to 0.1 s)
+    total_s = float(re.match(r"([\d.]+) s", line["time"]).group(1))
+    parts_s = [float(x) for x in re.findall(r"(?<=[a-z] )([\d.]+)(?:,|$)", line["time"].split(" = ", 1)[1])]
+    assert len(parts_s) == 8 and abs(sum(parts_s) - total_s) <= 0.1 * len(parts_s)

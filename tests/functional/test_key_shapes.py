@@ -66,7 +66,7 @@ def test_every_key_shape_starts_copies_and_reads_back(shape, moto_dynamo):
                                       for x in items])
 
     store = ControlStore(moto_dynamo, "ctl")
-    started = operations.start(moto_dynamo, store, m)
+    started = operations.start(moto_dynamo, store, m, server_deadline=False)
     assert started.created and started.checked.mappable == 12 and started.checked.unmappable_count == 0
 
     moved, copies = 0, []
@@ -115,5 +115,5 @@ def test_a_key_type_that_cannot_hold_a_template_is_refused_by_plan_and_start(typ
     with pytest.raises(errors.TableProblem, match=problem):
         operations.plan(moto_dynamo, m)
     with pytest.raises(errors.BadInput, match=problem) as e:
-        operations.start(moto_dynamo, ControlStore(moto_dynamo, "ctl"), m)
+        operations.start(moto_dynamo, ControlStore(moto_dynamo, "ctl"), m, server_deadline=False)
     assert len(str(e.value).splitlines()) == 2  # the headline and one line for the one problem

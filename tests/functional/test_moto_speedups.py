@@ -9,13 +9,19 @@ attribute type (binaries in sets, maps and lists too) reads back as written.
 
 from __future__ import annotations
 
+import os
+import pathlib
 import random
+import subprocess
+import sys
 from decimal import Decimal
 
 import boto3
 import pytest
 from moto import mock_aws
 from moto.dynamodb.models.table import Table
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _value(rng: random.Random, kind: str) -> dict:
@@ -77,3 +83,38 @@ def test_scan_and_query_answer_as_written(hash_type, range_type):
                         break
                     kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
                 assert got == (want if forward else want[::-1])
+
+
+def test_the_speedups_run_only_on_the_moto_they_were_checked_against(tmp_path):
+    """A moto whose patched (or relied-on) code differs from every release checked is left
+    unpatched with one warning, or refused outright with strict=True (the test suite's way)."""
+    from reshard.aws import moto_speedups
+
+    assert moto_speedups.active()  # conftest installed them (strict): this moto is one checked
+    name = "moto.dynamodb.models.table:Table.query"
+    script = ("import logging; logging.basicConfig(); from reshard.aws import moto_speedups as m\n"
+              f"m.KNOWN_SOURCES[{name!r}] = frozenset({{'0000000000000000'}})\n"
+              "print(m.install(), m.install())\n"
+              "m._installed = False\n"
+              "try:\n    m.install(strict=True)\nexcept m.MotoNotRecognised as e:\n    print('refused:', e)\n"
+              "from moto.dynamodb.models.table import Table; print(Table.query.__name__)")
+    env = {k: v for k, v in os.environ.items() if k != "RESHARD_MOTO_SPEEDUPS"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         cwd=str(tmp_path), env={**env, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    lenient, strict, query = run.stdout.splitlines()
+    assert lenient == "False False"                                   # nothing patched, said once:
+    assert run.stderr.count("not what reshard's moto speed-ups were checked against") == 1
+    assert "changed: moto.dynamodb.models.table:Table.query" in run.stderr
+    assert strict.startswith("refused: moto ") and "Table.query" in strict  # the test suite's way
+    assert query == "query"                                           # moto's own Query, unpatched
+
+
+def test_a_fingerprint_follows_the_source(tmp_path, monkeypatch):
+    from reshard.aws.moto_speedups import fingerprint
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "fp_probe_a.py").write_text("class T:\n    def f(self):\n        return 1\n")
+    (tmp_path / "fp_probe_b.py").write_text("class T:\n    def f(self):\n        return 2\n")
+    a, b = fingerprint("fp_probe_a:T.f"), fingerprint("fp_probe_b:T.f")
+    assert len(a) == 16 and a != b and fingerprint("fp_probe_a:T.g") == "missing"

@@ -52,8 +52,11 @@ def run_plan(capsys, *args) -> tuple[int, str, str]:
 
 def plan_json(capsys, *args) -> dict:
     rc, out, err = run_plan(capsys, *args, "--output", "json")
-    assert rc == 0, err
-    return json.loads(out)
+    r = json.loads(out)
+    # Exit 1 exactly when start would refuse the file (issue 27 point 9), 0 otherwise.
+    assert rc == (1 if r["start_refuses"] else 0), err
+    assert ("would refuse" in err) == bool(r["start_refuses"]), err
+    return r
 
 
 def counts(shards: list[int], n: int) -> list[int]:
@@ -125,7 +128,7 @@ def test_plan_text_carries_the_same_numbers(moto_dynamo, capsys):
     fill(moto_dynamo, "SensorEvents", items + SENSOR_BROKEN[:1])
     r = plan_json(capsys, SENSOR, "--sample", "0", "--peak-writes-per-sec", "30000", "--item-kb", "1.5")
     rc, text, err = run_plan(capsys, SENSOR, "--sample", "0", "--peak-writes-per-sec", "30000", "--item-kb", "1.5")
-    assert rc == 0, err
+    assert rc == 1, err  # the unmappable row: start would refuse it (and the text says so)
     it = r["items"]
     assert f"  move        {it['moves']:>8}" in text
     assert f"  unmappable  {it['unmappable']:>8}  (unparseable-key: 1)" in text

@@ -169,7 +169,8 @@ def test_bad_input_is_refused(moto_dynamo, sensor):
 def test_fence_loss_retries_above_newer_version(moto_dynamo, sensor):
     """A writer whose clock lags loses the fence, observes the stored version, retries above it --
     and is not mistaken for its own condition failing."""
-    ahead = shim(sensor, moto_dynamo, "cutover", version_clock=VersionClock("ahead", lambda: 2_000_000_000_000))
+    # A minute apart: within the clock-skew bound (core.versions.MAX_AHEAD_MS) a version is adopted.
+    ahead = shim(sensor, moto_dynamo, "cutover", version_clock=VersionClock("ahead", lambda: 1_000_000_060_000))
     behind = shim(sensor, moto_dynamo, "backfill", version_clock=VersionClock("behind", lambda: 1_000_000_000_000))
     moved, _ = moved_and_unmoved(sensor)
     item = event(moved, temp=Decimal(1))
@@ -178,7 +179,7 @@ def test_fence_loss_retries_above_newer_version(moto_dynamo, sensor):
     for t in (ahead, behind):
         assert t.get_item(Key=key_of(item), ConsistentRead=True).get("Item")["temp"] == Decimal(2)
     found = where(moto_dynamo, sensor, item)
-    assert found["old"][0]["_rs_v"]["S"] == found["new"][0]["_rs_v"]["S"] > "2000000000000"
+    assert found["old"][0]["_rs_v"]["S"] == found["new"][0]["_rs_v"]["S"] > "1000000060000"
     with pytest.raises(errors.ConditionalCheckFailed):
         behind.put_item(Item=item, ConditionExpression="attribute_not_exists(#t)", ExpressionAttributeNames={"#t": "temp"})
 
@@ -331,8 +332,10 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
     t = ShardedTable(sensor, moto_dynamo, control_table="ctl", refresh_seconds=3600, liveness_seconds=30, clock=clock)
     try:
         # Heartbeat first (version 0), then the phase read (META row, then the table's
-        # lock row: another active migration there is refused), then the acknowledgement.
-        assert order[:4] == [("PutItem", "ctl"), ("GetItem", "ctl"), ("GetItem", "ctl"), ("PutItem", "ctl")]
+        # lock row: another active migration there is refused; then the data table's marker,
+        # its key types read once), then the acknowledgement.
+        assert order[:6] == [("PutItem", "ctl"), ("GetItem", "ctl"), ("GetItem", "ctl"),
+                             ("DescribeTable", sensor.table), ("GetItem", sensor.table), ("PutItem", "ctl")]
         assert t.phase == "planned"
         beat = fleet.heartbeats(store, sensor.id)
         assert [(h.instance, h.phase, h.phase_version) for h in beat] == [(t.instance_id, "planned", 1)]
@@ -346,10 +349,16 @@ def test_startup_heartbeat_phase_and_liveness(moto_dynamo, sensor):
             raise __import__("botocore").exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
         moto_dynamo.client.meta.events.register("provide-client-params.dynamodb.GetItem", lambda params, **kw:
                                                 broken() if params.get("TableName") == "ctl" else None)
-        clock.t += 20
+        clock.t += 10
         assert not t.refresh()
         assert t.get_item(Key=key_of(event(1))).get("Item") == event(1)
-        # ...and are refused once it is exceeded.
+        # ...and are refused, before anything is sent, once the last fact's request horizon (H =
+        # 15 s after its server Date, on the shim's clock since) is too close: a refresh is
+        # tried first, and fails.
+        clock.t += 10
+        with pytest.raises(errors.ShimUnavailable, match="no usable fact for phase version 2"):
+            t.get_item(Key=key_of(event(1))).get("Item")
+        # The liveness window still narrows (the census stops counting us after it).
         clock.t += 15
         with pytest.raises(errors.ShimUnavailable, match="could not refresh"):
             t.get_item(Key=key_of(event(1))).get("Item")

@@ -13,6 +13,7 @@ from reshard.core.layout import NEW_COPY_ATTR, VERSION_ATTR, is_tombstone
 from reshard.core.phases import Action, Phase
 from reshard.control.gates import verify_missing
 from reshard.core.versions import version_of
+from reshard.core.wire import key_of
 from reshard.control.transition import transition
 from reshard.jobs.runner import run_job
 from reshard.jobs.runner import JobOptions
@@ -143,15 +144,21 @@ def test_repair_never_overwrites_a_newer_version_in_the_new_layout(moto_dynamo):
     newest = dict(new_copy_of(mapper, x), temp={"N": "7"}, **{VERSION_ATTR: {"S": "9999999999999.000000.zz"}})
     moto_dynamo.call("put_item", TableName=m.table, Item=newest)
     result = verify(moto_dynamo, store, m, repair=True)
-    assert result.differences["diverged"] == 1 and result.repaired == 0
+    # The newer new copy stays; the repair copies it back over the older old copy (the catch-up
+    # of a write whose mirror never landed, docs/late-writes.md), never the other way.
+    assert result.differences["diverged"] == 1 and result.repaired == 1
     got = moto_dynamo.call("get_item", TableName=m.table, Key=mapper.new.key(mapper.fields(x, mapper.old)),
                            ConsistentRead=True)["Item"]
     assert got == newest
+    old = moto_dynamo.call("get_item", TableName=m.table, Key=key_of(x, mapper.old.key_attrs),
+                           ConsistentRead=True)["Item"]
+    assert old[VERSION_ATTR] == newest[VERSION_ATTR] and old["temp"] == {"N": "7"}
 
 
 def to_cleanup(dynamo, store, m):
     assert verify(dynamo, store, m).passed
     transition(store, m.id, Action.ADVANCE, allow_no_shims=True)  # cutover
+    assert verify(dynamo, store, m).passed  # the catch-up verify after the switch
     transition(store, m.id, Action.ADVANCE, allow_no_shims=True)  # cleanup
 
 

@@ -27,9 +27,10 @@ from reshard.control import fleet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR = (ROOT / "migrations" / "0001_sensor_events.toml").read_text()
-LOSER = re.compile(r"^reshard: error: another operator \((?P<who>[^)]+)\) moved migration '(?P<mid>[^']+)' first: "
-                   r"it is now in (?P<phase>\w+) \(phase version (?P<v>\d+), you acted on (?P<acted>\d+)\); "
-                   r"check `reshard status` before acting again$")
+LOSER = re.compile(r"^reshard: error: (?P<who>\S+) already moved it from (?P<acted_phase>\w+) to (?P<phase>\w+) at "
+                   r"\S+Z(?P<after> \(after this command started\))?; nothing done: '(?P<mid>[^']+)' is in \w+ "
+                   r"\(phase version (?P<v>\d+)\); check `reshard status`, then run the command again if you still "
+                   r"mean it from there$")
 
 
 @pytest.fixture
@@ -102,8 +103,8 @@ def test_eight_threads_same_advance_exactly_one_wins(setup):
     for kind, e in results:
         if kind == "lost":
             assert isinstance(e, errors.ConcurrentChange), e
-            assert str(e).startswith(f"another operator ({winner}) moved migration '{m.id}' first: it is now in "
-                                     "dual_write (phase version 2, you acted on 1)")
+            assert str(e).startswith(f"{winner} already moved it from planned to dual_write at "), e
+            assert f"; nothing done: '{m.id}' is in dual_write (phase version 2)" in str(e)
     hist = assert_history_consistent(store, m.id)
     assert [(t.to_phase, t.who) for t in hist] == [("planned", "alice@h0"), ("dual_write", winner)]
 
@@ -184,8 +185,8 @@ def test_four_advance_processes_at_once(setup, dynalite_server):
         (line,) = err.strip().splitlines()
         g = LOSER.match(line)
         assert g, line
-        assert (g["who"], g["mid"], g["phase"], g["v"], g["acted"]) == (f"op{winner}@h{winner}", m.id,
-                                                                        "dual_write", "2", "1")
+        assert (g["who"], g["mid"], g["acted_phase"], g["phase"], g["v"]) == (f"op{winner}@h{winner}", m.id,
+                                                                              "planned", "dual_write", "2")
     hist = assert_history_consistent(store, m.id)
     assert [(t.to_phase, t.who) for t in hist] == [("planned", "alice@h0"), ("dual_write", f"op{winner}@h{winner}")]
 
@@ -228,7 +229,7 @@ def test_the_commands_from_the_command_line(setup, dynalite_server):
     assert r.returncode == 0 and "moved dual_write -> dual_read" in r.stdout
     assert "NOT caught up" in r.stdout and "i-7 (app7 pid 70, on dual_write v2)" in r.stdout
     r = run_cli(ep, "rollback", m.id, *ct, who="carol@h3")
-    assert r.returncode == 2 and "rollback refused" in r.stderr and "reshard rollback --wait" in r.stderr
+    assert r.returncode == 2 and "rollback refused" in r.stderr and "`reshard wait` waits for them" in r.stderr
     fleet.heartbeat(store, m.id, "i-7", "dual_read", 3, host="app7", pid=70)
     r = run_cli(ep, "rollback", m.id, *ct, who="carol@h3")
     assert r.returncode == 0, r.stderr
@@ -247,3 +248,41 @@ def test_the_commands_from_the_command_line(setup, dynalite_server):
     assert [(s["instance"], s["phase_version"], s["live"], s["acknowledged"]) for s in report["shims"]] == [
         ("i-7", 3, True, False)]
     assert report["fleet"]["lagging"] == ["i-7 (app7 pid 70, on dual_read v3)"]
+
+
+def test_two_advance_commands_racing_between_read_and_compare_and_set(setup, dynalite_server, monkeypatch,
+                                                                     capsys):
+    """Issue 27 point 8, forced: two `advance` commands (the real main(), one thread each) both
+    read phase version 1, then meet at a barrier before their compare-and-set. Exactly one moves;
+    the other is told who moved it from what to what, exit 2 (on dynalite: moto's conditional
+    writes are not atomic across threads)."""
+    from reshard.cli.main import main
+
+    store, m, _ = setup
+    store.register(m, who="alice@h0")
+    barrier = threading.Barrier(2)
+    real = ControlStore.set_phase
+
+    def set_phase(self, *a, **kw):
+        barrier.wait(60)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(ControlStore, "set_phase", set_phase)
+    results: dict = {}
+
+    def go(name):
+        results[name] = main(["--endpoint-url", dynalite_server.endpoint, "advance", m.id, "--allow-no-shims",
+                              "--control-table", store.table])
+
+    threads = [threading.Thread(target=go, args=(n,), name=n) for n in ("X", "Y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    out, err = capsys.readouterr()
+    assert sorted(results.values()) == [0, 2], (out, err)
+    (line,) = [l for l in err.splitlines() if l.startswith("reshard: error:")]
+    g = LOSER.match(line)
+    assert g and (g["acted_phase"], g["phase"], g["v"]) == ("planned", "dual_write", "2") and not g["after"], line
+    hist = assert_history_consistent(store, m.id)
+    assert [t.to_phase for t in hist] == ["planned", "dual_write"]

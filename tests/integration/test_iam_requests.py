@@ -2,16 +2,20 @@
 
 A small migration runs on dynalite from the command line (observer: plan, status, list,
 doctor, verify --no-record; operator: start, advance, doctor; worker: backfill, verify
---repair, verify, cleanup, status) while a real shim
-(app) serves traffic in every phase. A botocore hook records every request with the
-role whose client sent it (tests/iam_support.py). Then:
+--repair, verify, cleanup, cleanup --strip-bookkeeping, status) while a real shim (app)
+calls every one of its public methods (iam.SHIM_METHODS, scan() included) in every phase.
+A botocore hook records every request with the role whose client sent it, and the shim
+method that was running (tests/iam_support.py). Then:
 
+* each shim method sent only what iam.SHIM_METHODS (the table the app policy is made from)
+  says it sends, and every method in it was called;
 * every request is allowed by its own role's policy (and by the operator's: "everything");
 * the requests other roles must never be able to send are denied: the operator's writes
   to the phase row, history and table lock for app, observer and worker; every write the
   worker sent (data, leases, and the recorded verify run in ``J#<id>#verify``, which a
   forger would replay to open the cutover gate) for the observer, which sends no write at
-  all; any control write outside its heartbeat partition, and any Scan, for the app.
+  all; any control write outside its heartbeat partition, and any Scan of the control table,
+  for the app.
 """
 
 from __future__ import annotations
@@ -84,17 +88,30 @@ def record_every_role(dynalite_server, tmp_path_factory):
 
     n = [0]
 
+    def call(name: str, fn, *args, **kwargs):
+        rec.method = name  # the requests it sends are tagged with the shim method
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            rec.method = ""
+
     def traffic(shim: ShardedTable) -> None:
-        """The shim's every kind of request: put, update, get, query, delete, batch."""
+        """Every public method of the shim that sends a request (iam.SHIM_METHODS), scan() included."""
         n[0] += 1
         key = {"sensor_id": "s-9", "event_id": f"a-{n[0]}", "ts": f"2024-10-28T00:00:{n[0]:02d}Z"}
-        shim.put_item(Item=dict(key, v=Decimal(1)))
-        shim.update_item(Key=key, UpdateExpression="SET v = :v", ExpressionAttributeValues={":v": Decimal(2)})
-        assert read_item(shim, Key=key)["v"] == 2
-        shim.query(Key={"sensor_id": "s-9"})
-        shim.delete_item(Key=key)
-        with shim.batch_writer() as b:
-            b.put_item(Item=dict(key, event_id=f"b-{n[0]}", v=Decimal(3)))
+        call("put_item", shim.put_item, Item=dict(key, v=Decimal(1)))
+        call("update_item", shim.update_item, Key=key, UpdateExpression="SET v = :v",
+             ExpressionAttributeValues={":v": Decimal(2)})
+        assert call("get_item", read_item, shim, Key=key)["v"] == 2
+        assert call("batch_get_item", shim.batch_get_item, Keys=[key])["Items"]
+        call("query", shim.query, Key={"sensor_id": "s-9"})
+        assert any(i["event_id"] == key["event_id"] for i in call("scan", shim.scan)["Items"])
+        call("delete_item", shim.delete_item, Key=key)
+
+        def batch():
+            with shim.batch_writer() as b:
+                b.put_item(Item=dict(key, event_id=f"b-{n[0]}", v=Decimal(3)))
+        call("batch_writer", batch)
 
     def with_shim() -> None:
         # A shim per phase (its first refresh acknowledges it), closed before the next
@@ -111,6 +128,16 @@ def record_every_role(dynalite_server, tmp_path_factory):
         for _ in range(3):  # dual_write, dual_read, backfill
             run("operator", "advance", m.id, "--allow-no-shims")
             with_shim()
+        # A backfill run that has started (a worker's run row), steered by the operator's live
+        # control (its control row in M#<id>), then worked by the worker, who reads that row.
+        from reshard.control.store import ControlStore
+        from reshard.jobs.engine import SegmentEngine
+        rec.role = "worker"
+        SegmentEngine(ControlStore(Dynamo(endpoint_url=dynalite_server.endpoint, region="us-east-1"), control), m.id,
+                      "backfill", 1, 2, page=lambda ctx, key: ({}, None)).start_run()
+        run("operator", "throttle", m.id, "--max-wcu", "500")
+        run("operator", "pause", m.id, "--release-leases")
+        run("operator", "resume", m.id)
         run("worker", "backfill", m.id, "--segments", "2", "--max-wcu", "1000", "--host-id", "pod-0")  # + the budget rows
         run("worker", "verify", m.id, "--segments", "2", "--repair")
         run("observer", "verify", m.id, "--segments", "2", "--no-record")
@@ -120,12 +147,17 @@ def record_every_role(dynalite_server, tmp_path_factory):
         run("observer", "list")
         # Findings (exit 1) are fine here: what counts is what the doctor sends.
         run("observer", "doctor", m.id, status=(0, 1))
-        for _ in range(2):  # cutover, cleanup
-            run("operator", "advance", m.id, "--allow-no-shims")
-            with_shim()
+        run("operator", "advance", m.id, "--allow-no-shims", "--dry-run")  # reads only
+        run("operator", "wait", m.id, "--timeout", "5")  # moves nothing
+        run("operator", "advance", m.id, "--allow-no-shims")  # cutover
+        with_shim()
+        run("worker", "verify", m.id, "--segments", "2")  # the catch-up verify after the switch
+        run("operator", "advance", m.id, "--allow-no-shims")  # cleanup
+        with_shim()
         run("worker", "cleanup", m.id, "--segments", "2", "--delete")
         run("operator", "advance", m.id, "--allow-no-shims")  # complete
         with_shim()
+        run("worker", "cleanup", m.id, "--strip-bookkeeping", "--segments", "2")  # REMOVEs _rs_* attributes
         run("observer", "doctor", status=(0, 1))  # every migration of the control table
         run("operator", "doctor", m.id, "--repair", "--wait", "0", status=(0, 1))
         run("operator", "list")
@@ -134,15 +166,32 @@ def record_every_role(dynalite_server, tmp_path_factory):
         logging.getLogger("reshard").removeHandler(handler)
         logging.getLogger("reshard").setLevel(logging.NOTSET)
     hash_keys = {table: m.keys.partition, control: "pk"}
+    RECORDED_METHODS[table] = rec.by_method(table)
     return m, control, rec.requests(hash_keys), log.getvalue()
+
+
+#: table -> the operations each shim method sent to it (filled by record_every_role).
+RECORDED_METHODS: dict[str, dict[str, set[str]]] = {}
 
 
 def test_every_request_is_judged_by_its_roles_policy(dynalite_server, tmp_path_factory):
     """One lifecycle (it takes a while), three checks."""
     recorded = record_every_role(dynalite_server, tmp_path_factory)
+    every_shim_method_sends_what_the_policy_table_says(recorded)
     every_request_of_a_role_is_allowed_by_its_policy(recorded)
     what_other_roles_must_never_send_is_denied(recorded)
     no_credential_in_the_output_of_any_command(recorded)
+
+
+def every_shim_method_sends_what_the_policy_table_says(recorded):
+    """The app policy is made from iam.SHIM_METHODS: each method's recorded requests are in its
+    row, and every method of the table was called (scan() too: its Scan was once denied)."""
+    m = recorded[0]
+    sent = RECORDED_METHODS[m.table]
+    assert set(sent) == set(iam.SHIM_METHODS), sorted(sent)
+    assert {method: sorted(ops - set(iam.SHIM_METHODS[method])) for method, ops in sent.items()
+            if not ops <= set(iam.SHIM_METHODS[method])} == {}
+    assert "Scan" in sent["scan"]
 
 
 def every_request_of_a_role_is_allowed_by_its_policy(recorded):
@@ -155,7 +204,9 @@ def every_request_of_a_role_is_allowed_by_its_policy(recorded):
     assert [str(q) for q in requests if not allowed(pols["operator"], q)] == []  # "and everything above"
     # The shim used every kind of data request it is granted.
     ops = {q.operation for q in by_role["app"] if q.table == m.table}
-    assert {"PutItem", "UpdateItem", "DeleteItem", "GetItem", "Query", "BatchWriteItem"} <= ops
+    assert {"PutItem", "UpdateItem", "DeleteItem", "GetItem", "Query", "BatchWriteItem", "Scan"} <= ops
+    # The worker's strip-bookkeeping pass wrote its own partition and the data table.
+    assert any(q.leading_keys == {f"J#{m.id}#strip-bookkeeping"} for q in by_role["worker"])
 
 
 def what_other_roles_must_never_send_is_denied(recorded):
@@ -167,6 +218,8 @@ def what_other_roles_must_never_send_is_denied(recorded):
     assert {q.operation for q in transitions} >= {"PutItem", "UpdateItem"}
     for role in ("app", "observer", "worker"):
         assert [str(q) for q in transitions if allowed(pols[role], q)] == [], role
+    # throttle / pause / resume: three conditional puts of the run's control row, the operator's only.
+    assert len([q for q in transitions if q.operation == "PutItem" and q.leading_keys == {f"M#{m.id}"}]) >= 3
     # The observer writes nothing: it sent no write, and every write the worker sent is
     # refused to it -- data, leases, and the recorded verify run (R#verify#..., segments and
     # examples in J#<id>#verify): an observer replaying it would forge a passing verify.
@@ -191,10 +244,12 @@ def what_other_roles_must_never_send_is_denied(recorded):
     ("app", Request("app", "DeleteItem", "{control}", None, frozenset({"J#{id}#backfill"}))),  # drop a lease
     ("app", Request("app", "PutItem", "{control}", None, frozenset({"T#{table}"}))),  # steal the table lock
     ("app", Request("app", "PutItem", "{control}", None, frozenset({"S#other-migration"}))),
-    ("app", Request("app", "Scan", "{control}")),
-    ("app", Request("app", "Scan", "{table}")),
+    ("app", Request("app", "Scan", "{control}")),  # (the data table's Scan is scan()'s: granted)
     ("app", Request("app", "CreateTable", "{control}")),
     ("worker", Request("worker", "UpdateItem", "{control}", None, frozenset({"M#{id}"}))),  # a transition
+    # The run's control row (M#<id>/C#...): a worker cannot lift a pause or an operator's budget.
+    ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"M#{id}"}))),
+    ("observer", Request("observer", "PutItem", "{control}", None, frozenset({"M#{id}"}))),
     ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"H#{id}"}))),
     ("worker", Request("worker", "DeleteItem", "{control}", None, frozenset({"T#{table}"}))),
     ("worker", Request("worker", "PutItem", "{control}", None, frozenset({"S#{id}"}))),  # forge a heartbeat

@@ -18,7 +18,7 @@ def test_plan_and_start_refuse_a_keys_only_gsi_also_in_a_combined_file(dynalite,
     path.write_text(gsi_migration("gsi-cli", unique_name))
     glob = ["--endpoint-url", dynalite_server.endpoint, "--control-table", unique_name + "-ctl"]
 
-    assert main([*glob, "plan", str(path), "--output", "json"]) == 0
+    assert main([*glob, "plan", str(path), "--output", "json"]) == 1  # start refuses the KEYS_ONLY index
     r = json.loads(capsys.readouterr().out)
     (ix,) = r["indexes"]
     assert ix["items"]["indexed"] == 6 and ix["items"]["moves"] + ix["items"]["already_new"] == 6
@@ -39,7 +39,7 @@ def test_plan_and_start_refuse_a_keys_only_gsi_also_in_a_combined_file(dynalite,
         '[to]\npartition = "{invoice}#{shard}"\nshards = 4\nshard_by = ["invoice"]\n[index.ByCountry]\n', 1))
     # A combined file (table keys AND the GSI) is planned and checked as both: the table's
     # analysis, the GSI's, and start refuses what either refuses (here the KEYS_ONLY index).
-    assert main([*glob, "plan", str(combined), "--output", "json"]) == 0
+    assert main([*glob, "plan", str(combined), "--output", "json"]) == 1
     r = json.loads(capsys.readouterr().out)
     assert r["indexes"][0]["items"]["indexed"] == 6 and "capacity_gsi" in r and r["items"]["sampled"] == 6
     assert r["capacity_gsi_verify"]["rcu"] >= r["capacity_gsi_verify"]["scan_rcu"] > 0

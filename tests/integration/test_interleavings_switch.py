@@ -103,7 +103,7 @@ def _race_two_adds(dynalite_server, unique_name, start, action):
     while store.load_state(m.id).phase is not start:
         transition(store, m.id, Action.ADVANCE, gates=OPEN, allow_no_shims=True)
     dyn_b = _dyn(dynalite_server.endpoint, FreezableDynamo)
-    shims = [ShardedTable(m, d, control_table=ctl, refresh_seconds=3600, liveness_seconds=3600,
+    shims = [ShardedTable(m, d, control_table=ctl, refresh_seconds=3600, liveness_seconds=600,
                           switch_hold_seconds=20, writer_id=w)
              for d, w in ((_dyn(dynalite_server.endpoint), "a"), (dyn_b, "b"))]
     a, b = shims
@@ -166,8 +166,8 @@ def test_a_switch_the_fleet_does_not_reach_is_abandoned_and_nothing_acts_on_the_
         transition(store, m.id, Action.ADVANCE, gates=OPEN, allow_no_shims=True)
     dyn_b = _dyn(dynalite_server.endpoint, FreezableDynamo)
     a = ShardedTable(m, _dyn(dynalite_server.endpoint), control_table=ctl, refresh_seconds=3600,
-                     liveness_seconds=3600, switch_hold_seconds=1.0, writer_id="a")
-    b = ShardedTable(m, dyn_b, control_table=ctl, refresh_seconds=3600, liveness_seconds=3600, writer_id="b")
+                     liveness_seconds=600, switch_hold_seconds=1.0, writer_id="a")
+    b = ShardedTable(m, dyn_b, control_table=ctl, refresh_seconds=3600, liveness_seconds=600, writer_id="b")
     try:
         key = {"sensor_id": "s-1", "event_id": "e-1", "ts": "2024-10-27T15:00:00Z"}
         a.put_item(Item={**key, "n": Decimal(0)})

@@ -297,13 +297,13 @@ def test_plan_counts_and_lists_collisions_in_a_random_suffix_table(dynalite, dyn
     dynalite.batch_write(unique_name, [{"PutRequest": {"Item": i}} for i in items])
 
     args = ["--endpoint-url", dynalite_server.endpoint, "plan", str(path), "--sample", "0", "--segments", "3"]
-    assert main([*args, "--output", "json"]) == 0
+    assert main([*args, "--output", "json"]) == 1  # start refuses the collision: plan says so in its status
     r = json.loads(capsys.readouterr().out)
     assert r["items"]["collisions"] == 1
     ex = r["items"]["collision_examples"][0]
     assert sorted(k["PK"] for k in ex["keys"]) == ["InvoiceNumber#100125#2", "InvoiceNumber#100125#6"]
     assert any("collisions" in w for w in r["warnings"])
-    assert main(args) == 0
+    assert main(args) == 1
     text = capsys.readouterr().out
     assert "collisions         1" in text and "InvoiceNumber#100125#2" in text
 

@@ -36,8 +36,9 @@ def test_plan_full_scan_on_dynalite(dynalite, dynalite_server, unique_name, tmp_
     rc = main(["--endpoint-url", dynalite_server.endpoint, "plan", str(path), "--sample", "0",
                "--segments", "4", "--max-wcu", "100", "--output", "json"])
     out, err = capsys.readouterr()
-    assert rc == 0, err
+    assert rc == 1, err  # the one unmappable item: start would refuse it without an allowance
     r = json.loads(out)
+    assert len(r["start_refuses"]) == 1 and "would refuse" in err
     moved = sum(1 for e in events if sha(e) % 32 != sha(e) % 16)
     assert r["sample"] == {"requested": 0, "full_scan": True, "segments": 4, "scanned": 601, "scale": 1}
     assert (r["items"]["mappable"], r["items"]["unmappable"], r["items"]["moves"]) == (600, 1, moved)

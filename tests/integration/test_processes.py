@@ -24,6 +24,7 @@ from reshard.control.runs import backfill_progress, read_run, segment_records
 from reshard.control.store import ControlStore
 from reshard.core.leases import FREE
 from reshard.jobs.engine import SegmentEngine
+from reshard.jobs.subscribers import EventLog
 
 from tests.backfill_support import Shim, diff, expected_table, logical, scan_all, setup_migration
 from tests.conftest import ROOT
@@ -190,14 +191,17 @@ def test_an_interrupt_while_run_all_waits_for_a_worker_mid_page_still_releases_i
         return {"scanned": 1}, {"PK": {"S": "next"}}
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    log = EventLog()
     try:
-        result = SegmentEngine(store, unique_name, "backfill", 1, 1, page, workers=1, lease_seconds=10,
-                               max_request_seconds=dynalite.attempt_seconds).run_all()
+        with pytest.raises(KeyboardInterrupt):  # released, then the command ends as interrupted (exit 130)
+            SegmentEngine(store, unique_name, "backfill", 1, 1, page, workers=1, lease_seconds=10,
+                          max_request_seconds=dynalite.attempt_seconds, subscribers=[log]).run_all()
     finally:
         signal.signal(signal.SIGINT, previous)
         stay.set()
     (rec,) = segment_records(store, unique_name, "backfill", 1, 1)
-    assert result.stopped and rec.owner == FREE and rec.checkpoint == {"PK": {"S": "next"}} and not rec.done
+    assert rec.owner == FREE and rec.checkpoint == {"PK": {"S": "next"}} and not rec.done
+    assert log.kinds("stopping") == [("stopping", "stopping: finishing the page in flight, releasing leases")]
 
 
 def test_two_processes_rewrite_an_index_only_migration(dynalite, dynalite_server, unique_name, capsys):
@@ -235,3 +239,34 @@ def test_an_idle_child_is_woken_when_a_siblings_last_segment_ends(table, dynalit
     assert result.finished and result.totals["copied"] == result.totals["moved"] > 100, result.totals
     assert sorted(result.worked) == [0, 1, 2]
     assert elapsed < 25, f"an idle child slept its poll interval ({elapsed:.1f} s)"
+
+
+def test_a_rerun_waiting_for_a_dead_workers_lease_says_so(dynalite, unique_name):
+    """Issue 27 point 12: a re-run after a `kill -9` on another host crawled for the lease's length
+    in silence. Its idle workers now say whose lease they wait for and for how long still; the
+    segment is taken over once the lease stayed unchanged for the holder's lease."""
+    from reshard.core.wire import N, S
+    from reshard.jobs.backfill import BACKFILL
+    from reshard.jobs.runner import JobOptions, run_job
+    from tests.backfill_support import setup_migration
+
+    m, mapper, store = setup_migration(dynalite, "sensor", unique_name, control=f"{unique_name}-ctl")
+    run_sk = "R#backfill#000001"
+    store.put({"pk": S(store.jpk(m.id, "backfill")), "sk": S(run_sk), "job": S("backfill"), "run": N(1),
+               "total_segments": N(2), "started_at": N(time.time()), "started_by": S("gone-host:42:abc")})
+    # Segment 0 leased by a worker of another host, killed: its lease (2 s) is never renewed.
+    store.put({"pk": S(store.jpk(m.id, "backfill")), "sk": S("J#backfill#000001#00000"), "job": S("backfill"),
+               "run": N(1), "segment": N(0), "owner": S("gone-host:42:abc:0"), "lease_counter": N(3),
+               "lease_expires": N(0), "done": {"BOOL": False}, "lease_seconds": N(2), "max_request_seconds": N(1)})
+    log = EventLog()
+    said: list[str] = []
+    from reshard.jobs.subscribers import ProgressReporter
+    rep = ProgressReporter("backfill", m.id, 2, 1, total=lambda: (None, ""), say=said.append, interval=60.0)
+    result = run_job(BACKFILL, dynalite, store, m.id, JobOptions(segments=2, workers=1, poll_seconds=0.2),
+                     subscribers=[log, rep])
+    assert result.done
+    waits = [w[2] for w in log.kinds("wait")]
+    assert waits, (result.run, log.events)
+    assert waits[0].startswith("lease of segment 0 held by gone-host:42:abc:0, quiet for 0s of 2s "
+                                         "(taken over once unchanged for the whole lease"), waits
+    assert any("waiting: lease of segment 0 held by gone-host:42:abc:0, quiet for" in line for line in said), said

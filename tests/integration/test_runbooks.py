@@ -151,14 +151,18 @@ def test_every_runbook_command_runs_and_its_quoted_output_exists(world, capsys):
     w = Walk(capsys, world["endpoint"], world["control"], world["path"])
     # The table holds one unmappable row: start refuses it (01 quotes that), and 01's text says
     # `reshard start FILE --allow-unmappable N` allows it explicitly.
-    w.runbook("01-start.md", expect={f"reshard start {FILE}": (2, "start refused: 1 problem(s)")},
+    w.runbook("01-start.md", expect={f"reshard start {FILE}": (2, "start refused: 1 problem(s)"),
+                                     f"reshard plan {FILE} --max-wcu 2000 --peak-writes-per-sec 2000 --item-kb 1":
+                                         (1, "`reshard start` would refuse")},
               then={f"reshard start {FILE}": f"reshard start {FILE} --allow-unmappable 1"})
     w.runbook("02-dual-write.md")
     w.runbook("03-dual-read.md")
     w.runbook("04-backfill.md")
     w.runbook("incident-lease.md")
     w.runbook("incident-throttling.md")
-    w.runbook("incident-unmappable.md")
+    w.runbook("metrics-and-alarms.md")  # its backfills join the finished run, with their metrics on
+    # Its plan lists the unmappable row: what `start` refuses without an allowance, so exit 1.
+    w.runbook("incident-unmappable.md", expect={f"reshard plan {FILE} --sample 0": (1, "would refuse")})
     # GLUE (incident-unmappable.md, "Decisions"): the legacy row is garbage; delete it, then verify.
     world["dynalite"].call("delete_item", TableName=world["table"],
                            Key={"PK": world["legacy"]["PK"], "SK": world["legacy"]["SK"]})
@@ -167,6 +171,7 @@ def test_every_runbook_command_runs_and_its_quoted_output_exists(world, capsys):
     w.runbook("07-rollback.md")
     # GLUE (07, "Decisions"): the backfill stays done and verify passed after it: cutover again.
     w.run("reshard advance --wait 60", says="moved backfill -> cutover")
+    w.run("reshard verify --segments 2")  # GLUE (06): the catch-up verify after the switch
     w.run("reshard advance --wait 5 --from cleanup", expect=2, says="it is in cutover")  # --from guards scripts
     w.runbook("08-cleanup.md", expect={
         "reshard cleanup --segments 16": (2, "Run with --enable-ttl"),  # TTL is off on the table (08 says so)
@@ -180,8 +185,8 @@ def test_every_runbook_command_runs_and_its_quoted_output_exists(world, capsys):
     # 09 and the lagging-shim incident: a second migration on its own control table.
     a = Walk(capsys, world["endpoint"], world["control"] + "-2", world["path2"])
     a.run(f"reshard start {FILE}")
-    a.runbook("incident-shim-lagging.md")  # its advance --wait 120: planned -> dual_write
-    for _ in range(2):
+    a.runbook("incident-shim-lagging.md")  # wait and advance --dry-run: nothing moves
+    for _ in range(3):
         a.run("reshard advance")  # GLUE: to backfill
     a.run("reshard backfill --segments 2")  # GLUE: to cutover, where 09's transcript starts
     a.run("reshard verify --segments 2")

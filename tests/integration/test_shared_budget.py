@@ -168,3 +168,55 @@ def test_backfill_processes_share_one_budget_end_to_end(dynalite, dynalite_serve
     with pytest.raises(errors.ForeignControlRow):                  # the row check knows B rows' job
         from reshard.control.records import check_row
         check_row({"pk": {"S": f"J#{m.id}#backfill"}, "sk": {"S": "B#verify#000001"}})
+
+
+def test_a_dead_members_share_is_reclaimed_once_watched_silent_and_a_later_process_never_halves(control):
+    """Issue 27 point 12. A member killed with kill -9 leaves its share and its beat row. The
+    member that watched it silent drops the share *and* removes the beat row; a process that
+    joins the run later (a re-run) then takes the whole budget at its first refresh, instead of
+    counting the dead member live for its own silence bound (half the budget meanwhile, at
+    every re-run, until `doctor --repair`)."""
+    a, dead = member(control, "host-a:1:x"), member(control, "host-d:1:dead")
+    dead.refresh(), a.refresh(), dead.refresh(), a.refresh()
+    assert (a.budget.share("write"), dead.budget.share("write")) == (50, 50)
+    time.sleep(0.3)  # more than two refreshes without a beat: said while waiting for capacity
+    a.refresh()
+    assert "member host-d:1:dead holds 50 write units/s and has not beaten for" in a.waiting_for
+    assert a.budget.hold_detail() == a.waiting_for
+    time.sleep(LIVENESS + REQUEST + 0.05)  # dead never beats again
+    assert a.refresh() and a.budget.share("write") == 100
+    assert [m.member for m in rows.read_members(control, MIG[0], "backfill", 1)] == ["host-a:1:x"]
+    a.leave()
+    # A re-run after a's own end: the whole budget at once (nobody else is in the row).
+    rerun = member(control, "host-a:2:rerun")
+    assert rerun.refresh() and rerun.budget.share("write") == 100
+
+
+def test_a_member_process_of_this_host_that_is_gone_is_dropped_at_once(control):
+    """A member of this host whose pid no longer exists: no silence bound to wait out."""
+    a = member(control, "host-a:1:x")
+    dead = member(control, "host-a:2:dead")
+    dead.refresh(), a.refresh(), dead.refresh()
+    a.is_dead = lambda m: m.member == "host-a:2:dead"  # the runner asks engine.same_host_dead
+    assert a.refresh() and a.budget.share("write") == 100
+    assert [m.member for m in rows.read_members(control, MIG[0], "backfill", 1)] == ["host-a:1:x"]
+
+
+def test_the_runner_judges_a_member_by_its_host_and_pid():
+    """The rule the runner passes: a process of this host that no longer exists."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from reshard.control.records import check_row  # noqa: F401 (the rows' module is importable here)
+    from reshard.core.shares import Member
+    from reshard.jobs.engine import same_host_dead
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    host = socket.gethostname()
+    judge = lambda m: same_host_dead(f"{m.host}:{m.pid}", host)  # noqa: E731 (as in jobs.runner.shared_budget)
+    assert judge(Member("x", 1, host=host, pid=int(gone)))
+    assert not judge(Member("x", 1, host=host, pid=os.getpid()))
+    assert not judge(Member("x", 1, host="another-host", pid=int(gone)))

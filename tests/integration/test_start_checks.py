@@ -59,9 +59,11 @@ def test_template_matching_nothing_is_refused_by_plan_and_start(dynalite, dynali
                   frm=SENSOR_FROM.replace("{sensor_id}#{shard}", "{sensor_id}_{shard}"), to=SENSOR_TO)
     g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", f"{unique_name}-ctl"]
 
-    rc, out, _ = run(capsys, *g, "plan", f)
-    assert rc == 0  # plan is a report
+    rc, out, err = run(capsys, *g, "plan", f)
+    assert rc == 1  # the report, and the exit status start's refusal will have in a script
     assert "start will refuse (1 problem(s)):" in out
+    assert err == f"reshard: error: `reshard start` would refuse {f}: 1 problem(s), listed under \"start will " \
+                  "refuse\" (JSON: start_refuses)\n"
     assert "no sampled item fits the [from] layout (30 of 30 unmappable" in out, out
     rc, out, err = run(capsys, *g, "start", f)
     assert rc == 2, out
@@ -145,7 +147,7 @@ def test_new_key_collisions_are_listed_by_plan_and_refused_by_start(dynalite, dy
     g = ["--endpoint-url", dynalite_server.endpoint, "--control-table", f"{unique_name}-ctl"]
 
     rc, out, _ = run(capsys, *g, "plan", f, "--sample", "0", "--output", "json")
-    assert rc == 0
+    assert rc == 1  # start refuses the collisions
     r = json.loads(out)
     assert r["items"]["collisions"] == 3
     shown = {tuple(sorted(k["PK"] for k in ex["keys"])) for ex in r["items"]["collision_examples"]}

@@ -77,8 +77,8 @@ def test_without_tombstones(monkeypatch):
     import reshard.shim.phase_cache as phase_cache
     from reshard.core.phases import routing_of
     monkeypatch.setattr(phase_cache, "routing_of",
-                        lambda phase, switching=False: dataclasses.replace(routing_of(phase, switching),
-                                                                           tombstones=False))
+                        lambda phase, switching=False, newer_may_be=None: dataclasses.replace(
+                            routing_of(phase, switching, newer_may_be), tombstones=False))
     must_find(scenario(spec_tests.adjacent_write_phases), preemption_bound=1)
 
 

@@ -1,9 +1,10 @@
 """Chaos support for the reliability suite: a faulty loopback proxy, the oracle, app threads.
 
 FaultProxy
-    A small HTTP proxy on 127.0.0.1 in front of dynalite, run by a thread of the test
-    process. Every client goes through it -- the in-process shims and the
-    ``python -m reshard`` subprocesses -- so faults reach all of them. Per request it
+    The fidelity proxy (reshard/aws/fidelity) on 127.0.0.1 in front of dynalite, run by
+    threads of the test process, with the chaos suite's random faults switched on. Every
+    client goes through it -- the in-process shims and the ``python -m reshard``
+    subprocesses -- so faults reach all of them. Per request it
     answers ~10 % of writes with ProvisionedThroughputExceededException, ~3 % of all calls
     with HTTP 500 (neither forwarded: nothing applied), and splits ~20 % of
     BatchWriteItem calls: it forwards only the first part and answers the rest as
@@ -20,12 +21,8 @@ Oracle
 
 from __future__ import annotations
 
-import http.client
-import http.server
-import json
 import math
 import random
-import socketserver
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,143 +30,108 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from reshard import errors
-
-WRITE_OPS = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"}
-
+from reshard.aws.fidelity import FidelityProcess, FidelityProxy
 
 # ---------------------------------------------------------------------------------- proxy
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _BlockedTables(set):
+    """``FaultProxy.blocked_tables``: a set whose changes reach the proxy at once."""
+
+    def __init__(self, proxy: FidelityProxy):
+        super().__init__()
+        self._proxy = proxy
+
+    def _sync(self) -> None:
+        self._proxy.configure(blocked_tables=sorted(self))
+
+    def add(self, table: str) -> None:
+        super().add(table)
+        self._sync()
+
+    def discard(self, table: str) -> None:
+        super().discard(table)
+        self._sync()
+
+    def clear(self) -> None:
+        super().clear()
+        self._sync()
 
 
-class FaultProxy:
-    """A faulty loopback proxy in front of ``upstream`` (host, port); see the module docstring."""
+class _Faults:
+    """What the chaos suite reads of its proxy, in-process or a process: the switch and the
+    old counters, through the control API both have (``settings``, ``configure``, ``stats``)."""
 
-    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
-                 split: float = 0.20):
+    def _faults_init(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
-        self.rng = random.Random(seed)
-        self.rates = {"throttle": throttle, "5xx": error5xx, "split": split}
-        self.enabled = True
-        self.blocked_tables: set[str] = set()
-        self.counts: dict[str, int] = {"calls": 0, "throttle": 0, "5xx": 0, "split": 0, "blocked": 0}
-        self.lock = threading.Lock()
-        self._local = threading.local()
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):  # quiet
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                try:
-                    status, headers, out = proxy.handle(self.headers, body)
-                except Exception as e:  # upstream down (restarting): a 500 the client retries
-                    status, headers, out = _error(500, "InternalFailure", f"proxy: {e}")
-                try:
-                    self.send_response(status)
-                    for k, v in headers:
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(out)))
-                    self.end_headers()
-                    self.wfile.write(out)
-                except OSError:
-                    self.close_connection = True  # the client vanished (SIGKILL): fine
-
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
-                                       name="fault-proxy", daemon=True)
+        self.blocked_tables = _BlockedTables(self)
 
     @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def enabled(self) -> bool:
+        return self.settings()["faults_enabled"]
 
-    def start(self) -> "FaultProxy":
-        self.thread.start()
-        return self
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self.configure(faults_enabled=bool(on))
 
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def _count(self, k: str) -> None:
-        with self.lock:
-            self.counts[k] = self.counts.get(k, 0) + 1
-
-    def _forward(self, headers, body: bytes) -> tuple[int, list, bytes]:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=30)
-        hdrs = {k: v for k, v in headers.items() if k.lower() not in ("host", "content-length", "connection")}
-        try:
-            conn.request("POST", "/", body=body, headers=hdrs)
-            resp = conn.getresponse()
-            out = resp.read()
-        except Exception:
-            conn.close()
-            self._local.conn = None
-            raise
-        keep = [(k, v) for k, v in resp.getheaders()
-                if k.lower() not in ("content-length", "connection", "transfer-encoding", "date")]
-        return resp.status, keep, out
-
-    def handle(self, headers, body: bytes) -> tuple[int, list, bytes]:
-        op = (headers.get("X-Amz-Target") or "").split(".")[-1]
-        try:
-            req = json.loads(body or b"{}")
-        except ValueError:
-            req = {}
-        tables = {req["TableName"]} if "TableName" in req else set(req.get("RequestItems", {}))
-        self._count("calls")
-        if tables & self.blocked_tables:
-            self._count("blocked")
-            return _error(500, "InternalFailure", "proxy: this table is cut off")
-        if self.enabled:
-            with self.lock:
-                r_throttle, r_5xx, r_split = self.rng.random(), self.rng.random(), self.rng.random()
-            if op in WRITE_OPS and r_throttle < self.rates["throttle"]:
-                self._count("throttle")
-                return _error(400, "ProvisionedThroughputExceededException", "injected throttle")
-            if r_5xx < self.rates["5xx"]:
-                self._count("5xx")
-                return _error(500, "InternalFailure", "injected 500")
-            if op == "BatchWriteItem" and r_split < self.rates["split"]:
-                (table, reqs), = req["RequestItems"].items()
-                if len(reqs) > 1:
-                    with self.lock:
-                        cut = self.rng.randrange(1, len(reqs))
-                    part = dict(req, RequestItems={table: reqs[:cut]})
-                    status, hdrs, out = self._forward(headers, json.dumps(part).encode())
-                    if status != 200:
-                        return status, hdrs, out
-                    resp = json.loads(out)
-                    unprocessed = resp.get("UnprocessedItems", {}).get(table, []) + reqs[cut:]
-                    resp["UnprocessedItems"] = {table: unprocessed}
-                    self._count("split")
-                    hdrs = [(k, v) for k, v in hdrs if k.lower() != "x-amz-crc32"]
-                    return 200, hdrs, json.dumps(resp).encode()
-        return self._forward(headers, body)
+    @property
+    def counts(self) -> dict:
+        """The old counters: calls (every request), throttle, 5xx, split, blocked."""
+        c = self.stats()
+        return {"calls": c.get("requests", 0), **{k: c.get(k, 0) for k in ("throttle", "5xx", "split", "blocked")}}
 
     def faults(self) -> dict[str, int]:
+        return {k: v for k, v in self.counts.items() if k != "calls"}
+
+
+def _fault_settings(throttle: float, error5xx: float, split: float, settings: dict) -> dict:
+    return {"faults_enabled": True, "fault_rates": {"throttle": throttle, "5xx": error5xx, "split": split},
+            **settings}
+
+
+class FaultProxy(_Faults, FidelityProxy):
+    """The chaos suite's faults on the fidelity proxy (reshard/aws/fidelity), in a thread of
+    this process, in front of dynalite on ``upstream_port``; see the module docstring.
+
+    A thin wrapper: the rates become the proxy's ``fault_rates``, ``enabled`` its
+    ``faults_enabled``, ``blocked_tables`` its ``blocked_tables``; everything else of the
+    proxy (signature dates, held requests, lost answers, duplicates, the behaviours of
+    issue 29) is there too, each off until switched on.
+    """
+
+    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
+                 split: float = 0.20, **settings):
+        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed,
+                         **_fault_settings(throttle, error5xx, split, settings))
+        self._faults_init(upstream_port)
+        self._writes: dict[str, int] = {}
+
+    @property
+    def rates(self) -> dict:
+        return self.config["fault_rates"]  # the live dict: a test may update it in place
+
+    @property
+    def writes(self) -> dict[str, int]:
+        """Write requests (PutItem, UpdateItem, DeleteItem, BatchWriteItem) forwarded, per table."""
         with self.lock:
-            return {k: v for k, v in self.counts.items() if k != "calls"}
+            return dict(self._writes)
+
+    def forward(self, req):
+        if req.op in ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"):
+            with self.lock:
+                for t in req.tables():
+                    self._writes[t] = self._writes.get(t, 0) + 1
+        return super().forward(req)
 
 
-def _error(status: int, code: str, message: str) -> tuple[int, list, bytes]:
-    body = json.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": message}).encode()
-    return status, [("Content-Type", "application/x-amz-json-1.0"), ("x-amzn-RequestId", "injected")], body
+class FaultProcess(_Faults, FidelityProcess):
+    """:class:`FaultProxy` as a process of its own (``python -m reshard.aws.fidelity``): the same
+    attributes, driven over its control API; its CPU (every behaviour on costs it more than a
+    client request) stays out of the test process, where the application threads run."""
+
+    def __init__(self, upstream_port: int, seed: int, throttle: float = 0.10, error5xx: float = 0.03,
+                 split: float = 0.20, **settings):
+        super().__init__(f"http://127.0.0.1:{upstream_port}", seed=seed,
+                         **_fault_settings(throttle, error5xx, split, settings))
+        self._faults_init(upstream_port)
 
 
 # ---------------------------------------------------------------------------------- oracle

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import signal
 import subprocess
@@ -27,11 +28,31 @@ from reshard.control import fleet
 
 from tests.backfill_support import create_table, migration_text
 from tests.integration.test_backfill_dynalite import Watchdog, _cli, _env
-from tests.reliability.chaos import ABSENT, AppThread, FaultProxy, Oracle, Workload, Write, total_ops
+from tests.reliability.chaos import ABSENT, AppThread, FaultProcess, FaultProxy, Oracle, Workload, Write, total_ops
 from reshard.aws.local import DynaliteServer
 from tests.shim_helpers import by_layout, scan, shim
 
 PATIENT = RetryPolicy(max_attempts=14, max_seconds=30.0, base_seconds=0.01, max_backoff_seconds=0.3)
+
+#: Every DynamoDB behaviour of the fidelity proxy (issue 29, reshard/aws/fidelity) at once,
+#: scaled to what dynalite serves: stale reads (a non-consistent read up to 0.5 s in the past
+#: half the time), a partition limit per key of the data table (2 WCU/s, 6 RCU/s: DynamoDB's
+#: 1,000 and 3,000 scaled down until a local run meets them; the control table keeps
+#: DynamoDB's), a tenth of batch items left unprocessed, TTL with late deletes.
+EVERY_BEHAVIOUR = {"stale_reads": True, "stale_window": 0.5, "stale_probability": 0.5, "gsi_lag": 0.5,
+                   "partition_throughput": True, "partition_wcu": 2.0, "partition_rcu": 6.0,
+                   "unprocessed_rate": 0.1, "ttl": True, "ttl_delay": 0.5, "ttl_sweep_seconds": 0.5}
+#: The backfill's per-key pace under that scaled limit (its default, 800, is under DynamoDB's 1,000).
+KEY_WCU = 1.6
+#: ``RESHARD_CHAOS_FIDELITY=1``: every lifecycle runs with every behaviour (the soak);
+#: ``RESHARD_CHAOS_LATE=1``: and with issue 25's late requests and lost answers (they fail today).
+SOAK_FIDELITY = os.environ.get("RESHARD_CHAOS_FIDELITY") == "1"
+#: ``RESHARD_CHAOS_FIDELITY_SETTINGS='{"stale_window": 2, "stale_probability": 1}'``: other
+#: settings over EVERY_BEHAVIOUR (a harsher soak).
+if os.environ.get("RESHARD_CHAOS_FIDELITY_SETTINGS"):
+    EVERY_BEHAVIOUR = {**EVERY_BEHAVIOUR, **json.loads(os.environ["RESHARD_CHAOS_FIDELITY_SETTINGS"])}
+LATE_FAULTS = os.environ.get("RESHARD_CHAOS_LATE") == "1"
+WRITE_OPS = ["PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"]
 
 
 def sensor_workload() -> Workload:
@@ -75,18 +96,29 @@ WORKLOADS = {"sensor": sensor_workload, "hourly": hourly_workload, "invoices": i
 class Lifecycle:
     """One migration under chaos (see the module docstring)."""
 
-    def __init__(self, tmp_path, kind: str, seed: int, n_items: int, n_inserts: int, threads: int = 4):
+    def __init__(self, tmp_path, kind: str, seed: int, n_items: int, n_inserts: int, threads: int = 4,
+                 fidelity: dict | None = None, late_faults: bool = LATE_FAULTS, proxy_process: bool | None = None):
+        """``fidelity``: the proxy's DynamoDB behaviours to switch on (EVERY_BEHAVIOUR, or all
+        of them under RESHARD_CHAOS_FIDELITY=1); ``late_faults``: add late requests, lost
+        answers and late duplicates of data-table writes once the application starts;
+        ``proxy_process``: the proxy as a process of its own (default: when behaviours are on,
+        whose CPU per request exceeds a client's)."""
         self.kind, self.seed = kind, seed
         self.rng = random.Random(seed)
         self.server = DynaliteServer(tmp_path / "db")
         self.server.start()
         self.watchdog = Watchdog(self.server)
         self.watchdog.start()
-        self.proxy = FaultProxy(self.server.port, seed=seed).start()
+        self.table, self.control = f"Chaos{kind.title()}", "chaos-control"
+        self.fidelity = dict(EVERY_BEHAVIOUR if SOAK_FIDELITY and fidelity is None else fidelity or {})
+        if self.fidelity.get("partition_throughput"):
+            self.fidelity.setdefault("partition_tables", [self.table])  # the scaled limit: the data table's
+        self.late_faults = late_faults
+        process = bool(self.fidelity) if proxy_process is None else proxy_process
+        self.proxy = (FaultProcess if process else FaultProxy)(self.server.port, seed=seed, **self.fidelity).start()
         self.proxy.enabled = False  # setup and seeding run clean; chaos starts with the app
         self.raw = Dynamo(endpoint_url=self.server.endpoint, region="us-east-1", retry=PATIENT)
         self.faulty = Dynamo(endpoint_url=self.proxy.endpoint, region="us-east-1", retry=PATIENT)
-        self.table, self.control = f"Chaos{kind.title()}", "chaos-control"
         self.path = tmp_path / "migration.toml"
         self.path.write_text(migration_text(kind, self.table, f"chaos-{kind}"))
         self.m = load(self.path)
@@ -140,6 +172,8 @@ class Lifecycle:
         r = self.cli("start", str(self.path), "--allow-unmappable", str(len(self.unmappable)))
         assert r.returncode == 0, r.stderr
         self.proxy.enabled = True
+        if self.late_faults:
+            self.add_late_faults()
         deadline = time.monotonic() + seconds
         keys = list(range(self.n_items + self.n_inserts))
         hot = self.rng.sample(keys, 24)
@@ -152,6 +186,18 @@ class Lifecycle:
                                        seed=self.seed * 100 + t, max_ops=max_ops, deadline=deadline))
         for a in self.apps:
             a.start()
+
+    def add_late_faults(self) -> None:
+        """Issue 25's faults on the data table's writes: about one in a hundred held and delivered
+        3 s later (judged as if 4 minutes late: inside AWS's 5) while its client retries at once,
+        one in a hundred answers lost after the write landed, one in two hundred delivered a
+        second time 2 s later (as if 4 minutes)."""
+        self.proxy.hold(table=self.table, op=WRITE_OPS, probability=0.01, times=None, mode="lose", delay=3.0,
+                        age=240)
+        self.proxy.lose_answer(table=self.table, op=WRITE_OPS, probability=0.01, times=None)
+        self.proxy.duplicate(table=self.table, op=WRITE_OPS, probability=0.005, times=None, copy="delay", delay=2.0,
+                             age=240)
+        self.log("late requests, lost answers and late duplicates on")
 
     # ------------------------------------------------------------------ phases
     def phase(self) -> Phase:
@@ -171,6 +217,8 @@ class Lifecycle:
         """Start `reshard backfill` subprocesses and SIGKILL them at random points, then finish."""
         cmd = ["--output", "json", "backfill", self.m.id, "--segments", str(segments), "--workers", "2",
                "--page-size", "60", "--lease-seconds", "2"]
+        if self.fidelity.get("partition_throughput"):
+            cmd += ["--max-wcu-per-key", str(KEY_WCU)]
         deadline = time.monotonic() + max_seconds
         attempts = 0
         while self.kills < kills and attempts < kills * 3 and time.monotonic() < deadline:
@@ -255,6 +303,10 @@ class Lifecycle:
             "tombstones_at_end": sum(1 for it in items if is_tombstone(it)),
             "ops": total_ops(self.apps), "kills": self.kills, "backfill_runs": self.backfill_runs,
             "faults": self.proxy.faults(), "proxied_calls": self.proxy.counts["calls"],
+            "behaviours": {k: v for k, v in self.proxy.stats().items()
+                           if k in ("stale_reads", "stale_items", "partition_throttles", "unprocessed_items",
+                                    "ttl_deleted", "rule_hold", "rule_lose_answer", "rule_duplicate",
+                                    "refused_signature") and v},
             "dynalite_restarts": self.watchdog.restarts, "transitions": self.transitions,
             "read_violations": sum(len(a.violations) for a in self.apps),
             "app_errors": sum(len(a.errors) for a in self.apps),

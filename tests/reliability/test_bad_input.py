@@ -55,6 +55,9 @@ def one_line(capsys, *args: str) -> tuple[int, str]:
     (["plan", "/nonexistent/m.toml"], "m.toml"),
     (["start", "/nonexistent/m.toml"], "m.toml"),
     (["advance", "--wait", "soon"], "--wait"),
+    (["start", SENSOR, "--request-horizon", "soon"], "--request-horizon"),
+    (["start", SENSOR, "--request-horizon", "-1"], "--request-horizon -1: give a positive number of seconds"),
+    (["start", SENSOR, "--request-horizon", "nan"], "--request-horizon"),
     (["status", "--output", "yaml"], "--output"),
     (["no-such-command"], "no-such-command"),
 ])

@@ -106,7 +106,8 @@ class CounterLifecycle(Lifecycle):
     """The invoices migration with seeded duplicates and counter traffic (see the module docstring)."""
 
     def __init__(self, tmp_path, seed: int):
-        super().__init__(tmp_path, "invoices", seed, n_items=150, n_inserts=40, threads=3)
+        # In-process proxy: watch_stalled wraps its handle (under RESHARD_CHAOS_FIDELITY too).
+        super().__init__(tmp_path, "invoices", seed, n_items=150, n_inserts=40, threads=3, proxy_process=False)
         # Faults stay on (every shim and CLI call goes through the proxy) but rarer than in the
         # 150 s lifecycles: this one must finish in well under a minute on two cores.
         self.proxy.rates.update(throttle=0.01, split=0.0)
@@ -189,7 +190,8 @@ class CounterLifecycle(Lifecycle):
 
     # ------------------------------------------------------------------ traffic
     def start_traffic(self, seconds: float) -> None:
-        operations.start(self.raw, ControlStore(self.raw, self.control), self.m)  # `reshard start`, in-process
+        operations.start(self.raw, ControlStore(self.raw, self.control), self.m,
+                         server_deadline=False)  # `reshard start`, in-process (dynalite: no deadline)
         self.proxy.enabled = True
         deadline = time.monotonic() + seconds
         keys = list(range(self.n_items + self.n_inserts))
@@ -261,24 +263,17 @@ class CounterLifecycle(Lifecycle):
         self.stalled_calls: list[tuple[float, str, str, str, str]] = []
         handle = self.proxy.handle
 
-        def logged(headers, body):
-            if "app/stalled" not in (headers.get("User-Agent") or ""):
-                return handle(headers, body)
+        def logged(req):
+            if "app/stalled" not in req.headers.get("user-agent", ""):
+                return handle(req)
             at = time.monotonic()
-            op = (headers.get("X-Amz-Target") or "").split(".")[-1]
-            try:
-                req = json.loads(body or b"{}")
-            except ValueError:
-                req = {}
-            table = req.get("TableName") or ",".join(req.get("RequestItems", {}))
-            key = json.dumps({a: req.get("Item", req.get("Key", {})).get(a) for a in ("PK", "SK")})
-            status, hdrs, out = handle(headers, body)
-            try:
-                outcome = "ok" if status == 200 else json.loads(out).get("__type", "").split("#")[-1]
-            except ValueError:
-                outcome = str(status)
-            self.stalled_calls.append((at, op, table, key, outcome))
-            return status, hdrs, out
+            body = req.json
+            table = body.get("TableName") or ",".join(body.get("RequestItems", {}))
+            key = json.dumps({a: body.get("Item", body.get("Key", {})).get(a) for a in ("PK", "SK")})
+            answer = handle(req)
+            outcome = "closed" if answer is None else "ok" if answer.status == 200 else answer.code
+            self.stalled_calls.append((at, req.op, table, key, outcome))
+            return answer
         self.proxy.handle = logged
 
     def stalled_writes_since(self, t: float) -> list[tuple[float, str, str, str, str]]:

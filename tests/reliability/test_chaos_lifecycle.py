@@ -13,7 +13,7 @@ import os
 from reshard.control.runs import allowed_unmappable, unmappable_items
 from reshard.core.phases import Action
 
-from tests.reliability.lifecycle import Lifecycle
+from tests.reliability.lifecycle import EVERY_BEHAVIOUR, Lifecycle
 
 SEED = int(os.environ.get("RESHARD_CHAOS_SEED", "8082026"))
 def verify(lc: Lifecycle) -> None:
@@ -23,9 +23,20 @@ def verify(lc: Lifecycle) -> None:
 
 
 def cleanup(lc: Lifecycle) -> bool:
-    """`reshard cleanup --delete` (dynalite has no TTL). True when it ran."""
-    r = lc.cli("--output", "json", "cleanup", lc.m.id, "--segments", "8", "--delete", timeout=180)
+    """`reshard cleanup`: on the proxy's TTL, `--enable-ttl`, then TTL time moved past
+    `retain_hours` so the proxy deletes the old copies late, as DynamoDB does; without it,
+    `--delete` (dynalite has no TTL). True when it ran."""
+    if not lc.fidelity.get("ttl"):
+        r = lc.cli("--output", "json", "cleanup", lc.m.id, "--segments", "8", "--delete", timeout=180)
+        assert r.returncode == 0, r.stderr
+        return True
+    r = lc.cli("--output", "json", "cleanup", lc.m.id, "--segments", "8", "--enable-ttl", timeout=180)
     assert r.returncode == 0, r.stderr
+    expiring = json.loads(r.stdout)
+    lc.log(f"cleanup marked old copies to expire: {expiring.get('expiring', expiring)}")
+    lc.proxy.configure(ttl_time_offset=lc.m.cleanup.retain_hours * 3600 + 60)
+    deleted = lc.proxy.ttl_sweep()  # the sweeper thread would too, within ttl_sweep_seconds
+    lc.log(f"TTL deleted {deleted} expired items")
     return True
 
 
@@ -69,6 +80,7 @@ def test_calculated_suffix_16_to_32_under_chaos(tmp_path):
         lc.move(Action.ROLLBACK)                # back to backfill
         verify(lc)
         lc.move(Action.ADVANCE)                 # cutover
+        verify(lc)                              # the catch-up verify after the switch
         lc.move(Action.ADVANCE)                 # cleanup
         cleaned = cleanup(lc)
         lc.move(Action.ADVANCE)                 # complete
@@ -90,14 +102,18 @@ def test_calculated_suffix_16_to_32_under_chaos(tmp_path):
 
 
 def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
-    """Items store neither sensor_id nor ts (they live only in the keys); a few cannot be mapped."""
+    """Items store neither sensor_id nor ts (they live only in the keys); a few cannot be mapped.
+
+    On every DynamoDB behaviour of the fidelity proxy (issue 29): stale non-consistent reads
+    (the jobs' scans), a per-key partition limit, unprocessed batch items, TTL deleting the
+    old copies late after cleanup marked them."""
     unmappable = [
         {"PK": {"S": "3#2024-10-27T15"}, "SK": {"S": "s-1#not-a-time"}, "temp": {"N": "1"}},          # bad ts
         {"PK": {"S": "5#2024-10-27T15"}, "SK": {"S": "no-separator"}, "temp": {"N": "2"}},            # no '#'
         {"PK": {"S": "7#2024-10-27T15"}, "SK": {"S": "s#x#2024-10-27T15:00:00Z"}, "temp": {"N": "3"}},  # '#' in a field
         {"PK": {"S": "9#2024-10-27T15"}, "SK": {"S": "s-2#2024-10-27T16:00:00Z"}, "temp": {"N": "4"}},  # wrong bucket
     ]
-    lc = Lifecycle(tmp_path, "hourly", SEED + 1, n_items=500, n_inserts=80)
+    lc = Lifecycle(tmp_path, "hourly", SEED + 1, n_items=500, n_inserts=80, fidelity=EVERY_BEHAVIOUR)
     try:
         lc.seed_table(unmappable, store_key_fields=False)
         lc.start_app(seconds=90, max_ops=3000)
@@ -117,6 +133,7 @@ def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
         assert allowed_unmappable(lc.store, lc.m.id) == len(unmappable)
         verify(lc)
         lc.move(Action.ADVANCE)                 # cutover
+        verify(lc)                              # the catch-up verify after the switch
         lc.move(Action.ADVANCE)                 # cleanup
         cleaned = cleanup(lc)
         lc.move(Action.ADVANCE)                 # complete
@@ -126,6 +143,10 @@ def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
         f = result["figures"]
         assert f["faults"]["throttle"] >= 5 and f["faults"]["5xx"] >= 3, f["faults"]
         assert all(f["ops"].get(k, 0) >= 10 for k in ("put", "update", "delete", "ryw_read")), f["ops"]
+        # The behaviours were met (else the zeros below prove nothing about them).
+        b = f["behaviours"]
+        assert b.get("stale_items", 0) >= 1 and b.get("ttl_deleted", 0) >= 100, b
+        assert b.get("partition_throttles", 0) + b.get("unprocessed_items", 0) >= 1, b
         assert_clean(lc, result, cleaned)
     finally:
         lc.close()

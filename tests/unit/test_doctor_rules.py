@@ -75,10 +75,12 @@ def test_tombstones_and_retired_copies():
     assert rules.leftover_tombstone(tomb(cutoff - 1), cutoff) and not rules.leftover_tombstone(tomb(cutoff), cutoff)
     assert not rules.leftover_tombstone({"_rs_v": {"S": "0000000000001.000000.w"}}, None)
     copy = lambda ms: {"_rs_new": {"S": "gone"}, "_rs_v": {"S": f"{ms:013d}.000000.w"}}
-    assert rules.retired_copy_of(copy(5000), {"gone": 5.0}) == "gone"
-    assert rules.retired_copy_of(copy(5001), {"gone": 5.0}) is None  # written after the retire: kept
-    assert rules.retired_copy_of({"_rs_new": {"S": "gone"}}, {"gone": 5.0}) == "gone"
-    assert rules.retired_copy_of(copy(1), {"other": 5.0}) is None
+    assert rules.retired_copy_of(copy(5000), {"gone"}) == "gone"
+    # A version whose wall time is after the retire is a writer whose clock runs ahead of the
+    # operator's: the marker alone decides (issue 25 case 6), never the version's wall time.
+    assert rules.retired_copy_of(copy(5_000_000_000_000), {"gone"}) == "gone"
+    assert rules.retired_copy_of({"_rs_new": {"S": "gone"}}, {"gone"}) == "gone"
+    assert rules.retired_copy_of(copy(1), {"other"}) is None
 
 
 def test_finding_line_names_the_fix():

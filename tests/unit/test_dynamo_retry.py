@@ -94,3 +94,14 @@ def test_a_guard_that_refuses_the_first_attempt_sends_nothing():
     with pytest.raises(LeaseLost):
         d.call("put_item", guard=refuse, **ITEM)
     assert sent == [] and slept == []
+
+
+def test_throttles_are_counted_by_dynamodbs_throttling_reason_else_the_error_code():
+    """The jobs' reshard_job_throttles_total{reason}: ThrottlingReasons when the answer has them."""
+    reasons = json.dumps({"__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                          "message": "injected", "ThrottlingReasons": [
+                              {"reason": "TableWriteKeyRangeThroughputExceeded", "resourceArn": "arn:t"}]})
+    with_reason = AWSResponse("http://127.0.0.1/", 400, {"x-amzn-RequestId": "r"}, _Body(reasons.encode()))
+    d, _, _ = _client([with_reason, _answer(400, "ThrottlingException")])
+    d.call("put_item", **ITEM)
+    assert d.throttle_reasons() == {"TableWriteKeyRangeThroughputExceeded": 1, "ThrottlingException": 1}

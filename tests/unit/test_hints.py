@@ -24,8 +24,8 @@ ROWS = [
     (Phase.PLANNED, Facts(live_shims=0), False, False, f"deploy the shim, then {ADV} (to dual_write)"),
     (Phase.PLANNED, Facts(live_shims=3), False, False, f"{ADV} (to dual_write)"),
     (Phase.PLANNED, Facts(live_shims=3, lagging=("i-1 (h pid 1, on planned v0)",)), False, False,
-     f"wait for 1 lagging shim(s) to acknowledge planned: `reshard advance {MID} --wait 60` "
-     "(runbooks/incident-shim-lagging.md)"),
+     f"wait for 1 lagging shim(s) to acknowledge planned: `reshard wait {MID}` "
+     "(moves nothing; runbooks/incident-shim-lagging.md)"),
     (Phase.DUAL_WRITE, Facts(live_shims=2), False, False, f"{ADV} (to dual_read)"),
     (Phase.DUAL_WRITE, Facts(live_shims=0), False, False,
      f"{ADV} (to dual_read) (no live shim reports for the table: add --allow-no-shims only if nothing writes it)"),
@@ -62,6 +62,29 @@ ROWS = [
                          ids=[f"{r[0].value}-{i}" for i, r in enumerate(ROWS)])
 def test_the_hint_of_each_phase_and_gate_state(phase, facts, retired, switching, hint):
     assert next_step(MID, phase, facts, retired=retired, switching=switching) == hint
+
+
+ROLLED_BACK = [
+    (Phase.BACKFILL, Phase.CUTOVER, Facts(live_shims=2, **OPEN),
+     f"you rolled back from cutover: find and fix what made you roll back first (runbooks/07-rollback.md); the way "
+     f"forward again: {ADV} (to cutover); or `reshard abort {MID}` returns to the old layout"),
+    (Phase.BACKFILL, Phase.CUTOVER, Facts(live_shims=2, backfill_missing=None, verify_missing=VERIFY_MISSING),
+     f"you rolled back from cutover: find and fix what made you roll back first (runbooks/07-rollback.md); the way "
+     f"forward again: {VERIFY_MISSING}; then {ADV} (to cutover); or `reshard abort {MID}` returns to the old layout"),
+    (Phase.PLANNED, Phase.DUAL_WRITE, Facts(live_shims=2),
+     f"you rolled back from dual_write: find and fix what made you roll back first (runbooks/07-rollback.md); the "
+     f"way forward again: {ADV} (to dual_write); or `reshard abort {MID}` returns to the old layout"),
+    # A lagging fleet first: wait for it (a rollback too needs the whole fleet across).
+    (Phase.DUAL_WRITE, Phase.DUAL_READ, Facts(live_shims=2, lagging=("i-1",)),
+     f"wait for 1 lagging shim(s) to acknowledge dual_write: `reshard wait {MID}` (moves nothing; "
+     "runbooks/incident-shim-lagging.md)"),
+]
+
+
+@pytest.mark.parametrize("phase,came_from,facts,hint", ROLLED_BACK, ids=[f"{r[1].value}-{i}" for i, r in
+                                                                        enumerate(ROLLED_BACK)])
+def test_after_a_rollback_the_hint_says_so_before_the_way_forward(phase, came_from, facts, hint):
+    assert next_step(MID, phase, facts, rolled_back_from=came_from) == hint
 
 
 def test_the_table_covers_every_phase():

@@ -9,10 +9,10 @@ Vectors:
 from __future__ import annotations
 
 import hashlib
+import math
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from scipy.stats import chi2
 
 from reshard.core import migration
 from reshard.core.layout import KeyMapper, hash_shard, jump_hash, jump_key
@@ -23,6 +23,42 @@ GUAVA = [(10863919174838991, 11, 6), (2016238256797177309, 11, 3), (167375822389
 GO = [(1, 1, 0), (42, 57, 43), (0xDEAD10CC, 1, 0), (0xDEAD10CC, 666, 361), (256, 1024, 520)]
 
 u64 = st.integers(0, 2**64 - 1)
+
+
+# The chi-square bound without scipy (no extra dependency for one quantile): for an integer
+# number of degrees of freedom k the survival function is a finite sum (Abramowitz & Stegun
+# 26.4.4 / 26.4.5), evaluated term by term in logs so that k = 999 does not overflow; the
+# quantile is its inverse by bisection (the function falls monotonically in x).
+def chi2_sf(x: float, k: int) -> float:
+    """P(X > x) for X ~ chi-square with k degrees of freedom (k a positive integer)."""
+    if x <= 0:
+        return 1.0
+    h = x / 2
+    if k % 2 == 0:
+        return sum(math.exp(j * math.log(h) - h - math.lgamma(j + 1)) for j in range(k // 2))
+    return math.erfc(math.sqrt(h)) + sum(math.exp((j + 0.5) * math.log(h) - h - math.lgamma(j + 1.5))
+                                         for j in range((k - 1) // 2))
+
+
+def chi2_upper_quantile(p: float, k: int) -> float:
+    """The x with P(X > x) = p (scipy's ``chi2.ppf(1 - p, k)``)."""
+    lo, hi = 0.0, k + 20.0 * math.sqrt(2 * k) + 100.0
+    assert chi2_sf(hi, k) < p
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, k) > p else (lo, mid)
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("k,quantile,sf_at_50", [
+    # scipy 1.17's chi2.ppf(1 - 1e-6, k) and chi2.sf(50, k), for these degrees of freedom
+    (1, 23.92812697687947, 1.537459794428033e-12), (2, 27.631021115871036, 1.3887943864964e-11),
+    (6, 38.25833637714585, 4.701068998290324e-09), (31, 83.64251584691797, 0.016757268937175076),
+    (99, 180.79201532577878, 0.9999900545468124), (999, 1226.0461890118645, 1.0)])
+def test_the_chi_square_bound_is_scipys(k, quantile, sf_at_50):
+    assert chi2_upper_quantile(1e-6, k) == pytest.approx(quantile, rel=1e-9)
+    assert chi2_sf(50.0, k) == pytest.approx(sf_at_50, rel=1e-9, abs=1e-15)
+    assert chi2_sf(7.0, 2) == pytest.approx(math.exp(-3.5), rel=1e-12)  # k = 2: exp(-x/2) exactly
 
 
 def test_published_vectors():
@@ -55,7 +91,7 @@ def test_uniform_chi_square(buckets):
         counts[jump_hash(jump_key(f"item-{i}"), buckets)] += 1
     expected = n / buckets
     stat = sum((c - expected) ** 2 / expected for c in counts)
-    assert stat < chi2.ppf(1 - 1e-6, buckets - 1), (buckets, stat)
+    assert stat < chi2_upper_quantile(1e-6, buckets - 1), (buckets, stat)
 
 
 def test_chi_square_detects_a_biased_hash():
@@ -65,7 +101,7 @@ def test_chi_square_detects_a_biased_hash():
     for i in range(n):
         counts[min(jump_hash(jump_key(f"item-{i}"), buckets), jump_hash(jump_key(f"x-{i}"), buckets))] += 1
     stat = sum((c - n / buckets) ** 2 / (n / buckets) for c in counts)
-    assert stat > chi2.ppf(1 - 1e-6, buckets - 1)
+    assert stat > chi2_upper_quantile(1e-6, buckets - 1)
 
 
 @settings(max_examples=300, deadline=None)

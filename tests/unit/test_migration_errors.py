@@ -78,8 +78,41 @@ MISTAKES = [
      "to.shard_by", "random"),
     ("unknown-hash", edit('hash = "sha256"', 'hash = "crc32"'), "from.hash", "unknown hash"),
     ("unknown-hash-lists-jump", edit_to('hash = "sha256"', 'hash = "Jump"'), "to.hash", "known: sha256, md5, jump"),
+    # A random [to] is refused for being random before anything else about it (issue 27: it
+    # was "to.hash has no meaning" first, and "to.shards" over 99 shards).
     ("random-in-to-with-jump", edit_to('shard_by = ["event_id"]\nhash = "sha256"', 'shard_by = "random"\nhash = "jump"'),
-     "to.hash", "random"),
+     "to.shard_by", "\"random\" is refused in [to] (the new layout must be deterministic"),
+    ("random-in-to-with-sha256", edit_to('shard_by = ["event_id"]', 'shard_by = "random"'),
+     "to.shard_by", "\"random\" is refused in [to] (the new layout must be deterministic"),
+    ("random-in-to-many-shards", edit_to('shard_by = ["event_id"]\nhash = "sha256"', 'shard_by = "random"').replace(
+        "shards = 32", "shards = 200"), "to.shard_by", "must be deterministic"),
+    # One field spelt two ways: blamed where the typo is when the file tells (issue 27: a typo
+    # in [from] was reported on to.partition), both keys named when it cannot.
+    ("typo-in-from-partition", edit('partition = "{sensor_id}#{shard}"', 'partition = "{sensr_id}#{shard}"'),
+     "from.partition", "{sensr_id} here and {sensor_id} in to.partition look like one field spelt two ways"),
+    ("typo-in-from-sort", edit('sort = "{ts}"', 'sort = "{tss}"'), "from.sort", "{tss} here and {ts} in to.sort"),
+    ("typo-in-to-partition", edit_to('partition = "{sensor_id}#{shard}"', 'partition = "{sensr_id}#{shard}"'),
+     "from.partition", "{sensor_id} here and {sensr_id} in to.partition"),
+    ("typo-in-to-the-file-spells-twice", edit('shard_by = ["event_id"]', 'shard_by = ["sensor_id", "event_id"]').replace(
+        '[to]\npartition = "{sensor_id}#{shard}"', '[to]\npartition = "{sensr_id}#{shard}"'),
+     "to.partition", "did you mean {sensor_id}, as from.partition has it?"),
+    ("to-shard-by-nobody-supplies", edit_to('shard_by = ["event_id"]', 'shard_by = ["evnt_id"]'), "to.shard_by",
+     "{evnt_id} is in no [from] template"),
+    ("derived-from-nothing", edit_to('shards = 32', 'shards = 32\nfields.hour = { from = "tz", format = "%H" }')
+     .replace('sort = "{ts}"\nshards = 32', 'sort = "{hour}#{ts}"\nshards = 32'), "to.fields.hour.from", "'tz'"),
+    ("shard-twice-sort", edit('sort = "{ts}"', 'sort = "{ts}#{shard}"'), "from.sort", "only once"),
+    ("to-template-names-physical-key", edit_to('partition = "{sensor_id}#{shard}"', 'partition = "{PK}#{shard}"'),
+     "to.partition", "physical key attribute"),
+    ("random-from-too-many-shards", edit('shard_by = ["event_id"]\nhash = "sha256"', 'shard_by = "random"')
+     .replace("shards = 16", "shards = 100"), "from.shards", "limited to 99"),
+    ("random-from-with-hash", edit('shard_by = ["event_id"]', 'shard_by = "random"'), "from.hash", "no meaning"),
+    ("index-random-in-to", GOOD + '\n[index.ByDay]\npartition = "GSI1PK"\nfrom = { partition = "{day}#{shard}", '
+     'shards = 4, shard_by = ["event_id"] }\nto = { partition = "{day}#{shard}", shards = 8, shard_by = "random", '
+     'hash = "md5" }\n', "index.ByDay.to.shard_by", "must be deterministic"),
+    ("retain-hours-negative", GOOD + "retain_hours = -1\n", "cleanup.retain_hours", "from 0 to 8784"),
+    ("ttl-is-a-key", edit('ttl_attribute = "expires_at"', 'ttl_attribute = "SK"'), "cleanup.ttl_attribute",
+     "key attribute"),
+    ("sort-same-as-partition", edit('sort = "SK"', 'sort = "PK"'), "keys.sort", "must differ"),
     ("jump-and-shard-function", edit_to('hash = "sha256"', 'hash = "jump"\nshard_function = "os.path:join"'),
      "to.shard_function", "not both"),
 ]

@@ -88,6 +88,7 @@ def test_every_possible_transition_waits_for_the_fleet(phase, action):
     assert d.target is RULES[phase, action]  # still says where it would go
     (why,) = d.refusals
     assert why.startswith(f"2 live shim(s) have not acknowledged {phase} yet: i-1 (h1 pid 1, on x v1), i-2")
+    assert "`reshard wait` waits for them and moves nothing" in why
     assert f"reshard {action.value} --wait SECONDS" in why
 
 
