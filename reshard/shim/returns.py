@@ -1,0 +1,64 @@
+"""What a request answers, in boto3's shape: ``ReturnValues`` and ``ResponseMetadata``.
+
+* :meth:`Answers._response`: a put's or delete's ``{"Attributes"?, "ResponseMetadata"}``
+  (the old item as the application knows it, ``ALL_OLD``);
+* :meth:`Answers._update_answer`: an update's, for each ``ReturnValues`` -- ``UPDATED_*``
+  keep the attributes the app's actions touched; an old tombstone is no old item;
+  bookkeeping attributes and physical key attributes never reach the application
+  (:meth:`Answers._strip`);
+* :func:`_metadata`: the ``ResponseMetadata`` of the request that decided the answer.
+
+Which ``ReturnValues`` the shim itself asks DynamoDB for (``ALL_NEW`` when a mirror needs the
+whole new item) is the write protocol's (``writes.py``). A mixin of
+:class:`~reshard.shim.table.ShardedTable`; the module map is in ``reshard/shim/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from reshard.aws.dynamo import from_wire
+from reshard.core.layout import Layout, is_tombstone
+from reshard.core.migration import RESERVED_PREFIX
+from reshard.shim.requests import _hidden
+
+def _metadata(resp: Mapping[str, Any]) -> dict:
+    """``{"ResponseMetadata": ...}`` of the request that decided the answer (when the client gave one)."""
+    meta = resp.get("ResponseMetadata")
+    return {"ResponseMetadata": meta} if meta is not None else {}
+
+
+
+class Answers:
+    """The answers of :class:`~reshard.shim.table.ShardedTable`'s writes."""
+
+    def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any]) -> dict:
+        """A write's answer in boto3's shape: ``{"Attributes"?, "ResponseMetadata"}``."""
+        out = self._to_app(old, layout) if old else None
+        meta = _metadata(resp)
+        return {"Attributes": out, **meta} if out else meta
+
+    def _strip(self, attrs: Mapping[str, Any] | None) -> dict | None:
+        """Returned attributes without bookkeeping and physical keys (for UPDATED_* values)."""
+        if not attrs or is_tombstone(attrs) or _hidden(attrs):
+            return None
+        return from_wire({k: v for k, v in attrs.items()
+                          if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)})
+
+
+    def _update_answer(self, rv: str, resp: Mapping[str, Any], attrs: Mapping[str, Any] | None,
+                       targets: list[str]) -> dict:
+        """``update_item``'s answer for ``ReturnValues`` ``rv`` from what DynamoDB returned (``attrs``,
+        of the authoritative write ``resp``; ``targets``: the attributes the app's actions touch)."""
+        meta = _metadata(resp)
+        if rv == "NONE":
+            return meta
+        if rv in ("UPDATED_NEW", "UPDATED_OLD"):
+            # Only what the app's actions touched: the shim's own SETs (key fields,
+            # bookkeeping) count as "updated" for DynamoDB too.
+            wanted = set(targets)
+            attrs = {k: v for k, v in (attrs or {}).items() if k in wanted}
+        if rv in ("ALL_OLD", "UPDATED_OLD") and attrs and is_tombstone(attrs):
+            attrs = None
+        out = self._strip(attrs)
+        return {"Attributes": out, **meta} if out else meta
