@@ -28,12 +28,12 @@ from reshard.aws.dynamo import from_wire
 from reshard.core.index import IndexMapper
 from reshard.core.layout import Layout, is_tombstone, to_av
 from reshard.core.versions import newest
-from reshard.shim.index import Resolver, index_routing, run_index_query
+from reshard.shim.index import Resolver, run_index_query
 from reshard.shim.phase_cache import PhaseState
 from reshard.shim.query import logical_key_condition, run_query
 from reshard.shim.requests import _hidden
 from reshard.shim.returns import _metadata
-from reshard.shim.routing import _identity
+from reshard.shim.routing import _identity, index_routing
 from reshard.shim.scan import run_scan
 
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from reshard.core.index import INDEX_RETIRED, INDEX_ROUTING, IndexRouting
 from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, Layout, hash_shard
 from reshard.core.migration import LayoutSpec, Migration, TemplatePart
+from reshard.core.phases import Phase
 from reshard.core.versions import newest
 from reshard.shim.phase_cache import PhaseState
 from reshard.shim.query import _plain
@@ -44,6 +46,15 @@ def _table_view(m: Migration) -> Migration:
                           hash=None, shard_function=None)
     return dataclasses.replace(m, source=spec("from"), target=spec("to"))
 
+
+
+def index_routing(phase_name: str) -> IndexRouting:
+    """The index routing of the phase a shim acts on (``steady``: no migration, or an
+    aborted one whose cleanup moved every item back -- both read and write the old values)."""
+    try:
+        return INDEX_ROUTING[Phase(phase_name)]
+    except ValueError:
+        return INDEX_RETIRED
 
 
 def _identity(m: KeyMapper, fields: Mapping[str, Any]) -> tuple:

@@ -44,7 +44,7 @@ Late writes (docs/late-writes.md)
 Sharded GSIs (``[index.NAME]`` migrations)
     Writes give the GSI attribute of items in the index the value of the layout the phase
     writes (a put: computed, :meth:`WriteProtocol._with_index_values`; an update of a field
-    the value is computed from: in the same UpdateItem, ``shim/index.index_actions``; any
+    the value is computed from: in the same UpdateItem, ``shim/index_values.index_actions``; any
     other update: from its result, by one more conditional UpdateItem when it differs,
     :meth:`WriteProtocol._fix_index_values`). A migration that also re-keys the table gives
     every copy it writes the phase's value (a mirror too).
@@ -77,10 +77,11 @@ from reshard.core.wire import dump_key, still_as_read
 from reshard.shim import metrics as shim_metrics
 from reshard.shim.errors import ItemTooLarge, OldValuesUnknown
 from reshard.shim.expr import TOMBSTONE_NAME, and_conditions, merge_update, tombstone_aware
-from reshard.shim.index import (IndexUpdate, index_actions, index_routing, index_update_plan, read_changed,
-                                update_effect, write_value)
+from reshard.shim.index_values import (IndexUpdate, index_actions, index_update_plan, read_changed, update_effect,
+                                       write_value)
 from reshard.shim.phase_cache import PhaseState
 from reshard.shim.requests import _late
+from reshard.shim.routing import index_routing
 
 log = logging.getLogger("reshard.shim")
 
@@ -561,7 +562,7 @@ class WriteProtocol:
     # ------------------------------------------------------------------ sharded GSI values
     def _with_index_values(self, st: PhaseState, item: dict, fields: Mapping[str, Any]) -> dict:
         """``item`` (wire) with each sharded GSI attribute it carries set to the value of the
-        layout this phase writes (``reshard.shim.index.write_value``)."""
+        layout this phase writes (``reshard.shim.index_values.write_value``)."""
         if not self._indexes:
             return item
         side = index_routing(st.phase).writes
