@@ -99,7 +99,6 @@ class Reads:
             out.append(None if winner is None else (winner, next(l for i, l in copies if i is winner)))
         return out
 
-
     # ------------------------------------------------------------------ queries and scans
     def _read_query(self, node: tuple | None, Key: Mapping[str, Any] | None, SortKeyCondition: tuple | None,
                     Limit: int | None, ScanIndexForward: bool, ExclusiveStartKey: Mapping[str, Any] | None,

@@ -46,7 +46,6 @@ def _hidden(item: Mapping[str, Any] | None) -> bool:
     return not_data(item)
 
 
-
 class Requests:
     """The phase bracket of every request and the data requests it makes (signed, late-refused)."""
 

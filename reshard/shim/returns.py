@@ -22,11 +22,11 @@ from reshard.core.layout import Layout, is_tombstone
 from reshard.core.migration import RESERVED_PREFIX
 from reshard.shim.requests import _hidden
 
+
 def _metadata(resp: Mapping[str, Any]) -> dict:
     """``{"ResponseMetadata": ...}`` of the request that decided the answer (when the client gave one)."""
     meta = resp.get("ResponseMetadata")
     return {"ResponseMetadata": meta} if meta is not None else {}
-
 
 
 class Answers:
@@ -44,7 +44,6 @@ class Answers:
             return None
         return from_wire({k: v for k, v in attrs.items()
                           if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)})
-
 
     def _update_answer(self, rv: str, resp: Mapping[str, Any], attrs: Mapping[str, Any] | None,
                        targets: list[str]) -> dict:

@@ -33,6 +33,7 @@ from reshard.core.versions import newest
 from reshard.shim.phase_cache import PhaseState
 from reshard.shim.query import _plain
 
+
 def _table_view(m: Migration) -> Migration:
     """The migration as :class:`KeyMapper` sees the table: an index-only migration keeps every
     item at its key, so both table layouts are the identity (one shard, no ``{shard}``)."""
@@ -47,7 +48,6 @@ def _table_view(m: Migration) -> Migration:
     return dataclasses.replace(m, source=spec("from"), target=spec("to"))
 
 
-
 def index_routing(phase_name: str) -> IndexRouting:
     """The index routing of the phase a shim acts on (``steady``: no migration, or an
     aborted one whose cleanup moved every item back -- both read and write the old values)."""
@@ -60,7 +60,6 @@ def index_routing(phase_name: str) -> IndexRouting:
 def _identity(m: KeyMapper, fields: Mapping[str, Any]) -> tuple:
     """A logical item's position among equal sort values (as the table query orders them)."""
     return tuple(_plain(v) for v in m.identity(fields))
-
 
 
 class Routes:

@@ -224,7 +224,6 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         """TEST ONLY: act on ``phase`` (None: steady) from now on, ignoring the control table."""
         self._phases.pin(phase, version)
 
-
     # ------------------------------------------------------------------ inputs
     def _logical_item(self, item: Mapping[str, Any]) -> dict:
         if not isinstance(item, Mapping):
@@ -254,7 +253,6 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
                                   f"{self.table!r} (key fields: {', '.join(self._key_fields)})")
         wire = to_wire(key)
         return wire, self._fields(wire)
-
 
     # ------------------------------------------------------------------ API: writes
     @client_errors("PutItem")
@@ -461,7 +459,6 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
     @property
     def name(self) -> str:
         return self.table
-
 
 
 #: The low-level operations that read or write this table's items: through ``meta.client``

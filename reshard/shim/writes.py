@@ -94,7 +94,6 @@ class _Landed(dict):
     landed attempt: ``{"Attributes": the stored item}`` (what ALL_NEW would have returned)."""
 
 
-
 def _key_text(key: Mapping[str, Any]) -> str:
     """A physical key as a message names it (``{"PK": "s-1#3", "SK": "..."}``)."""
     return safe_text(dump_key(key))
