@@ -268,7 +268,7 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         logical = self._logical_item(Item)
         fields = self._fields(logical)
         condition, app_names, app_values = app_expressions(ConditionExpression, ExpressionAttributeNames,
-                                                                 ExpressionAttributeValues)
+                                                           ExpressionAttributeValues)
         return self._write_put(logical, fields, condition, app_names, app_values, ReturnValues)
 
     @client_errors("DeleteItem")
@@ -419,7 +419,8 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
             raise errors.BadInput("scan: IndexName is not supported by ShardedTable yet (the sharded-GSI issue); "
                                   "scan the index with table.meta.client.scan(TableName=..., IndexName=...)")
         names, values = dict(ExpressionAttributeNames or {}), dict(ExpressionAttributeValues or {})
-        filt = expression_text(ConditionExpressionBuilder(), FilterExpression, names, values, False, "FilterExpression")
+        filt = expression_text(ConditionExpressionBuilder(), FilterExpression, names, values, False,
+                               "FilterExpression")
         check_placeholders(names, values)
         ctx = expressions.Context(names, to_wire(values) if values else {})
         post = read_post(filt, ProjectionExpression, Select, ctx)
