@@ -6,7 +6,7 @@ Phase
     the phase to act on (never the control table) and tells it when it is done
     (:meth:`Requests._begin` / :meth:`Requests._end`), so a new phase is acknowledged only
     after the requests on the old one drain. An index-only migration keeps items at their
-    keys: its requests get one identity layout (``routing.py``: ``_table_view``).
+    keys: its requests get one identity layout (``routing.py``: ``_index_only_routing``).
 
 Late requests (docs/late-writes.md)
     Every request to the data table goes through :meth:`Requests._call` (or ``_batch_get``):
@@ -16,18 +16,16 @@ Late requests (docs/late-writes.md)
     items to any read (``_hidden``).
 
 A mixin of :class:`~reshard.shim.table.ShardedTable` (which sets ``table``, ``dynamo``,
-``_phases``, ``_index_only`` and ``_single``); the module map is in ``reshard/shim/__init__.py``.
+``_phases`` and ``_index_only``); the module map is in ``reshard/shim/__init__.py``.
 """
 
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 from typing import Any, Callable, Mapping
 
 from reshard import errors
 from reshard.core.layout import not_data
-from reshard.core.phases import Routing
 from reshard.shim.phase_cache import PhaseState
 
 #: The (table, phase state) of the request running in this context: its data requests are signed
@@ -54,15 +52,7 @@ class Requests:
         # which phase versions still have requests running before it acknowledges a newer one.
         st = self._phases.begin()
         if self._index_only:
-            # Items keep their keys: one layout, no copies, so no tombstones (a delete is a plain
-            # delete: nothing can bring the item back, the index rewrite never creates an item).
-            # Writes stay fenced and stamped as the phase says.
-            r = st.routing
-            single = self._single.get(r)
-            if single is None:
-                single = self._single[r] = Routing(("old",), ("old",), tombstones=False, fenced=r.fenced,
-                                                   hold=r.hold)
-            st = dataclasses.replace(st, routing=single)
+            st = self._index_only_routing(st)  # routing.py
         _REQUEST.set((self, st))
         return st
 

@@ -17,7 +17,8 @@ physical keys of those layouts.
 * Index-only migrations (``[index.NAME]`` alone) keep every item at its key: the table is
   one identity layout (:func:`_table_view`), no copies, no tombstones.
 
-A mixin of :class:`~reshard.shim.table.ShardedTable` (which sets ``mapper`` and ``migration``).
+A mixin of :class:`~reshard.shim.table.ShardedTable` (which sets ``mapper``, ``migration`` and
+``_single``, the index-only routings).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Mapping
 from reshard.core.index import INDEX_RETIRED, INDEX_ROUTING, IndexRouting
 from reshard.core.layout import NEW_COPY_ATTR, KeyMapper, Layout, hash_shard
 from reshard.core.migration import LayoutSpec, Migration, TemplatePart
-from reshard.core.phases import Phase
+from reshard.core.phases import Phase, Routing
 from reshard.core.versions import newest
 from reshard.shim.phase_cache import PhaseState
 from reshard.shim.query import _plain
@@ -140,3 +141,15 @@ class Routes:
                     seen.append(key)
                     out.append((key, layout))
         return out
+
+    def _index_only_routing(self, st: PhaseState) -> PhaseState:
+        """The request's phase state with an index-only migration's table routing."""
+        # Items keep their keys: one layout, no copies, so no tombstones (a delete is a plain
+        # delete: nothing can bring the item back, the index rewrite never creates an item).
+        # Writes stay fenced and stamped as the phase says.
+        r = st.routing
+        single = self._single.get(r)
+        if single is None:
+            single = self._single[r] = Routing(("old",), ("old",), tombstones=False, fenced=r.fenced,
+                                               hold=r.hold)
+        return dataclasses.replace(st, routing=single)
