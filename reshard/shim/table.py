@@ -112,8 +112,8 @@ from reshard.core.versions import (VersionClock, fence_for, newest, not_version,
                                    version_of)
 from reshard.shim import metrics as shim_metrics
 from reshard.shim.errors import ItemTooLarge, OldValuesUnknown, ShimValidationError, client_errors
-from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, merge_update,
-                               split_clauses, tombstone_aware, touched_attributes)
+from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, decide_key_fields,
+                               merge_update, split_clauses, tombstone_aware, touched_attributes)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
 from reshard.shim.index import (IndexSource, IndexUpdate, Resolver, index_actions, index_key_condition,
@@ -756,6 +756,21 @@ class ShardedTable:
         app_names, app_values = cls._app_names_values(names, values)
         return condition, app_names, app_values
 
+    def _decided(self, condition: str | None, names: dict, values: dict, key_wire: Mapping[str, Any],
+                 elsewhere: str | None = None) -> tuple[str | None, dict, dict]:
+        """The app's condition with its parts over key fields (maybe kept only inside the
+        physical keys: not stored on the item) decided from the request's key
+        (``expr.decide_key_fields``): DynamoDB would find such a field missing."""
+        key = {f: key_wire[f] for f in self._key_fields if f in key_wire}
+        return decide_key_fields(condition, names, values, key, self.mapper.keys.partition, elsewhere or "")
+
+    def _with_key(self, out: dict | None, key_wire: Mapping[str, Any]) -> dict | None:
+        """A returned item with the request's key fields as the app typed them: a field kept
+        only inside a string key template parses back as a string (and may not be stored)."""
+        if out is not None:
+            out.update(from_wire({f: key_wire[f] for f in self._key_fields if f in key_wire}))
+        return out
+
     def _to_app(self, item: Mapping[str, Any] | None, layout: Layout | None = None) -> dict | None:
         if not item or is_tombstone(item) or _hidden(item):
             return None
@@ -790,6 +805,7 @@ class ShardedTable:
         fields = self._fields(logical)
         condition, app_names, app_values = self._app_expressions(ConditionExpression, ExpressionAttributeNames,
                                                                  ExpressionAttributeValues)
+        condition, app_names, app_values = self._decided(condition, app_names, app_values, logical)
         st = self._begin()
         try:
             logical = self._with_index_values(st, logical, fields)
@@ -800,7 +816,7 @@ class ShardedTable:
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
-                              self.mapper.layout(st.routing.writes[0]), resp)
+                              self.mapper.layout(st.routing.writes[0]), resp, logical)
 
     @client_errors("DeleteItem")
     @with_capacity
@@ -815,6 +831,8 @@ class ShardedTable:
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = self._app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
+        ConditionExpression, app_names, app_values = self._decided(ConditionExpression, app_names, app_values,
+                                                                   key_wire)
         want_old = ReturnValues == "ALL_OLD"
         st = self._begin()
         try:
@@ -843,7 +861,7 @@ class ShardedTable:
                     resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
                     if i == 0:
                         old, first = resp.get("Attributes"), resp
-                return self._response(old, self.mapper.layout(st.routing.writes[0]), first)
+                return self._response(old, self.mapper.layout(st.routing.writes[0]), first, key_wire)
             # Tombstone: key fields let the backfill re-key it; the version orders it.
             marker_base = {f: key_wire[f] for f in self._key_fields}
             resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
@@ -851,7 +869,7 @@ class ShardedTable:
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
-                              self.mapper.layout(st.routing.writes[0]), resp)
+                              self.mapper.layout(st.routing.writes[0]), resp, key_wire)
 
     @client_errors("UpdateItem")
     @with_capacity
@@ -872,6 +890,8 @@ class ShardedTable:
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = self._app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
+        ConditionExpression, app_names, app_values = self._decided(ConditionExpression, app_names, app_values,
+                                                                   key_wire, UpdateExpression)
         clauses = split_clauses(UpdateExpression) if UpdateExpression and UpdateExpression.strip() else {}
         targets = touched_attributes(clauses, app_names)
         check_targets(targets, self._frozen_attrs, "a key field or key attribute: an item's identity cannot "
@@ -990,6 +1010,8 @@ class ShardedTable:
         if rv in ("ALL_OLD", "UPDATED_OLD") and attrs and is_tombstone(attrs):
             attrs = None
         out = self._strip(attrs)
+        if rv in ("ALL_OLD", "ALL_NEW"):
+            out = self._with_key(out, key_wire)
         return {"Attributes": out, **meta} if out else meta
 
     # ------------------------------------------------------------------ sharded GSIs
@@ -1071,9 +1093,10 @@ class ShardedTable:
             fixed[im.attr] = value
         return fixed
 
-    def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any]) -> dict:
+    def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any],
+                  key_wire: Mapping[str, Any]) -> dict:
         """A write's answer in boto3's shape: ``{"Attributes"?, "ResponseMetadata"}``."""
-        out = self._to_app(old, layout) if old else None
+        out = self._with_key(self._to_app(old, layout) if old else None, key_wire)
         meta = _metadata(resp)
         return {"Attributes": out, **meta} if out else meta
 
@@ -1084,7 +1107,7 @@ class ShardedTable:
         """The logical item as boto3's ``Table.get_item`` answers: ``{"Item": {...},
         "ResponseMetadata": ...}``, or no ``"Item"`` when absent. Both layouts in one
         BatchGetItem where the phase reads both."""
-        _, fields = self._key(Key)
+        key_wire, fields = self._key(Key)
         st = self._begin()
         try:
             keys = self._read_keys(st, fields)
@@ -1101,7 +1124,7 @@ class ShardedTable:
                     layout = next(l for kk, l in keys if kk == k)
         finally:
             self._end(st)
-        out = self._to_app(item, layout)
+        out = self._with_key(self._to_app(item, layout), key_wire)
         meta = _metadata(resp)
         return {"Item": out, **meta} if out is not None else meta
 
@@ -1384,7 +1407,8 @@ class ShardedTable:
         names = dict(ExpressionAttributeNames or {})
         check_placeholders(names, None)
         post = self._post(None, ProjectionExpression, None, expressions.Context(names, {}))
-        fields_of = [self._key(k)[1] for k in Keys]
+        parsed = [self._key(k) for k in Keys]
+        fields_of = [fields for _, fields in parsed]
         meta: dict = {}
         st = self._begin()
         try:
@@ -1392,8 +1416,8 @@ class ShardedTable:
         finally:
             self._end(st)
         out = []
-        for winner in winners:
-            app = self._to_app(*winner) if winner is not None else None
+        for winner, (key_wire, _) in zip(winners, parsed):
+            app = self._with_key(self._to_app(*winner), key_wire) if winner is not None else None
             if app is not None:
                 out.append(post(app) if post is not None else app)
         return {"Items": out, "UnprocessedKeys": {}, **_metadata(meta)}
