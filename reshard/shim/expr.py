@@ -157,8 +157,10 @@ def and_conditions(app: str | None, ours: str | None) -> str | None:
 #   constant True:   attribute_exists(#rs_del) OR (app)
 #   constant False:  attribute_not_exists(#rs_del) AND (app)
 #
-# When the constant cannot be computed (a comparison of two values, a text we cannot
-# parse) the condition is left as the application wrote it (the old behaviour).
+# When the constant cannot be computed (a text we cannot parse) the condition is left as
+# the application wrote it. Comparisons of two values are folded before (decide_key_fields):
+# `attribute_not_exists(x) AND :a = :b` would otherwise stay unknown here and be refused on a
+# tombstone that stores x (a key field).
 
 _TOKEN = re.compile(r"""\s*(?:
       (?P<cmp><>|<=|>=|=|<|>)

@@ -71,8 +71,8 @@ Tombstones and the application's conditions
     computed from its text (every path is missing there), so the server decides with
     ``attribute_exists(_rs_del) OR (cond)`` (constant true) or
     ``attribute_not_exists(_rs_del) AND (cond)`` (constant false) -- no extra request.
-    A condition whose value on an absent item depends on values alone (``:a = :b``) is
-    sent unchanged. Every update, in every phase, removes ``_rs_del``: a leftover
+    Parts over values alone (``:a = :b``) and over key fields are decided first from the
+    request (``expr.decide_key_fields``), so the constant is always known for those. Every update, in every phase, removes ``_rs_del``: a leftover
     tombstone never hides an acknowledged update.
 
 Sizes
