@@ -94,6 +94,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from typing import Any, Callable, Mapping, Sequence
 
 from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
@@ -102,7 +103,8 @@ from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
 from reshard.core.index import IndexMapper
 from reshard.core.layout import (GONE_ATTR, MAX_ITEM_BYTES, NEW_COPY_ATTR, SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR,
-                                 KeyMapper, Layout, hash_shard, is_retired, is_tombstone, item_size, not_data, to_av)
+                                 KeyMapper, Layout, hash_shard, is_retired, is_tombstone, item_size, not_data,
+                                 number_text, to_av)
 from reshard.core.migration import RESERVED_PREFIX, LayoutSpec, Migration, TemplatePart, load
 from reshard.core import expressions
 from reshard.core.decode import safe_text
@@ -405,8 +407,17 @@ class ShardedTable:
         if extra:
             raise errors.BadInput(f"Key has {', '.join(map(repr, extra))}, which are not key fields of "
                                   f"{self.table!r} (key fields: {', '.join(self._key_fields)})")
-        wire = to_wire(key)
+        wire = self._canonical_numbers(to_wire(key))
         return wire, self._fields(wire)
+
+    def _canonical_numbers(self, wire: dict) -> dict:
+        """``wire`` with its number key fields in DynamoDB's text (``1.50`` -> ``1.5``): one
+        number, one item -- the key, the shard and what a write returns follow from it."""
+        for f in self._key_fields:
+            v = wire.get(f)
+            if isinstance(v, dict) and "N" in v:
+                wire[f] = {"N": number_text(Decimal(v["N"]))}
+        return wire
 
     def _identity_text(self, fields: Mapping[str, Any]) -> str:
         return "#".join(p.hex() if isinstance(p, bytes) else p for p in self.mapper.identity(fields))
@@ -801,7 +812,7 @@ class ShardedTable:
         plus ``"Attributes"`` (the old item) with ReturnValues ALL_OLD when there was one."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"put_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
-        logical = self._logical_item(Item)
+        logical = self._canonical_numbers(self._logical_item(Item))
         fields = self._fields(logical)
         condition, app_names, app_values = self._app_expressions(ConditionExpression, ExpressionAttributeNames,
                                                                  ExpressionAttributeValues)
