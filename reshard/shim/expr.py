@@ -520,3 +520,27 @@ def _operand_text(node: tuple, names: dict, values: dict) -> str:
             names[ph] = part
             out += ("." if out else "") + ph
     return out
+
+
+def updated_paths(clauses: Mapping[str, str], names: Mapping[str, str] | None) -> list[tuple] | None:
+    """The document paths the update's actions write (``m.b.c``, ``l[0]``: ``("m", "b", "c")``,
+    ``("l", 0)``) -- what DynamoDB's ``UPDATED_NEW``/``UPDATED_OLD`` return; None when a target
+    is not a path the grammar reads (DynamoDB then answers the request)."""
+    ctx = expressions.Context(dict(names or {}), {})
+    out = []
+    for keyword, body in clauses.items():
+        for action in split_top(body):
+            if keyword == "SET":
+                target = action.split("=", 1)[0]
+            elif keyword in ("ADD", "DELETE"):
+                target = action.rsplit(None, 1)[0]
+            else:
+                target = action
+            try:
+                parser = expressions.Parser(target, "UpdateExpression", ctx)
+                node = parser.path()
+                parser.done()
+            except (expressions.ExprError, IndexError):
+                return None
+            out.append(node)
+    return out

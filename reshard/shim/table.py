@@ -115,7 +115,7 @@ from reshard.core.versions import (VersionClock, fence_for, newest, not_version,
 from reshard.shim import metrics as shim_metrics
 from reshard.shim.errors import ItemTooLarge, OldValuesUnknown, ShimValidationError, client_errors
 from reshard.shim.expr import (TOMBSTONE_NAME, and_conditions, check_placeholders, check_targets, decide_key_fields,
-                               merge_update, split_clauses, tombstone_aware, touched_attributes)
+                               merge_update, split_clauses, tombstone_aware, touched_attributes, updated_paths)
 from reshard.shim.phase_cache import (DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SECONDS, PhaseCache, PhaseState,
                                       registered_migration)
 from reshard.shim.index import (IndexSource, IndexUpdate, Resolver, index_actions, index_key_condition,
@@ -893,7 +893,7 @@ class ShardedTable:
 
         ReturnValues: NONE, ALL_NEW, UPDATED_NEW, ALL_OLD, UPDATED_OLD. When a mirror is
         written, the shim needs the new item: ALL_OLD / UPDATED_OLD then cost one more
-        consistent read, and UPDATED_NEW returns whole top-level attributes.
+        consistent read, and UPDATED_NEW is cut from the whole new item to the updated paths.
         """
         rv = ReturnValues or "NONE"
         if rv not in ("NONE", "ALL_NEW", "UPDATED_NEW", "ALL_OLD", "UPDATED_OLD"):
@@ -1018,6 +1018,15 @@ class ShardedTable:
             # bookkeeping) count as "updated" for DynamoDB too.
             wanted = set(targets)
             attrs = {k: v for k, v in (attrs or {}).items() if k in wanted}
+            if rv != internal_rv or landed:
+                # The whole new item came back (the mirror needs it, or the stored item of our
+                # landed attempt): DynamoDB's answer is the updated paths only (SET m.b.c: {m: {b: {c}}}).
+                paths = updated_paths(clauses, app_names)
+                if paths is not None:
+                    try:
+                        attrs = expressions.project(attrs, paths)
+                    except expressions.ExprError:
+                        pass  # overlapping paths: DynamoDB refused the update already
         if rv in ("ALL_OLD", "UPDATED_OLD") and attrs and is_tombstone(attrs):
             attrs = None
         out = self._strip(attrs)

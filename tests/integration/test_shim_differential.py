@@ -54,7 +54,6 @@ UNFIXED = {
     "key_filter",      # case 7: a query FilterExpression on a key field is accepted
     "batch_dup",       # case 5: batch_writer() accepts two requests for one key
     "projection_names",  # case 4: get_item(ProjectionExpression=, ExpressionAttributeNames=) raises TypeError
-    "updated_nested",  # case 3: UPDATED_NEW/OLD of a nested path returns the whole attribute (key moves)
     # found by this fuzzer: an update with no ExpressionAttributeValues (REMOVE only) of a table with
     # a sharded GSI sends an empty ExpressionAttributeValues (ValidationException)
     "gsi_remove_only",
