@@ -19,7 +19,7 @@ from reshard.aws import local
 from reshard.aws.dynamo import to_wire
 from reshard.core.layout import KeyMapper
 from reshard.core.migration import parse
-from tests.integration.test_shim_differential import copy_all
+from tests.integration.test_shim_differential import _NUMBERS, copy_all
 from tests.shim_helpers import create_table, migration, shim
 
 pytestmark = pytest.mark.integration
@@ -77,28 +77,9 @@ def test_conditions_on_fields_kept_only_in_the_keys(dynalite, unique_name, phase
     assert t.get_item(Key=KEY, ConsistentRead=True)["Item"] == ITEM
 
 
-_NUMBERS = """
-id = "numbers-{table}"
-table = "{table}"
-[keys]
-partition = "PK"
-sort = "SK"
-[from]
-partition = "{{customer}}#{{shard}}"
-sort = "{{order}}"
-shards = 2
-shard_by = ["customer", "order"]
-[to]
-partition = "{{customer}}#{{shard}}"
-sort = "{{order}}"
-shards = 4
-shard_by = ["customer", "order"]
-"""
-
-
 @pytest.mark.parametrize("phase", [None, "dual_write"])
 def test_a_number_kept_only_in_a_string_key_comes_back_a_number(dynalite, unique_name, phase):
-    m = parse(_NUMBERS.format(table=unique_name))
+    m = parse(_NUMBERS.format(name=unique_name, table=unique_name))
     local.create_table(dynalite, m.table, m.keys, types={"SK": "N"})
     item = {"customer": Decimal(7), "order": Decimal("1.5"), "qty": Decimal(1)}
     key = {"customer": Decimal(7), "order": Decimal("1.5")}

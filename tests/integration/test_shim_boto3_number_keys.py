@@ -9,7 +9,7 @@ import pytest
 
 from reshard.aws import local
 from reshard.core.migration import parse
-from tests.integration.test_shim_boto3_key_only import _NUMBERS
+from tests.integration.test_shim_differential import _NUMBERS
 from tests.shim_helpers import scan, shim
 
 pytestmark = pytest.mark.integration
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("phase", [None, "dual_write", "cutover"])
 def test_numbers_with_trailing_zeros_name_one_item(dynalite, unique_name, phase):
-    m = parse(_NUMBERS.format(table=unique_name))
+    m = parse(_NUMBERS.format(name=unique_name, table=unique_name))
     local.create_table(dynalite, m.table, m.keys, types={"SK": "N"})
     t = shim(m, dynalite, phase)
     t.put_item(Item={"customer": Decimal("2.50"), "order": Decimal("1.50"), "qty": Decimal(1)})
