@@ -29,7 +29,8 @@ query.py            reads            the fan-out query over every shard of every
 scan.py             reads            the scan: every live logical item once, at its designated copy
 index.py            reads            the fan-out query of a sharded GSI (two passes, resolution)
 app_expressions.py  expressions      the app's expressions as boto3 takes them: condition objects
-                                     to text, placeholders, FilterExpression / Projection / Select
+                                     to text, placeholders, FilterExpression / Projection / Select;
+                                     conditions on key fields decided from the request's key
 expr.py             expressions      the app's expressions rewritten for the physical table:
                                      merged UpdateExpression, fence AND condition, tombstone-aware
                                      conditions
@@ -40,7 +41,7 @@ metrics.py          metrics          the shim's OpenTelemetry instruments
 ==================  ===============  ==========================================================
 
 ``ShardedTable`` is the facade class of ``table.py``; its private methods come from one mixin
-per role (``Requests``, ``Routes``, ``WriteProtocol``, ``Reads``, ``Answers``), so a reviewer
+per role (``Requests``, ``Routes``, ``WriteProtocol``, ``Reads``, ``AppExpressions``, ``Answers``), so a reviewer
 reads the write protocol in ``writes.py`` alone, and every method keeps its name on the
 instance (tests and the model patch them there).
 """

@@ -6,7 +6,10 @@
   :func:`expression_text`);
 * placeholders ``#rs_*`` / ``:rs_*`` are reserved for the shim (``expr.check_placeholders``);
 * what a read returns of an evaluated logical item -- ``FilterExpression``,
-  ``ProjectionExpression``, ``Select`` -- is one function (:func:`read_post`).
+  ``ProjectionExpression``, ``Select`` -- is one function (:func:`read_post`);
+* a condition's parts over key fields (which the stored item may lack) and over values
+  alone are decided from the request's key (:meth:`AppExpressions._decided`, with
+  ``expr.decide_key_fields``).
 
 How the shim rewrites the app's expressions for the physical table (the tombstone-aware
 condition, the merged UpdateExpression) is ``expr.py``; what a request answers is
@@ -22,7 +25,7 @@ from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 from reshard import errors
 from reshard.aws.dynamo import from_wire, to_wire
 from reshard.core import expressions
-from reshard.shim.expr import check_placeholders
+from reshard.shim.expr import check_placeholders, decide_key_fields
 
 
 def merge_placeholders(into: dict, built: Mapping[str, Any], what: str) -> None:
@@ -100,3 +103,16 @@ def read_post(filt: str | None, projection: str | None, select: str | None,
             return None
         return from_wire(expressions.project(wire, paths)) if paths is not None else item
     return post
+
+
+class AppExpressions:
+    """The app's conditions decided where the shim knows more than DynamoDB would: a mixin of
+    :class:`~reshard.shim.table.ShardedTable` (which sets ``_key_fields`` and ``mapper``)."""
+
+    def _decided(self, condition: str | None, names: dict, values: dict, key_wire: Mapping[str, Any],
+                 elsewhere: str | None = None) -> tuple[str | None, dict, dict]:
+        """The app's condition with its parts over key fields (maybe kept only inside the
+        physical keys: not stored on the item) decided from the request's key
+        (``expr.decide_key_fields``): DynamoDB would find such a field missing."""
+        key = {f: key_wire[f] for f in self._key_fields if f in key_wire}
+        return decide_key_fields(condition, names, values, key, self.mapper.keys.partition, elsewhere or "")

@@ -41,7 +41,7 @@ class Reads:
     """The reads of :class:`~reshard.shim.table.ShardedTable`."""
 
     # ------------------------------------------------------------------ single items
-    def _read_item(self, fields: dict, ConsistentRead: bool) -> dict:
+    def _read_item(self, key_wire: dict, fields: dict, ConsistentRead: bool) -> dict:
         """``get_item``'s read: every copy the phase reads in one request, the newest returned."""
         st = self._begin()
         try:
@@ -59,11 +59,11 @@ class Reads:
                     layout = next(l for kk, l in keys if kk == k)
         finally:
             self._end(st)
-        out = self._to_app(item, layout)
+        out = self._with_key(self._to_app(item, layout), key_wire)
         meta = _metadata(resp)
         return {"Item": out, **meta} if out is not None else meta
 
-    def _read_batch(self, fields_of: list[dict], ConsistentRead: bool,
+    def _read_batch(self, parsed: list[tuple[dict, dict]], fields_of: list[dict], ConsistentRead: bool,
                     post: Callable[[dict], dict | None] | None) -> dict:
         """``batch_get_item``'s read: the newest copy of each key (``_newest_copies``)."""
         meta: dict = {}
@@ -73,8 +73,8 @@ class Reads:
         finally:
             self._end(st)
         out = []
-        for winner in winners:
-            app = self._to_app(*winner) if winner is not None else None
+        for winner, (key_wire, _) in zip(winners, parsed):
+            app = self._with_key(self._to_app(*winner), key_wire) if winner is not None else None
             if app is not None:
                 out.append(post(app) if post is not None else app)
         return {"Items": out, "UnprocessedKeys": {}, **_metadata(meta)}

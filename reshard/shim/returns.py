@@ -2,8 +2,11 @@
 
 * :meth:`Answers._response`: a put's or delete's ``{"Attributes"?, "ResponseMetadata"}``
   (the old item as the application knows it, ``ALL_OLD``);
+* :meth:`Answers._with_key`: every returned item carries the request's key fields as the
+  app typed them (a field kept only inside a key template may not be stored);
 * :meth:`Answers._update_answer`: an update's, for each ``ReturnValues`` -- ``UPDATED_*``
-  keep the attributes the app's actions touched; an old tombstone is no old item;
+  keep the paths the app's actions wrote (also when the whole new item came back for the
+  mirror); an old tombstone is no old item;
   bookkeeping attributes and physical key attributes never reach the application
   (:meth:`Answers._strip`);
 * :func:`_metadata`: the ``ResponseMetadata`` of the request that decided the answer.
@@ -18,8 +21,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from reshard.aws.dynamo import from_wire
+from reshard.core import expressions
 from reshard.core.layout import Layout, is_tombstone
 from reshard.core.migration import RESERVED_PREFIX
+from reshard.shim.expr import updated_paths
 from reshard.shim.requests import _hidden
 
 
@@ -32,9 +37,10 @@ def _metadata(resp: Mapping[str, Any]) -> dict:
 class Answers:
     """The answers of :class:`~reshard.shim.table.ShardedTable`'s writes."""
 
-    def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any]) -> dict:
+    def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any],
+                  key_wire: Mapping[str, Any]) -> dict:
         """A write's answer in boto3's shape: ``{"Attributes"?, "ResponseMetadata"}``."""
-        out = self._to_app(old, layout) if old else None
+        out = self._with_key(self._to_app(old, layout) if old else None, key_wire)
         meta = _metadata(resp)
         return {"Attributes": out, **meta} if out else meta
 
@@ -45,10 +51,19 @@ class Answers:
         return from_wire({k: v for k, v in attrs.items()
                           if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)})
 
+    def _with_key(self, out: dict | None, key_wire: Mapping[str, Any]) -> dict | None:
+        """A returned item with the request's key fields as the app typed them: a field kept
+        only inside a string key template parses back as a string (and may not be stored)."""
+        if out is not None:
+            out.update(from_wire({f: key_wire[f] for f in self._key_fields if f in key_wire}))
+        return out
+
     def _update_answer(self, rv: str, resp: Mapping[str, Any], attrs: Mapping[str, Any] | None,
-                       targets: list[str]) -> dict:
+                       targets: list[str], internal_rv: str, landed: bool, clauses: Mapping[str, str],
+                       app_names: Mapping[str, str], key_wire: Mapping[str, Any]) -> dict:
         """``update_item``'s answer for ``ReturnValues`` ``rv`` from what DynamoDB returned (``attrs``,
-        of the authoritative write ``resp``; ``targets``: the attributes the app's actions touch)."""
+        of the authoritative write ``resp``, asked as ``internal_rv``, or the stored item of our
+        ``landed`` attempt; ``targets``: the attributes the app's actions touch)."""
         meta = _metadata(resp)
         if rv == "NONE":
             return meta
@@ -57,7 +72,18 @@ class Answers:
             # bookkeeping) count as "updated" for DynamoDB too.
             wanted = set(targets)
             attrs = {k: v for k, v in (attrs or {}).items() if k in wanted}
+            if rv != internal_rv or landed:
+                # The whole new item came back (the mirror needs it, or the stored item of our
+                # landed attempt): DynamoDB's answer is the updated paths only (SET m.b.c: {m: {b: {c}}}).
+                paths = updated_paths(clauses, app_names)
+                if paths is not None:
+                    try:
+                        attrs = expressions.project(attrs, paths)
+                    except expressions.ExprError:
+                        pass  # overlapping paths: DynamoDB refused the update already
         if rv in ("ALL_OLD", "UPDATED_OLD") and attrs and is_tombstone(attrs):
             attrs = None
         out = self._strip(attrs)
+        if rv in ("ALL_OLD", "ALL_NEW"):
+            out = self._with_key(out, key_wire)
         return {"Attributes": out, **meta} if out else meta

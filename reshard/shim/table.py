@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from typing import Any, Callable, Mapping, Sequence
 
 from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
@@ -39,11 +40,11 @@ from reshard import errors
 from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, to_wire
 from reshard.core import expressions
 from reshard.core.index import IndexMapper
-from reshard.core.layout import KeyMapper
+from reshard.core.layout import KeyMapper, number_text
 from reshard.core.migration import RESERVED_PREFIX, Migration, load
 from reshard.core.phases import Phase
 from reshard.core.versions import VersionClock
-from reshard.shim.app_expressions import app_expressions, expression_text, read_post
+from reshard.shim.app_expressions import AppExpressions, app_expressions, expression_text, read_post
 from reshard.shim.errors import ShimValidationError, client_errors
 from reshard.shim.expr import check_placeholders, check_targets, split_clauses, touched_attributes
 from reshard.shim.index import IndexSource, index_key_condition
@@ -109,7 +110,7 @@ def with_capacity(fn):
     return method
 
 
-class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
+class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answers):
     """A DynamoDB table under (or after, or before) a reshard migration, seen logically.
 
     One instance serves many threads. Use :meth:`from_file` or
@@ -251,8 +252,17 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         if extra:
             raise errors.BadInput(f"Key has {', '.join(map(repr, extra))}, which are not key fields of "
                                   f"{self.table!r} (key fields: {', '.join(self._key_fields)})")
-        wire = to_wire(key)
+        wire = self._canonical_numbers(to_wire(key))
         return wire, self._fields(wire)
+
+    def _canonical_numbers(self, wire: dict) -> dict:
+        """``wire`` with its number key fields in DynamoDB's text (``1.50`` -> ``1.5``): one
+        number, one item -- the key, the shard and what a write returns follow from it."""
+        for f in self._key_fields:
+            v = wire.get(f)
+            if isinstance(v, dict) and "N" in v:
+                wire[f] = {"N": number_text(Decimal(v["N"]))}
+        return wire
 
     # ------------------------------------------------------------------ API: writes
     @client_errors("PutItem")
@@ -265,10 +275,11 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         plus ``"Attributes"`` (the old item) with ReturnValues ALL_OLD when there was one."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"put_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
-        logical = self._logical_item(Item)
+        logical = self._canonical_numbers(self._logical_item(Item))
         fields = self._fields(logical)
         condition, app_names, app_values = app_expressions(ConditionExpression, ExpressionAttributeNames,
                                                            ExpressionAttributeValues)
+        condition, app_names, app_values = self._decided(condition, app_names, app_values, logical)
         return self._write_put(logical, fields, condition, app_names, app_values, ReturnValues)
 
     @client_errors("DeleteItem")
@@ -284,6 +295,8 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
+        ConditionExpression, app_names, app_values = self._decided(ConditionExpression, app_names, app_values,
+                                                                   key_wire)
         want_old = ReturnValues == "ALL_OLD"
         return self._write_delete(key_wire, fields, ConditionExpression, app_names, app_values, want_old)
 
@@ -298,7 +311,7 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
 
         ReturnValues: NONE, ALL_NEW, UPDATED_NEW, ALL_OLD, UPDATED_OLD. When a mirror is
         written, the shim needs the new item: ALL_OLD / UPDATED_OLD then cost one more
-        consistent read, and UPDATED_NEW returns whole top-level attributes.
+        consistent read, and UPDATED_NEW is cut from the whole new item to the updated paths.
         """
         rv = ReturnValues or "NONE"
         if rv not in ("NONE", "ALL_NEW", "UPDATED_NEW", "ALL_OLD", "UPDATED_OLD"):
@@ -306,6 +319,8 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
+        ConditionExpression, app_names, app_values = self._decided(ConditionExpression, app_names, app_values,
+                                                                   key_wire, UpdateExpression)
         clauses = split_clauses(UpdateExpression) if UpdateExpression and UpdateExpression.strip() else {}
         targets = touched_attributes(clauses, app_names)
         check_targets(targets, self._frozen_attrs, "a key field or key attribute: an item's identity cannot "
@@ -320,8 +335,8 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         """The logical item as boto3's ``Table.get_item`` answers: ``{"Item": {...},
         "ResponseMetadata": ...}``, or no ``"Item"`` when absent. Both layouts in one
         BatchGetItem where the phase reads both."""
-        _, fields = self._key(Key)
-        return self._read_item(fields, ConsistentRead)
+        key_wire, fields = self._key(Key)
+        return self._read_item(key_wire, fields, ConsistentRead)
 
     @client_errors("Query")
     @with_capacity
@@ -449,8 +464,9 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, Answers):
         names = dict(ExpressionAttributeNames or {})
         check_placeholders(names, None)
         post = read_post(None, ProjectionExpression, None, expressions.Context(names, {}))
-        fields_of = [self._key(k)[1] for k in Keys]
-        return self._read_batch(fields_of, ConsistentRead, post)
+        parsed = [self._key(k) for k in Keys]
+        fields_of = [fields for _, fields in parsed]
+        return self._read_batch(parsed, fields_of, ConsistentRead, post)
 
     @property
     def meta(self) -> "TableMeta":

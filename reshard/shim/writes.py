@@ -31,8 +31,9 @@ Tombstones and the application's conditions
     computed from its text (every path is missing there), so the server decides with
     ``attribute_exists(_rs_del) OR (cond)`` (constant true) or
     ``attribute_not_exists(_rs_del) AND (cond)`` (constant false) -- no extra request.
-    A condition whose value on an absent item depends on values alone (``:a = :b``) is
-    sent unchanged. Every update, in every phase, removes ``_rs_del``: a leftover
+    Parts over values alone (``:a = :b``) and over key fields are decided first from the
+    request (``expr.decide_key_fields``, ``app_expressions.AppExpressions._decided``), so the
+    constant is always known for those. Every update, in every phase, removes ``_rs_del``: a leftover
     tombstone never hides an acknowledged update.
 
 Late writes (docs/late-writes.md)
@@ -117,7 +118,7 @@ class WriteProtocol:
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
-                              self.mapper.layout(st.routing.writes[0]), resp)
+                              self.mapper.layout(st.routing.writes[0]), resp, logical)
 
     def _write_delete(self, key_wire: dict, fields: dict, ConditionExpression: str | None, app_names: dict,
                       app_values: dict, want_old: bool) -> dict:
@@ -149,7 +150,7 @@ class WriteProtocol:
                     resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
                     if i == 0:
                         old, first = resp.get("Attributes"), resp
-                return self._response(old, self.mapper.layout(st.routing.writes[0]), first)
+                return self._response(old, self.mapper.layout(st.routing.writes[0]), first, key_wire)
             # Tombstone: key fields let the backfill re-key it; the version orders it.
             marker_base = {f: key_wire[f] for f in self._key_fields}
             resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
@@ -157,7 +158,7 @@ class WriteProtocol:
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
-                              self.mapper.layout(st.routing.writes[0]), resp)
+                              self.mapper.layout(st.routing.writes[0]), resp, key_wire)
 
     def _write_update(self, rv: str, key_wire: dict, fields: dict, UpdateExpression: str | None,
                       ConditionExpression: str | None, app_names: dict, app_values: dict,
@@ -268,7 +269,7 @@ class WriteProtocol:
                 raise OldValuesUnknown("UpdateItem")  # after the mirror: the write is complete
         finally:
             self._end(st)
-        return self._update_answer(rv, resp, attrs, targets)
+        return self._update_answer(rv, resp, attrs, targets, internal_rv, landed, clauses, app_names, key_wire)
 
     def _write_batch(self, ops: list[tuple[str, Mapping[str, Any]]]) -> None:
         """A ``batch_writer()`` flush: one BatchWriteItem where the phase writes one unfenced

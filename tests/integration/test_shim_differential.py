@@ -54,12 +54,6 @@ UNFIXED = {
     "key_filter",      # case 7: a query FilterExpression on a key field is accepted
     "batch_dup",       # case 5: batch_writer() accepts two requests for one key
     "projection_names",  # case 4: get_item(ProjectionExpression=, ExpressionAttributeNames=) raises TypeError
-    "number_keys",     # case 2: Decimal("1.50") and Decimal("1.5") name two items
-    # case 1: a field kept only inside the keys (never stored by the app's own writes) is absent to
-    # conditions, missing from ReturnValues, and comes back as a string when it is a number.
-    "key_only",
-    "tombstone_values",  # case 6: after a delete, create-only AND a values-only conjunct is refused
-    "updated_nested",  # case 3: UPDATED_NEW/OLD of a nested path returns the whole attribute (key moves)
     # found by this fuzzer: an update with no ExpressionAttributeValues (REMOVE only) of a table with
     # a sharded GSI sends an empty ExpressionAttributeValues (ValidationException)
     "gsi_remove_only",
@@ -247,7 +241,11 @@ LAYOUTS = {
                       NUMS[:5] if "number_keys" not in UNFIXED else (Decimal("1.5"), Decimal("2")),
                       NUMS if "number_keys" not in UNFIXED else (Decimal("1.5"), Decimal("2"), Decimal("-3"),
                                                                  Decimal("100")), phys_types=("S", "N"),
-                      raw_drop=("customer", "order")),
+                      # Not "customer": a number inside a string template ("{customer}#{shard}") that the
+                      # item does not store reads back from query/scan as a string -- the migration does
+                      # not say the field is a number (docs/shim.md, differences). Writes' ReturnValues,
+                      # get_item and batch_get type it from the request's key.
+                      raw_drop=("order",)),
     "binary": Layout("binary", _BINARY, "customer", "S", "order", "B", ("c-1", "c-2"),
                      (Binary(b"\x00a"), Binary(b"\x00b"), Binary(b"a\xff")), phys_types=("S", "B"),
                      raw_drop=("order",)),
