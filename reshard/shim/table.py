@@ -937,7 +937,8 @@ class ShardedTable:
                     vals = {**app_values, **our_values, **added[1], **values}
                     if version:
                         vals[":rs_nv"] = {"S": version}
-                    kwargs["ExpressionAttributeValues"] = vals
+                    if vals:  # DynamoDB refuses an empty map (a REMOVE-only update may have no values)
+                        kwargs["ExpressionAttributeValues"] = vals
                     if condition:
                         kwargs["ConditionExpression"] = condition
                     if internal_rv != "NONE":

@@ -60,9 +60,6 @@ UNFIXED = {
     "key_only",
     "tombstone_values",  # case 6: after a delete, create-only AND a values-only conjunct is refused
     "updated_nested",  # case 3: UPDATED_NEW/OLD of a nested path returns the whole attribute (key moves)
-    # found by this fuzzer: an update with no ExpressionAttributeValues (REMOVE only) of a table with
-    # a sharded GSI sends an empty ExpressionAttributeValues (ValidationException)
-    "gsi_remove_only",
     # found by this fuzzer: a query with a FilterExpression and a ProjectionExpression that leaves
     # the filter's attributes out returns no item (random-suffix layout)
     "query_projection",
