@@ -1551,6 +1551,18 @@ class BatchWriter:
         if not ops:
             return
         t = self._t
+        # DynamoDB refuses a BatchWriteItem (boto3 sends one per flush) naming one key twice, and
+        # writes none of it: so does the shim, whichever way it sends the batch (the fenced phases'
+        # single writes would otherwise apply both, in order). The logical key decides: the app's.
+        seen: set = set()
+        for kind, body in ops:
+            fields = t._fields(t._logical_item(body)) if kind == "put" else t._key(body)[1]
+            ident = t.mapper.identity(fields)
+            if ident in seen:
+                raise errors.BadInput("Provided list of item keys contains duplicates (two requests for one key in "
+                                      "one batch; batch_writer(overwrite_by_pkeys=[...the key fields]) keeps the "
+                                      "last, as boto3's)")
+            seen.add(ident)
         st = t._begin()
         try:
             layout = t.mapper.layout(st.routing.writes[0])
@@ -1558,9 +1570,8 @@ class BatchWriter:
                          and not st.routing.catch_up)
             if batchable:
                 # BatchWriteItem takes no conditions: fine here, as these phases fence
-                # nothing and need no lookup. It also rejects two requests for one key,
-                # so the app's last op on a key is the one sent.
-                requests: dict[str, dict] = {}  # physical key -> request; the last op on a key wins
+                # nothing and need no lookup. (One request per key: duplicates were refused above.)
+                requests: dict[str, dict] = {}  # physical key -> request
                 for kind, body in ops:
                     if kind == "put":
                         logical = t._logical_item(body)

@@ -52,7 +52,6 @@ pytestmark = pytest.mark.integration
 UNFIXED = {
     "rvoccf",          # case 4: ReturnValuesOnConditionCheckFailure raises TypeError
     "key_filter",      # case 7: a query FilterExpression on a key field is accepted
-    "batch_dup",       # case 5: batch_writer() accepts two requests for one key
     "projection_names",  # case 4: get_item(ProjectionExpression=, ExpressionAttributeNames=) raises TypeError
     "number_keys",     # case 2: Decimal("1.50") and Decimal("1.5") name two items
     # case 1: a field kept only inside the keys (never stored by the app's own writes) is absent to
