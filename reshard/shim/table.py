@@ -1148,6 +1148,19 @@ class ShardedTable:
         if kce is not None and SortKeyCondition is not None:
             raise errors.BadInput("query: give KeyConditionExpression or SortKeyCondition, not both")
         node = expressions.parse_condition(kce, ctx, "KeyConditionExpression") if kce is not None else None
+        if filt:
+            # DynamoDB refuses a query's filter on the table's key attributes. The app's table is
+            # the logical one: its key is the fields the key templates are made of (a derived
+            # field stands for its source), not PK/SK and not a shard_by-only field such as
+            # event_id, which the logical item stores as any attribute.
+            logical_key = {layout.derived[f].source if f in layout.derived else f
+                           for layout in (self.mapper.old, self.mapper.new) for f in layout.template_fields}
+            named = [p[0] for p in expressions.paths_of(expressions.parse_condition(filt, ctx, "FilterExpression"))
+                     if p[0] in logical_key]
+            if named:
+                raise errors.BadInput(f"Filter Expression can only contain non-primary key attributes: Primary key "
+                                      f"attribute: {named[0]} (conditions on key fields belong in "
+                                      "KeyConditionExpression)")
         post = self._post(filt, ProjectionExpression, Select, ctx)
         st = self._begin()
         try:

@@ -51,7 +51,6 @@ pytestmark = pytest.mark.integration
 #: fuzzer looks past them. Each is removed with its fix; the list must end empty.
 UNFIXED = {
     "rvoccf",          # case 4: ReturnValuesOnConditionCheckFailure raises TypeError
-    "key_filter",      # case 7: a query FilterExpression on a key field is accepted
     "projection_names",  # case 4: get_item(ProjectionExpression=, ExpressionAttributeNames=) raises TypeError
     "number_keys",     # case 2: Decimal("1.50") and Decimal("1.5") name two items
     # case 1: a field kept only inside the keys (never stored by the app's own writes) is absent to
