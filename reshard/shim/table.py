@@ -487,7 +487,7 @@ class ShardedTable:
 
     # ------------------------------------------------------------------ low-level writes
     def _put(self, item: dict, condition: str | None, names: dict | None, values: dict | None,
-             return_old: bool = False, mirror: bool = False) -> dict:
+             return_old: bool = False, mirror: bool = False, old_on_failure: bool = False) -> dict:
         """One PutItem; the caller's condition is the whole contract (see the write paths).
 
         An authoritative write checks our liveness window before every attempt (a retry
@@ -499,12 +499,14 @@ class ShardedTable:
         kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
+        if old_on_failure:
+            kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return self._call("put_item", guard=None if mirror else self._phases.check_live,
                           TableName=self.table, Item=item, **kwargs)
 
     def _put_through(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
                      app_condition: str | None, app_names: dict, app_values: dict, *, return_old: bool,
-                     tombstone: bool = False) -> dict:
+                     tombstone: bool = False, old_on_failure: bool = False) -> dict:
         """Put ``base`` (a logical item, or a tombstone's key fields) on the authoritative
         key under the app's condition and the fence, then mirror the item it stored.
 
@@ -529,7 +531,7 @@ class ShardedTable:
                 item[TOMBSTONE_ATTR] = {"BOOL": True}
             built["item"] = item
             return self._put(item, condition, {**app_names, **names} or None, {**app_values, **values} or None,
-                             return_old=return_old)
+                             return_old=return_old, old_on_failure=old_on_failure and bool(app_condition))
 
         _, resp = self._authoritative(st, key, app_condition, attempt)
         self._mirror_to(targets[1:], built["item"])
@@ -775,17 +777,50 @@ class ShardedTable:
         return from_wire({k: v for k, v in attrs.items()
                           if not k.startswith(RESERVED_PREFIX) and (k not in self._key_attrs or k in self._kept)})
 
+    @staticmethod
+    def _on_failure(value: str | None) -> bool:
+        """Whether ``ReturnValuesOnConditionCheckFailure`` asks for the item (DynamoDB's values only)."""
+        if value not in (None, "NONE", "ALL_OLD"):
+            raise errors.BadInput(f"1 validation error detected: Value {value!r} at "
+                                  "'returnValuesOnConditionCheckFailure' failed to satisfy constraint: Member must "
+                                  "satisfy enum value set: [ALL_OLD, NONE]")
+        return value == "ALL_OLD"
+
+    def _failed_item(self, e: errors.ConditionalCheckFailed, key: dict, layout: Layout) -> None:
+        """``e.response["Item"]``: the logical item the app's condition failed on (none if absent or
+        a tombstone), in the wire form boto3's Table leaves it there (its resource layer does not
+        deserialize error responses).
+
+        The authoritative request asked DynamoDB for it (the item as the condition saw it, no
+        extra read). A response without it -- the item was absent, or a server without
+        ReturnValuesOnConditionCheckFailure (dynalite) -- is answered by one consistent read.
+        """
+        response = getattr(e, "response", None)
+        if not isinstance(response, dict):
+            return
+        stored = response.get("Item")
+        if stored is None:
+            stored = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+        app = self._to_app(stored, layout) if stored else None
+        if app is None:
+            response.pop("Item", None)
+        else:
+            response["Item"] = to_wire(app)
+
     # ------------------------------------------------------------------ API: writes
     @client_errors("PutItem")
     @with_capacity
     def put_item(self, Item: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                  ExpressionAttributeNames: Mapping[str, str] | None = None,
                  ExpressionAttributeValues: Mapping[str, Any] | None = None,
-                 ReturnValues: str | None = None) -> dict:
+                 ReturnValues: str | None = None, ReturnValuesOnConditionCheckFailure: str | None = None) -> dict:
         """Write a logical item, as boto3's ``Table.put_item``: ``{"ResponseMetadata": ...}``,
-        plus ``"Attributes"`` (the old item) with ReturnValues ALL_OLD when there was one."""
+        plus ``"Attributes"`` (the old item) with ReturnValues ALL_OLD when there was one.
+        ``ReturnValuesOnConditionCheckFailure="ALL_OLD"``: a failed condition's error carries the
+        logical item in ``e.response["Item"]``, as boto3's."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"put_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
+        on_failure = self._on_failure(ReturnValuesOnConditionCheckFailure)
         logical = self._logical_item(Item)
         fields = self._fields(logical)
         condition, app_names, app_values = self._app_expressions(ConditionExpression, ExpressionAttributeNames,
@@ -795,8 +830,13 @@ class ShardedTable:
             logical = self._with_index_values(st, logical, fields)
             targets = self._write_keys(st, fields)
             self._catch_up(st, fields, targets)
-            resp = self._put_through(st, targets, logical, condition, app_names, app_values,
-                                     return_old=ReturnValues == "ALL_OLD")
+            try:
+                resp = self._put_through(st, targets, logical, condition, app_names, app_values,
+                                         return_old=ReturnValues == "ALL_OLD", old_on_failure=on_failure)
+            except errors.ConditionalCheckFailed as e:
+                if on_failure and condition:
+                    self._failed_item(e, targets[0][0], self.mapper.layout(st.routing.writes[0]))
+                raise
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
@@ -807,11 +847,13 @@ class ShardedTable:
     def delete_item(self, Key: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
-                    ReturnValues: str | None = None) -> dict:
+                    ReturnValues: str | None = None, ReturnValuesOnConditionCheckFailure: str | None = None) -> dict:
         """Delete a logical item (a tombstone in fenced phases), as boto3's ``Table.delete_item``.
-        ReturnValues: NONE or ALL_OLD (``"Attributes"``: the deleted item, when there was one)."""
+        ReturnValues: NONE or ALL_OLD (``"Attributes"``: the deleted item, when there was one);
+        ReturnValuesOnConditionCheckFailure as ``put_item``'s."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"delete_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
+        on_failure = self._on_failure(ReturnValuesOnConditionCheckFailure)
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = self._app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
@@ -840,14 +882,26 @@ class ShardedTable:
                             kwargs["ExpressionAttributeValues"] = app_values
                     if want_old and i == 0:
                         kwargs["ReturnValues"] = "ALL_OLD"
-                    resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
+                    if on_failure and condition and i == 0:
+                        kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+                    try:
+                        resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
+                    except errors.ConditionalCheckFailed as e:
+                        if on_failure:
+                            self._failed_item(e, key, self.mapper.layout(st.routing.writes[0]))
+                        raise
                     if i == 0:
                         old, first = resp.get("Attributes"), resp
                 return self._response(old, self.mapper.layout(st.routing.writes[0]), first)
             # Tombstone: key fields let the backfill re-key it; the version orders it.
             marker_base = {f: key_wire[f] for f in self._key_fields}
-            resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
-                                     return_old=want_old, tombstone=True)
+            try:
+                resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
+                                         return_old=want_old, tombstone=True, old_on_failure=on_failure)
+            except errors.ConditionalCheckFailed as e:
+                if on_failure and ConditionExpression:
+                    self._failed_item(e, targets[0][0], self.mapper.layout(st.routing.writes[0]))
+                raise
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
@@ -859,7 +913,7 @@ class ShardedTable:
                     ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
-                    ReturnValues: str | None = None) -> dict:
+                    ReturnValues: str | None = None, ReturnValuesOnConditionCheckFailure: str | None = None) -> dict:
         """DynamoDB's UpdateItem on the authoritative copy; the full result is mirrored, fenced.
 
         ReturnValues: NONE, ALL_NEW, UPDATED_NEW, ALL_OLD, UPDATED_OLD. When a mirror is
@@ -869,6 +923,7 @@ class ShardedTable:
         rv = ReturnValues or "NONE"
         if rv not in ("NONE", "ALL_NEW", "UPDATED_NEW", "ALL_OLD", "UPDATED_OLD"):
             raise errors.BadInput(f"update_item ReturnValues {ReturnValues!r} is not one of DynamoDB's")
+        on_failure = self._on_failure(ReturnValuesOnConditionCheckFailure)
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = self._app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
@@ -943,16 +998,20 @@ class ShardedTable:
                         kwargs["ConditionExpression"] = condition
                     if internal_rv != "NONE":
                         kwargs["ReturnValues"] = internal_rv
+                    if on_failure and app_condition:
+                        kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
                     return self._call("update_item", guard=self._phases.check_live, **kwargs)
 
                 try:
                     _, resp = self._authoritative(st, keys[0], condition, attempt, update=True)
                     break
-                except errors.ConditionalCheckFailed:
+                except errors.ConditionalCheckFailed as e:
                     # Ours or the app's condition: without an app condition it was ours; with
                     # one, ours failed only if a field read has changed since.
                     if plan is None or not plan.reads or (
                             app_condition and not read_changed(plan, read, self._read_for_index(keys[0], plan))):
+                        if on_failure and app_condition:
+                            self._failed_item(e, keys[0], self.mapper.layout(st.routing.writes[0]))
                         raise
             else:
                 raise errors.AWSError("write", "ReshardVersionConflict",
