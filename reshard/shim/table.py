@@ -1140,10 +1140,20 @@ class ShardedTable:
     # ------------------------------------------------------------------ API: reads
     @client_errors("GetItem")
     @with_capacity
-    def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False) -> dict:
+    def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False, ProjectionExpression: str | None = None,
+                 ExpressionAttributeNames: Mapping[str, str] | None = None) -> dict:
         """The logical item as boto3's ``Table.get_item`` answers: ``{"Item": {...},
         "ResponseMetadata": ...}``, or no ``"Item"`` when absent. Both layouts in one
-        BatchGetItem where the phase reads both."""
+        BatchGetItem where the phase reads both. ``ProjectionExpression`` is applied by the shim
+        to the logical item (the newest copy needs the version, a key-only field the keys)."""
+        names = dict(ExpressionAttributeNames or {})
+        check_placeholders(names, None)
+        ctx = expressions.Context(names, {})
+        if ProjectionExpression is not None:
+            paths = expressions.parse_projection(ProjectionExpression, ctx)
+        elif names:
+            raise errors.BadInput("ExpressionAttributeNames can only be specified when using expressions")
+        ctx.check_unused()  # DynamoDB refuses a name the projection does not use
         _, fields = self._key(Key)
         st = self._begin()
         try:
@@ -1162,6 +1172,8 @@ class ShardedTable:
         finally:
             self._end(st)
         out = self._to_app(item, layout)
+        if out is not None and ProjectionExpression is not None:
+            out = from_wire(expressions.project(to_wire(out), paths))  # {} when none of the paths is there
         meta = _metadata(resp)
         return {"Item": out, **meta} if out is not None else meta
 

@@ -54,7 +54,6 @@ UNFIXED = {
     # case 1: a field kept only inside the keys (never stored by the app's own writes) is absent to
     # conditions, missing from ReturnValues, and comes back as a string when it is a number.
     "key_only",
-    "projection_names",  # case 4: get_item(ProjectionExpression=, ExpressionAttributeNames=) raises TypeError
     "tombstone_values",  # case 6: after a delete, create-only AND a values-only conjunct is refused
     "updated_nested",  # case 3: UPDATED_NEW/OLD of a nested path returns the whole attribute (key moves)
     # found by this fuzzer: a query with a FilterExpression and a ProjectionExpression that leaves
