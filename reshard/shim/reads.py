@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 from reshard import errors
-from reshard.aws.dynamo import from_wire
+from reshard.aws.dynamo import from_wire, to_wire
+from reshard.core import expressions
 from reshard.core.index import IndexMapper
 from reshard.core.layout import Layout, is_tombstone, to_av
 from reshard.core.versions import newest
@@ -41,7 +42,7 @@ class Reads:
     """The reads of :class:`~reshard.shim.table.ShardedTable`."""
 
     # ------------------------------------------------------------------ single items
-    def _read_item(self, key_wire: dict, fields: dict, ConsistentRead: bool) -> dict:
+    def _read_item(self, key_wire: dict, fields: dict, ConsistentRead: bool, paths: list | None = None) -> dict:
         """``get_item``'s read: every copy the phase reads in one request, the newest returned."""
         st = self._begin()
         try:
@@ -60,6 +61,8 @@ class Reads:
         finally:
             self._end(st)
         out = self._with_key(self._to_app(item, layout), key_wire)
+        if out is not None and paths is not None:  # the app's ProjectionExpression
+            out = from_wire(expressions.project(to_wire(out), paths))  # {} when none of the paths is there
         meta = _metadata(resp)
         return {"Item": out, **meta} if out is not None else meta
 

@@ -9,6 +9,8 @@
   mirror); an old tombstone is no old item;
   bookkeeping attributes and physical key attributes never reach the application
   (:meth:`Answers._strip`);
+* :meth:`Answers._failed_item`: ``ReturnValuesOnConditionCheckFailure`` -- the logical item a
+  failed condition saw, in ``e.response["Item"]``;
 * :func:`_metadata`: the ``ResponseMetadata`` of the request that decided the answer.
 
 Which ``ReturnValues`` the shim itself asks DynamoDB for (``ALL_NEW`` when a mirror needs the
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from reshard.aws.dynamo import from_wire
+from reshard import errors
+from reshard.aws.dynamo import from_wire, to_wire
 from reshard.core import expressions
 from reshard.core.layout import Layout, is_tombstone
 from reshard.core.migration import RESERVED_PREFIX
@@ -57,6 +60,27 @@ class Answers:
         if out is not None:
             out.update(from_wire({f: key_wire[f] for f in self._key_fields if f in key_wire}))
         return out
+
+    def _failed_item(self, e: errors.ConditionalCheckFailed, key: dict, layout: Layout) -> None:
+        """``e.response["Item"]``: the logical item the app's condition failed on (none if absent or
+        a tombstone), in the wire form boto3's Table leaves it there (its resource layer does not
+        deserialize error responses).
+
+        The authoritative request asked DynamoDB for it (the item as the condition saw it, no
+        extra read). A response without it -- the item was absent, or a server without
+        ReturnValuesOnConditionCheckFailure (dynalite) -- is answered by one consistent read.
+        """
+        response = getattr(e, "response", None)
+        if not isinstance(response, dict):
+            return
+        stored = response.get("Item")
+        if stored is None:
+            stored = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+        app = self._to_app(stored, layout) if stored else None
+        if app is None:
+            response.pop("Item", None)
+        else:
+            response["Item"] = to_wire(app)
 
     def _update_answer(self, rv: str, resp: Mapping[str, Any], attrs: Mapping[str, Any] | None,
                        targets: list[str], internal_rv: str, landed: bool, clauses: Mapping[str, str],

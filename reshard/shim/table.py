@@ -264,41 +264,55 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
                 wire[f] = {"N": number_text(Decimal(v["N"]))}
         return wire
 
+    @staticmethod
+    def _on_failure(value: str | None) -> bool:
+        """Whether ``ReturnValuesOnConditionCheckFailure`` asks for the item (DynamoDB's values only)."""
+        if value not in (None, "NONE", "ALL_OLD"):
+            raise errors.BadInput(f"1 validation error detected: Value {value!r} at "
+                                  "'returnValuesOnConditionCheckFailure' failed to satisfy constraint: Member must "
+                                  "satisfy enum value set: [ALL_OLD, NONE]")
+        return value == "ALL_OLD"
+
     # ------------------------------------------------------------------ API: writes
     @client_errors("PutItem")
     @with_capacity
     def put_item(self, Item: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                  ExpressionAttributeNames: Mapping[str, str] | None = None,
                  ExpressionAttributeValues: Mapping[str, Any] | None = None,
-                 ReturnValues: str | None = None) -> dict:
+                 ReturnValues: str | None = None, ReturnValuesOnConditionCheckFailure: str | None = None) -> dict:
         """Write a logical item, as boto3's ``Table.put_item``: ``{"ResponseMetadata": ...}``,
-        plus ``"Attributes"`` (the old item) with ReturnValues ALL_OLD when there was one."""
+        plus ``"Attributes"`` (the old item) with ReturnValues ALL_OLD when there was one.
+        ``ReturnValuesOnConditionCheckFailure="ALL_OLD"``: a failed condition's error carries the
+        logical item in ``e.response["Item"]``, as boto3's."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"put_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
+        on_failure = self._on_failure(ReturnValuesOnConditionCheckFailure)
         logical = self._canonical_numbers(self._logical_item(Item))
         fields = self._fields(logical)
         condition, app_names, app_values = app_expressions(ConditionExpression, ExpressionAttributeNames,
                                                            ExpressionAttributeValues)
         condition, app_names, app_values = self._decided(condition, app_names, app_values, logical)
-        return self._write_put(logical, fields, condition, app_names, app_values, ReturnValues)
+        return self._write_put(logical, fields, condition, app_names, app_values, ReturnValues, on_failure)
 
     @client_errors("DeleteItem")
     @with_capacity
     def delete_item(self, Key: Mapping[str, Any], ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
-                    ReturnValues: str | None = None) -> dict:
+                    ReturnValues: str | None = None, ReturnValuesOnConditionCheckFailure: str | None = None) -> dict:
         """Delete a logical item (a tombstone in fenced phases), as boto3's ``Table.delete_item``.
-        ReturnValues: NONE or ALL_OLD (``"Attributes"``: the deleted item, when there was one)."""
+        ReturnValues: NONE or ALL_OLD (``"Attributes"``: the deleted item, when there was one);
+        ReturnValuesOnConditionCheckFailure as ``put_item``'s."""
         if ReturnValues not in (None, "NONE", "ALL_OLD"):
             raise errors.BadInput(f"delete_item ReturnValues must be NONE or ALL_OLD (got {ReturnValues!r})")
+        on_failure = self._on_failure(ReturnValuesOnConditionCheckFailure)
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
         ConditionExpression, app_names, app_values = self._decided(ConditionExpression, app_names, app_values,
                                                                    key_wire)
         want_old = ReturnValues == "ALL_OLD"
-        return self._write_delete(key_wire, fields, ConditionExpression, app_names, app_values, want_old)
+        return self._write_delete(key_wire, fields, ConditionExpression, app_names, app_values, want_old, on_failure)
 
     @client_errors("UpdateItem")
     @with_capacity
@@ -306,7 +320,7 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
                     ConditionExpression: str | ConditionBase | None = None,
                     ExpressionAttributeNames: Mapping[str, str] | None = None,
                     ExpressionAttributeValues: Mapping[str, Any] | None = None,
-                    ReturnValues: str | None = None) -> dict:
+                    ReturnValues: str | None = None, ReturnValuesOnConditionCheckFailure: str | None = None) -> dict:
         """DynamoDB's UpdateItem on the authoritative copy; the full result is mirrored, fenced.
 
         ReturnValues: NONE, ALL_NEW, UPDATED_NEW, ALL_OLD, UPDATED_OLD. When a mirror is
@@ -316,6 +330,7 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
         rv = ReturnValues or "NONE"
         if rv not in ("NONE", "ALL_NEW", "UPDATED_NEW", "ALL_OLD", "UPDATED_OLD"):
             raise errors.BadInput(f"update_item ReturnValues {ReturnValues!r} is not one of DynamoDB's")
+        on_failure = self._on_failure(ReturnValuesOnConditionCheckFailure)
         key_wire, fields = self._key(Key)
         ConditionExpression, app_names, app_values = app_expressions(
             ConditionExpression, ExpressionAttributeNames, ExpressionAttributeValues)
@@ -326,17 +341,28 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
         check_targets(targets, self._frozen_attrs, "a key field or key attribute: an item's identity cannot "
                                                    "change (delete it and put the new one)")
         return self._write_update(rv, key_wire, fields, UpdateExpression, ConditionExpression, app_names,
-                                  app_values, clauses, targets)
+                                  app_values, clauses, targets, on_failure)
 
     # ------------------------------------------------------------------ API: reads
     @client_errors("GetItem")
     @with_capacity
-    def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False) -> dict:
+    def get_item(self, Key: Mapping[str, Any], ConsistentRead: bool = False, ProjectionExpression: str | None = None,
+                 ExpressionAttributeNames: Mapping[str, str] | None = None) -> dict:
         """The logical item as boto3's ``Table.get_item`` answers: ``{"Item": {...},
         "ResponseMetadata": ...}``, or no ``"Item"`` when absent. Both layouts in one
-        BatchGetItem where the phase reads both."""
+        BatchGetItem where the phase reads both. ``ProjectionExpression`` is applied by the shim
+        to the logical item (the newest copy needs the version, a key-only field the keys)."""
+        names = dict(ExpressionAttributeNames or {})
+        check_placeholders(names, None)
+        ctx = expressions.Context(names, {})
+        paths = None
+        if ProjectionExpression is not None:
+            paths = expressions.parse_projection(ProjectionExpression, ctx)
+        elif names:
+            raise errors.BadInput("ExpressionAttributeNames can only be specified when using expressions")
+        ctx.check_unused()  # DynamoDB refuses a name the projection does not use
         key_wire, fields = self._key(Key)
-        return self._read_item(key_wire, fields, ConsistentRead)
+        return self._read_item(key_wire, fields, ConsistentRead, paths)
 
     @client_errors("Query")
     @with_capacity
@@ -380,6 +406,19 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
         if kce is not None and SortKeyCondition is not None:
             raise errors.BadInput("query: give KeyConditionExpression or SortKeyCondition, not both")
         node = expressions.parse_condition(kce, ctx, "KeyConditionExpression") if kce is not None else None
+        if filt:
+            # DynamoDB refuses a query's filter on the table's key attributes. The app's table is
+            # the logical one: its key is the fields the key templates are made of (a derived
+            # field stands for its source), not PK/SK and not a shard_by-only field such as
+            # event_id, which the logical item stores as any attribute.
+            logical_key = {layout.derived[f].source if f in layout.derived else f
+                           for layout in (self.mapper.old, self.mapper.new) for f in layout.template_fields}
+            named = [p[0] for p in expressions.paths_of(expressions.parse_condition(filt, ctx, "FilterExpression"))
+                     if p[0] in logical_key]
+            if named:
+                raise errors.BadInput(f"Filter Expression can only contain non-primary key attributes: Primary key "
+                                      f"attribute: {named[0]} (conditions on key fields belong in "
+                                      "KeyConditionExpression)")
         post = read_post(filt, ProjectionExpression, Select, ctx)
         return self._read_query(node, Key, SortKeyCondition, Limit, ScanIndexForward, ExclusiveStartKey,
                                 ConsistentRead, post, Select)
@@ -566,7 +605,20 @@ class BatchWriter:
         ops, self._ops = self._ops, []
         if not ops:
             return
-        self._t._write_batch(ops)  # the write protocol (writes.py)
+        t = self._t
+        # DynamoDB refuses a BatchWriteItem (boto3 sends one per flush) naming one key twice, and
+        # writes none of it: so does the shim, whichever way it sends the batch (the fenced phases'
+        # single writes would otherwise apply both, in order). The logical key decides: the app's.
+        seen: set = set()
+        for kind, body in ops:
+            fields = t._fields(t._logical_item(body)) if kind == "put" else t._key(body)[1]
+            ident = t.mapper.identity(fields)
+            if ident in seen:
+                raise errors.BadInput("Provided list of item keys contains duplicates (two requests for one key in "
+                                      "one batch; batch_writer(overwrite_by_pkeys=[...the key fields]) keeps the "
+                                      "last, as boto3's)")
+            seen.add(ident)
+        t._write_batch(ops)  # the write protocol (writes.py)
 
     def __enter__(self) -> "BatchWriter":
         return self

@@ -106,22 +106,27 @@ class WriteProtocol:
 
     # ------------------------------------------------------------------ the writes
     def _write_put(self, logical: dict, fields: dict, condition: str | None, app_names: dict, app_values: dict,
-                   ReturnValues: str | None) -> dict:
+                   ReturnValues: str | None, on_failure: bool) -> dict:
         """``put_item``'s write: the item with its GSI values, caught up, put through every layout."""
         st = self._begin()
         try:
             logical = self._with_index_values(st, logical, fields)
             targets = self._write_keys(st, fields)
             self._catch_up(st, fields, targets)
-            resp = self._put_through(st, targets, logical, condition, app_names, app_values,
-                                     return_old=ReturnValues == "ALL_OLD")
+            try:
+                resp = self._put_through(st, targets, logical, condition, app_names, app_values,
+                                         return_old=ReturnValues == "ALL_OLD", old_on_failure=on_failure)
+            except errors.ConditionalCheckFailed as e:
+                if on_failure and condition:
+                    self._failed_item(e, targets[0][0], self.mapper.layout(st.routing.writes[0]))
+                raise
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if ReturnValues == "ALL_OLD" else None,
                               self.mapper.layout(st.routing.writes[0]), resp, logical)
 
     def _write_delete(self, key_wire: dict, fields: dict, ConditionExpression: str | None, app_names: dict,
-                      app_values: dict, want_old: bool) -> dict:
+                      app_values: dict, want_old: bool, on_failure: bool) -> dict:
         """``delete_item``'s write: a plain DeleteItem where no copy can race it, else a tombstone put through."""
         st = self._begin()
         try:
@@ -147,14 +152,26 @@ class WriteProtocol:
                             kwargs["ExpressionAttributeValues"] = app_values
                     if want_old and i == 0:
                         kwargs["ReturnValues"] = "ALL_OLD"
-                    resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
+                    if on_failure and condition and i == 0:
+                        kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+                    try:
+                        resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
+                    except errors.ConditionalCheckFailed as e:
+                        if on_failure:
+                            self._failed_item(e, key, self.mapper.layout(st.routing.writes[0]))
+                        raise
                     if i == 0:
                         old, first = resp.get("Attributes"), resp
                 return self._response(old, self.mapper.layout(st.routing.writes[0]), first, key_wire)
             # Tombstone: key fields let the backfill re-key it; the version orders it.
             marker_base = {f: key_wire[f] for f in self._key_fields}
-            resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
-                                     return_old=want_old, tombstone=True)
+            try:
+                resp = self._put_through(st, targets, marker_base, ConditionExpression, app_names, app_values,
+                                         return_old=want_old, tombstone=True, old_on_failure=on_failure)
+            except errors.ConditionalCheckFailed as e:
+                if on_failure and ConditionExpression:
+                    self._failed_item(e, targets[0][0], self.mapper.layout(st.routing.writes[0]))
+                raise
         finally:
             self._end(st)
         return self._response(resp.get("Attributes") if want_old else None,
@@ -162,7 +179,7 @@ class WriteProtocol:
 
     def _write_update(self, rv: str, key_wire: dict, fields: dict, UpdateExpression: str | None,
                       ConditionExpression: str | None, app_names: dict, app_values: dict,
-                      clauses: Mapping[str, str], targets: list[str]) -> dict:
+                      clauses: Mapping[str, str], targets: list[str], on_failure: bool) -> dict:
         """``update_item``'s write: the app's UpdateExpression plus the shim's actions on the
         authoritative copy (fenced, GSI values set in the same request where it can), then the
         resulting item mirrored; its answer shaped by ``returns.py``."""
@@ -227,21 +244,26 @@ class WriteProtocol:
                     vals = {**app_values, **our_values, **added[1], **values}
                     if version:
                         vals[":rs_nv"] = {"S": version}
-                    kwargs["ExpressionAttributeValues"] = vals
+                    if vals:  # DynamoDB refuses an empty map (a REMOVE-only update may have no values)
+                        kwargs["ExpressionAttributeValues"] = vals
                     if condition:
                         kwargs["ConditionExpression"] = condition
                     if internal_rv != "NONE":
                         kwargs["ReturnValues"] = internal_rv
+                    if on_failure and app_condition:
+                        kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
                     return self._call("update_item", guard=self._phases.check_live, **kwargs)
 
                 try:
                     _, resp = self._authoritative(st, keys[0], condition, attempt, update=True)
                     break
-                except errors.ConditionalCheckFailed:
+                except errors.ConditionalCheckFailed as e:
                     # Ours or the app's condition: without an app condition it was ours; with
                     # one, ours failed only if a field read has changed since.
                     if plan is None or not plan.reads or (
                             app_condition and not read_changed(plan, read, self._read_for_index(keys[0], plan))):
+                        if on_failure and app_condition:
+                            self._failed_item(e, keys[0], self.mapper.layout(st.routing.writes[0]))
                         raise
             else:
                 raise errors.AWSError("write", "ReshardVersionConflict",
@@ -281,9 +303,8 @@ class WriteProtocol:
                          and not st.routing.catch_up)
             if batchable:
                 # BatchWriteItem takes no conditions: fine here, as these phases fence
-                # nothing and need no lookup. It also rejects two requests for one key,
-                # so the app's last op on a key is the one sent.
-                requests: dict[str, dict] = {}  # physical key -> request; the last op on a key wins
+                # nothing and need no lookup. (One request per key: duplicates were refused above.)
+                requests: dict[str, dict] = {}  # physical key -> request
                 for kind, body in ops:
                     if kind == "put":
                         logical = self._logical_item(body)
@@ -316,7 +337,7 @@ class WriteProtocol:
 
     # ------------------------------------------------------------------ the protocol's steps
     def _put(self, item: dict, condition: str | None, names: dict | None, values: dict | None,
-             return_old: bool = False, mirror: bool = False) -> dict:
+             return_old: bool = False, mirror: bool = False, old_on_failure: bool = False) -> dict:
         """One PutItem; the caller's condition is the whole contract (see the write paths).
 
         An authoritative write checks our liveness window before every attempt (a retry
@@ -328,12 +349,14 @@ class WriteProtocol:
         kwargs = expression_kwargs(condition, names, values)
         if return_old:
             kwargs["ReturnValues"] = "ALL_OLD"
+        if old_on_failure:
+            kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return self._call("put_item", guard=None if mirror else self._phases.check_live,
                           TableName=self.table, Item=item, **kwargs)
 
     def _put_through(self, st: PhaseState, targets: list[tuple[dict, bool]], base: Mapping[str, Any],
                      app_condition: str | None, app_names: dict, app_values: dict, *, return_old: bool,
-                     tombstone: bool = False) -> dict:
+                     tombstone: bool = False, old_on_failure: bool = False) -> dict:
         """Put ``base`` (a logical item, or a tombstone's key fields) on the authoritative
         key under the app's condition and the fence, then mirror the item it stored.
 
@@ -358,7 +381,7 @@ class WriteProtocol:
                 item[TOMBSTONE_ATTR] = {"BOOL": True}
             built["item"] = item
             return self._put(item, condition, {**app_names, **names} or None, {**app_values, **values} or None,
-                             return_old=return_old)
+                             return_old=return_old, old_on_failure=old_on_failure and bool(app_condition))
 
         _, resp = self._authoritative(st, key, app_condition, attempt)
         self._mirror_to(targets[1:], built["item"])
