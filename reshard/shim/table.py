@@ -90,6 +90,7 @@ import contextvars
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -99,7 +100,8 @@ from typing import Any, Callable, Mapping, Sequence
 from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 
 from reshard import errors
-from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, expression_kwargs, from_wire, to_wire
+from reshard.aws.dynamo import (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, SHIM_RETRIES, Dynamo,
+                                expression_kwargs, from_wire, make_client, to_wire)
 from reshard.core.index import IndexMapper
 from reshard.core.layout import (GONE_ATTR, MAX_ITEM_BYTES, NEW_COPY_ATTR, SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR,
                                  KeyMapper, Layout, hash_shard, is_retired, is_tombstone, item_size, not_data, to_av)
@@ -124,6 +126,9 @@ from reshard.shim.scan import ScanSource, run_scan
 
 log = logging.getLogger("reshard.shim")
 
+#: ``control_table``'s default: ``$RESHARD_CONTROL_TABLE``, else ``reshard-control`` (:func:`control_table_name`).
+USE_ENV: Any = type("UseEnv", (), {"__repr__": lambda self: "$RESHARD_CONTROL_TABLE or 'reshard-control'"})()
+
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
 
@@ -135,6 +140,31 @@ _HOOKS_LOCK = threading.Lock()
 #: The (table, phase state) of the request running in this context: its data requests are signed
 #: by the fact of that phase version (``PhaseCache.horizon``); query workers run in a copy of it.
 _REQUEST: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("reshard_request", default=None)
+#: The ``ResponseMetadata`` of the last physical page a query or scan read (a list the request's
+#: context and its pool workers share): the answer's, as boto3's query/scan carry one.
+_PAGE_META: contextvars.ContextVar[list | None] = contextvars.ContextVar("reshard_page_meta", default=None)
+
+
+def _note_page(resp: Mapping[str, Any]) -> None:
+    seen = _PAGE_META.get()
+    if seen is not None and resp.get("ResponseMetadata") is not None:
+        seen[:] = [resp["ResponseMetadata"]]
+
+
+def _with_page_meta(fn):
+    """A query/scan method whose answer carries the last page's ``ResponseMetadata`` (boto3's shape)."""
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        seen: list = []
+        token = _PAGE_META.set(seen)
+        try:
+            resp = fn(self, *args, **kwargs)
+        finally:
+            _PAGE_META.reset(token)
+        if seen and "ResponseMetadata" not in resp:
+            resp["ResponseMetadata"] = seen[0]
+        return resp
+    return method
 
 
 def _late(e: errors.AWSError) -> bool:
@@ -208,13 +238,14 @@ class ShardedTable:
     refresh thread and remove its heartbeat.
     """
 
-    def __init__(self, migration: Migration, dynamo: Dynamo, *, control_table: str | None = DEFAULT_CONTROL_TABLE,
+    def __init__(self, migration: Migration, dynamo: Dynamo, *, control_table: str | None = USE_ENV,
                  refresh_seconds: float = 5.0, liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
                  clock: Callable[[], float] = time.monotonic, writer_id: str | None = None,
                  query_workers: int = 8, start: bool = True, version_clock: VersionClock | None = None,
                  switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, control_dynamo: Dynamo | None = None):
         self.migration = migration
+        control_table = control_table_name(control_table)
         self.mapper = KeyMapper(_table_view(migration))
         if migration.changes_table:
             for spec in migration.indexes:
@@ -235,7 +266,7 @@ class ShardedTable:
         self._phases = PhaseCache(migration, dynamo, control_table, self.instance_id,
                                   refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, clock=clock,
                                   switch_hold_seconds=switch_hold_seconds, control_clock=control_clock,
-                                  sleep=sleep)
+                                  sleep=sleep, control_dynamo=control_dynamo)
         self._lock = threading.Lock()  # guards the lazily created query pool
         self._executor: ThreadPoolExecutor | None = None
         self._query_workers = max(1, query_workers)
@@ -259,24 +290,35 @@ class ShardedTable:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_file(cls, path: str, endpoint_url: str | None = None, region_name: str | None = None,
-                  control_table: str | None = DEFAULT_CONTROL_TABLE, refresh_seconds: float = 5.0,
-                  liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None,
-                  **kwargs) -> "ShardedTable":
-        """A shim for the migration file at ``path`` (also for the steady state: keep it after the migration)."""
+                  control_table: str | None = USE_ENV, refresh_seconds: float = 5.0,
+                  liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None, *,
+                  session=None, client=None, config=None, **kwargs) -> "ShardedTable":
+        """A shim for the migration file at ``path`` (also for the steady state: keep it after the migration).
+
+        ``session`` (a boto3 Session), ``client`` (a DynamoDB client) or ``config`` (a botocore
+        Config): the application's own, as it gave them to boto3 (:func:`app_dynamo`).
+        ``control_table``: default ``$RESHARD_CONTROL_TABLE``, else ``reshard-control``; None: none.
+        """
         migration = load(path)
-        dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
+        dynamo, control = app_dynamo(dynamo, endpoint_url, region_name, session, client, config)
         return cls(migration, dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
-                   liveness_seconds=liveness_seconds, **kwargs)
+                   liveness_seconds=liveness_seconds, control_dynamo=control, **kwargs)
 
     @classmethod
     def from_migration_id(cls, migration_id: str, endpoint_url: str | None = None, region_name: str | None = None,
-                          control_table: str = DEFAULT_CONTROL_TABLE, refresh_seconds: float = 5.0,
-                          liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None,
-                          **kwargs) -> "ShardedTable":
-        """A shim for a registered migration; the file text comes from the control table."""
-        dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
-        return cls(registered_migration(dynamo, control_table, migration_id), dynamo, control_table=control_table,
-                   refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, **kwargs)
+                          control_table: str = USE_ENV, refresh_seconds: float = 5.0,
+                          liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None, *,
+                          session=None, client=None, config=None, **kwargs) -> "ShardedTable":
+        """A shim for a registered migration; the file text comes from the control table.
+        ``session``/``client``/``config`` and ``control_table``: as :meth:`from_file`."""
+        dynamo, control = app_dynamo(dynamo, endpoint_url, region_name, session, client, config)
+        control_table = control_table_name(control_table)
+        if not control_table:
+            raise errors.BadInput("from_migration_id reads the migration from the control table: name one "
+                                  "(control_table= or $RESHARD_CONTROL_TABLE), or use from_file")
+        return cls(registered_migration(control or dynamo, control_table, migration_id), dynamo,
+                   control_table=control_table, refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds,
+                   control_dynamo=control, **kwargs)
 
     def __enter__(self) -> "ShardedTable":
         return self
@@ -1107,6 +1149,7 @@ class ShardedTable:
 
     @client_errors("Query")
     @with_capacity
+    @_with_page_meta
     def query(self, KeyConditionExpression: str | ConditionBase | None = None, *,
               Key: Mapping[str, Any] | None = None, SortKeyCondition: tuple | None = None,
               FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
@@ -1298,6 +1341,7 @@ class ShardedTable:
 
     @client_errors("Scan")
     @with_capacity
+    @_with_page_meta
     def scan(self, *, FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
              ExpressionAttributeNames: Mapping[str, str] | None = None,
              ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
@@ -1333,7 +1377,9 @@ class ShardedTable:
         return resp
 
     def _scan_page(self, **kwargs) -> dict:
-        return self._visible(self._call("scan", TableName=self.table, **kwargs))
+        resp = self._call("scan", TableName=self.table, **kwargs)
+        _note_page(resp)
+        return self._visible(resp)
 
     def _lookup(self, keys: list[dict]) -> list[dict]:
         # Consistent: a scan decides which copy to return from these reads.
@@ -1341,7 +1387,9 @@ class ShardedTable:
 
     # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
     def _query_page(self, **kwargs) -> dict:
-        return self._visible(self._call("query", TableName=self.table, **kwargs))
+        resp = self._call("query", TableName=self.table, **kwargs)
+        _note_page(resp)
+        return self._visible(resp)
 
     def _run_all(self, fn: Callable[[Any], None], items: Sequence[Any]) -> None:
         pool = self._pool() if len(items) > 1 else None
@@ -1426,6 +1474,56 @@ class ShardedTable:
     @property
     def name(self) -> str:
         return self.table
+
+
+def control_table_name(name: str | None | object = USE_ENV) -> str | None:
+    """The control table a shim reads: the one named, else ``$RESHARD_CONTROL_TABLE`` (as the CLI's
+    ``--control-table``), else ``reshard-control``. None: no control table (steady forever)."""
+    if name is USE_ENV:
+        return os.environ.get("RESHARD_CONTROL_TABLE") or DEFAULT_CONTROL_TABLE
+    return name  # type: ignore[return-value]
+
+
+def app_dynamo(dynamo: Dynamo | None, endpoint_url: str | None, region_name: str | None, session, client,
+               config) -> tuple[Dynamo, Dynamo | None]:
+    """(the Dynamo of the application's requests, the one of the shim's control refresh or None: the same).
+
+    * ``client=`` (the app's DynamoDB client): used as it is; its retries (mode, attempts, backoff)
+      and timeouts stay in force for the app's requests (:meth:`Dynamo.for_app`).
+    * ``session=``/``config=``: a client made from the app's session (credentials, profile, region)
+      with the app's Config merged over the shim's defaults: an option it sets wins; retries it
+      sets are in force as a client's (botocore's path) and on the lean path alike.
+    * none: the shim's own client and bounded policy (``SHIM_RETRIES``, 5 s/30 s timeouts).
+
+    The control refresh keeps the shim's bounded policy whatever the app's (``SHIM_RETRIES``, 5 s
+    connect, 30 s read on the lean path): a refresh must end well within ``liveness_seconds``
+    or the shim fails closed, and it is retried at the next tick anyway; the app's policy may be
+    minutes long (botocore's defaults: 10 attempts of up to 60 + 60 s).
+    """
+    if client is not None:
+        if any(v is not None for v in (dynamo, endpoint_url, region_name, session, config)):
+            raise errors.BadInput("client= is the application's DynamoDB client as it is: pass it alone "
+                                  "(its endpoint, region, credentials and Config come with it), or pass "
+                                  "session=/config=/endpoint_url=/region_name= instead")
+        if getattr(getattr(client, "meta", None), "service_model", None) is None or \
+                client.meta.service_model.service_name != "dynamodb":
+            raise errors.BadInput("client= must be a boto3 DynamoDB client (boto3.client(\"dynamodb\"), "
+                                  "or resource.meta.client)")
+        app = Dynamo.for_app(client)
+    elif dynamo is not None:
+        if session is not None or config is not None:
+            raise errors.BadInput("dynamo= already holds a client: pass session=/config= or dynamo=, not both")
+        return dynamo, None
+    elif session is None and config is None:
+        return Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES), None
+    else:
+        made = make_client(endpoint_url=endpoint_url, region=region_name, session=session, config=config)
+        sets_retries = config is not None and "retries" in getattr(config, "_user_provided_options", {})
+        app = Dynamo.for_app(made) if sets_retries else Dynamo(made, retry=SHIM_RETRIES)
+        if not sets_retries and config is None:
+            return app, None  # the shim's own timeouts and retries over the app's session
+    return app, app.with_retry(SHIM_RETRIES, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                               read_timeout=READ_TIMEOUT_SECONDS)
 
 
 def _identity(m: KeyMapper, fields: Mapping[str, Any]) -> tuple:
