@@ -1475,6 +1475,53 @@ class ShardedTable:
     def name(self) -> str:
         return self.table
 
+    # ------------------------------------------------------------------ boto3's Table attributes
+    @property
+    def table_name(self) -> str:
+        """The table's name (boto3's identifier), as ``name``."""
+        return self.table
+
+    def load(self) -> None:
+        """As boto3's ``Table.load``: one DescribeTable now (``ResourceNotFoundException`` when the
+        table does not exist); the description attributes read it, the first read loads it."""
+        self._description = self.dynamo.call("describe_table", TableName=self.table)["Table"]
+
+    def reload(self) -> None:
+        """As boto3's ``Table.reload``: :meth:`load` again."""
+        self.load()
+
+    def _described(self, member: str) -> Any:
+        if getattr(self, "_description", None) is None:
+            self.load()
+        return self._description.get(member)
+
+    @property
+    def key_schema(self) -> list[dict]:
+        """The *logical* key: every field a ``Key`` holds (``HASH`` the fields that choose the
+        partition, ``RANGE`` the others), in boto3's shape. The physical schema (``PK``/``SK``) is
+        ``meta.client.describe_table``'s: the application never names those attributes."""
+        m = self.mapper
+        partition = {f for lay in (m.old, m.new) for f in (*lay.partition.fields, *lay.shard_by)}
+        schema = [{"AttributeName": f, "KeyType": "HASH" if f in partition else "RANGE"} for f in m.key_fields]
+        return sorted(schema, key=lambda k: k["KeyType"] != "HASH")  # HASH first, as DynamoDB lists them
+
+    @property
+    def attribute_definitions(self) -> list[dict]:
+        """The logical key fields' types, then the table's other defined attributes (its indexes'
+        keys) from DescribeTable. A field that alone forms a key attribute has that attribute's
+        type; a field rendered into a composite key is text there (``S``)."""
+        defined = {d["AttributeName"]: d["AttributeType"] for d in self._described("AttributeDefinitions") or ()}
+        m = self.mapper
+        alone = {}
+        for lay in (m.old, m.new):
+            for attr, template in ((lay.partition_attr, lay.partition), (lay.sort_attr, lay.sort)):
+                if template is not None and template.identity and attr in defined:
+                    alone[template.fields[0]] = defined[attr]
+        out = [{"AttributeName": f, "AttributeType": alone.get(f, defined.get(f, "S"))}
+               for f in (k["AttributeName"] for k in self.key_schema)]
+        hidden = set(m.key_fields) | (self._key_attrs - self._kept)
+        return out + [{"AttributeName": a, "AttributeType": t} for a, t in defined.items() if a not in hidden]
+
 
 def control_table_name(name: str | None | object = USE_ENV) -> str | None:
     """The control table a shim reads: the one named, else ``$RESHARD_CONTROL_TABLE`` (as the CLI's
@@ -1524,6 +1571,41 @@ def app_dynamo(dynamo: Dynamo | None, endpoint_url: str | None, region_name: str
             return app, None  # the shim's own timeouts and retries over the app's session
     return app, app.with_retry(SHIM_RETRIES, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                read_timeout=READ_TIMEOUT_SECONDS)
+
+
+def _description_attribute(member: str) -> property:
+    def get(self: ShardedTable) -> Any:
+        return self._described(member)
+    get.__doc__ = f"DescribeTable's ``{member}`` of the table (boto3's Table attribute; loaded on first use)."
+    return property(get)
+
+
+#: The members of DynamoDB's TableDescription (botocore's model; listed, not loaded: reading the
+#: service model costs ~80 ms at import). boto3's Table has one attribute per member.
+_TABLE_DESCRIPTION = (
+    "AttributeDefinitions", "TableName", "KeySchema", "TableStatus", "CreationDateTime", "ProvisionedThroughput",
+    "TableSizeBytes", "ItemCount", "TableArn", "TableId", "BillingModeSummary", "LocalSecondaryIndexes",
+    "GlobalSecondaryIndexes", "StreamSpecification", "LatestStreamLabel", "LatestStreamArn", "GlobalTableVersion",
+    "Replicas", "GlobalTableWitnesses", "GlobalTableSettingsReplicationMode", "RestoreSummary", "SSEDescription",
+    "ArchivalSummary", "TableClassSummary", "DeletionProtectionEnabled", "OnDemandThroughput", "WarmThroughput",
+    "MultiRegionConsistency")
+
+
+# The rest of boto3's Table attributes (table_status, item_count, global_secondary_indexes, ...): the
+# physical table's, as DescribeTable answers (key_schema, attribute_definitions: logical, above).
+def _add_description_attributes() -> frozenset:
+    from botocore import xform_name
+    added = set()
+    for member in _TABLE_DESCRIPTION:
+        name = xform_name(member)
+        if not hasattr(ShardedTable, name):
+            setattr(ShardedTable, name, _description_attribute(member))
+            added.add(name)
+    return frozenset(added)
+
+
+#: The public members whose only request is :meth:`ShardedTable.load`'s DescribeTable (iam.SHIM_METHODS' ``load`` row).
+LOADS = _add_description_attributes() | {"reload", "attribute_definitions"}
 
 
 def _identity(m: KeyMapper, fields: Mapping[str, Any]) -> tuple:

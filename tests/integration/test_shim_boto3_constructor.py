@@ -184,3 +184,36 @@ def test_control_table_from_the_environment(dynalite_server, dynalite, unique_na
         assert t.phase == "dual_write"
     with ShardedTable.from_migration_id(m.id, endpoint_url=dynalite_server.endpoint, region_name="us-east-1") as t:
         assert t.phase == "dual_write" and t.migration.id == m.id
+
+
+def test_boto3_table_attributes(dynalite_server, dynalite, unique_name, tmp_path):
+    """What an application may touch of boto3's Table besides the item calls: the name, ``load()``
+    / ``reload()`` and the description attributes (the physical table's), ``key_schema`` and
+    ``attribute_definitions`` (logical: the fields a ``Key`` holds), ``meta.client``."""
+    m = migration("sensor", table=unique_name)
+    client = _client(dynalite_server)
+    with ShardedTable.from_file(_file(tmp_path, m), client=client, control_table=None) as t:
+        with pytest.raises(ClientError) as e:
+            t.load()  # as boto3's Table.load of a table that does not exist
+        assert e.value.response["Error"]["Code"] == "ResourceNotFoundException"
+        create_table(dynalite, m)
+        plain = boto3.resource("dynamodb", endpoint_url=dynalite_server.endpoint, region_name="us-east-1",
+                               aws_access_key_id="x", aws_secret_access_key="x").Table(m.table)
+        assert t.table_name == t.name == t.meta.table_name == plain.table_name
+        t.put_item(Item=ev(1))
+        t.reload()
+        plain.reload()
+        for attr in ("table_status", "table_arn", "item_count", "provisioned_throughput", "billing_mode_summary",
+                     "global_secondary_indexes", "creation_date_time"):
+            assert getattr(t, attr) == getattr(plain, attr), attr
+        assert t.key_schema == [{"AttributeName": "sensor_id", "KeyType": "HASH"},
+                                {"AttributeName": "event_id", "KeyType": "HASH"},
+                                {"AttributeName": "ts", "KeyType": "RANGE"}]
+        assert t.attribute_definitions == [{"AttributeName": f, "AttributeType": "S"}
+                                           for f in ("sensor_id", "event_id", "ts")]
+        # What an app builds from key_schema is a Key the shim takes.
+        built = {k["AttributeName"]: ev(1)[k["AttributeName"]] for k in t.key_schema}
+        assert t.get_item(Key=built, ConsistentRead=True)["Item"] == ev(1)
+        assert t.meta.client.describe_table(TableName=m.table)["Table"]["TableName"] == m.table
+        with pytest.raises(ClientError):
+            t.meta.client.get_item(TableName=m.table, Key={"PK": {"S": "x"}, "SK": {"S": "y"}})
