@@ -95,8 +95,11 @@ _TARGET = "DynamoDB_20120810."
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
 
-#: The events of botocore's call path that this path does not emit (it emits before-send and after-call).
-_SKIPPED_STEPS = ("provide-client-params", "before-parameter-build", "before-call")
+#: The events of botocore's call path that this path does not emit (it emits before-send and
+#: after-call): a handler of anyone but botocore on one of them (a tracer's, such as Sentry's
+#: ``request-created``; an app's ``before-call``) sends the call through botocore instead.
+_SKIPPED_STEPS = ("provide-client-params", "before-parameter-build", "before-call", "request-created",
+                  "before-sign", "after-call-error")
 _STOCK: list = []
 
 
@@ -106,6 +109,50 @@ def _stock_handlers() -> frozenset:
         from botocore.handlers import BUILTIN_HANDLERS
         _STOCK.append(frozenset(h[1] for h in BUILTIN_HANDLERS))
     return _STOCK[0]
+
+
+def _stock(handler) -> bool:
+    """A handler botocore (or boto3) registers itself: its built-in list, the client's request
+    signer on ``request-created``, its retry handlers."""
+    if handler in _stock_handlers():
+        return True
+    module = getattr(handler, "__module__", None) or ""
+    return module.split(".", 1)[0] in ("botocore", "boto3")
+
+
+#: (class, attribute) that tracers wrap in place -- X-Ray's ``patch(["botocore"])``, OpenTelemetry's
+#: ``BotocoreInstrumentor``, Datadog's ``patch(botocore=True)`` all wrap ``BaseClient._make_api_call``
+#: (a span per call) and ``Endpoint.prepare_request`` (the trace header), with wrapt; no event.
+_TRACED = (("botocore.client", "BaseClient", "_make_api_call"), ("botocore.endpoint", "Endpoint", "prepare_request"))
+
+
+def _call_path(client) -> tuple:
+    """The functions botocore's call path runs for ``client`` now (what a tracer replaces)."""
+    import importlib
+    out = []
+    for module, cls, attr in _TRACED:
+        base = getattr(importlib.import_module(module), cls)
+        out.append(base.__dict__.get(attr))
+    out.append(type(client).__dict__.get("_make_api_call"))  # a subclass of the app's, or a per-instance wrap
+    out.append(client.__dict__.get("_make_api_call"))
+    return tuple(out)
+
+
+def _botocore_own(fn) -> bool:
+    """``fn`` is a plain function whose code is botocore's (``type()``, not ``isinstance``: wrapt's
+    proxies pass isinstance checks, and ``functools.wraps`` copies ``__module__``, not the code)."""
+    import types
+
+    import botocore
+    return type(fn) is types.FunctionType and fn.__code__.co_filename.startswith(os.path.dirname(botocore.__file__))
+
+
+def traced(client) -> bool:
+    """Whether something wraps botocore's call path for ``client`` (a tracer): such a wrapper
+    sees only requests sent through ``client._make_api_call``, never this path's."""
+    base_call, base_prepare, own_class, own_instance = _call_path(client)
+    return own_class is not None or own_instance is not None or not (_botocore_own(base_call)
+                                                                      and _botocore_own(base_prepare))
 
 
 def _binary(value):
@@ -182,13 +229,18 @@ class LeanSender:
             self._ssl = ssl.create_default_context(cafile=verify if isinstance(verify, str) else get_cert_path(True))
         self._emitter = getattr(self.events, "_emitter", self.events)
         self._decided: dict = {}
+        #: Serve calls through botocore while a tracer wraps its call path (:func:`traced`); False
+        #: for reshard's own background requests (the shim's control refresh), which no
+        #: application trace contains.
+        self.yield_to_tracers = True
 
     def _only_stock_hooks(self, op: str) -> bool:
-        """Hooks on the steps this path skips (parameters, before-call) may rewrite a call
-        or answer it: with any beyond botocore's own, the call goes the ordinary way."""
+        """Hooks on the steps this path skips (parameters, before-call, request-created, ...)
+        may rewrite a call, answer it or trace it: with any beyond botocore's own, the call goes
+        the ordinary way."""
         for step in _SKIPPED_STEPS:
             for handler in self._emitter._handlers.prefix_search(f"{step}.dynamodb.{op}"):
-                if handler not in _stock_handlers():
+                if not _stock(handler):
                     return False
         return True
 
@@ -200,11 +252,16 @@ class LeanSender:
             # botocore replaces its lookup cache on every (un)register: the same cache object,
             # the same hooks as when we last looked (holding it keeps its identity unique).
             cache = self._emitter._lookup_cache
+            path = _call_path(self.client) if self.yield_to_tracers else ()
             known = self._decided.get(op)
-            if known is not None and known[0] is cache:
-                return known[1]
-            ok = self._only_stock_hooks(op)
-            self._decided[op] = (cache, ok)
+            # Compared by identity: a wrapt proxy compares equal to the function it wraps.
+            if known is not None and known[0] is cache and len(known[1]) == len(path) \
+                    and all(a is b for a, b in zip(known[1], path)):
+                return known[2]
+            # A tracer that wraps botocore's call path sees only calls made through it: the
+            # application's requests then go that way (docs/shim.md, "The lean path and tracing").
+            ok = self._only_stock_hooks(op) and not (self.yield_to_tracers and traced(self.client))
+            self._decided[op] = (cache, path, ok)
             return ok
         except AttributeError:
             return False

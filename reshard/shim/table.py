@@ -1562,13 +1562,14 @@ def app_dynamo(dynamo: Dynamo | None, endpoint_url: str | None, region_name: str
             raise errors.BadInput("dynamo= already holds a client: pass session=/config= or dynamo=, not both")
         return dynamo, None
     elif session is None and config is None:
-        return Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES), None
+        app = Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
     else:
         made = make_client(endpoint_url=endpoint_url, region=region_name, session=session, config=config)
         sets_retries = config is not None and "retries" in getattr(config, "_user_provided_options", {})
         app = Dynamo.for_app(made) if sets_retries else Dynamo(made, retry=SHIM_RETRIES)
-        if not sets_retries and config is None:
-            return app, None  # the shim's own timeouts and retries over the app's session
+    # Always a Dynamo of its own (``background``): a tracer that pulls the app's requests onto
+    # botocore's path (reshard/aws/lean.py) leaves the refresh thread's on the lean path -- no
+    # application trace holds them (X-Ray would log a missing segment for each).
     return app, app.with_retry(SHIM_RETRIES, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                read_timeout=READ_TIMEOUT_SECONDS)
 
