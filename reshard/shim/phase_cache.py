@@ -149,6 +149,12 @@ class Facts:
                 self._dates.pop(v, None)
 
 
+#: A policy within reshard's bounds, for the refusal's line (botocore's defaults -- 10 attempts of
+#: 60 s connect + 60 s read -- let one write last ~50 minutes).
+SHORTER = (" (e.g. botocore.config.Config(connect_timeout=5, read_timeout=30, retries={'mode': 'standard', "
+           "'total_max_attempts': 3}); the shim's default client has such a policy)")
+
+
 def registered_migration(dynamo: Dynamo, control_table: str, migration_id: str) -> Migration:
     """The migration as registered in the control table (its file text is stored there)."""
     return ControlStore(dynamo, control_table).load_state(migration_id).migration()
@@ -178,10 +184,10 @@ class PhaseCache:
             check_bound("the shim's liveness_seconds", liveness_seconds, MAX_LIVENESS_SECONDS,
                         "pass a smaller liveness_seconds")
             check_bound("one request attempt of the shim's client (connect + read timeout)", dynamo.attempt_seconds,
-                        MAX_REQUEST_SECONDS, "give its botocore config shorter timeouts")
+                        MAX_REQUEST_SECONDS, "give its botocore config shorter timeouts" + SHORTER)
             check_bound("the longest a shim write can take after its first copy landed (its client's timeouts "
                         "and retries)", shim_write_seconds(dynamo.attempt_seconds, dynamo.max_request_seconds),
-                        MAX_WRITE_SECONDS, "give its botocore config shorter timeouts")
+                        MAX_WRITE_SECONDS, "give its botocore config shorter timeouts or fewer attempts" + SHORTER)
         # control_clock: the wall clock heartbeats are stamped with (default time.time);
         # injectable so a test's logical clock drives both liveness and the census.
         # The refresh's own requests (control table, marker) may go through another Dynamo than
