@@ -176,13 +176,17 @@ class _Response:
 def lean_sender(client, *, connect_timeout: float, read_timeout: float) -> "LeanSender | None":
     """A lean sender for ``client``, or None where the lean path would not do the same as
     botocore (proxies configured, TLS verification off, an endpoint that is not plain
-    http(s), or ``RESHARD_LEAN=0``)."""
+    http(s), retries in adaptive mode, or ``RESHARD_LEAN=0``)."""
     if os.environ.get("RESHARD_LEAN", "1") == "0" or any(os.environ.get(v) for v in _PROXY_VARS):
         return None
     try:
         meta = client.meta
         cfg = meta.config
         if getattr(cfg, "proxies", None) or meta.service_model.service_name != "dynamodb":
+            return None
+        if (getattr(cfg, "retries", None) or {}).get("mode") == "adaptive":
+            # Adaptive mode's rate limiter learns from botocore's needs-retry event, which this
+            # path does not emit: an app's adaptive client keeps botocore's path throughout.
             return None
         url = urlsplit(meta.endpoint_url)
         if url.scheme not in ("http", "https") or (url.path not in ("", "/")) or url.query:

@@ -144,6 +144,13 @@ def test_an_app_policy_past_reshards_bounds_is_refused_with_the_fix(dynalite_ser
     ShardedTable(m, data, control_dynamo=control, control_table="ctl", start=False).close()
 
 
+def test_adaptive_retries_keep_botocores_path(dynalite_server, unique_name):
+    """Adaptive mode's client-side rate limiter learns from botocore's needs-retry event, which
+    the lean path does not emit: such a client is served by botocore throughout."""
+    data, control = _app(_client(dynalite_server, retries={"mode": "adaptive"}))
+    assert data._lean is None and control._lean is None and data.client_retries
+
+
 def _app(client):
     from reshard.shim.table import app_dynamo
     data, control = app_dynamo(None, None, None, None, client, None)
