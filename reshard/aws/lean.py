@@ -126,16 +126,19 @@ def _stock(handler) -> bool:
 _TRACED = (("botocore.client", "BaseClient", "_make_api_call"), ("botocore.endpoint", "Endpoint", "prepare_request"))
 
 
+_TRACED_CLASSES: list = []
+
+
 def _call_path(client) -> tuple:
-    """The functions botocore's call path runs for ``client`` now (what a tracer replaces)."""
-    import importlib
-    out = []
-    for module, cls, attr in _TRACED:
-        base = getattr(importlib.import_module(module), cls)
-        out.append(base.__dict__.get(attr))
-    out.append(type(client).__dict__.get("_make_api_call"))  # a subclass of the app's, or a per-instance wrap
-    out.append(client.__dict__.get("_make_api_call"))
-    return tuple(out)
+    """The functions botocore's call path runs for ``client`` now (what a tracer replaces); read
+    on every request (a few dict lookups): a tracer may patch after the shim was built."""
+    if not _TRACED_CLASSES:
+        import importlib
+        _TRACED_CLASSES.extend((getattr(importlib.import_module(m), c).__dict__, a) for m, c, a in _TRACED)
+    (call_dict, call), (prepare_dict, prepare) = _TRACED_CLASSES
+    # a subclass of the app's, or a per-instance wrap, counts too
+    return (call_dict.get(call), prepare_dict.get(prepare), type(client).__dict__.get("_make_api_call"),
+            client.__dict__.get("_make_api_call"))
 
 
 def _botocore_own(fn) -> bool:
