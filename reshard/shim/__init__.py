@@ -5,10 +5,12 @@ Where each rule lives (one role per module; docs/architecture.md has the same ma
 ==================  ===============  ==========================================================
 module              role             its rule
 ==================  ===============  ==========================================================
-table.py            API              the boto3 surface, a facade: constructors, public methods
-                                     and their argument checks, ``client_errors`` /
-                                     ``with_capacity``, ``meta`` (GuardedClient),
-                                     ``batch_writer()``; each method hands on to the modules below
+table.py            API              the boto3 surface, a facade: constructors (the app's
+                                     ``session=``/``client=``/``config=``, the control table),
+                                     public methods and their argument checks, ``client_errors`` /
+                                     ``with_capacity``, boto3's Table attributes, ``meta``
+                                     (GuardedClient), ``batch_writer()``; each method hands on to
+                                     the modules below
 errors.py           API              what the shim raises: botocore ``ClientError``\\ s
 requests.py         requests         the phase a request acts on (``_begin``/``_end``), every
                                      data request signed to that phase's horizon (late refusal),
@@ -34,7 +36,8 @@ app_expressions.py  expressions      the app's expressions as boto3 takes them: 
 expr.py             expressions      the app's expressions rewritten for the physical table:
                                      merged UpdateExpression, fence AND condition, tombstone-aware
                                      conditions
-returns.py          expressions      what a request answers: ``ReturnValues``, ``ResponseMetadata``
+returns.py          expressions      what a request answers: ``ReturnValues``, the item a failed
+                                     condition saw, ``ResponseMetadata``
 phase_cache.py      phase            the phase this instance acts on: refresh, heartbeat,
                                      acknowledgement, liveness, switch hold, horizon facts
 metrics.py          metrics          the shim's OpenTelemetry instruments

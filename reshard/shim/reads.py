@@ -33,7 +33,7 @@ from reshard.shim.index import Resolver, run_index_query
 from reshard.shim.phase_cache import PhaseState
 from reshard.shim.query import logical_key_condition, run_query
 from reshard.shim.requests import _hidden
-from reshard.shim.returns import _metadata
+from reshard.shim.returns import _metadata, _note_page
 from reshard.shim.routing import _identity, index_routing
 from reshard.shim.scan import run_scan
 
@@ -206,7 +206,9 @@ class Reads:
         return resp
 
     def _scan_page(self, **kwargs) -> dict:
-        return self._visible(self._call("scan", TableName=self.table, **kwargs))
+        resp = self._call("scan", TableName=self.table, **kwargs)
+        _note_page(resp)
+        return self._visible(resp)
 
     def _lookup(self, keys: list[dict]) -> list[dict]:
         # Consistent: a scan decides which copy to return from these reads.
@@ -214,7 +216,9 @@ class Reads:
 
     # Two of the callables this table hands to query.py as its QuerySource (with _to_app).
     def _query_page(self, **kwargs) -> dict:
-        return self._visible(self._call("query", TableName=self.table, **kwargs))
+        resp = self._call("query", TableName=self.table, **kwargs)
+        _note_page(resp)
+        return self._visible(resp)
 
     def _run_all(self, fn: Callable[[Any], None], items: Sequence[Any]) -> None:
         pool = self._pool() if len(items) > 1 else None

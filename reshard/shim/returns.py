@@ -11,7 +11,8 @@
   (:meth:`Answers._strip`);
 * :meth:`Answers._failed_item`: ``ReturnValuesOnConditionCheckFailure`` -- the logical item a
   failed condition saw, in ``e.response["Item"]``;
-* :func:`_metadata`: the ``ResponseMetadata`` of the request that decided the answer.
+* :func:`_metadata`: the ``ResponseMetadata`` of the request that decided the answer; a query's
+  or scan's is its last physical page's (:func:`_with_page_meta`, :func:`_note_page`).
 
 Which ``ReturnValues`` the shim itself asks DynamoDB for (``ALL_NEW`` when a mirror needs the
 whole new item) is the write protocol's (``writes.py``). A mixin of
@@ -20,6 +21,8 @@ whole new item) is the write protocol's (``writes.py``). A mixin of
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from typing import Any, Mapping
 
 from reshard import errors
@@ -37,8 +40,35 @@ def _metadata(resp: Mapping[str, Any]) -> dict:
     return {"ResponseMetadata": meta} if meta is not None else {}
 
 
+#: The ``ResponseMetadata`` of the last physical page a query or scan read (a list the request's
+#: context and its pool workers share): the answer's, as boto3's query/scan carry one.
+_PAGE_META: contextvars.ContextVar[list | None] = contextvars.ContextVar("reshard_page_meta", default=None)
+
+
+def _note_page(resp: Mapping[str, Any]) -> None:
+    seen = _PAGE_META.get()
+    if seen is not None and resp.get("ResponseMetadata") is not None:
+        seen[:] = [resp["ResponseMetadata"]]
+
+
+def _with_page_meta(fn):
+    """A query/scan method whose answer carries the last page's ``ResponseMetadata`` (boto3's shape)."""
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        seen: list = []
+        token = _PAGE_META.set(seen)
+        try:
+            resp = fn(self, *args, **kwargs)
+        finally:
+            _PAGE_META.reset(token)
+        if seen and "ResponseMetadata" not in resp:
+            resp["ResponseMetadata"] = seen[0]
+        return resp
+    return method
+
+
 class Answers:
-    """The answers of :class:`~reshard.shim.table.ShardedTable`'s writes."""
+    """The answers of :class:`~reshard.shim.table.ShardedTable`'s writes (and a failed condition's item)."""
 
     def _response(self, old: Mapping[str, Any] | None, layout: Layout, resp: Mapping[str, Any],
                   key_wire: Mapping[str, Any]) -> dict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import os
 import threading
 import time
 import uuid
@@ -37,7 +38,8 @@ from typing import Any, Callable, Mapping, Sequence
 from boto3.dynamodb.conditions import ConditionBase, ConditionExpressionBuilder
 
 from reshard import errors
-from reshard.aws.dynamo import SHIM_RETRIES, Dynamo, to_wire
+from reshard.aws.dynamo import (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, SHIM_RETRIES, Dynamo, make_client,
+                                to_wire)
 from reshard.core import expressions
 from reshard.core.index import IndexMapper
 from reshard.core.layout import KeyMapper, number_text
@@ -52,10 +54,14 @@ from reshard.shim.phase_cache import DEFAULT_CONTROL_TABLE, DEFAULT_LIVENESS_SEC
 from reshard.shim.query import QuerySource
 from reshard.shim.reads import Reads
 from reshard.shim.requests import Requests
-from reshard.shim.returns import Answers
+from reshard.shim.returns import Answers, _with_page_meta
 from reshard.shim.routing import Routes, _table_view
 from reshard.shim.scan import ScanSource
 from reshard.shim.writes import MAX_FENCE_RETRIES, WriteProtocol  # noqa: F401  (MAX_FENCE_RETRIES: its old home)
+
+#: ``control_table``'s default: ``$RESHARD_CONTROL_TABLE``, else ``reshard-control`` (:func:`control_table_name`).
+USE_ENV: Any = type("UseEnv", (), {"__repr__": lambda self: "$RESHARD_CONTROL_TABLE or 'reshard-control'"})()
+
 
 # ReturnConsumedCapacity: a logical request is several physical ones (mirror, lookups,
 # fan-out), each asked for its capacity while the app's request runs; the sum is reported.
@@ -118,13 +124,14 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
     refresh thread and remove its heartbeat.
     """
 
-    def __init__(self, migration: Migration, dynamo: Dynamo, *, control_table: str | None = DEFAULT_CONTROL_TABLE,
+    def __init__(self, migration: Migration, dynamo: Dynamo, *, control_table: str | None = USE_ENV,
                  refresh_seconds: float = 5.0, liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
                  clock: Callable[[], float] = time.monotonic, writer_id: str | None = None,
                  query_workers: int = 8, start: bool = True, version_clock: VersionClock | None = None,
                  switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, control_dynamo: Dynamo | None = None):
         self.migration = migration
+        control_table = control_table_name(control_table)
         self.mapper = KeyMapper(_table_view(migration))
         if migration.changes_table:
             for spec in migration.indexes:
@@ -145,7 +152,7 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
         self._phases = PhaseCache(migration, dynamo, control_table, self.instance_id,
                                   refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, clock=clock,
                                   switch_hold_seconds=switch_hold_seconds, control_clock=control_clock,
-                                  sleep=sleep)
+                                  sleep=sleep, control_dynamo=control_dynamo)
         self._lock = threading.Lock()  # guards the lazily created query pool
         self._executor: ThreadPoolExecutor | None = None
         self._query_workers = max(1, query_workers)
@@ -169,24 +176,35 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_file(cls, path: str, endpoint_url: str | None = None, region_name: str | None = None,
-                  control_table: str | None = DEFAULT_CONTROL_TABLE, refresh_seconds: float = 5.0,
-                  liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None,
-                  **kwargs) -> "ShardedTable":
-        """A shim for the migration file at ``path`` (also for the steady state: keep it after the migration)."""
+                  control_table: str | None = USE_ENV, refresh_seconds: float = 5.0,
+                  liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None, *,
+                  session=None, client=None, config=None, **kwargs) -> "ShardedTable":
+        """A shim for the migration file at ``path`` (also for the steady state: keep it after the migration).
+
+        ``session`` (a boto3 Session), ``client`` (a DynamoDB client) or ``config`` (a botocore
+        Config): the application's own, as it gave them to boto3 (:func:`app_dynamo`).
+        ``control_table``: default ``$RESHARD_CONTROL_TABLE``, else ``reshard-control``; None: none.
+        """
         migration = load(path)
-        dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
+        dynamo, control = app_dynamo(dynamo, endpoint_url, region_name, session, client, config)
         return cls(migration, dynamo, control_table=control_table, refresh_seconds=refresh_seconds,
-                   liveness_seconds=liveness_seconds, **kwargs)
+                   liveness_seconds=liveness_seconds, control_dynamo=control, **kwargs)
 
     @classmethod
     def from_migration_id(cls, migration_id: str, endpoint_url: str | None = None, region_name: str | None = None,
-                          control_table: str = DEFAULT_CONTROL_TABLE, refresh_seconds: float = 5.0,
-                          liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None,
-                          **kwargs) -> "ShardedTable":
-        """A shim for a registered migration; the file text comes from the control table."""
-        dynamo = dynamo or Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
-        return cls(registered_migration(dynamo, control_table, migration_id), dynamo, control_table=control_table,
-                   refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds, **kwargs)
+                          control_table: str = USE_ENV, refresh_seconds: float = 5.0,
+                          liveness_seconds: float = DEFAULT_LIVENESS_SECONDS, dynamo: Dynamo | None = None, *,
+                          session=None, client=None, config=None, **kwargs) -> "ShardedTable":
+        """A shim for a registered migration; the file text comes from the control table.
+        ``session``/``client``/``config`` and ``control_table``: as :meth:`from_file`."""
+        dynamo, control = app_dynamo(dynamo, endpoint_url, region_name, session, client, config)
+        control_table = control_table_name(control_table)
+        if not control_table:
+            raise errors.BadInput("from_migration_id reads the migration from the control table: name one "
+                                  "(control_table= or $RESHARD_CONTROL_TABLE), or use from_file")
+        return cls(registered_migration(control or dynamo, control_table, migration_id), dynamo,
+                   control_table=control_table, refresh_seconds=refresh_seconds, liveness_seconds=liveness_seconds,
+                   control_dynamo=control, **kwargs)
 
     def __enter__(self) -> "ShardedTable":
         return self
@@ -366,6 +384,7 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
 
     @client_errors("Query")
     @with_capacity
+    @_with_page_meta
     def query(self, KeyConditionExpression: str | ConditionBase | None = None, *,
               Key: Mapping[str, Any] | None = None, SortKeyCondition: tuple | None = None,
               FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
@@ -453,6 +472,7 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
 
     @client_errors("Scan")
     @with_capacity
+    @_with_page_meta
     def scan(self, *, FilterExpression: str | ConditionBase | None = None, ProjectionExpression: str | None = None,
              ExpressionAttributeNames: Mapping[str, str] | None = None,
              ExpressionAttributeValues: Mapping[str, Any] | None = None, Select: str | None = None,
@@ -515,6 +535,139 @@ class ShardedTable(Requests, Routes, WriteProtocol, Reads, AppExpressions, Answe
     @property
     def name(self) -> str:
         return self.table
+
+    # ------------------------------------------------------------------ boto3's Table attributes
+    @property
+    def table_name(self) -> str:
+        """The table's name (boto3's identifier), as ``name``."""
+        return self.table
+
+    def load(self) -> None:
+        """As boto3's ``Table.load``: one DescribeTable now (``ResourceNotFoundException`` when the
+        table does not exist); the description attributes read it, the first read loads it."""
+        self._description = self.dynamo.call("describe_table", TableName=self.table)["Table"]
+
+    def reload(self) -> None:
+        """As boto3's ``Table.reload``: :meth:`load` again."""
+        self.load()
+
+    def _described(self, member: str) -> Any:
+        if getattr(self, "_description", None) is None:
+            self.load()
+        return self._description.get(member)
+
+    @property
+    def key_schema(self) -> list[dict]:
+        """The *logical* key: every field a ``Key`` holds (``HASH`` the fields that choose the
+        partition, ``RANGE`` the others), in boto3's shape. The physical schema (``PK``/``SK``) is
+        ``meta.client.describe_table``'s: the application never names those attributes."""
+        m = self.mapper
+        partition = {f for lay in (m.old, m.new) for f in (*lay.partition.fields, *lay.shard_by)}
+        schema = [{"AttributeName": f, "KeyType": "HASH" if f in partition else "RANGE"} for f in m.key_fields]
+        return sorted(schema, key=lambda k: k["KeyType"] != "HASH")  # HASH first, as DynamoDB lists them
+
+    @property
+    def attribute_definitions(self) -> list[dict]:
+        """The logical key fields' types, then the table's other defined attributes (its indexes'
+        keys) from DescribeTable. A field that alone forms a key attribute has that attribute's
+        type; a field rendered into a composite key is text there (``S``)."""
+        defined = {d["AttributeName"]: d["AttributeType"] for d in self._described("AttributeDefinitions") or ()}
+        m = self.mapper
+        alone = {}
+        for lay in (m.old, m.new):
+            for attr, template in ((lay.partition_attr, lay.partition), (lay.sort_attr, lay.sort)):
+                if template is not None and template.identity and attr in defined:
+                    alone[template.fields[0]] = defined[attr]
+        out = [{"AttributeName": f, "AttributeType": alone.get(f, defined.get(f, "S"))}
+               for f in (k["AttributeName"] for k in self.key_schema)]
+        hidden = set(m.key_fields) | (self._key_attrs - self._kept)
+        return out + [{"AttributeName": a, "AttributeType": t} for a, t in defined.items() if a not in hidden]
+
+
+def control_table_name(name: str | None | object = USE_ENV) -> str | None:
+    """The control table a shim reads: the one named, else ``$RESHARD_CONTROL_TABLE`` (as the CLI's
+    ``--control-table``), else ``reshard-control``. None: no control table (steady forever)."""
+    if name is USE_ENV:
+        return os.environ.get("RESHARD_CONTROL_TABLE") or DEFAULT_CONTROL_TABLE
+    return name  # type: ignore[return-value]
+
+
+def app_dynamo(dynamo: Dynamo | None, endpoint_url: str | None, region_name: str | None, session, client,
+               config) -> tuple[Dynamo, Dynamo | None]:
+    """(the Dynamo of the application's requests, the one of the shim's control refresh or None: the same).
+
+    * ``client=`` (the app's DynamoDB client): used as it is; its retries (mode, attempts, backoff)
+      and timeouts stay in force for the app's requests (:meth:`Dynamo.for_app`).
+    * ``session=``/``config=``: a client made from the app's session (credentials, profile, region)
+      with the app's Config merged over the shim's defaults: an option it sets wins; retries it
+      sets are in force as a client's (botocore's path) and on the lean path alike.
+    * none: the shim's own client and bounded policy (``SHIM_RETRIES``, 5 s/30 s timeouts).
+
+    The control refresh keeps the shim's bounded policy whatever the app's (``SHIM_RETRIES``, 5 s
+    connect, 30 s read on the lean path): a refresh must end well within ``liveness_seconds``
+    or the shim fails closed, and it is retried at the next tick anyway; the app's policy may be
+    minutes long (botocore's defaults: 10 attempts of up to 60 + 60 s).
+    """
+    if client is not None:
+        if any(v is not None for v in (dynamo, endpoint_url, region_name, session, config)):
+            raise errors.BadInput("client= is the application's DynamoDB client as it is: pass it alone "
+                                  "(its endpoint, region, credentials and Config come with it), or pass "
+                                  "session=/config=/endpoint_url=/region_name= instead")
+        if getattr(getattr(client, "meta", None), "service_model", None) is None or \
+                client.meta.service_model.service_name != "dynamodb":
+            raise errors.BadInput("client= must be a boto3 DynamoDB client (boto3.client(\"dynamodb\"), "
+                                  "or resource.meta.client)")
+        app = Dynamo.for_app(client)
+    elif dynamo is not None:
+        if session is not None or config is not None:
+            raise errors.BadInput("dynamo= already holds a client: pass session=/config= or dynamo=, not both")
+        return dynamo, None
+    elif session is None and config is None:
+        app = Dynamo(endpoint_url=endpoint_url, region=region_name, retry=SHIM_RETRIES)
+    else:
+        made = make_client(endpoint_url=endpoint_url, region=region_name, session=session, config=config)
+        sets_retries = config is not None and "retries" in getattr(config, "_user_provided_options", {})
+        app = Dynamo.for_app(made) if sets_retries else Dynamo(made, retry=SHIM_RETRIES)
+    # Always a Dynamo of its own (``background``): a tracer that pulls the app's requests onto
+    # botocore's path (reshard/aws/lean.py) leaves the refresh thread's on the lean path -- no
+    # application trace holds them (X-Ray would log a missing segment for each).
+    return app, app.with_retry(SHIM_RETRIES, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                               read_timeout=READ_TIMEOUT_SECONDS)
+
+
+def _description_attribute(member: str) -> property:
+    def get(self: ShardedTable) -> Any:
+        return self._described(member)
+    get.__doc__ = f"DescribeTable's ``{member}`` of the table (boto3's Table attribute; loaded on first use)."
+    return property(get)
+
+
+#: The members of DynamoDB's TableDescription (botocore's model; listed, not loaded: reading the
+#: service model costs ~80 ms at import). boto3's Table has one attribute per member.
+_TABLE_DESCRIPTION = (
+    "AttributeDefinitions", "TableName", "KeySchema", "TableStatus", "CreationDateTime", "ProvisionedThroughput",
+    "TableSizeBytes", "ItemCount", "TableArn", "TableId", "BillingModeSummary", "LocalSecondaryIndexes",
+    "GlobalSecondaryIndexes", "StreamSpecification", "LatestStreamLabel", "LatestStreamArn", "GlobalTableVersion",
+    "Replicas", "GlobalTableWitnesses", "GlobalTableSettingsReplicationMode", "RestoreSummary", "SSEDescription",
+    "ArchivalSummary", "TableClassSummary", "DeletionProtectionEnabled", "OnDemandThroughput", "WarmThroughput",
+    "MultiRegionConsistency")
+
+
+# The rest of boto3's Table attributes (table_status, item_count, global_secondary_indexes, ...): the
+# physical table's, as DescribeTable answers (key_schema, attribute_definitions: logical, above).
+def _add_description_attributes() -> frozenset:
+    from botocore import xform_name
+    added = set()
+    for member in _TABLE_DESCRIPTION:
+        name = xform_name(member)
+        if not hasattr(ShardedTable, name):
+            setattr(ShardedTable, name, _description_attribute(member))
+            added.add(name)
+    return frozenset(added)
+
+
+#: The public members whose only request is :meth:`ShardedTable.load`'s DescribeTable (iam.SHIM_METHODS' ``load`` row).
+LOADS = _add_description_attributes() | {"reload", "attribute_definitions"}
 
 
 #: The low-level operations that read or write this table's items: through ``meta.client``
