@@ -809,7 +809,7 @@ class Differential(RuleBasedStateMachine):
                                                                                "note": VALUES["note"]})),
                                  min_size=1, max_size=4))
         if "batch_dup" in UNFIXED:
-            ops = list({repr(canonical(self.keys_for(p, s)[0])): (w, p, s, a) for w, p, s, a in ops}.values())
+            ops = list({repr(_normalised(self.keys_for(p, s)[0])): (w, p, s, a) for w, p, s, a in ops}.values())
 
         def run(table, shim: bool):
             with table.batch_writer() as bw:
@@ -902,7 +902,7 @@ class Differential(RuleBasedStateMachine):
                                    max_size=4))
         seen, unique = set(), []
         for pair in pairs:  # one request per key (DynamoDB refuses duplicates); 1.5 and 1.50 are one key
-            ident = repr(canonical(self.keys_for(*pair)[0]))
+            ident = repr(_normalised(self.keys_for(*pair)[0]))
             if ident not in seen:
                 seen.add(ident)
                 unique.append(pair)
