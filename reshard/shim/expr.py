@@ -492,7 +492,9 @@ def _text(node: tuple, names: dict, values: dict) -> str:
         return f"({_text(node[1], names, values)}) {kind.upper()} ({_text(node[2], names, values)})"
     if kind == "not":
         return f"NOT ({_text(node[1], names, values)})"
-    op = lambda n: _operand_text(n, names, values)  # noqa: E731
+    def op(n: tuple) -> str:
+        return _operand_text(n, names, values)
+
     if kind == "cmp":
         return f"{op(node[2])} {node[1]} {op(node[3])}"
     if kind == "between":

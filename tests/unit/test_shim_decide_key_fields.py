@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reshard.core import expressions
-from reshard.shim.expr import decide_key_fields, updated_paths, split_clauses
+from reshard.shim.expr import decide_key_fields, split_clauses, updated_paths
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +52,7 @@ def test_decided_conditions_answer_as_on_the_logical_item(cond, names, values, o
 
 def test_untouched_conditions_and_placeholders_shared_with_the_update():
     assert decide("val > :t", {}, {":t": {"N": "1"}}) == ("val > :t", {}, {":t": {"N": "1"}})
-    text, names, values = decide("attribute_exists(#s) AND #v = :v", {"#s": "sensor_id", "#v": "val"},
+    _, names, values = decide("attribute_exists(#s) AND #v = :v", {"#s": "sensor_id", "#v": "val"},
                                  {":v": {"N": "1"}}, elsewhere="SET #v = :v")
     assert "#v" in names and ":v" in values and "#s" not in names  # #v/:v: still used by the update
     assert decide("bad ((", {"#x": "a"}, {}) == ("bad ((", {"#x": "a"}, {})  # DynamoDB answers
