@@ -49,11 +49,7 @@ pytestmark = pytest.mark.integration
 
 #: Inputs of differences found and not fixed yet (issue 26's case numbers): not generated, so the
 #: fuzzer looks past them. Each is removed with its fix; the list must end empty.
-UNFIXED = {
-    # found by this fuzzer: a query with a FilterExpression and a ProjectionExpression that leaves
-    # the filter's attributes out returns no item (random-suffix layout)
-    "query_projection",
-}
+UNFIXED: set[str] = set()
 
 EXAMPLES = int(os.environ.get("RESHARD_FUZZ_EXAMPLES", "2"))
 STEPS = int(os.environ.get("RESHARD_FUZZ_STEPS", "25"))
@@ -350,6 +346,14 @@ def conditions(draw, names: tuple, depth: int = 0):
     # On a key field, existence half the time: a create-only put, an update of what exists.
     op = draw(st.sampled_from(["exists", "not_exists"])) if on_key and draw(st.booleans()) else \
         draw(st.sampled_from(ops))
+    if op == "type" and name in ("note", "blob", "flag"):
+        # dynalite answers attribute_type(x, S|B|BOOL) false for "", b"" and false (its JavaScript
+        # falsy values; DynamoDB: true), and the shim evaluates a filter itself: no reference there.
+        op = "exists"
+    if op == "size" and name == "note":
+        # size("ü"): dynalite counts characters, the shim's core/expressions UTF-8 bytes (DynamoDB's
+        # PartiQL size() page says bytes); not verified against DynamoDB here: no reference either.
+        op = "not_exists"
     if op == "exists":
         return attr.exists()
     if op == "not_exists":
