@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -159,6 +160,26 @@ def _retry_metadata(outcome, attempts: int, gave_up: bool) -> None:
         meta["MaxAttemptsReached"] = True
     else:
         meta.pop("MaxAttemptsReached", None)
+
+
+#: Whether :meth:`Dynamo.call` may send again an attempt whose outcome is unknown (a read
+#: timeout, a dropped connection, a 5xx: the request may have been applied). A writer that
+#: cannot repeat its write safely (an ``ADD``, a conditional write: a second application, or a
+#: condition failing on its own first effect) sets it False around the call and decides itself
+#: from a read; the raised error then has ``outcome_unknown = True`` (issue 25, r25's B2).
+RETRY_UNKNOWN: ContextVar[bool] = ContextVar("reshard_retry_unknown", default=True)
+
+#: Network failures before the request was sent: never applied.
+_NOT_SENT = (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError)
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed attempt may have been applied all the same (its answer was lost)."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return code not in THROTTLE_CODES and (code in TRANSIENT_CODES or status >= 500)
+    return isinstance(exc, _NETWORK_ERRORS) and not isinstance(exc, _NOT_SENT)
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -504,6 +525,7 @@ class Dynamo:
         # Who retries: this loop, unless botocore does (an application's client under its own
         # retry configuration, on botocore's path): then its attempts are inside one call here.
         ours = on_lean or not self.client_retries
+        retry_unknown = RETRY_UNKNOWN.get()
         attempts = 1
         started = time.monotonic()
         try:
@@ -516,10 +538,11 @@ class Dynamo:
             if isinstance(e, botocore.exceptions.ClientError):
                 _answered.add(self.endpoint_url)
                 self._note_answer(e.response)
-            if not _is_retryable(e) or p.max_attempts <= 1 or not ours:
+            unsent_again = not retry_unknown and outcome_unknown(e)
+            if not _is_retryable(e) or p.max_attempts <= 1 or not ours or unsent_again:
                 if ours:
                     _retry_metadata(e, 1, _is_retryable(e))
-                raise self._failure(operation, e) from e
+                raise self._failure(operation, e, unsent_again) from e
             first = e
         else:
             first = None
@@ -541,7 +564,7 @@ class Dynamo:
             if self._gives_up_unanswered() and isinstance(first, botocore.exceptions.EndpointConnectionError):
                 stop = stop | _Unanswered(self, self.first_contact_attempts)
             retrying = Retrying(
-                retry=retry_if_exception(_is_retryable),
+                retry=retry_if_exception(lambda e: _is_retryable(e) and (retry_unknown or not outcome_unknown(e))),
                 # the total time counts from the first attempt, not from tenacity's start
                 stop=stop,
                 wait=wait_random_exponential(multiplier=p.base_seconds, max=p.max_backoff_seconds),
@@ -557,7 +580,7 @@ class Dynamo:
                 if isinstance(e, botocore.exceptions.ClientError):
                     self._note_answer(e.response)
                 _retry_metadata(e, attempts, _is_retryable(e))
-                raise self._failure(operation, e) from e
+                raise self._failure(operation, e, not retry_unknown and outcome_unknown(e)) from e
         if ours:
             _retry_metadata(resp, attempts, False)
         _answered.add(self.endpoint_url)
@@ -581,9 +604,14 @@ class Dynamo:
         return bool(self.first_contact_attempts) and self.endpoint_source is not None \
             and self.endpoint_url not in _answered
 
-    def _failure(self, operation: str, exc: BaseException) -> errors.ReshardError:
+    def _failure(self, operation: str, exc: BaseException, unknown: bool = False) -> errors.ReshardError:
         """The reshard error for a call's last failure (:func:`translate`), or, for a given
-        endpoint that never answered, bad input naming it."""
+        endpoint that never answered, bad input naming it. ``unknown``: the attempt may have
+        been applied and was not sent again (:data:`RETRY_UNKNOWN`): ``outcome_unknown`` on it."""
+        if unknown:
+            err = translate(operation, exc)
+            err.outcome_unknown = True
+            return err
         if isinstance(exc, botocore.exceptions.ClientError):
             _answered.add(self.endpoint_url)
         elif isinstance(exc, botocore.exceptions.EndpointConnectionError) and self._gives_up_unanswered():

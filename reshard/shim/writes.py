@@ -69,14 +69,14 @@ import logging
 from typing import Any, Callable, Mapping
 
 from reshard import errors
-from reshard.aws.dynamo import expression_kwargs
+from reshard.aws.dynamo import RETRY_UNKNOWN, expression_kwargs
 from reshard.core.decode import safe_text
 from reshard.core.layout import (GONE_ATTR, MAX_ITEM_BYTES, NEW_COPY_ATTR, SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR,
                                  is_retired, is_tombstone, item_size)
 from reshard.core.versions import fence_for, newest, not_version, own_attempt, stored_version, unchanged, version_of
 from reshard.core.wire import dump_key, still_as_read
 from reshard.shim import metrics as shim_metrics
-from reshard.shim.errors import ItemTooLarge, OldValuesUnknown
+from reshard.shim.errors import ItemTooLarge, OldValuesUnknown, OutcomeUnknown
 from reshard.shim.expr import TOMBSTONE_NAME, and_conditions, merge_update, tombstone_aware
 from reshard.shim.index_values import (IndexUpdate, index_actions, index_update_plan, read_changed, update_effect,
                                        write_value)
@@ -521,6 +521,12 @@ class WriteProtocol:
         still retired and unchanged, and the write is tried again.
         """
         version = self.versions.next() if st.stamps else None
+        # A write that may not be repeated blindly (an update: an ADD would apply twice; a
+        # conditional write: its condition would fail on its own first effect) is not sent
+        # again after a lost answer: one consistent read decides (below).
+        # Without a version (the steady state) nothing could tell our attempt from another
+        # writer's: boto3's behaviour, a retry, stays.
+        unsafe = bool(version) and (update or bool(app_condition))
         for _ in range(MAX_FENCE_RETRIES + 1):
             names: dict = {}
             values: dict = {}
@@ -534,8 +540,13 @@ class WriteProtocol:
                 condition = and_conditions(app_condition, ours)
                 names.update(fence.names)
                 values.update(fence.values)
+            token = RETRY_UNKNOWN.set(False) if unsafe else None
             try:
-                return version, attempt(version, condition, names, values)
+                try:
+                    return version, attempt(version, condition, names, values)
+                finally:
+                    if token is not None:
+                        RETRY_UNKNOWN.reset(token)
             except errors.ConditionalCheckFailed:
                 if fence is None:
                     raise  # no condition of ours in this phase: only the app's can have failed
@@ -565,6 +576,23 @@ class WriteProtocol:
                 # Otherwise the newer item that beat our fence was replaced or removed
                 # before our read (e.g. by an unfenced cleanup-phase instance): try again.
                 version = self.versions.next()
+            except errors.AWSError as e:
+                if not getattr(e, "outcome_unknown", False):
+                    raise
+                # Its answer was lost: did it land? Ours stored: yes (exactly once). In a fenced
+                # phase an older (or no) version stored: no (a landed attempt is only ever
+                # replaced by a newer version), so send it again. Anything else: unknown.
+                item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+                if own_attempt(version, item):
+                    log.info("reshard shim %s: %s landed on a lost answer; not applied again", self.instance_id, key)
+                    return version, _Landed(Attributes=item)
+                if st.routing.fenced and not is_retired(item) and (
+                        item is None or version_of(item) is None or stored_version(
+                            item, self.versions.now(), f"item {_key_text(key)} of table {self.table!r}") < version):
+                    continue
+                log.warning("reshard shim %s: the outcome of a write to %s is unknown (its answer was lost, another "
+                            "write is stored now); not sent again", self.instance_id, key)
+                raise OutcomeUnknown("UpdateItem" if update else "PutItem") from e
         # Bounded: a writer that keeps losing (a badly lagging clock, a hot key) fails
         # the request loudly instead of spinning.
         raise errors.AWSError("write", "ReshardVersionConflict",
