@@ -89,7 +89,7 @@ def _draw(env, report: dict, tty: bool) -> None:
     if env.output == "json" and env.query is None:
         click.echo(json.dumps(plain(report), sort_keys=True, separators=(",", ":"), default=json_default))
         return
-    if env.output != "text" or env.query is not None:
+    if env.output is not None or env.query is not None:  # --output text/table or --query: the data, per frame
         env.emit(report, "")
         return
     text = render.status_text(report)

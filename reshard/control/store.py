@@ -189,7 +189,7 @@ class ControlStore:
         return jobs_pk(migration_id, job)
 
     def register(self, m: Migration, who: str | None = None, *, request_horizon: float = DEFAULT_HORIZON_SECONDS,
-                 server_deadline: bool = False) -> tuple[MigrationState, bool]:
+                 server_deadline: bool = False, previous_horizon: float = 0.0) -> tuple[MigrationState, bool]:
         """Register a migration as ``planned``. Idempotent for a file of the same meaning.
 
         Returns (state, created). A file that differs from the registered one only in what is
@@ -222,11 +222,14 @@ class ControlStore:
             "request_horizon": N(clamp_horizon(request_horizon)),
             "server_deadline": S("enforced" if server_deadline else "off"),
         }
+        if previous_horizon:  # the horizon of the marker's previous owner: `planned` outlasts it
+            item["previous_horizon"] = N(clamp_horizon(previous_horizon))
         try:
             self.put(item, condition="attribute_not_exists(pk)")
         except errors.ConditionalCheckFailed:
             # Someone registered the same id between our read and write.
-            return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline)
+            return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline,
+                                 previous_horizon=previous_horizon)
         self.stamp_since(m.id, 1)
         self.record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True
@@ -362,15 +365,33 @@ class ControlStore:
         except errors.ConditionalCheckFailed:
             pass  # moved on meanwhile, or already recorded
 
-    def clear_newer_may_be(self, migration_id: str, version: int, flag: str) -> bool:
-        """Clear the catch-up flag, only if the migration is still at ``version`` with ``flag``
-        (a verify that started in this phase version passed). False: it moved, or is clear."""
+    def clear_newer_may_be(self, state: MigrationState, who: str) -> bool:
+        """Clear the catch-up flag of ``state`` (a verify that started in its phase version
+        passed), only if the migration is still at that version with that flag. False: it
+        moved, or is clear.
+
+        A phase change in all but name: the version is bumped (``phase_since`` stamped anew,
+        the history records it), so the fleet must acknowledge the cleared flag, and with a
+        server deadline the phase must last ``H`` again, before the next move. A shim still
+        on the flagged version reads both layouts and repairs before it writes; next to a
+        ``cleanup`` shim (plain deletes of the new copy only) its read would find the old
+        copy again.
+        """
+        now = self.clock()
         try:
-            self.update(self.mpk(migration_id), META, "REMOVE newer_may_be",
-                        condition="phase_version = :v AND newer_may_be = :f", values={":v": N(version), ":f": S(flag)})
-            return True
+            self.update(self.mpk(state.id), META,
+                        "SET phase_version = :nv, updated_at = :now, updated_by = :who, last_from = :ph, "
+                        "last_to = :ph, last_action = :act REMOVE newer_may_be, phase_since",
+                        condition="phase_version = :v AND phase = :ph AND newer_may_be = :f",
+                        values={":nv": N(state.phase_version + 1), ":now": N(now), ":who": S(who),
+                                ":ph": S(state.phase.value), ":act": S("catch-up"), ":v": N(state.phase_version),
+                                ":f": S(state.newer_may_be or "")})
         except errors.ConditionalCheckFailed:
             return False
+        self.stamp_since(state.id, state.phase_version + 1)
+        self.record_history(state.id, Transition(state.phase_version + 1, state.phase.value, state.phase.value,
+                                                 "catch-up", who, now))
+        return True
 
     def mark_retired(self, state: MigrationState, who: str) -> None:
         """Compare-and-set ``retired`` on an aborted migration, bumping ``phase_version`` so

@@ -119,9 +119,20 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
             f"`reshard advance {migration_id}` to finish the switch or `reshard rollback {migration_id}` to undo it")
     if state.newer_may_be is not None and catch_up_verified(store, state) is not None:
         # A verify started after the switch passed: clear the catch-up flag (the operator's
-        # write: workers may not write the phase row), conditioned on this phase version.
-        if store.clear_newer_may_be(migration_id, state.phase_version, state.newer_may_be):
+        # write: workers may not write the phase row), conditioned on this phase version. It
+        # bumps the version: the fleet acknowledges the cleared flag before the move is judged,
+        # as for any phase change. The operator asked for the move, not for this step, so it is
+        # waited for as a switch is (a healthy fleet acknowledges within a refresh or two).
+        if store.clear_newer_may_be(state, who):
             state = store.load_state(migration_id)
+            if say is not None:
+                say(f"catch-up verified: the flag is cleared (phase version {state.phase_version}); waiting for "
+                    "the fleet to acknowledge it before the move")
+            census = fleet.census(store, migration_id, state.phase_version)
+            wait = max(lease_wait, default_switch_wait(census) if switch_wait is None else switch_wait)
+            if not census.acknowledged:
+                fleet.wait_for_ack(store, migration_id, state.phase_version, wait, sleep=sleep,
+                                   poll=SWITCH_POLL_SECONDS)
     writers = None
     if action is Action.ADVANCE and state.phase is Phase.BACKFILL and not state.server_deadline:
         # Cutover makes the new layout authoritative: no backfill or repair worker may

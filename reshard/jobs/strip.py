@@ -9,9 +9,9 @@ each item with an ``UpdateItem REMOVE`` conditioned on the version scanned.
 Why this is safe while shims still run the migration's file in ``complete``
     ``complete`` routes every read and write to one layout (the new one), unfenced and
     without tombstones (:data:`reshard.core.phases.ROUTING`), and every live shim has
-    acknowledged it before the pass starts (the runner checks). So no write compares a
-    stored ``_rs_v`` any more, no read picks the newest of two copies, and no job tells
-    layouts apart by ``_rs_new``: the attributes are inert. The pass only REMOVEs those
+    acknowledged it before the pass starts (the runner checks). So no write is fenced by
+    a stored ``_rs_v`` any more (only a retry's ``_rs_v <> :v``: below), no read picks the
+    newest of two copies, and no job tells layouts apart by ``_rs_new``: the attributes are inert. The pass only REMOVEs those
     attributes, never touches an application attribute, and conditions each REMOVE on
     the version it scanned (or, for an unversioned item, on it still existing
     unversioned): a shim write that lands between the scan and the REMOVE stamped a
@@ -22,6 +22,16 @@ Why this is safe while shims still run the migration's file in ``complete``
     pass is lasting only once the application runs without the migration (a steady
     shim or a plain Table writes no bookkeeping); run it again then.
 
+A stripped ``_rs_v`` must outlive every duplicate of the write that stamped it (issue 25, r25's
+B1): in ``complete`` a shim's retry is kept from applying twice by ``_rs_v <> :v`` (its own
+attempt's version), and that compares against nothing once ``_rs_v`` is gone. A duplicate (a
+retry after a lost answer, a request held in the network) is refused by DynamoDB once its
+signature date is older than ``H`` past its fact, and its fact is older than its landing. So
+with a server deadline each page's REMOVEs are sent only ``H + DATE_MARGIN`` after the page's
+scan answer came (the scan saw the stamp, so the stamping write had landed by then), and each
+is conditioned on the version the scan saw: a newer write meanwhile fails it. Cost: a strip
+pass takes at least ``H + 2`` s per page per segment (use more segments on a big table).
+
 A tombstone (``_rs_del``) is never stripped, which would turn a delete into a visible
 item: it is deleted, conditioned on its version (nothing writes tombstones in
 ``complete``, so any left is garbage).
@@ -30,10 +40,12 @@ item: it is deleted, conditioned on its version (nothing writes tombstones in
 from __future__ import annotations
 
 import math
+import time
 
 from reshard.aws.dynamo import Dynamo
 from reshard.control.horizon import await_before_removal
 from reshard.control.store import ControlStore
+from reshard.core.deadlines import DATE_MARGIN_SECONDS
 from reshard.core.layout import VERSION_ATTR, item_size, not_data, strip_action
 from reshard.core.phases import STRIP_JOB
 from reshard.core.versions import unchanged, version_of
@@ -51,7 +63,13 @@ class Stripper:
     """The page function of a strip pass."""
 
     def __init__(self, dynamo: Dynamo, table: str, key_attrs: tuple[str, ...], budget: CapacityBudget,
-                 opts: JobOptions):
+                 opts: JobOptions, hold_seconds: float = 0.0, sleep=time.sleep,
+                 monotonic=time.monotonic):
+        #: How long after a page's scan answer its REMOVEs may be sent (H + DATE_MARGIN with a
+        #: server deadline, else 0): every duplicate of the writes it saw has expired by then.
+        self.hold_seconds = hold_seconds
+        self.sleep = sleep
+        self.monotonic = monotonic
         self.dynamo = dynamo
         self.table = table
         self.key_attrs = key_attrs
@@ -62,7 +80,14 @@ class Stripper:
         counts = dict.fromkeys(COUNTERS, 0)
         # Consistent: an item written a moment ago would be missing from a stale page, never stripped.
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size, consistent=True)
+        scanned_at = self.monotonic()
         items = resp.get("Items", [])
+        if self.hold_seconds and any(strip_action(i)[0] != "clean" for i in items if not not_data(i)):
+            left = self.hold_seconds - (self.monotonic() - scanned_at)
+            while left > 0:  # in slices: a stopped job (Ctrl-C, the phase guard) does not sleep it all out
+                ctx.write_guard()
+                self.sleep(min(left, 1.0))
+                left = self.hold_seconds - (self.monotonic() - scanned_at)
         for item in items:
             if not_data(item):  # the table marker (it stays after complete), a retired leftover
                 counts["not_data"] += 1
@@ -105,8 +130,9 @@ class Stripper:
 
 def _make_page(ctx: JobContext):
     keys = ctx.migration.keys  # the key attribute names, whatever the layouts (an index-only file has none)
+    hold = ctx.state.request_horizon + DATE_MARGIN_SECONDS if ctx.state.server_deadline else 0.0
     return Stripper(ctx.dynamo, ctx.migration.table, [keys.partition] + ([keys.sort] if keys.sort else []),
-                    ctx.budget, ctx.options).page
+                    ctx.budget, ctx.options, hold_seconds=hold, sleep=ctx.sleep).page
 
 
 def _check(store: ControlStore, state, options: JobOptions) -> float:

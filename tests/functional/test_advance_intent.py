@@ -87,12 +87,12 @@ def test_the_operator_who_began_a_switch_is_not_told_nothing_was_done(moto_dynam
     fired = []
 
     class AStore(ControlStore):
-        def set_phase(self, state, target, action, who, switching=False):
+        def set_phase(self, state, target, action, who, switching=False, **kw):
             if action == "switch" and not fired:
                 fired.append(True)
                 transition(ControlStore(moto_dynamo, "switch-ctl"), m.id, Action.ADVANCE, who="b@h2",
                            allow_no_shims=True)  # B finishes A's switch
-            return real(self, state, target, action, who, switching)
+            return real(self, state, target, action, who, switching, **kw)
 
     before, after = transition(AStore(moto_dynamo, "switch-ctl"), m.id, Action.ADVANCE, who="a@h1",
                                allow_no_shims=True)

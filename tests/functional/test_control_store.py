@@ -269,7 +269,7 @@ def test_gates_are_passed_in(store):
     assert after.phase is Phase.CUTOVER and calls[-1] == (store, Phase.BACKFILL)
     # The catch-up flag (docs/late-writes.md) is the rules' own, not a gate: clear it as the
     # passing verify after the switch would.
-    assert store.clear_newer_may_be(MID, after.phase_version, "old")
+    assert store.clear_newer_may_be(after, "setup")
     transition(store, MID, Action.ADVANCE, gates=fake_gates, allow_no_shims=True)
     with pytest.raises(errors.RefusedTransition, match="3 segments left: run cleanup"):
         transition(store, MID, Action.ADVANCE, gates=fake_gates, allow_no_shims=True)

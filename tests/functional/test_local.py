@@ -18,14 +18,16 @@ import botocore.config
 import pytest
 
 from reshard.cli.main import main
+from reshard.core.layout import hash_shard
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SENSOR_FILE = ROOT / "migrations" / "0001_sensor_events.toml"
 
 
 def scan_export(n: int) -> dict:
-    """What `aws dynamodb scan --output json` prints for n items of the 0001 layout."""
-    return {"Items": [{"PK": {"S": f"sensor-{i % 3}#{i % 16}"}, "SK": {"S": f"2024-10-27T15:00:{i:02d}Z"},
+    """What `aws dynamodb scan --output json` prints for n items of the 0001 layout (PK's shard from the
+    file's rule: plan refuses items whose key disagrees with it)."""
+    return {"Items": [{"PK": {"S": f"sensor-{i % 3}#{hash_shard(f'e-{i}', 16)}"}, "SK": {"S": f"2024-10-27T15:00:{i:02d}Z"},
                        "sensor_id": {"S": f"sensor-{i % 3}"}, "event_id": {"S": f"e-{i}"},
                        "temp": {"N": str(20 + i)}} for i in range(n)],
             "Count": n, "ScannedCount": n}

@@ -17,6 +17,7 @@ import pytest
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo, RetryPolicy, make_client
+from reshard.aws.local import wait_active
 
 from tests.hostile_server import Fault, HostileProxy, answer, on_table
 
@@ -31,6 +32,7 @@ def proxied(dynalite_server, unique_name):
     d.call("create_table", TableName=unique_name, BillingMode="PAY_PER_REQUEST",
            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}])
+    wait_active(d, unique_name)  # dynalite answers a CREATING table's GetItem with ResourceNotFound
     with HostileProxy(dynalite_server.endpoint) as proxy:
         yield proxy, unique_name
 

@@ -77,7 +77,7 @@ def api_advance(env, mid: str, n: int = 1, gates=None) -> None:
         state = env["store"].load_state(mid)
         if gates and state.newer_may_be:
             # Open gates stand in for the jobs; the catch-up verify is one of them here.
-            env["store"].clear_newer_may_be(mid, state.phase_version, state.newer_may_be)
+            env["store"].clear_newer_may_be(state, "setup")
         transition(env["store"], mid, Action.ADVANCE, allow_no_shims=True, **kwargs)
 
 

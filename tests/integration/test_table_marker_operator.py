@@ -36,7 +36,7 @@ def walk(store, mid, to: Phase):
     while store.load_state(mid).phase is not to:
         state = store.load_state(mid)
         if state.newer_may_be:  # the catch-up verify is tested elsewhere: clear the flag as a passing one would
-            store.clear_newer_may_be(mid, state.phase_version, state.newer_may_be)
+            store.clear_newer_may_be(state, "setup")
         transition(store, mid, Action.ADVANCE, allow_no_shims=True, gates=OPEN_GATES)
 
 

@@ -69,7 +69,7 @@ def lift_catch_up(store, migration_id: str) -> None:
     transition would after one."""
     state = store.load_state(migration_id)
     if state.newer_may_be:
-        store.clear_newer_may_be(migration_id, state.phase_version, state.newer_may_be)
+        store.clear_newer_may_be(state, "setup")
 
 
 #: The gates, open: scenarios race transitions, they do not re-prove the gates' bookkeeping.

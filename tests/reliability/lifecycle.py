@@ -208,7 +208,10 @@ class Lifecycle:
         state = self.store.load_state(self.m.id)
         census = fleet.wait_for_ack(self.store, self.m.id, state.phase_version, 30, poll=0.1)
         assert census.acknowledged, f"shims did not acknowledge {state.phase}: {census.lagging}"
-        before, after = transition(self.store, self.m.id, action, who="chaos-test", allow_no_shims=True)
+        # The fleet gets as long to acknowledge a switch or a catch-up clear as it got above: on
+        # a loaded machine a shim's refresh is late (the default wait is ~1.2 refresh intervals).
+        before, after = transition(self.store, self.m.id, action, who="chaos-test", allow_no_shims=True,
+                                   switch_wait=30)
         self.transitions.append(f"{before.phase}->{after.phase}")
         self.log(f"{before.phase} -> {after.phase}")
         time.sleep(dwell)  # let the traffic run in the new phase (and the shims pick it up)
