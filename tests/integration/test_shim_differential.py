@@ -15,7 +15,7 @@ Every call must give the same result or the same error code; at the end both hol
 logical items. A difference the shim documents (docs/shim.md, "Differences ... and refusals")
 is normalised away in :func:`canonical` / :data:`KNOWN`, each with its reason; nothing else is.
 
-Budget: ``RESHARD_FUZZ_EXAMPLES`` examples per layout (default 12 in CI) of up to
+Budget: ``RESHARD_FUZZ_EXAMPLES`` examples per layout and start phase (default 2: 81 cases in CI) of up to
 ``RESHARD_FUZZ_STEPS`` steps (default 25); a longer run is one command::
 
     RESHARD_FUZZ_EXAMPLES=500 python3 -m pytest -n 4 tests/integration/test_shim_differential.py
