@@ -9,6 +9,7 @@ figures the test prints and asserts on.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -17,8 +18,10 @@ import subprocess
 import time
 from decimal import Decimal
 
+from reshard import errors
 from reshard.control.store import ControlStore
 from reshard.aws.dynamo import Dynamo, RetryPolicy, to_wire
+from reshard.core.deadlines import STEADY_HORIZON_SECONDS
 from reshard.core.layout import KeyMapper, is_tombstone
 from reshard.core.migration import load
 from reshard.core.phases import Action, Phase
@@ -52,6 +55,15 @@ SOAK_FIDELITY = os.environ.get("RESHARD_CHAOS_FIDELITY") == "1"
 if os.environ.get("RESHARD_CHAOS_FIDELITY_SETTINGS"):
     EVERY_BEHAVIOUR = {**EVERY_BEHAVIOUR, **json.loads(os.environ["RESHARD_CHAOS_FIDELITY_SETTINGS"])}
 LATE_FAULTS = os.environ.get("RESHARD_CHAOS_LATE") == "1"
+#: The request horizon (``start --request-horizon``) of a migration run with the server deadline
+#: enforced (the late faults' lifecycles): short, so the phases' H + 2 waits stay short.
+LATE_HORIZON = 2.0
+#: How long a switch (and the catch-up clear) waits for the fleet then, as `advance --wait` does:
+#: with a 2 s horizon a shim's fact is stale after one failed refresh, and the refreshes read two
+#: keys the scaled partition limit throttles (the marker on the data table; the data table's
+#: limit is 6 RCU/s here against 3,000 on DynamoDB), so a shim may need several tries to
+#: acknowledge. (The default, 1.2 refresh intervals + 2 s, abandons the switch, safely.)
+SWITCH_WAIT = 10.0
 WRITE_OPS = ["PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"]
 
 
@@ -93,16 +105,37 @@ def invoices_workload() -> Workload:
 WORKLOADS = {"sensor": sensor_workload, "hourly": hourly_workload, "invoices": invoices_workload}
 
 
+class LostMirrors(logging.Handler):
+    """The keys of the shims' mirror writes that never landed: refused past their horizon (a
+    mirror held or retried too long, or left unsent for want of a fresh fact) or failed after
+    every retry. By design the authoritative write stands and the app's write succeeds
+    (reshard/shim/table.py ``_mirror``, docs/late-writes.md): the other layout is behind until
+    the switch's catch-up or ``verify --repair``. A verify before then reports exactly these."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.keys: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, str) and record.msg.startswith("reshard shim %s: mirror write of %s") \
+                and isinstance(record.args, tuple) and len(record.args) >= 2 and isinstance(record.args[1], dict):
+            self.keys.add(json.dumps(record.args[1], sort_keys=True))
+
+
 class Lifecycle:
     """One migration under chaos (see the module docstring)."""
 
     def __init__(self, tmp_path, kind: str, seed: int, n_items: int, n_inserts: int, threads: int = 4,
-                 fidelity: dict | None = None, late_faults: bool = LATE_FAULTS, proxy_process: bool | None = None):
+                 fidelity: dict | None = None, late_faults: bool = LATE_FAULTS, proxy_process: bool | None = None,
+                 server_deadline: bool | None = None):
         """``fidelity``: the proxy's DynamoDB behaviours to switch on (EVERY_BEHAVIOUR, or all
         of them under RESHARD_CHAOS_FIDELITY=1); ``late_faults``: add late requests, lost
         answers and late duplicates of data-table writes once the application starts;
         ``proxy_process``: the proxy as a process of its own (default: when behaviours are on,
-        whose CPU per request exceeds a client's)."""
+        whose CPU per request exceeds a client's); ``server_deadline``: `start` without
+        ``--no-server-deadline``, with ``--request-horizon`` LATE_HORIZON (default: with the late
+        faults, which only the horizon fences: docs/late-writes.md; the proxy enforces the
+        signature window)."""
         self.kind, self.seed = kind, seed
         self.rng = random.Random(seed)
         self.server = DynaliteServer(tmp_path / "db")
@@ -114,6 +147,7 @@ class Lifecycle:
         if self.fidelity.get("partition_throughput"):
             self.fidelity.setdefault("partition_tables", [self.table])  # the scaled limit: the data table's
         self.late_faults = late_faults
+        self.server_deadline = late_faults if server_deadline is None else server_deadline
         process = bool(self.fidelity) if proxy_process is None else proxy_process
         self.proxy = (FaultProcess if process else FaultProxy)(self.server.port, seed=seed, **self.fidelity).start()
         self.proxy.enabled = False  # setup and seeding run clean; chaos starts with the app
@@ -126,6 +160,11 @@ class Lifecycle:
         self.store = ControlStore(self.faulty, self.control)
         self.workload = WORKLOADS[kind]()
         self.oracle = Oracle()
+        if late_faults:
+            # A late copy of a write lands up to the horizon after it was sent (signed with
+            # its fact + H, the fact at most "now"; 1 s for the Date header's resolution) --
+            # without the server deadline, up to the proxy's longest hold (3 s, real time).
+            self.oracle.late_window = LATE_HORIZON + 1.0 if self.server_deadline else 3.0
         self.n_items, self.n_inserts, self.n_threads = n_items, n_inserts, threads
         self.kills = 0
         self.backfill_runs = 0
@@ -133,6 +172,10 @@ class Lifecycle:
         self.shims: list[ShardedTable] = []
         self.apps: list[AppThread] = []
         self.unmappable: list[dict] = []
+        self.lost_mirrors = LostMirrors()
+        logging.getLogger("reshard.shim").addHandler(self.lost_mirrors)
+        self.repairs: list[dict] = []
+        self.abandoned_switches = 0
         self.t0 = time.monotonic()
 
     def log(self, what: str) -> None:
@@ -162,15 +205,25 @@ class Lifecycle:
         self.raw.batch_write(self.table, reqs)
         self.log(f"seeded {len(reqs)} items")
 
+    def env(self) -> dict:
+        """The CLI's environment: conftest's RESHARD_NO_SERVER_DEADLINE=1 dropped when the
+        server deadline is enforced (it is `start`'s --no-server-deadline)."""
+        env = _env()
+        if self.server_deadline:
+            env.pop("RESHARD_NO_SERVER_DEADLINE", None)
+        return env
+
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(_cli(self.proxy.endpoint, self.control, *args), env=_env(), capture_output=True,
+        return subprocess.run(_cli(self.proxy.endpoint, self.control, *args), env=self.env(), capture_output=True,
                               text=True, timeout=timeout)
 
     def start_app(self, seconds: float, max_ops: int) -> None:
         """Register the migration (CLI), then the shims and one application thread per shim."""
         # The planted unmappable items are accepted explicitly, as an operator would (issue 13).
-        r = self.cli("start", str(self.path), "--allow-unmappable", str(len(self.unmappable)))
+        horizon = ["--request-horizon", f"{LATE_HORIZON:g}"] if self.server_deadline else []
+        r = self.cli("start", str(self.path), "--allow-unmappable", str(len(self.unmappable)), *horizon)
         assert r.returncode == 0, r.stderr
+        self.skip_steady_horizon()
         self.proxy.enabled = True
         if self.late_faults:
             self.add_late_faults()
@@ -187,17 +240,36 @@ class Lifecycle:
         for a in self.apps:
             a.start()
 
+    def skip_steady_horizon(self) -> None:
+        """With the server deadline, the first move out of `planned` waits until no request of a
+        steady-state shim (signed with STEADY_HORIZON_SECONDS, 15 s) can land: 17 s of nothing
+        here, where no shim ran before `start` (the seed went to dynalite directly). So the
+        proxy's clock (its Date headers and the signature check) moves on by that much, as if
+        the migration had been registered that long before the application started; nothing
+        is in flight yet to be aged by the jump."""
+        if self.server_deadline:
+            self.proxy.advance_clock(STEADY_HORIZON_SECONDS)
+
     def add_late_faults(self) -> None:
-        """Issue 25's faults on the data table's writes: about one in a hundred held and delivered
-        3 s later (judged as if 4 minutes late: inside AWS's 5) while its client retries at once,
-        one in a hundred answers lost after the write landed, one in two hundred delivered a
-        second time 2 s later (as if 4 minutes)."""
+        """Issue 25's faults on the data table's writes (every rule on about one write in a
+        hundred, the duplicates on one in two hundred):
+
+        * held, the client's connection closed at once (it retries at once), delivered 0.5 s
+          later: inside any horizon, so it lands after its own retry, maybe after newer writes;
+        * held the same way and delivered 3 s later, judged as if 4 minutes late (inside AWS's
+          5): past the horizon, refused when the server deadline is enforced, lands without;
+        * its answer lost after the write landed (the client retries);
+        * delivered a second time 0.3 s later, and 2 s later as if 4 minutes."""
+        self.proxy.hold(table=self.table, op=WRITE_OPS, probability=0.01, times=None, mode="lose", delay=0.5)
         self.proxy.hold(table=self.table, op=WRITE_OPS, probability=0.01, times=None, mode="lose", delay=3.0,
                         age=240)
         self.proxy.lose_answer(table=self.table, op=WRITE_OPS, probability=0.01, times=None)
+        self.proxy.duplicate(table=self.table, op=WRITE_OPS, probability=0.005, times=None, copy="delay", delay=0.3)
         self.proxy.duplicate(table=self.table, op=WRITE_OPS, probability=0.005, times=None, copy="delay", delay=2.0,
                              age=240)
-        self.log("late requests, lost answers and late duplicates on")
+        self.log("late requests, lost answers and late duplicates on"
+                 + (f" (server deadline enforced, horizon {LATE_HORIZON:g} s)" if self.server_deadline else
+                    " (no server deadline: nothing fences a late request)"))
 
     # ------------------------------------------------------------------ phases
     def phase(self) -> Phase:
@@ -208,7 +280,18 @@ class Lifecycle:
         state = self.store.load_state(self.m.id)
         census = fleet.wait_for_ack(self.store, self.m.id, state.phase_version, 30, poll=0.1)
         assert census.acknowledged, f"shims did not acknowledge {state.phase}: {census.lagging}"
-        before, after = transition(self.store, self.m.id, action, who="chaos-test", allow_no_shims=True)
+        for attempt in range(3):
+            try:
+                before, after = transition(self.store, self.m.id, action, who="chaos-test", allow_no_shims=True,
+                                           switch_wait=SWITCH_WAIT if self.server_deadline else None)
+                break
+            except errors.RefusedTransition as e:
+                # A switch the fleet did not get across within its wait (a shim's refreshes
+                # throttled on a loaded machine) goes back, safely; the refusal says to retry.
+                if "abandoned" not in str(e) or attempt == 2:
+                    raise
+                self.abandoned_switches += 1
+                self.log(f"switch abandoned, again: {e}")
         self.transitions.append(f"{before.phase}->{after.phase}")
         self.log(f"{before.phase} -> {after.phase}")
         time.sleep(dwell)  # let the traffic run in the new phase (and the shims pick it up)
@@ -223,7 +306,7 @@ class Lifecycle:
         attempts = 0
         while self.kills < kills and attempts < kills * 3 and time.monotonic() < deadline:
             attempts += 1
-            proc = subprocess.Popen(_cli(self.proxy.endpoint, self.control, *cmd), env=_env(),
+            proc = subprocess.Popen(_cli(self.proxy.endpoint, self.control, *cmd), env=self.env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             self.backfill_runs += 1
             time.sleep(self.rng.uniform(0.9, 2.2))  # ~0.7 s of interpreter start-up, then pages
@@ -237,6 +320,45 @@ class Lifecycle:
         self.log(f"backfill finished: exit {final.returncode}: {final.stdout[-1500:]} {final.stderr[-1500:]}")
         assert final.returncode == 0, final.stderr
         return json.loads(final.stdout)
+
+    def unexplained(self, out: dict) -> list[dict]:
+        """The differences of a failed verify (``--output json``) that no lost mirror explains:
+        each must be ``stale`` or ``missing`` at a key whose mirror a shim logged as lost
+        (or an allowed unmappable item)."""
+        shown = out.get("examples", [])
+        if not shown or sum(out.get("counts", {}).values()) != len(shown):
+            return shown or [out]  # not every difference listed: none is explained
+        lost = self.lost_mirrors.keys
+        # Unmappable items are listed too; verify itself holds them to `start --allow-unmappable`.
+        return [e for e in shown if e.get("kind") != "unmappable" and (
+            e.get("kind") not in ("stale", "missing")
+            or not {json.dumps(e.get(k), sort_keys=True) for k in ("new_key", "old_key")} & lost)]
+
+    def verify_repairing_lost_mirrors(self, *args: str, rounds: int = 3, timeout: float = 180) -> dict:
+        """`reshard verify` under the traffic; must pass. Under the late faults with the server
+        deadline, a mirror refused past its horizon is a lost mirror by design (LostMirrors):
+        when every difference is one of those, do what the operator does -- ``verify --repair``
+        -- and verify again (more can be lost meanwhile: ``rounds`` at most). Anything else, or
+        without the late faults, fails the test."""
+        cmd = ["--output", "json", "verify", self.m.id, *args, "--examples", "1000"]
+        for _ in range(rounds):
+            r = self.cli(*cmd, timeout=timeout)
+            if r.returncode == 0:
+                return json.loads(r.stdout)
+            try:
+                out = json.loads(r.stdout)
+            except ValueError:
+                out = {}
+            unexplained = self.unexplained(out) if self.server_deadline else [out]
+            assert not unexplained, (f"verify found differences under live traffic that no lost mirror explains: "
+                                     f"{unexplained[:5]} {r.stdout[-3000:]} {r.stderr[-2000:]}")
+            repair = self.cli(*cmd, "--repair", timeout=timeout)
+            fixed = json.loads(repair.stdout) if repair.stdout.strip().startswith("{") else {}
+            self.repairs.append({"differences": out.get("counts"), "repaired": fixed.get("repaired"),
+                                 "repair_exit": repair.returncode})
+            self.log(f"verify: {len(out['examples'])} difference(s), each a mirror the shims logged as lost "
+                     f"past its horizon: verify --repair repaired {fixed.get('repaired')} (exit {repair.returncode})")
+        raise AssertionError(f"verify did not pass after {rounds} repairs of lost mirrors: {self.repairs}")
 
     def stop_app(self) -> None:
         for a in self.apps:
@@ -255,12 +377,25 @@ class Lifecycle:
                 s.close()
             except Exception:
                 pass
+        logging.getLogger("reshard.shim").removeHandler(self.lost_mirrors)
         self.watchdog.stop.set()
         self.watchdog.join(5)
         self.proxy.stop()
         self.server.stop()
 
     # ------------------------------------------------------------------ audit
+    def behaviours(self) -> dict:
+        """The proxy's counters of its DynamoDB behaviours and late faults that were met."""
+        return {k: v for k, v in self.proxy.stats().items()
+                if k in ("stale_reads", "stale_items", "partition_throttles", "unprocessed_items", "ttl_deleted",
+                         "rule_hold", "rule_lose_answer", "rule_duplicate", "refused_signature") and v}
+
+    def assert_late_faults_met(self, behaviours: dict) -> None:
+        """Under the late faults, each kind happened (else a clean audit proves nothing of them)."""
+        if self.late_faults:
+            assert all(behaviours.get(k, 0) >= 1 for k in ("rule_hold", "rule_lose_answer", "rule_duplicate")), \
+                behaviours
+
     def audit(self, cleaned: bool) -> dict:
         """The final table against the oracle: lost, resurrected, duplicated, leftovers."""
         items = scan(self.raw, self.table)
@@ -303,12 +438,11 @@ class Lifecycle:
             "tombstones_at_end": sum(1 for it in items if is_tombstone(it)),
             "ops": total_ops(self.apps), "kills": self.kills, "backfill_runs": self.backfill_runs,
             "faults": self.proxy.faults(), "proxied_calls": self.proxy.counts["calls"],
-            "behaviours": {k: v for k, v in self.proxy.stats().items()
-                           if k in ("stale_reads", "stale_items", "partition_throttles", "unprocessed_items",
-                                    "ttl_deleted", "rule_hold", "rule_lose_answer", "rule_duplicate",
-                                    "refused_signature") and v},
+            "behaviours": self.behaviours(),
             "dynalite_restarts": self.watchdog.restarts, "transitions": self.transitions,
             "read_violations": sum(len(a.violations) for a in self.apps),
             "app_errors": sum(len(a.errors) for a in self.apps),
+            "lost_mirrors_logged": len(self.lost_mirrors.keys), "lost_mirror_repairs": self.repairs,
+            "abandoned_switches": self.abandoned_switches,
         }
         return out
