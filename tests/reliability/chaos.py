@@ -166,6 +166,8 @@ class Oracle:
     #: superseded only by an acknowledged write that started after that. In a fenced phase its
     #: version refuses a late copy under any newer write, so no window there.
     late_window: float = 0.0
+    #: Reads (and final states) valid only thanks to ``late_window``: what it let through.
+    window_saves: list = field(default_factory=list)
 
     def record(self, key, w: Write) -> None:
         with self.lock:
@@ -175,13 +177,14 @@ class Oracle:
         with self.lock:
             return list(self.writes.get(key, ()))
 
-    def candidates(self, key, read_start: float, read_end: float) -> list[Write]:
+    def candidates(self, key, read_start: float, read_end: float, window: float | None = None) -> list[Write]:
         hist = self.history(key)
+        window = self.late_window if window is None else window
         out = []
         for w in hist:
             if w.start > read_end:
                 continue
-            landed_by = w.end + self.late_window if w.unfenced else w.end
+            landed_by = w.end + window if w.unfenced else w.end
             superseded = any(o.acked and o.start > landed_by and o.end < read_start for o in hist)
             if not superseded:
                 out.append(w)
@@ -191,9 +194,15 @@ class Oracle:
         """None when ``got`` is a valid read; else 'lost', 'resurrected' or 'stale' with detail."""
         cands = self.candidates(key, read_start, read_end)
         token = got.get("op", "<no op>") if got else ABSENT
-        for w in cands:
-            if w.token == token and (got is None or all(got.get(k) == v for k, v in (w.expect or {}).items())):
-                return None
+
+        def shows(w: Write) -> bool:
+            return w.token == token and (got is None or all(got.get(k) == v for k, v in (w.expect or {}).items()))
+
+        if any(shows(w) for w in cands):
+            if self.late_window and not any(shows(w) for w in self.candidates(key, read_start, read_end, 0.0)):
+                with self.lock:
+                    self.window_saves.append(f"{key} read {token!r} at [{read_start:.3f}, {read_end:.3f}]")
+            return None
         present = [w for w in cands if w.token != ABSENT]
         if got is None and present:
             kind = "lost"

@@ -378,6 +378,7 @@ class CounterLifecycle(Lifecycle):
             "switch_pause": self.pauses(), "verify_churn_retries": self.verify_churn_retries,
             "lost_mirrors_logged": len(self.lost_mirrors.keys), "lost_mirror_repairs": self.repairs,
             "behaviours": self.behaviours(), "abandoned_switches": self.abandoned_switches,
+            "late_window_saves": self.oracle.window_saves[:10],
         }
         return out
 

@@ -40,6 +40,13 @@ def cleanup(lc: Lifecycle) -> bool:
     return True
 
 
+def strip(lc: Lifecycle) -> None:
+    """`reshard cleanup --strip-bookkeeping` (in complete): the versions and markers go."""
+    r = lc.cli("--output", "json", "cleanup", lc.m.id, "--segments", "8", "--strip-bookkeeping", timeout=180)
+    assert r.returncode == 0, f"{r.stdout[-2000:]} {r.stderr[-2000:]}"
+    lc.log(f"strip: {json.loads(r.stdout).get('counts')}")
+
+
 def report(name: str, seed: int, result: dict) -> None:
     print(f"\n[{name}] seed {seed}: " + json.dumps(result["figures"], sort_keys=True))
     print(f"[{name}] lost {len(result['lost'])}, resurrected {len(result['resurrected'])}, "
@@ -57,7 +64,7 @@ def assert_clean(lc: Lifecycle, result: dict, cleaned: bool) -> None:
             print(v)
     assert violations == [], violations[:10]
     for k in ("lost", "resurrected", "stale", "duplicated", "old_copies_left", "unmoved_changed",
-              "unmappable_changed"):
+              "unmappable_changed", "frozen_landed"):
         assert result[k] == [], f"{k}: {result[k][:10]}"
     crashed = [e for a in lc.apps for e in a.errors if "crashed" in e]
     assert crashed == [], crashed
@@ -120,6 +127,7 @@ def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
     try:
         lc.seed_table(unmappable, store_key_fields=False)
         lc.start_app(seconds=90, max_ops=3000)
+        lc.start_frozen_shim()
         # (The rollbacks of dual_read and cutover are the calculated-suffix test's: not repeated here.)
         lc.move(Action.ADVANCE)                 # dual_write
         lc.move(Action.ADVANCE)                 # dual_read
@@ -137,13 +145,19 @@ def test_hybrid_time_bucket_16_to_64_under_chaos(tmp_path):
         verify(lc)
         lc.move(Action.ADVANCE)                 # cutover
         verify(lc)                              # the catch-up verify after the switch
-        lc.move(Action.ADVANCE)                 # cleanup
+        lc.freeze_frozen_shim()                 # a shim process frozen across complete and strip
+        lc.move(Action.ADVANCE)                 # cleanup (the census watched the frozen shim go silent)
         cleaned = cleanup(lc)
+        lc.overwrite_frozen_keys()              # another shim puts and deletes its keys
         lc.move(Action.ADVANCE)                 # complete
+        strip(lc)
+        frozen = lc.resume_frozen_shim()        # what it had in flight must not land
         lc.stop_app()
         result = lc.audit(cleaned)
+        result["figures"]["frozen_shim"] = frozen
         report("hourly 16->64", SEED + 1, result)
         f = result["figures"]
+        assert frozen["acked"] >= 5 and len(lc.frozen_final) == len(lc.frozen_keys), (frozen, lc.frozen_final)
         assert f["faults"]["throttle"] >= 5 and f["faults"]["5xx"] >= 3, f["faults"]
         assert all(f["ops"].get(k, 0) >= 10 for k in ("put", "update", "delete", "ryw_read")), f["ops"]
         # The behaviours were met (else the zeros below prove nothing about them).
