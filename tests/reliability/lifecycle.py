@@ -81,12 +81,6 @@ LATE_FAULTS = os.environ.get("RESHARD_CHAOS_LATE") == "1"
 #: throttled refresh left the shims' mirrors unsent ("lost", by design) faster than a verify
 #: under traffic could repair them (seed 1 of the sensor lifecycle, three rounds).
 LATE_HORIZON = 4.0
-#: How long a switch (and the catch-up clear, which bumps the phase version) waits for the
-#: fleet, as `advance --wait` does: a shim's refresh reads the table marker, one key of the data
-#: table, which the scaled partition limit (6 RCU/s here against DynamoDB's 3,000) throttles,
-#: so on a loaded machine a shim may need several tries to acknowledge. The default, 1.2
-#: refresh intervals + 2 s, then abandons the switch (safely) or refuses the move after the clear.
-SWITCH_WAIT = 10.0
 WRITE_OPS = ["PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem"]
 
 
@@ -312,14 +306,18 @@ class Lifecycle:
         state = self.store.load_state(self.m.id)
         census = fleet.wait_for_ack(self.store, self.m.id, state.phase_version, 30, poll=0.1)
         assert census.acknowledged, f"shims did not acknowledge {state.phase}: {census.lagging}"
+        # The fleet gets as long to acknowledge a switch or a catch-up clear as it got above: on
+        # a loaded machine a shim's refresh is late (the default wait is ~1.2 refresh intervals);
+        # the marker it reads each refresh is one key under the scaled partition limit
+        # (EVERY_BEHAVIOUR: 6 RCU/s against DynamoDB's 3,000), throttled often.
         for attempt in range(3):
             try:
                 before, after = transition(self.store, self.m.id, action, who="chaos-test", allow_no_shims=True,
-                                           switch_wait=SWITCH_WAIT)
+                                           switch_wait=30)
                 break
             except errors.RefusedTransition as e:
-                # A switch the fleet did not get across within its wait (a shim's refreshes
-                # throttled on a loaded machine) goes back, safely; the refusal says to retry.
+                # A switch the fleet did not get across even so goes back, safely; the refusal
+                # says to retry.
                 if "abandoned" not in str(e) or attempt == 2:
                     raise
                 self.abandoned_switches += 1

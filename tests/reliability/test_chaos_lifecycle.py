@@ -1,7 +1,11 @@
 """Whole migrations under chaos (dynalite --path, a faulty proxy, killed backfills, rollbacks).
 
 Reproduce a failure with its seed: ``RESHARD_CHAOS_SEED=<printed seed> python3 -m pytest
-tests/reliability/test_chaos_lifecycle.py -s``.
+tests/reliability/test_chaos_lifecycle.py -s``. The hourly lifecycle (in CI) runs on every
+behaviour of the fidelity proxy with issue 25's late faults and the server deadline enforced,
+and freezes a shim process across cleanup, complete and ``--strip-bookkeeping``; the soak
+(every lifecycle so, one seed a run) is in tests/reliability/lifecycle.py's docstring and the
+README's tests section.
 """
 
 from __future__ import annotations
