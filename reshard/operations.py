@@ -143,9 +143,13 @@ def start(dynamo: Dynamo, store: ControlStore, m: Migration, say: Say = _quiet, 
         # Before the registration (and again after a re-run: a doctor may have removed a
         # marker whose start had not registered yet): shims refuse a table whose marker names
         # a migration they cannot see.
-        markers.claim(dynamo, store, m.id, m.table, desc)
+        mine = markers.claim(dynamo, store, m.id, m.table, desc)
+        previous_horizon = markers.previous_horizon(store, mine)
+    else:
+        previous_horizon = 0.0
     try:
-        state, created = store.register(m, request_horizon=horizon, server_deadline=server_deadline)
+        state, created = store.register(m, request_horizon=horizon, server_deadline=server_deadline,
+                                        previous_horizon=previous_horizon)
     except errors.ReshardError:
         if existing is None:  # e.g. another migration took the table meanwhile: its owner comes back
             markers.give_back(dynamo, store, m.id, m.table, desc)

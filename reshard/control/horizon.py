@@ -72,9 +72,12 @@ def probe(dynamo: Dynamo, table: str, key: dict, *, window: float = SIGNATURE_WI
 def horizon_for(state: MigrationState) -> float:
     """How long the current phase of ``state`` must last before a transition out of it:
     ``H``, and out of ``planned`` at least the steady state's horizon (shims that see no
-    migration sign with :data:`STEADY_HORIZON_SECONDS`)."""
+    migration sign with :data:`STEADY_HORIZON_SECONDS`, and the requests of the migration whose
+    table marker ``start`` replaced with their own: ``previous_horizon``)."""
     h = state.request_horizon
-    return max(h, STEADY_HORIZON_SECONDS) if state.phase is Phase.PLANNED and not state.switching else h
+    if state.phase is Phase.PLANNED and not state.switching:
+        return max(h, STEADY_HORIZON_SECONDS, state.previous_horizon)
+    return h
 
 
 def describe_phase(state: MigrationState) -> str:

@@ -12,6 +12,7 @@ from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control.records import MigrationState
 from reshard.control.store import ControlStore
+from reshard.core.deadlines import MAX_HORIZON_SECONDS
 from reshard.core.marker import CONTROL_ATTR, MARKER_ATTR, Owner, marker_item, marker_key, owner_of
 from reshard.core.wire import S
 
@@ -49,6 +50,16 @@ def owner_state(store: ControlStore, owner: Owner) -> MigrationState | None:
         return None
     except errors.MigrationNotFound:  # ControlTableMissing
         return None
+
+
+def previous_horizon(store: ControlStore, mine: Owner) -> float:
+    """The request horizon of the owner ``mine`` replaced (0 without one): its shims and jobs
+    may still have requests in flight dated by it, so the new migration's ``planned`` lasts
+    at least that long (r25's B6). An owner whose row cannot be read: the longest horizon."""
+    if mine.previous is None:
+        return 0.0
+    st = owner_state(store, mine.previous)
+    return st.request_horizon if st is not None else MAX_HORIZON_SECONDS
 
 
 def claim(dynamo: Dynamo, store: ControlStore, migration_id: str, table: str, desc: dict) -> Owner:

@@ -248,6 +248,16 @@ class MigrationState:
 
     # -- the request horizon (docs/late-writes.md); written by `start` and by each transition
     @property
+    def previous_horizon(self) -> float:
+        """The request horizon of the migration whose table marker this one replaced at ``start``
+        (0 without one): its late requests may land for that long, so ``planned`` lasts it."""
+        raw = self.raw.get("previous_horizon", {}).get("N")
+        try:
+            return clamp_horizon(float(raw)) if raw is not None else 0.0
+        except ValueError:
+            return clamp_horizon(None)
+
+    @property
     def request_horizon(self) -> float:
         """``H``: how long after the control read it obeys DynamoDB still accepts a data request
         of this migration (clamped to documented bounds; the default for rows without it)."""

@@ -189,7 +189,7 @@ class ControlStore:
         return jobs_pk(migration_id, job)
 
     def register(self, m: Migration, who: str | None = None, *, request_horizon: float = DEFAULT_HORIZON_SECONDS,
-                 server_deadline: bool = False) -> tuple[MigrationState, bool]:
+                 server_deadline: bool = False, previous_horizon: float = 0.0) -> tuple[MigrationState, bool]:
         """Register a migration as ``planned``. Idempotent for a file of the same meaning.
 
         Returns (state, created). A file that differs from the registered one only in what is
@@ -222,11 +222,14 @@ class ControlStore:
             "request_horizon": N(clamp_horizon(request_horizon)),
             "server_deadline": S("enforced" if server_deadline else "off"),
         }
+        if previous_horizon:  # the horizon of the marker's previous owner: `planned` outlasts it
+            item["previous_horizon"] = N(clamp_horizon(previous_horizon))
         try:
             self.put(item, condition="attribute_not_exists(pk)")
         except errors.ConditionalCheckFailed:
             # Someone registered the same id between our read and write.
-            return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline)
+            return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline,
+                                 previous_horizon=previous_horizon)
         self.stamp_since(m.id, 1)
         self.record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True

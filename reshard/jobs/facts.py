@@ -19,6 +19,18 @@ segment's lease, its page is redone by whoever claims it). Transitions wait unti
 lasted ``H + DATE_MARGIN`` on the server's clock, so a write obeying a fact read before a
 transition can land only while the next phase is current -- never two phases later.
 
+A fact is also keyed by the **phase version** the job started under, not the phase's name: a
+job whose decision was taken under one version (a repair judged while the catch-up flag was
+set, say) must not have its write dated by a read of a later version of the same phase
+(r25's B3: a frozen ``verify --repair`` landing after cleanup). Any version change stops the job.
+
+And by the **table marker** (``reshard.core.marker``) as the job first saw it: when a next
+migration's ``start`` claims the marker, no fact of this one can be renewed, so its late writes
+(a previous migration's strip or sweep still running) land within ``H`` of the claim, while
+the next migration is still in ``planned`` (which lasts at least the previous owner's ``H``,
+``previous_horizon``; r25's B4/B5). A job of a migration the marker does not name (a retired
+migration's sweep) dates with at most the steady horizon, which ``planned`` always lasts.
+
 Without a server deadline (``server_deadline`` off: test servers) no write is dated and the
 keeper is the phase guard it always was.
 """
@@ -32,7 +44,8 @@ from typing import Callable, Iterable
 from reshard.aws.dynamo import Dynamo
 from reshard.control.records import MigrationState
 from reshard.control.store import ControlStore
-from reshard.core.deadlines import horizon_of, usable
+from reshard.core import marker as markers
+from reshard.core.deadlines import STEADY_HORIZON_SECONDS, horizon_of, usable
 from reshard.core.phases import Phase
 from reshard.jobs.engine import LeaseDeadline
 
@@ -55,8 +68,14 @@ class JobFacts:
 
     def __init__(self, store: ControlStore, migration_id: str, job: str, phases: Iterable[Phase], *,
                  min_interval: float = 1.0, monotonic: Callable[[], float] = time.monotonic,
-                 state: MigrationState | None = None):
+                 state: MigrationState | None = None, marker: tuple[Dynamo, str, dict] | None = None):
         self.store = store
+        #: ``(dynamo, data table, marker key)``: the marker is read with every fact (None: not read).
+        self.marker = marker
+        self._version: int | None = None  # the phase version every fact must still show
+        self._owner: tuple | None = None  # the marker's owner as first read ((id, control) or None)
+        self._owner_read = False
+        self._for_good = False  # stopped by a version or marker change
         self.migration_id = migration_id
         self.job = job
         self.phases = frozenset(phases)
@@ -72,23 +91,68 @@ class JobFacts:
         self._fact_mono = 0.0
         self.enforced = False
         self.horizon_seconds = 0.0
+        #: The most this job's writes may be dated ahead (the steady horizon for a job of a
+        #: migration the marker does not name).
+        self.horizon_cap = float("inf")
         self.reads = 0
         if state is not None:
             self._learn(state, None)
+        if marker is not None and (state is None or state.server_deadline):
+            # The owner the job begins under (not at its first page: a job stalled before it
+            # must still see a next migration's claim as a change).
+            dynamo, table, key = marker
+            item = dynamo.call("get_item", TableName=table, Key=key, ConsistentRead=True).get("Item")
+            self._check_owner(markers.owner_of(item))
+            self.horizon_seconds = min(self.horizon_seconds, self.horizon_cap) if state is not None else 0.0
 
     # -- reading the control row
     def _read(self) -> None:
         state = self.store.load_state(self.migration_id)  # consistent GetItem
-        self._learn(state, self.store.dynamo.answer_date())
+        date = self.store.dynamo.answer_date()
+        owner_why = None
+        if self.marker is not None and state.server_deadline:
+            dynamo, table, key = self.marker
+            item = dynamo.call("get_item", TableName=table, Key=key, ConsistentRead=True).get("Item")
+            marker_date = dynamo.answer_date()
+            if date is not None and marker_date is not None:
+                date = min(date, marker_date)  # the fact is as old as its older read
+            owner_why = self._check_owner(markers.owner_of(item))
+        self._learn(state, date, owner_why)
 
-    def _learn(self, state: MigrationState, date: float | None) -> None:
+    def _check_owner(self, owner: markers.Owner | None) -> str | None:
+        seen = None if owner is None else (owner.migration_id, owner.control_table)
+        if not self._owner_read:
+            self._owner, self._owner_read = seen, True
+            if seen != (self.migration_id, self.store.table):
+                # Not ours (a retired migration's sweep): date within the steady horizon,
+                # which a next migration's `planned` always outlasts.
+                self.horizon_cap = STEADY_HORIZON_SECONDS
+            return None
+        if seen != self._owner:
+            return (f"{self.job} stopped: the table's marker now names "
+                    f"{owner.text() if owner else 'no migration'} (it named "
+                    f"{'migration %r' % self._owner[0] if self._owner else 'none'} when the job began)")
+        return None
+
+    def _learn(self, state: MigrationState, date: float | None, owner_why: str | None = None) -> None:
         now = self.monotonic()
         self._read_at = now
         self.reads += 1
         self.enforced = state.server_deadline
-        self.horizon_seconds = state.request_horizon
+        self.horizon_seconds = min(state.request_horizon, self.horizon_cap)
         self._phase = state.phase.value
-        if state.phase in self.phases:
+        if self._version is None:
+            self._version = state.phase_version
+        if self._for_good:
+            return  # a version or marker change is for good: no later read makes a fact again
+        if owner_why:
+            self._why, self._for_good = owner_why, True
+        elif state.phase_version != self._version and state.phase in self.phases:
+            what = state.last.action if state.last else "a change"
+            self._why, self._for_good = (
+                f"{self.job} stopped: the migration's phase version moved from {self._version} to "
+                f"{state.phase_version} ({what}); the job's decisions were taken under the old one: run it again"), True
+        elif state.phase in self.phases:
             self._why = None
             if date is not None:
                 self._fact_date, self._fact_mono = date, now

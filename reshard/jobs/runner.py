@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control import fleet
+from reshard.control import marker as markers
 from reshard.control.records import MigrationState, RunInfo, run_sk
 from reshard.control.runs import examples as recorded_examples
 from reshard.control.runs import allowed_unmappable, run_to_join
@@ -376,7 +377,11 @@ def run_job(spec: JobSpec, dynamo: Dynamo, store: ControlStore, migration_id: st
     run = chosen if run is None else run
     migration = state.migration()
     # The phase guard keeps the job's facts; every data write is dated by them (jobs/facts.py).
-    facts = JobFacts(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases, state=state)
+    # ... and by the table marker as the job first saw it (a next migration's start ends them).
+    marker = (dynamo, migration.table, markers.key_for(dynamo.describe_table(migration.table))) \
+        if state.server_deadline else None
+    facts = JobFacts(store, migration_id, spec.name, job_rule(spec.name, opts.repair).phases, state=state,
+                     marker=marker)
     dynamo = DatedWrites(dynamo, migration.table, facts.horizon)
     budget = budget or CapacityBudget(opts.max_wcu, opts.max_rcu)
     budget.attach(dynamo, migration.table)
