@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -86,6 +87,35 @@ READ_TIMEOUT_SECONDS = 30.0
 
 SHIM_RETRIES = RetryPolicy(max_attempts=6, max_seconds=10.0, base_seconds=0.025, max_backoff_seconds=1.0)
 
+#: botocore's attempts when a client's config names none: legacy mode's DynamoDB entry of its
+#: ``_retry.json`` (10), standard and adaptive mode's default (3).
+_BOTOCORE_ATTEMPTS = {"legacy": 10, "standard": 3, "adaptive": 3}
+#: botocore's backoff per mode: legacy DynamoDB ``0.05 * 2**(n-1)``; standard ``rand * 2**(n-1)``,
+#: at most 20 s (``botocore.retries.standard.ExponentialBackoff``).
+_BOTOCORE_BACKOFF = {"legacy": (0.05, 0.05 * 2 ** 9), "standard": (1.0, 20.0), "adaptive": (1.0, 20.0)}
+
+
+def client_retry_policy(client) -> RetryPolicy:
+    """The retries a botocore client's config asks for, as a :class:`RetryPolicy`: its total
+    attempts (``retries={"total_max_attempts"|"max_attempts": ...}``, ``AWS_MAX_ATTEMPTS``, or its
+    mode's default) and its mode's backoff. botocore has no total time cap: none here either."""
+    retries = getattr(getattr(getattr(client, "meta", None), "config", None), "retries", None) or {}
+    mode = retries.get("mode") or "legacy"
+    attempts = retries.get("total_max_attempts")
+    if attempts is None and retries.get("max_attempts") is not None:
+        attempts = retries["max_attempts"] + 1  # botocore's max_attempts counts retries
+    if attempts is None:
+        attempts = _BOTOCORE_ATTEMPTS.get(mode, 3)
+    base, most = _BOTOCORE_BACKOFF.get(mode, _BOTOCORE_BACKOFF["standard"])
+    return RetryPolicy(max_attempts=max(1, int(attempts)), max_seconds=float("inf"), base_seconds=base,
+                       max_backoff_seconds=most)
+
+
+def retries_in_client(client) -> bool:
+    """Whether botocore itself retries this client's requests (an application's client: its
+    own retry configuration), as opposed to reshard's clients (``total_max_attempts`` 1)."""
+    return client_retry_policy(client).max_attempts > 1
+
 #: Attempts a command makes at an endpoint it was given (--endpoint-url, AWS_ENDPOINT_URL[_DYNAMODB])
 #: that refuses the connection before anything ever answered there (nothing listens: a typo, a
 #: server not started): a few quick tries, then one line and exit 2, instead of the whole retry
@@ -114,6 +144,42 @@ class CallStats:
 
     def add(self, bucket: dict, key: str, n: float = 1) -> None:
         bucket[key] = bucket.get(key, 0) + n
+
+
+def _retry_metadata(outcome, attempts: int, gave_up: bool) -> None:
+    """``ResponseMetadata`` as botocore reports a call it retried itself: ``RetryAttempts`` the
+    attempts after the first, ``MaxAttemptsReached`` only on a retryable failure that used them
+    all. (reshard's own clients run botocore at one attempt, which marks every answer, a
+    success too, ``MaxAttemptsReached``; the lean path reports 0 retries.)"""
+    resp = outcome.response if isinstance(outcome, botocore.exceptions.ClientError) else outcome
+    meta = resp.get("ResponseMetadata") if isinstance(resp, dict) else None
+    if not isinstance(meta, dict):
+        return
+    meta["RetryAttempts"] = attempts - 1
+    if gave_up:
+        meta["MaxAttemptsReached"] = True
+    else:
+        meta.pop("MaxAttemptsReached", None)
+
+
+#: Whether :meth:`Dynamo.call` may send again an attempt whose outcome is unknown (a read
+#: timeout, a dropped connection, a 5xx: the request may have been applied). A writer that
+#: cannot repeat its write safely (an ``ADD``, a conditional write: a second application, or a
+#: condition failing on its own first effect) sets it False around the call and decides itself
+#: from a read; the raised error then has ``outcome_unknown = True`` (issue 25, r25's B2).
+RETRY_UNKNOWN: ContextVar[bool] = ContextVar("reshard_retry_unknown", default=True)
+
+#: Network failures before the request was sent: never applied.
+_NOT_SENT = (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError)
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed attempt may have been applied all the same (its answer was lost)."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return code not in THROTTLE_CODES and (code in TRANSIENT_CODES or status >= 500)
+    return isinstance(exc, _NETWORK_ERRORS) and not isinstance(exc, _NOT_SENT)
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -251,8 +317,14 @@ class Dynamo:
     def __init__(self, client=None, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, retry: RetryPolicy | None = None, max_pool: int = 32,
                  read_timeout: float = READ_TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
-                 sleep: Callable[[float], None] | None = None, first_contact_attempts: int | None = None):
+                 sleep: Callable[[float], None] | None = None, first_contact_attempts: int | None = None,
+                 client_retries: bool = False, background: bool = False):
         self.retry = retry or RetryPolicy()
+        #: botocore retries this client's requests itself (an application's client, under its own
+        #: retry configuration, :meth:`for_app`): a request on botocore's path gets one call here,
+        #: botocore's attempts inside it; the lean path, which has no botocore retry handler,
+        #: gets ``retry`` -- the same policy, read from the client's config.
+        self.client_retries = client_retries
         # None: every call gets the whole retry policy (the shim: an app may start before its
         # local server listens). The CLI gives FIRST_CONTACT_ATTEMPTS.
         self.first_contact_attempts = first_contact_attempts
@@ -275,9 +347,16 @@ class Dynamo:
         self.region = client.meta.region_name
         # Single-item writes without returned values, GetItem and BatchGetItem take the lean
         # path (reshard/aws/lean.py): a fraction of boto3's client CPU per request, same retries, errors and hooks here.
+        # ``background``: reshard's own requests beside an application's (the shim's control
+        # refresh, PhaseCache): the lean path's attempts bounded by the timeouts given here, not
+        # the client's, and never moved to botocore's path for a tracer (no app trace holds them).
         cfg = getattr(getattr(client, "meta", None), "config", None)
-        self._lean = lean_sender(client, connect_timeout=getattr(cfg, "connect_timeout", None) or connect_timeout,
-                                 read_timeout=getattr(cfg, "read_timeout", None) or read_timeout)
+        self._lean = lean_sender(
+            client, connect_timeout=connect_timeout if background else getattr(cfg, "connect_timeout", None)
+            or connect_timeout, read_timeout=read_timeout if background else getattr(cfg, "read_timeout", None)
+            or read_timeout)
+        if self._lean is not None and background:
+            self._lean.yield_to_tracers = False
         # Requests with a horizon are signed with a chosen date (docs/late-writes.md): the lean
         # path does it itself, a botocore client through a choose-signer handler.
         if hasattr(getattr(client, "meta", None), "events"):
@@ -348,9 +427,23 @@ class Dynamo:
     def add_throttle_listener(self, fn: Callable[[str], None]) -> None:
         self._throttle_listeners.append(fn)
 
-    def with_retry(self, retry: RetryPolicy) -> "Dynamo":
-        """The same client and listeners under another retry policy."""
-        other = Dynamo(self.client, retry=retry, sleep=self._sleep, first_contact_attempts=self.first_contact_attempts)
+    @classmethod
+    def for_app(cls, client, **kwargs) -> "Dynamo":
+        """A Dynamo over an application's client whose retries and timeouts stay in force: its
+        config's attempts and backoff (:func:`client_retry_policy`) for every request, made by
+        botocore on botocore's path and by :meth:`call` on the lean path (whose attempts are
+        bounded by the client's own timeouts)."""
+        return cls(client, retry=client_retry_policy(client), client_retries=retries_in_client(client), **kwargs)
+
+    def with_retry(self, retry: RetryPolicy, *, connect_timeout: float | None = None,
+                   read_timeout: float | None = None) -> "Dynamo":
+        """The same client and listeners under another retry policy. With timeouts given, the
+        lean path's attempts are bounded by them instead of the client's (requests on
+        botocore's path keep the client's own)."""
+        other = Dynamo(self.client, retry=retry, sleep=self._sleep, first_contact_attempts=self.first_contact_attempts,
+                       client_retries=self.client_retries,
+                       **({"connect_timeout": connect_timeout, "read_timeout": read_timeout,
+                           "background": True} if connect_timeout is not None else {}))
         other.endpoint_source = self.endpoint_source
         other.stats = self.stats
         other._lock = self._lock
@@ -385,7 +478,8 @@ class Dynamo:
         delays it (docs/late-writes.md). It may raise to stop the call, as ``guard``.
         """
         lean = self._lean
-        if lean is not None and lean.handles(operation, kwargs):
+        on_lean = lean is not None and lean.handles(operation, kwargs)
+        if on_lean:
             def method(**kw):
                 return lean.send(operation, kw)
         else:
@@ -428,6 +522,11 @@ class Dynamo:
                     fn(operation)
 
         p = self.retry
+        # Who retries: this loop, unless botocore does (an application's client under its own
+        # retry configuration, on botocore's path): then its attempts are inside one call here.
+        ours = on_lean or not self.client_retries
+        retry_unknown = RETRY_UNKNOWN.get()
+        attempts = 1
         started = time.monotonic()
         try:
             # The first attempt outside tenacity: most calls succeed at once, and building the
@@ -439,8 +538,11 @@ class Dynamo:
             if isinstance(e, botocore.exceptions.ClientError):
                 _answered.add(self.endpoint_url)
                 self._note_answer(e.response)
-            if not _is_retryable(e) or p.max_attempts <= 1:
-                raise self._failure(operation, e) from e
+            unsent_again = not retry_unknown and outcome_unknown(e)
+            if not _is_retryable(e) or p.max_attempts <= 1 or not ours or unsent_again:
+                if ours:
+                    _retry_metadata(e, 1, _is_retryable(e))
+                raise self._failure(operation, e, unsent_again) from e
             first = e
         else:
             first = None
@@ -451,17 +553,18 @@ class Dynamo:
                 # tenacity's attempt 1 is the one already sent: its failure is replayed, so
                 # the backoff, the stats, the throttle listeners and the attempt count are
                 # exactly those of a call tenacity made from the start.
-                nonlocal replayed
+                nonlocal replayed, attempts
                 if not replayed:
                     replayed = True
                     raise first
+                attempts += 1
                 return method(**kw)
 
             stop = stop_after_attempt(p.max_attempts) | _since(started, p.max_seconds)
             if self._gives_up_unanswered() and isinstance(first, botocore.exceptions.EndpointConnectionError):
                 stop = stop | _Unanswered(self, self.first_contact_attempts)
             retrying = Retrying(
-                retry=retry_if_exception(_is_retryable),
+                retry=retry_if_exception(lambda e: _is_retryable(e) and (retry_unknown or not outcome_unknown(e))),
                 # the total time counts from the first attempt, not from tenacity's start
                 stop=stop,
                 wait=wait_random_exponential(multiplier=p.base_seconds, max=p.max_backoff_seconds),
@@ -476,7 +579,10 @@ class Dynamo:
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
                 if isinstance(e, botocore.exceptions.ClientError):
                     self._note_answer(e.response)
-                raise self._failure(operation, e) from e
+                _retry_metadata(e, attempts, _is_retryable(e))
+                raise self._failure(operation, e, not retry_unknown and outcome_unknown(e)) from e
+        if ours:
+            _retry_metadata(resp, attempts, False)
         _answered.add(self.endpoint_url)
         self._note_answer(resp)
         with self._lock:
@@ -498,9 +604,14 @@ class Dynamo:
         return bool(self.first_contact_attempts) and self.endpoint_source is not None \
             and self.endpoint_url not in _answered
 
-    def _failure(self, operation: str, exc: BaseException) -> errors.ReshardError:
+    def _failure(self, operation: str, exc: BaseException, unknown: bool = False) -> errors.ReshardError:
         """The reshard error for a call's last failure (:func:`translate`), or, for a given
-        endpoint that never answered, bad input naming it."""
+        endpoint that never answered, bad input naming it. ``unknown``: the attempt may have
+        been applied and was not sent again (:data:`RETRY_UNKNOWN`): ``outcome_unknown`` on it."""
+        if unknown:
+            err = translate(operation, exc)
+            err.outcome_unknown = True
+            return err
         if isinstance(exc, botocore.exceptions.ClientError):
             _answered.add(self.endpoint_url)
         elif isinstance(exc, botocore.exceptions.EndpointConnectionError) and self._gives_up_unanswered():
@@ -689,26 +800,32 @@ def resolve_region(region: str | None, session: boto3.session.Session, local: bo
 
 def make_client(*, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                 max_pool: int = 32, read_timeout: float = READ_TIMEOUT_SECONDS,
-                connect_timeout: float = CONNECT_TIMEOUT_SECONDS):
+                connect_timeout: float = CONNECT_TIMEOUT_SECONDS, session: boto3.session.Session | None = None,
+                config: botocore.config.Config | None = None):
     """A botocore DynamoDB client with botocore's retries off (we retry in one place).
 
     ``--endpoint-url`` (or ``AWS_ENDPOINT_URL[_DYNAMODB]``, which botocore reads itself)
     points at a local server; there, missing credentials and region get harmless
     placeholders so a fresh machine needs no AWS setup. Bad configuration (a missing profile,
     a broken config file, no region, an endpoint that is no URL) is one line of bad input.
+
+    ``session`` (an application's boto3 Session: its credentials, profile and region) is used
+    instead of a fresh one; ``config`` (its botocore Config) is merged over reshard's: every
+    option it sets wins (its retries, timeouts, pool, user agent...).
     """
     endpoint = _endpoint(endpoint_url)
     local = bool(endpoint) and _is_loopback(endpoint)
     try:
-        session = _session(profile)
-        _check_profile(session, profile)
+        if session is None:
+            session = _session(profile)
+            _check_profile(session, profile)
         region = resolve_region(region, session, local)
         kwargs: dict[str, Any] = {}
         if local and session.get_credentials() is None:
             kwargs.update(aws_access_key_id="reshard-local", aws_secret_access_key="reshard-local")
     except botocore.exceptions.BotoCoreError as e:  # a broken config file, a bad credential_process, ...
         raise errors.BadInput(f"AWS configuration: {e}") from None
-    config = botocore.config.Config(
+    ours = botocore.config.Config(
         retries={"total_max_attempts": 1, "mode": "standard"},
         # Client-side validation walks every attribute of every item again (about a sixth
         # of the backfill's CPU); reshard builds its requests itself, and DynamoDB
@@ -719,6 +836,7 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
         read_timeout=read_timeout,
         tcp_keepalive=True,
     )
+    config = ours if config is None else ours.merge(config)
     try:
         return session.client("dynamodb", endpoint_url=endpoint_url, region_name=region, config=config, **kwargs)
     except botocore.exceptions.NoRegionError:

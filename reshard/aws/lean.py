@@ -95,8 +95,11 @@ _TARGET = "DynamoDB_20120810."
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
 
-#: The events of botocore's call path that this path does not emit (it emits before-send and after-call).
-_SKIPPED_STEPS = ("provide-client-params", "before-parameter-build", "before-call")
+#: The events of botocore's call path that this path does not emit (it emits before-send and
+#: after-call): a handler of anyone but botocore on one of them (a tracer's, such as Sentry's
+#: ``request-created``; an app's ``before-call``) sends the call through botocore instead.
+_SKIPPED_STEPS = ("provide-client-params", "before-parameter-build", "before-call", "request-created",
+                  "before-sign", "after-call-error")
 _STOCK: list = []
 
 
@@ -106,6 +109,53 @@ def _stock_handlers() -> frozenset:
         from botocore.handlers import BUILTIN_HANDLERS
         _STOCK.append(frozenset(h[1] for h in BUILTIN_HANDLERS))
     return _STOCK[0]
+
+
+def _stock(handler) -> bool:
+    """A handler botocore (or boto3) registers itself: its built-in list, the client's request
+    signer on ``request-created``, its retry handlers."""
+    if handler in _stock_handlers():
+        return True
+    module = getattr(handler, "__module__", None) or ""
+    return module.split(".", 1)[0] in ("botocore", "boto3")
+
+
+#: (class, attribute) that tracers wrap in place -- X-Ray's ``patch(["botocore"])``, OpenTelemetry's
+#: ``BotocoreInstrumentor``, Datadog's ``patch(botocore=True)`` all wrap ``BaseClient._make_api_call``
+#: (a span per call) and ``Endpoint.prepare_request`` (the trace header), with wrapt; no event.
+_TRACED = (("botocore.client", "BaseClient", "_make_api_call"), ("botocore.endpoint", "Endpoint", "prepare_request"))
+
+
+_TRACED_CLASSES: list = []
+
+
+def _call_path(client) -> tuple:
+    """The functions botocore's call path runs for ``client`` now (what a tracer replaces); read
+    on every request (a few dict lookups): a tracer may patch after the shim was built."""
+    if not _TRACED_CLASSES:
+        import importlib
+        _TRACED_CLASSES.extend((getattr(importlib.import_module(m), c).__dict__, a) for m, c, a in _TRACED)
+    (call_dict, call), (prepare_dict, prepare) = _TRACED_CLASSES
+    # a subclass of the app's, or a per-instance wrap, counts too
+    return (call_dict.get(call), prepare_dict.get(prepare), type(client).__dict__.get("_make_api_call"),
+            client.__dict__.get("_make_api_call"))
+
+
+def _botocore_own(fn) -> bool:
+    """``fn`` is a plain function whose code is botocore's (``type()``, not ``isinstance``: wrapt's
+    proxies pass isinstance checks, and ``functools.wraps`` copies ``__module__``, not the code)."""
+    import types
+
+    import botocore
+    return type(fn) is types.FunctionType and fn.__code__.co_filename.startswith(os.path.dirname(botocore.__file__))
+
+
+def traced(client) -> bool:
+    """Whether something wraps botocore's call path for ``client`` (a tracer): such a wrapper
+    sees only requests sent through ``client._make_api_call``, never this path's."""
+    base_call, base_prepare, own_class, own_instance = _call_path(client)
+    return own_class is not None or own_instance is not None or not (_botocore_own(base_call)
+                                                                      and _botocore_own(base_prepare))
 
 
 def _binary(value):
@@ -129,13 +179,17 @@ class _Response:
 def lean_sender(client, *, connect_timeout: float, read_timeout: float) -> "LeanSender | None":
     """A lean sender for ``client``, or None where the lean path would not do the same as
     botocore (proxies configured, TLS verification off, an endpoint that is not plain
-    http(s), or ``RESHARD_LEAN=0``)."""
+    http(s), retries in adaptive mode, or ``RESHARD_LEAN=0``)."""
     if os.environ.get("RESHARD_LEAN", "1") == "0" or any(os.environ.get(v) for v in _PROXY_VARS):
         return None
     try:
         meta = client.meta
         cfg = meta.config
         if getattr(cfg, "proxies", None) or meta.service_model.service_name != "dynamodb":
+            return None
+        if (getattr(cfg, "retries", None) or {}).get("mode") == "adaptive":
+            # Adaptive mode's rate limiter learns from botocore's needs-retry event, which this
+            # path does not emit: an app's adaptive client keeps botocore's path throughout.
             return None
         url = urlsplit(meta.endpoint_url)
         if url.scheme not in ("http", "https") or (url.path not in ("", "/")) or url.query:
@@ -182,13 +236,18 @@ class LeanSender:
             self._ssl = ssl.create_default_context(cafile=verify if isinstance(verify, str) else get_cert_path(True))
         self._emitter = getattr(self.events, "_emitter", self.events)
         self._decided: dict = {}
+        #: Serve calls through botocore while a tracer wraps its call path (:func:`traced`); False
+        #: for reshard's own background requests (the shim's control refresh), which no
+        #: application trace contains.
+        self.yield_to_tracers = True
 
     def _only_stock_hooks(self, op: str) -> bool:
-        """Hooks on the steps this path skips (parameters, before-call) may rewrite a call
-        or answer it: with any beyond botocore's own, the call goes the ordinary way."""
+        """Hooks on the steps this path skips (parameters, before-call, request-created, ...)
+        may rewrite a call, answer it or trace it: with any beyond botocore's own, the call goes
+        the ordinary way."""
         for step in _SKIPPED_STEPS:
             for handler in self._emitter._handlers.prefix_search(f"{step}.dynamodb.{op}"):
-                if handler not in _stock_handlers():
+                if not _stock(handler):
                     return False
         return True
 
@@ -200,11 +259,16 @@ class LeanSender:
             # botocore replaces its lookup cache on every (un)register: the same cache object,
             # the same hooks as when we last looked (holding it keeps its identity unique).
             cache = self._emitter._lookup_cache
+            path = _call_path(self.client) if self.yield_to_tracers else ()
             known = self._decided.get(op)
-            if known is not None and known[0] is cache:
-                return known[1]
-            ok = self._only_stock_hooks(op)
-            self._decided[op] = (cache, ok)
+            # Compared by identity: a wrapt proxy compares equal to the function it wraps.
+            if known is not None and known[0] is cache and len(known[1]) == len(path) \
+                    and all(a is b for a, b in zip(known[1], path)):
+                return known[2]
+            # A tracer that wraps botocore's call path sees only calls made through it: the
+            # application's requests then go that way (docs/shim.md, "The lean path and tracing").
+            ok = self._only_stock_hooks(op) and not (self.yield_to_tracers and traced(self.client))
+            self._decided[op] = (cache, path, ok)
             return ok
         except AttributeError:
             return False

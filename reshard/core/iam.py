@@ -74,6 +74,8 @@ SHIM_METHODS: dict[str, tuple[str, ...]] = {
     "update_item": ("UpdateItem", "PutItem", "GetItem", "BatchGetItem"),
     "delete_item": ("DeleteItem", "PutItem", "GetItem", "BatchGetItem"),  # a tombstone is a PutItem
     "batch_writer": ("BatchWriteItem", "PutItem", "UpdateItem", "DeleteItem", "GetItem", "BatchGetItem"),
+    # boto3's Table.load (and reload, and the description attributes, which load on first read).
+    "load": ("DescribeTable",),
 }
 
 #: What each data job sends to the data table, by the job names of :mod:`reshard.core.phases`

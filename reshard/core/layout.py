@@ -19,6 +19,7 @@ sort keys keep their type). Any other template produces a string.
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import random as _random
 import re
@@ -137,11 +138,26 @@ def to_av(value: Any) -> dict:
         return {"S": value}
     if isinstance(value, bool):
         raise TypeError("booleans cannot be key values")
-    if isinstance(value, (int, Decimal)):
+    if isinstance(value, Decimal):
+        return {"N": number_text(value)}
+    if isinstance(value, int):
         return {"N": str(value)}
     if isinstance(value, (bytes, bytearray)):
         return {"B": bytes(value)}
     raise TypeError(f"{type(value).__name__} cannot be a key value")
+
+
+def number_text(value: Decimal) -> str:
+    """A number as DynamoDB stores it: no exponent, no trailing zeros (``1.50`` -> ``1.5``,
+    ``1E+2`` -> ``100``, ``-0`` -> ``0``). ``Decimal("1.50")`` and ``Decimal("1.5")`` are one
+    DynamoDB number, so they must make one key and one shard."""
+    if not value.is_finite():
+        return str(value)  # refused by DynamoDB; not ours to reformat
+    if value == 0:
+        return "0"
+    digits = len(value.as_tuple().digits)
+    # A precision of the value's own digit count: normalize() never rounds it.
+    return format(value.normalize(decimal.Context(prec=max(digits, 1))), "f")
 
 
 def text_of(value: Any, field: str) -> str:
@@ -153,17 +169,10 @@ def text_of(value: Any, field: str) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, Decimal):
-        # Decimal("121212") -> "121212"; an integral value written as "1.2E+5" would not
-        # match what the application formats, so normalise integers.
-        if value == value.to_integral_value():
-            try:
-                return str(int(value))
-            except (OverflowError, ValueError):
-                pass
-        # Kept as given, trailing zeros included: a key the application formatted itself
-        # ("PRODUCT#19.90") is found with the Decimal it formatted. (A number hashed from a
-        # stored attribute is read back normalised, 1.5: see the README's limit.)
-        return str(value)
+        # DynamoDB's text of the number (1.50 -> "1.5", 1.2E+5 -> "120000"): 1.50 and 1.5 are
+        # one DynamoDB number, so one item, one key, one shard -- as the jobs compute it from
+        # the stored (normalised) attribute.
+        return number_text(value)
     raise UnmappableItem("bad-field-type", f"field {field!r} is {type(value).__name__}; "
                                            "a string template needs a string or number")
 

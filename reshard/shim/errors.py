@@ -20,6 +20,7 @@ always was (so ``except reshard.errors.ConditionalCheckFailed`` works too):
   :class:`SwitchInProgress`         ``ReshardSwitchInProgress``     ``errors.SwitchInProgress``
   :class:`ScanInterrupted`          ``ReshardScanInterrupted``      ``errors.ScanInterrupted``
   :class:`OldValuesUnknown`         ``ReshardOldValuesUnknown``     ``errors.ReshardError``
+  :class:`OutcomeUnknown`           ``ReshardOutcomeUnknown``       ``errors.ReshardError``
   :class:`ShimAWSError`             its ``code`` (e.g.              ``errors.AWSError``
                                     ``ReshardVersionConflict``)
   ================================  ==============================  =====================
@@ -92,6 +93,26 @@ class OldValuesUnknown(errors.ReshardError, ShimClientError):
                          "were in its answer, which was lost (the retry found the write already applied and did not "
                          "apply it again); the write is complete in every layout: do not send it again",
                          operation)
+
+
+class OutcomeUnknown(errors.ReshardError, ShimClientError):
+    """A write whose answer was lost, and whose outcome cannot be known: it may have landed once.
+
+    Its attempt's answer never came (a timeout, a dropped connection, a 5xx) and another
+    writer's newer write is stored at the key now, so nothing tells whether the attempt was
+    applied before it. Sending it again could apply an ``ADD`` twice, or fail a condition on
+    its own first effect; so it is not sent again and the application hears what a plain
+    client's timeout would have told it: the outcome is unknown (``landed`` is None). The
+    item holds the other writer's write, which is later than ours in any order.
+    """
+
+    code = "ReshardOutcomeUnknown"
+    landed = None
+
+    def __init__(self, operation: str):
+        super().__init__(f"{operation}: its answer was lost and another writer's write is stored at the key now, so "
+                         "whether it was applied first cannot be known; it was not sent again (it may not be "
+                         "applied twice). Read the item to decide whether to write again", operation)
 
 
 class ShimAWSError(errors.AWSError, ShimClientError):

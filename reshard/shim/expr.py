@@ -21,6 +21,7 @@ import re
 from typing import Iterable, Mapping
 
 from reshard.errors import BadInput
+from reshard.core import expressions
 from reshard.core.migration import RESERVED_PREFIX
 
 _CLAUSE = re.compile(r"\b(SET|REMOVE|ADD|DELETE)\b", re.IGNORECASE)
@@ -156,8 +157,10 @@ def and_conditions(app: str | None, ours: str | None) -> str | None:
 #   constant True:   attribute_exists(#rs_del) OR (app)
 #   constant False:  attribute_not_exists(#rs_del) AND (app)
 #
-# When the constant cannot be computed (a comparison of two values, a text we cannot
-# parse) the condition is left as the application wrote it (the old behaviour).
+# When the constant cannot be computed (a text we cannot parse) the condition is left as
+# the application wrote it. Comparisons of two values are folded before (decide_key_fields):
+# `attribute_not_exists(x) AND :a = :b` would otherwise stay unknown here and be refused on a
+# tombstone that stores x (a key field).
 
 _TOKEN = re.compile(r"""\s*(?:
       (?P<cmp><>|<=|>=|=|<|>)
@@ -352,3 +355,194 @@ def tombstone_aware(condition: str | None) -> tuple[str | None, bool]:
     if on_absent is False:
         return f"attribute_not_exists({TOMBSTONE_NAME}) AND ({unwrap(condition)})", True
     return condition, False
+
+
+# ---------------------------------------------------------------------- conditions on key fields
+#
+# A logical key field may live only inside the physical keys (the hourly layout's
+# `sensor_id`/`ts` are parsed from PK/SK; items the application wrote before the shim, and
+# their backfill copies, do not store them), so DynamoDB evaluating the application's
+# condition on the physical item would find such a field missing: `attribute_not_exists(
+# sensor_id)` would hold on an existing item and a create-only put would overwrite it.
+# The request's key fixes every key field (the item at that physical key *is* the item
+# with those key values), so each comparison or function over key fields only is a
+# constant per case: its value on the existing item (the key values) and on an absent one
+# (every path missing). Equal constants fold away; different ones become the item's
+# existence, `attribute_exists(<partition attribute>)` or its negation. A comparison that
+# mixes a key field with a stored attribute gets the key value as an operand, guarded by
+# existence. Value-only comparisons (`:a = :b`) fold too, so what a condition means on an
+# absent item (tombstone_aware) never depends on them. DynamoDB's grammar and rules come
+# from reshard.core.expressions; a text it refuses is sent as written (DynamoDB answers).
+
+_PLACEHOLDER = re.compile(r"[#:][A-Za-z0-9_]+")
+_PRIMITIVES = ("cmp", "between", "in", "func")
+
+
+def decide_key_fields(condition: str | None, names: Mapping[str, str], values: Mapping[str, dict],
+                      key: Mapping[str, dict], item_attr: str, elsewhere: str = "") -> tuple[str | None, dict, dict]:
+    """``(condition, names, values)`` with every part over ``key``'s fields (wire values of
+    the request's logical key) or over values alone decided as above.
+
+    ``item_attr``: the physical partition attribute (present on every stored item).
+    ``elsewhere``: the request's other expressions (an UpdateExpression); a placeholder only
+    the original condition used is dropped with it (DynamoDB refuses unused placeholders),
+    one no expression used stays (DynamoDB refuses it, as for a plain table).
+    """
+    names, values = dict(names or {}), dict(values or {})
+    if not condition or not condition.strip():
+        return condition, names, values
+    try:
+        node = expressions.parse_condition(condition, expressions.Context(names, values))
+    except expressions.ExprError:
+        return condition, names, values
+    if not any(_decidable(p, key) for p in _primitives(node)):
+        return condition, names, values
+    exists = ("func", "attribute_exists", (("path", (item_attr,)),))
+    absent = ("func", "attribute_not_exists", (("path", (item_attr,)),))
+    decided = _decide(node, key, exists, absent)
+    if decided is True:
+        text = None
+    else:
+        if decided is False:
+            decided = ("and", exists, absent)  # DynamoDB has no literal false
+        ours_n: dict = {}
+        ours_v: dict = {}
+        text = _text(decided, ours_n, ours_v)
+    dropped = set(_PLACEHOLDER.findall(condition)) - set(_PLACEHOLDER.findall(elsewhere or ""))
+    names = {k: v for k, v in names.items() if k not in dropped}
+    values = {k: v for k, v in values.items() if k not in dropped}
+    if text is not None:
+        names.update(ours_n)
+        values.update(ours_v)
+    return text, names, values
+
+
+def _primitives(node: tuple):
+    if node[0] in ("and", "or"):
+        yield from _primitives(node[1])
+        yield from _primitives(node[2])
+    elif node[0] == "not":
+        yield from _primitives(node[1])
+    else:
+        yield node
+
+
+def _decidable(node: tuple, key: Mapping[str, dict]) -> bool:
+    paths = expressions.paths_of(node)
+    return not paths or any(p[0] in key for p in paths)
+
+
+def _decide(node: tuple, key: Mapping[str, dict], exists: tuple, absent: tuple):
+    """``node`` with decided parts replaced: True/False, or a node."""
+    kind = node[0]
+    if kind in ("and", "or"):
+        a, b = _decide(node[1], key, exists, absent), _decide(node[2], key, exists, absent)
+        short = kind == "or"  # the value that decides the whole: True for OR, False for AND
+        if a is short or b is short:
+            return short
+        if isinstance(a, bool):
+            return b
+        if isinstance(b, bool):
+            return a
+        return (kind, a, b)
+    if kind == "not":
+        a = _decide(node[1], key, exists, absent)
+        return (not a) if isinstance(a, bool) else ("not", a)
+    if not _decidable(node, key):
+        return node
+    on_absent = expressions.evaluate(node, {})
+    paths = expressions.paths_of(node)
+    if all(p[0] in key for p in paths):
+        on_item = expressions.evaluate(node, dict(key))
+        if on_item == on_absent:
+            return on_item
+        return exists if on_item else absent
+    substituted = _with_key_values(node, key)
+    if substituted is None:
+        return node  # a path below a key field (always missing): left to DynamoDB
+    return ("or", absent, substituted) if on_absent else ("and", exists, substituted)
+
+
+def _with_key_values(node, key: Mapping[str, dict]):
+    """``node`` with each operand over a key field replaced by its value (None: not possible)."""
+    if not isinstance(node, tuple) or not node:
+        return node
+    if node[0] in ("path", "size") and isinstance(node[1], tuple):
+        path = node[1] if node[0] == "path" else node[1][1]
+        if path[0] not in key:
+            return node
+        value = expressions.operand(dict(key), node)
+        return None if value is None else ("value", value)
+    if node[0] == "value":
+        return node
+    out = []
+    for child in node:
+        if isinstance(child, tuple):
+            child = _with_key_values(child, key)
+            if child is None:
+                return None
+        out.append(child)
+    return tuple(out)
+
+
+def _text(node: tuple, names: dict, values: dict) -> str:
+    """A parsed condition as text, every name and value through a fresh ``#rs_c``/``:rs_c`` placeholder."""
+    kind = node[0]
+    if kind in ("and", "or"):
+        return f"({_text(node[1], names, values)}) {kind.upper()} ({_text(node[2], names, values)})"
+    if kind == "not":
+        return f"NOT ({_text(node[1], names, values)})"
+    def op(n: tuple) -> str:
+        return _operand_text(n, names, values)
+
+    if kind == "cmp":
+        return f"{op(node[2])} {node[1]} {op(node[3])}"
+    if kind == "between":
+        return f"{op(node[1])} BETWEEN {op(node[2])} AND {op(node[3])}"
+    if kind == "in":
+        return f"{op(node[1])} IN ({', '.join(op(n) for n in node[2])})"
+    if kind == "func":
+        return f"{node[1]}({', '.join(op(n) for n in node[2])})"
+    raise AssertionError(node)
+
+
+def _operand_text(node: tuple, names: dict, values: dict) -> str:
+    if node[0] == "value":
+        ph = f":rs_c{len(values)}"
+        values[ph] = node[1]
+        return ph
+    if node[0] == "size":
+        return f"size({_operand_text(node[1], names, values)})"
+    out = ""
+    for part in node[1]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            ph = f"#rs_c{len(names)}"
+            names[ph] = part
+            out += ("." if out else "") + ph
+    return out
+
+
+def updated_paths(clauses: Mapping[str, str], names: Mapping[str, str] | None) -> list[tuple] | None:
+    """The document paths the update's actions write (``m.b.c``, ``l[0]``: ``("m", "b", "c")``,
+    ``("l", 0)``) -- what DynamoDB's ``UPDATED_NEW``/``UPDATED_OLD`` return; None when a target
+    is not a path the grammar reads (DynamoDB then answers the request)."""
+    ctx = expressions.Context(dict(names or {}), {})
+    out = []
+    for keyword, body in clauses.items():
+        for action in split_top(body):
+            if keyword == "SET":
+                target = action.split("=", 1)[0]
+            elif keyword in ("ADD", "DELETE"):
+                target = action.rsplit(None, 1)[0]
+            else:
+                target = action
+            try:
+                parser = expressions.Parser(target, "UpdateExpression", ctx)
+                node = parser.path()
+                parser.done()
+            except (expressions.ExprError, IndexError):
+                return None
+            out.append(node)
+    return out

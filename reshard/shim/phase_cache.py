@@ -149,6 +149,12 @@ class Facts:
                 self._dates.pop(v, None)
 
 
+#: A policy within reshard's bounds, for the refusal's line (botocore's defaults -- 10 attempts of
+#: 60 s connect + 60 s read -- let one write last ~50 minutes).
+SHORTER = (" (e.g. botocore.config.Config(connect_timeout=5, read_timeout=30, retries={'mode': 'standard', "
+           "'total_max_attempts': 3}); the shim's default client has such a policy)")
+
+
 def registered_migration(dynamo: Dynamo, control_table: str, migration_id: str) -> Migration:
     """The migration as registered in the control table (its file text is stored there)."""
     return ControlStore(dynamo, control_table).load_state(migration_id).migration()
@@ -164,7 +170,7 @@ class PhaseCache:
     def __init__(self, migration: Migration, dynamo: Dynamo, control_table: str | None, instance_id: str, *,
                  refresh_seconds: float, liveness_seconds: float, clock: Callable[[], float],
                  switch_hold_seconds: float | None = None, control_clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, control_dynamo: Dynamo | None = None):
         self.migration = migration
         self.instance_id = instance_id
         self.refresh_seconds = refresh_seconds
@@ -178,13 +184,17 @@ class PhaseCache:
             check_bound("the shim's liveness_seconds", liveness_seconds, MAX_LIVENESS_SECONDS,
                         "pass a smaller liveness_seconds")
             check_bound("one request attempt of the shim's client (connect + read timeout)", dynamo.attempt_seconds,
-                        MAX_REQUEST_SECONDS, "give its botocore config shorter timeouts")
+                        MAX_REQUEST_SECONDS, "give its botocore config shorter timeouts" + SHORTER)
             check_bound("the longest a shim write can take after its first copy landed (its client's timeouts "
                         "and retries)", shim_write_seconds(dynamo.attempt_seconds, dynamo.max_request_seconds),
-                        MAX_WRITE_SECONDS, "give its botocore config shorter timeouts")
+                        MAX_WRITE_SECONDS, "give its botocore config shorter timeouts or fewer attempts" + SHORTER)
         # control_clock: the wall clock heartbeats are stamped with (default time.time);
         # injectable so a test's logical clock drives both liveness and the census.
-        self._control = (ControlStore(dynamo, control_table, **({"clock": control_clock} if control_clock else {}))
+        # The refresh's own requests (control table, marker) may go through another Dynamo than
+        # the application's (``control_dynamo``: the shim's bounded policy over the app's client).
+        self._dynamo = control_dynamo or dynamo
+        self._control = (ControlStore(self._dynamo, control_table,
+                                      **({"clock": control_clock} if control_clock else {}))
                          if control_table else None)
         self._lock = threading.Lock()
         self._state: PhaseState | None = None if self._control else PhaseState(STEADY_NAME, 0, STEADY)
@@ -198,7 +208,7 @@ class PhaseCache:
         self._acked: int | None = None
         self._announced = False  # a heartbeat of ours is in the control table
         self._beats = 0  # heartbeats written (the census's liveness token)
-        self._dynamo = dynamo  # its attempt bound is what we report as request_seconds
+        self._data = dynamo  # the app's requests: their attempt bound is what we report as request_seconds
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -496,8 +506,8 @@ class PhaseCache:
         fleet.heartbeat(self._control, self.migration.id, self.instance_id, phase, version,
                         liveness_seconds=self.liveness_seconds, table=self.migration.table,
                         refresh_seconds=self.refresh_seconds, beat=self._beats,
-                        request_seconds=self._dynamo.attempt_seconds,
-                        write_seconds=shim_write_seconds(self._dynamo.attempt_seconds, self._dynamo.max_request_seconds))
+                        request_seconds=self._data.attempt_seconds,
+                        write_seconds=shim_write_seconds(self._data.attempt_seconds, self._data.max_request_seconds))
         self._announced = True
 
     def pin(self, phase: Phase | str | None, version: int = 1, newer_may_be: str | None = None) -> None:

@@ -107,6 +107,7 @@ def record_every_role(dynalite_server, tmp_path_factory):
         call("query", shim.query, Key={"sensor_id": "s-9"})
         assert any(i["event_id"] == key["event_id"] for i in call("scan", shim.scan)["Items"])
         call("delete_item", shim.delete_item, Key=key)
+        call("load", shim.load)
 
         def batch():
             with shim.batch_writer() as b:

@@ -113,9 +113,6 @@ def test_r25_strip_lets_a_duplicated_add_apply_twice(proxy, unique_name):
 
 
 # ------------------------------------------------------------------ 2. a retry after another writer
-@pytest.mark.xfail(strict=True, reason="r25: an ADD whose answer was lost is applied twice when another writer's "
-                                      "write lands before its retry (own-attempt check only compares with the "
-                                      "latest version)")
 @pytest.mark.parametrize("phase", ["cutover", "complete"])
 def test_r25_a_lost_answer_retried_after_another_writer_applies_an_add_twice(proxy, unique_name, phase):
     """Shim A's ``ADD n 1`` lands; its answer is lost; A's client retries, and the retry is held a
@@ -124,7 +121,15 @@ def test_r25_a_lost_answer_retried_after_another_writer_applies_an_add_twice(pro
     and the shim, finding B's version and not its own, takes it for a fence loss and applies the
     ``ADD`` again above it; in ``complete`` its ``_rs_v <> :v`` passes at once. Either way
     ``n`` is 12: no order of the two acknowledged writes gives that. Guarantee 1 through 5b
-    ("an answer lost and its request retried"). docs/late-writes.md lists this as "not covered"."""
+    ("an answer lost and its request retried"). docs/late-writes.md lists this as "not covered".
+
+    Fixed: an update (or a conditional write) whose answer was lost is not sent again blindly
+    (``aws/dynamo.RETRY_UNKNOWN``); one consistent read decides: its own version stored, it
+    landed; another writer's newer version stored, its outcome is unknown and the application
+    hears ``ReshardOutcomeUnknown`` (as a plain client's timeout would tell it), never a second
+    application. Here that read is held until B's write landed."""
+    from botocore.exceptions import ClientError
+
     run = _run(proxy, unique_name)
     _to(run, phase)
     a, b = run.shim(read_timeout=60), run.shim()
@@ -134,18 +139,20 @@ def test_r25_a_lost_answer_retried_after_another_writer_applies_an_add_twice(pro
         a.put_item(Item=item)
         _, new_key = run.keys(item)
         proxy.lose_answer(op="UpdateItem", key=plain(new_key))
-        retry_rule = proxy.hold(op="UpdateItem", key=plain(new_key))
+        read_rule = proxy.hold(op="GetItem", key=plain(new_key))
         add = Background(lambda: a.update_item(Key=key_of(item), UpdateExpression="ADD n :one",
                                                ExpressionAttributeValues={":one": 1}))
-        retry = proxy.wait_held(1, rule=retry_rule, timeout=30)[0]["handle"]
+        read = proxy.wait_held(1, rule=read_rule, timeout=30)[0]["handle"]
         assert run.stored(new_key)["n"] == {"N": "11"}, "the first attempt landed"
 
         b.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 2})
-        proxy.release(retry)
-        add.result()
+        proxy.release(read)
+        with pytest.raises(ClientError) as e:
+            add.result()
+        assert e.value.response["Error"]["Code"] == "ReshardOutcomeUnknown"
         got = b.get_item(Key=key_of(item), ConsistentRead=True)["Item"]
         assert got["val"] == 2
-        assert got["n"] == 11, "one acknowledged ADD was applied twice"
+        assert got["n"] == 11, "one ADD was applied twice"
     finally:
         a.close()
         b.close()
@@ -499,8 +506,6 @@ def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dua
         a.close()
 
 
-@pytest.mark.xfail(strict=True, reason="r25: a create-if-absent put whose answer was lost gets ConditionalCheckFailed "
-                                      "when another writer's put lands before its retry, though it landed")
 def test_r25_a_lost_answer_retried_after_another_writer_fails_a_landed_put(proxy, unique_name):
     """Case 4 with a second writer in between: in ``cutover`` A's ``put_item(..., attribute_not_exists)``
     lands, its answer is lost, its retry is held a moment; B's put of the same item lands
@@ -517,16 +522,16 @@ def test_r25_a_lost_answer_retried_after_another_writer_fails_a_landed_put(proxy
         item = run.moving(val=1)
         _, new_key = run.keys(item)
         proxy.lose_answer(op="PutItem", key=plain(new_key))
-        retry_rule = proxy.hold(op="PutItem", key=plain(new_key))
+        read_rule = proxy.hold(op="GetItem", key=plain(new_key))
         put = Background(lambda: a.put_item(Item=item, ConditionExpression="attribute_not_exists(sensor_id)"))
-        retry = proxy.wait_held(1, rule=retry_rule, timeout=30)[0]["handle"]
+        read = proxy.wait_held(1, rule=read_rule, timeout=30)[0]["handle"]
         assert run.stored(new_key)["val"] == {"N": "1"}, "A's first attempt landed"
         b.put_item(Item={**item, "val": 2})
-        proxy.release(retry)
-        try:
+        proxy.release(read)
+        # Fixed: not ConditionalCheckFailed (which says "not applied"): the outcome is unknown.
+        with pytest.raises(ClientError) as e:
             put.result()
-        except ClientError as e:
-            pytest.fail(f"A's landed put was answered {e.response['Error']['Code']}")
+        assert e.value.response["Error"]["Code"] == "ReshardOutcomeUnknown", e.value.response["Error"]
     finally:
         a.close()
         b.close()

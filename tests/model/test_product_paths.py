@@ -94,7 +94,7 @@ def _built():
         out.append(("condition", f.expression, f.names, f.values or {}))
         app = and_conditions("attribute_not_exists(sensor_id)", f.expression)
         out.append(("condition", app, f.names, f.values or {}))
-    # The shim's merged update: the app's clauses plus its bookkeeping (shim/table.py update_item).
+    # The shim's merged update: the app's clauses plus its bookkeeping (shim/writes.py: WriteProtocol._write_update).
     merged = merge_update("SET #t = :t REMOVE gone ADD n :one, tags :tags",
                           ["#rs_k0 = if_not_exists(#rs_k0, :rs_k0)", "#rs_new = :rs_new", "#rs_v = :rs_nv"],
                           ["#rs_del"])

@@ -377,13 +377,13 @@ def must_find(factory, **bounds) -> str:
 def in_resolution(monkeypatch, pick) -> None:
     """``pick(copies)`` instead of ``newest`` where the shim resolves a logical item's copies
     (``ShardedTable._newest_copies``, in the order the phase reads them); elsewhere unchanged."""
-    import reshard.shim.table as table
+    import reshard.shim.reads as reads
 
     def fake(items):
         if sys._getframe(1).f_code.co_name == "_newest_copies":
             return pick([i for i in items if i is not None])
         return newest(items)
-    monkeypatch.setattr(table, "newest", fake)
+    monkeypatch.setattr(reads, "newest", fake)
 
 
 def test_without_logical_resolution(monkeypatch):

@@ -170,10 +170,10 @@ def test_with_the_passes_in_the_wrong_order(monkeypatch):
     """New values first, then old: "2" moving old 0 -> new n1 after the first pass read n1 and
     before the second read 0 is missed. (Where the new values include every old one, the first
     pass reads the old values too and this order happens to hold: hence disjoint values.)"""
-    import reshard.shim.index as shim_index
+    import reshard.shim.routing as shim_routing
     routing = INDEX_ROUTING[Phase.BACKFILL]
     wrong = type(routing)(routing.writes, (NEW, OLD))
-    monkeypatch.setitem(shim_index.INDEX_ROUTING, Phase.BACKFILL, wrong)
+    monkeypatch.setitem(shim_routing.INDEX_ROUTING, Phase.BACKFILL, wrong)
     must_find(scenario(None, movers=("2",), writer=None, text=DISJOINT))
 
 

@@ -101,21 +101,21 @@ def must_find(factory) -> str:
 
 def test_with_the_two_request_update(monkeypatch):
     """The update of ``region`` without the GSI value (the follow-up sets it afterwards)."""
-    import reshard.shim.table as table
-    monkeypatch.setattr(table, "index_update_plan", lambda *args: None)
+    import reshard.shim.writes as writes
+    monkeypatch.setattr(writes, "index_update_plan", lambda *args: None)
     assert "(region US" in must_find(region_update())
 
 
 def test_without_the_condition_on_the_fields_read(monkeypatch):
     """W's update not conditioned on the customer it read: V's customer lands between W's read
     and W's update, W sets the value of the old customer, and dies before its follow-up."""
-    import reshard.shim.table as table
-    real = table.index_actions
+    import reshard.shim.writes as writes
+    real = writes.index_actions
 
     def unconditioned(*args, **kwargs):
         sets, names, values, cond, overrides = real(*args, **kwargs)
         if cond:  # placeholders kept (DynamoDB refuses unused ones), the condition always true
             cond = f"({cond}) OR attribute_exists(PK) OR attribute_not_exists(PK)"
         return sets, names, values, cond, overrides
-    monkeypatch.setattr(table, "index_actions", unconditioned)
+    monkeypatch.setattr(writes, "index_actions", unconditioned)
     must_find(region_update(CUSTOMER, racer=True))

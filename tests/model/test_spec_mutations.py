@@ -62,14 +62,14 @@ def test_without_the_switch_hold(monkeypatch, coarse_switch_polls):
 
 
 def test_without_the_authoritative_version_fence(monkeypatch):
-    import reshard.shim.table as table
-    disabled_in(table, "fence_for", "_authoritative", monkeypatch)
+    import reshard.shim.writes as writes
+    disabled_in(writes, "fence_for", "_authoritative", monkeypatch)
     must_find(scenario(spec_tests.adjacent_write_phases), preemption_bound=1)
 
 
 def test_without_the_mirror_version_fence(monkeypatch):
-    import reshard.shim.table as table
-    disabled_in(table, "fence_for", "_mirror", monkeypatch)
+    import reshard.shim.writes as writes
+    disabled_in(writes, "fence_for", "_mirror", monkeypatch)
     must_find(scenario(spec_tests.adjacent_write_phases), preemption_bound=1)
 
 
@@ -256,13 +256,13 @@ def test_fence_builders_are_the_ones_patched():
     import reshard.jobs.backfill as backfill
     import reshard.jobs.cleanup as cleanup
     import reshard.jobs.verify as verify
-    import reshard.shim.table as table
+    import reshard.shim.writes as writes
     from reshard import operations
     from reshard.control import runs
     from reshard.jobs.engine import PageContext
     from reshard.jobs.runner import conditional_put
     from reshard.shim.phase_cache import PhaseCache
-    assert table.fence_for is versions.fence_for
+    assert writes.fence_for is versions.fence_for
     assert backfill.copy_fence is versions.copy_fence and cleanup.unchanged is versions.unchanged
     assert verify.conditional_put is conditional_put
     # Each fence is built (or the wait made) inside the very function the mutation names.
@@ -271,8 +271,8 @@ def test_fence_builders_are_the_ones_patched():
                      (cleanup._check, "await_no_writers("), (PageContext.write_guard, "self.check_deadline()"),
                      (verify.Verifier._repair, "guard=ctx.write_guard"), (verify.Verifier._mirror_to_old, "guard=ctx.write_guard"),
                      (PhaseCache.begin, "self._check_live_locked("), (PhaseCache.check_live, "self._check_live_locked("),
-                     (operations.run_data_job, "sweeps_again("), (table.ShardedTable.update_item, "index_actions("),
-                     (table.ShardedTable._index_update_plan, "index_update_plan(")):
+                     (operations.run_data_job, "sweeps_again("), (writes.WriteProtocol._write_update, "index_actions("),
+                     (writes.WriteProtocol._index_update_plan, "index_update_plan(")):
         assert name in inspect.getsource(fn), (fn.__qualname__, name)
     # The model's gates on the logical clock wrap the real wait (conftest).
     assert transition_module.await_no_writers.__name__ == runs.await_no_writers.__name__

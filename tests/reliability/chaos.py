@@ -17,6 +17,10 @@ Oracle
     and that no *acknowledged* write strictly after W (started after W ended) had
     finished before the read started -- for concurrent writes any overlapping candidate
     is accepted. Failed writes stay candidates (a write that raised may have landed).
+    Under late faults (``late_window``), a write sent in an unfenced phase (cleanup,
+    complete: no version condition) may land up to that long after it ended -- a held
+    request or a late duplicate, which DynamoDB refuses only past its horizon -- so only
+    an acknowledged write started after that supersedes it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, Callable
 
 from reshard import errors
 from reshard.aws.fidelity import FidelityProcess, FidelityProxy
+from reshard.core.phases import ROUTING, STEADY, Phase
 
 # ---------------------------------------------------------------------------------- proxy
 class _BlockedTables(set):
@@ -147,6 +152,7 @@ class Write:
     acked: bool
     expect: dict | None        # attributes the result must show (None for a delete)
     note: str = ""             # who wrote it, in which phase (for failure messages)
+    unfenced: bool = False     # sent in a phase without a version fence (cleanup, complete, steady)
 
 
 @dataclass
@@ -155,6 +161,13 @@ class Oracle:
 
     writes: dict[Any, list[Write]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: How long after it ended a write sent in an unfenced phase may still land (a late request
+    #: or a late duplicate, refused by DynamoDB only past its horizon): such a write is
+    #: superseded only by an acknowledged write that started after that. In a fenced phase its
+    #: version refuses a late copy under any newer write, so no window there.
+    late_window: float = 0.0
+    #: Reads (and final states) valid only thanks to ``late_window``: what it let through.
+    window_saves: list = field(default_factory=list)
 
     def record(self, key, w: Write) -> None:
         with self.lock:
@@ -164,13 +177,15 @@ class Oracle:
         with self.lock:
             return list(self.writes.get(key, ()))
 
-    def candidates(self, key, read_start: float, read_end: float) -> list[Write]:
+    def candidates(self, key, read_start: float, read_end: float, window: float | None = None) -> list[Write]:
         hist = self.history(key)
+        window = self.late_window if window is None else window
         out = []
         for w in hist:
             if w.start > read_end:
                 continue
-            superseded = any(o.acked and o.start > w.end and o.end < read_start for o in hist)
+            landed_by = w.end + window if w.unfenced else w.end
+            superseded = any(o.acked and o.start > landed_by and o.end < read_start for o in hist)
             if not superseded:
                 out.append(w)
         return out
@@ -179,9 +194,15 @@ class Oracle:
         """None when ``got`` is a valid read; else 'lost', 'resurrected' or 'stale' with detail."""
         cands = self.candidates(key, read_start, read_end)
         token = got.get("op", "<no op>") if got else ABSENT
-        for w in cands:
-            if w.token == token and (got is None or all(got.get(k) == v for k, v in (w.expect or {}).items())):
-                return None
+
+        def shows(w: Write) -> bool:
+            return w.token == token and (got is None or all(got.get(k) == v for k, v in (w.expect or {}).items()))
+
+        if any(shows(w) for w in cands):
+            if self.late_window and not any(shows(w) for w in self.candidates(key, read_start, read_end, 0.0)):
+                with self.lock:
+                    self.window_saves.append(f"{key} read {token!r} at [{read_start:.3f}, {read_end:.3f}]")
+            return None
         present = [w for w in cands if w.token != ABSENT]
         if got is None and present:
             kind = "lost"
@@ -192,6 +213,17 @@ class Oracle:
         hist = [(w.kind, w.token, w.acked, w.note, round(w.start, 3), round(w.end, 3)) for w in self.history(key)]
         return (f"{kind}: {key} read {token!r} in [{read_start:.3f}, {read_end:.3f}], "
                 f"candidates {[(w.kind, w.token, w.acked) for w in cands]}; history {hist[-8:]}")
+
+
+def unfenced(phase: str) -> bool:
+    """A shim write in ``phase`` (ShardedTable.phase) carries no version fence: a late copy of
+    it lands over newer writes until its horizon, as plain DynamoDB writes do (docs/shim.md)."""
+    if phase == "steady":
+        return not STEADY.fenced
+    try:
+        return not ROUTING[Phase(phase)].fenced
+    except (ValueError, KeyError):  # e.g. held by a switch: fenced phases on both sides
+        return False
 
 
 # ---------------------------------------------------------------------------------- workload
@@ -256,7 +288,8 @@ class AppThread(threading.Thread):
     def _write(self, i: int, kind: str, token: str, expect: dict | None, fn) -> bool:
         # Recorded before it is sent: a concurrent reader must see it as a candidate while
         # it is in flight (pending: end = inf, not acknowledged, supersedes nothing).
-        w = Write(token, kind, time.monotonic(), math.inf, False, expect, f"{self.name}@{self.table.phase}")
+        w = Write(token, kind, time.monotonic(), math.inf, False, expect, f"{self.name}@{self.table.phase}",
+                  unfenced=unfenced(self.table.phase))
         self.oracle.record(self.w.ident(i), w)
         try:
             fn()
@@ -267,6 +300,7 @@ class AppThread(threading.Thread):
             self.errors.append(f"{kind} {i}: {e}")
         with self.oracle.lock:
             w.end, w.acked = time.monotonic(), ok
+            w.unfenced = w.unfenced or unfenced(self.table.phase)
         if ok:
             self._n(kind)
         return ok

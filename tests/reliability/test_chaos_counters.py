@@ -44,7 +44,7 @@ from reshard.shim.table import ShardedTable
 
 from tests.integration.test_backfill_dynalite import _cli, _env
 from tests.reliability.chaos import ABSENT, AppThread, Write, total_ops
-from tests.reliability.lifecycle import PATIENT, Lifecycle
+from tests.reliability.lifecycle import LATE_HORIZON, PATIENT, Lifecycle
 from tests.shim_helpers import by_layout, scan, shim
 
 SEED = int(os.environ.get("RESHARD_CHAOS_SEED", "12122026"))
@@ -190,9 +190,15 @@ class CounterLifecycle(Lifecycle):
 
     # ------------------------------------------------------------------ traffic
     def start_traffic(self, seconds: float) -> None:
-        operations.start(self.raw, ControlStore(self.raw, self.control), self.m,
-                         server_deadline=False)  # `reshard start`, in-process (dynalite: no deadline)
+        # `reshard start`, in-process; with the server deadline (the late faults) through the
+        # proxy, whose signature window the probe finds (dynalite alone has none), faults still off.
+        dynamo = self.faulty if self.server_deadline else self.raw
+        operations.start(dynamo, ControlStore(dynamo, self.control), self.m, server_deadline=self.server_deadline,
+                         request_horizon=LATE_HORIZON)
+        self.skip_steady_horizon()
         self.proxy.enabled = True
+        if self.late_faults:
+            self.add_late_faults()
         deadline = time.monotonic() + seconds
         keys = list(range(self.n_items + self.n_inserts))
         hot = self.rng.sample(keys, 24)
@@ -236,9 +242,14 @@ class CounterLifecycle(Lifecycle):
         increment is often in flight, and after its re-reads verify reports it ("still
         changing", fail-safe: it never passes then). As an operator would, re-run verify
         when *every* difference is of that kind (counted in the figures); anything else fails.
+
+        Under the late faults (server deadline, horizon LATE_HORIZON) a mirror refused past its
+        horizon is lost by design: when the other differences are all such lost mirrors, run
+        ``verify --repair`` as the operator would (Lifecycle.unexplained), then verify again.
         """
+        cmd = ["--output", "json", "verify", self.m.id, "--segments", "4", "--examples", "1000"]
         for _ in range(3):
-            r = self.cli("--output", "json", "verify", self.m.id, "--segments", "4", timeout=60)
+            r = self.cli(*cmd, timeout=60)
             if r.returncode == 0:
                 return json.loads(r.stdout)
             try:
@@ -246,12 +257,21 @@ class CounterLifecycle(Lifecycle):
             except ValueError:
                 out = {}
             shown = out.get("examples", [])
-            churn = bool(shown) and sum(out.get("counts", {}).values()) == len(shown) and all(
-                "still changing" in e.get("detail", "") for e in shown)
-            assert churn, f"verify failed under live traffic: {r.stdout[-3000:]} {r.stderr[-2000:]}"
-            self.verify_churn_retries.append([e["identity"] for e in shown])
+            churning = [e for e in shown if "still changing" in e.get("detail", "")]
+            others = [e for e in shown if e not in churning]
+            complete = bool(shown) and sum(out.get("counts", {}).values()) == len(shown)
+            lost = self.unexplained(dict(out, examples=others, counts={"all": len(others)})) if others else []
+            assert complete and (not others or (self.server_deadline and not lost)), \
+                f"verify failed under live traffic: {lost[:5]} {r.stdout[-3000:]} {r.stderr[-2000:]}"
+            self.verify_churn_retries.append([e["identity"] for e in churning])
+            if others:
+                repair = self.cli(*cmd, "--repair", timeout=60)
+                self.repairs.append({"differences": len(others), "repair_exit": repair.returncode})
+                self.log(f"verify: {len(others)} lost mirror(s) (logged by the shims): verify --repair, "
+                         f"exit {repair.returncode}")
             self.log(f"verify: only still-changing keys {self.verify_churn_retries[-1]}: again")
-        raise AssertionError(f"verify found only still-changing keys three times: {self.verify_churn_retries}")
+        raise AssertionError(f"verify found only still-changing keys or lost mirrors three times: "
+                             f"{self.verify_churn_retries} {self.repairs}")
 
     # ------------------------------------------------------------------ the stalled backfill
     def segment_rows(self) -> list[dict]:
@@ -286,10 +306,10 @@ class CounterLifecycle(Lifecycle):
         proc = subprocess.Popen(_cli(self.proxy.endpoint, self.control, "--output", "json", "backfill", self.m.id,
                                      *BACKFILL, "--workers", "2", "--concurrency", "2", "--page-size", "10",
                                      "--max-wcu", "10"),
-                                env=dict(_env(), AWS_SDK_UA_APP_ID="stalled"), stdout=subprocess.PIPE,
+                                env=dict(self.env(), AWS_SDK_UA_APP_ID="stalled"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         mine = f":{proc.pid}:"
-        give_up = time.monotonic() + 20
+        give_up = time.monotonic() + 60  # its interpreter start-up alone took seconds at load 35
         while time.monotonic() < give_up:
             assert proc.poll() is None, f"the slow backfill ended early: {proc.communicate()}"
             held = [r for r in self.segment_rows() if mine in r.get("owner", {}).get("S", "") and "checkpoint" in r]
@@ -300,7 +320,7 @@ class CounterLifecycle(Lifecycle):
                 return proc
             time.sleep(0.1)
         proc.kill()
-        raise AssertionError("the slow backfill never checkpointed a page within 20 s")
+        raise AssertionError("the slow backfill never checkpointed a page within 60 s")
 
     # ------------------------------------------------------------------ audit
     def audit_counters(self) -> dict:
@@ -356,6 +376,9 @@ class CounterLifecycle(Lifecycle):
             "faults": self.proxy.faults(), "transitions": self.transitions,
             "read_violations": sum(len(a.violations) for a in self.apps),
             "switch_pause": self.pauses(), "verify_churn_retries": self.verify_churn_retries,
+            "lost_mirrors_logged": len(self.lost_mirrors.keys), "lost_mirror_repairs": self.repairs,
+            "behaviours": self.behaviours(), "abandoned_switches": self.abandoned_switches,
+            "late_window_saves": self.oracle.window_saves[:10],
         }
         return out
 
@@ -444,6 +467,7 @@ def test_random_suffix_counters_across_switches_with_stalled_backfill(tmp_path):
             assert f["switch_pause"][name]["increments_started"] >= 1, f["switch_pause"]
         assert lc.phase().value == "complete"
         assert stalled_exit is not None
+        lc.assert_late_faults_met(f["behaviours"])
     finally:
         if stalled is not None and stalled.poll() is None:
             stalled.send_signal(signal.SIGCONT)

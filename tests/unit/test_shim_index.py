@@ -9,7 +9,9 @@ from reshard.core import expressions
 from reshard.core.index import IndexMapper
 from reshard.core.layout import hash_shard
 from reshard.core.migration import parse
-from reshard.shim.index import index_key_condition, index_routing, write_value
+from reshard.shim.index import index_key_condition
+from reshard.shim.index_values import write_value
+from reshard.shim.routing import index_routing
 
 FILE = """
 id = "g"

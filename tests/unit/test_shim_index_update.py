@@ -1,5 +1,5 @@
 """Which updates set a sharded GSI value in their own request, what they read first, what is refused
-(reshard/shim/index.py: update_effect, index_update_plan, index_actions). Pure: no server."""
+(reshard/shim/index_values.py: update_effect, index_update_plan, index_actions). Pure: no server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from reshard.core.index import NEW, OLD, IndexMapper
 from reshard.core.layout import hash_shard
 from reshard.core.migration import parse
 from reshard.shim.expr import split_clauses
-from reshard.shim.index import index_actions, index_update_plan, update_effect
+from reshard.shim.index_values import index_actions, index_update_plan, update_effect
 from tests.index_support import gsi_migration
 
 IM = IndexMapper(parse(gsi_migration("m", "Invoices", shard_by="customer", new_partition="{region}#{shard}")).indexes[0])
