@@ -62,6 +62,8 @@ from tests.backfill_support import migration_text
 from tests.model.explore import World
 from tests.shim_helpers import by_layout
 
+from reshard.shim.errors import OutcomeUnknown  # noqa: E402  (after the imports above: the shim's own errors)
+
 CONTROL = "ctl"
 #: Errors the application may get under the fault model (besides ShimUnavailable): the version
 #: race lost every time, a request the server refused as signed too long ago (its horizon
@@ -419,7 +421,9 @@ class Fleet:
                         h.done(op, t.get_item(Key=key, ConsistentRead=True).get("Item"))
                     else:
                         raise ValueError(kind)
-                except (errors.ShimUnavailable, errors.AWSError) as e:
+                except (errors.ShimUnavailable, errors.AWSError, OutcomeUnknown) as e:
+                    # OutcomeUnknown: a write whose answer was lost, not sent again (another
+                    # writer's write is stored now): the application is told the outcome is unknown.
                     if isinstance(e, errors.AWSError) and e.code not in APP_ERRORS:
                         raise  # anything else is a bug the run reports (the actor raised)
                     # The app got an error (fail closed, a request refused by the server, retries

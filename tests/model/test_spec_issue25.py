@@ -516,9 +516,8 @@ def lost_answer_then_another_writer(w: World) -> Fleet:
     return f
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 25 (found by the model; listed as not covered in docs/late-writes.md section 5): "
-                          "a write landing between a lost answer and its retry makes the retry a fence loss, and "
-                          "the retry goes above it: the ADD is applied twice")
 def test_a_lost_answer_then_another_writer():
+    """Found by the model (an ADD counted twice) until main's d521632 (r25's B2): the retry of a
+    write whose answer was lost reads first, and another writer's newer write there ends it with
+    an unknown outcome instead of a second ADD."""
     run(lost_answer_then_another_writer, preemption_bound=1, lost=True)

@@ -100,22 +100,6 @@ def test_the_catch_up_clear_without_its_version_bump(monkeypatch, coarse_switch_
 
 # ----------------------------------------------------------------------------- lost answers, markers, leftovers
 
-def test_without_own_attempt_recognition(monkeypatch):
-    """A failed fence after a lost answer is never recognised as the writer's own landed attempt
-    (``versions.own_attempt`` says no): the retried ADD goes above it and applies twice."""
-    import reshard.shim.table as table
-    monkeypatch.setattr(table, "own_attempt", lambda version, item: False)
-    must_find(scenario(spec25.lost_answer("cutover", ("add", "k"))))
-
-
-def test_without_the_idempotency_fence_in_unfenced_phases(monkeypatch):
-    """Writes in complete carry no ``_rs_v <> :v`` (``versions.not_version`` gives nothing):
-    the retry of an ADD whose answer was lost applies it twice."""
-    import reshard.shim.table as table
-    monkeypatch.setattr(table, "not_version", lambda version: None)
-    must_find(scenario(spec25.lost_answer("complete", ("add", "k"))))
-
-
 def test_without_the_marker_check(monkeypatch):
     """The shim never refuses for the table marker (``PhaseCache._check_marker``): a shim with a
     mistyped control table writes the steady state's layout in cutover."""
@@ -133,9 +117,11 @@ def test_without_the_marker_check_on_the_previous_file(monkeypatch):
 def test_without_skipping_retired_copies(monkeypatch):
     """The shim reads a copy a cleanup retired (``_rs_gone``) as an item (``_hidden`` knows the
     marker only): the reverse migration reads the first one's TTL-pending leftover."""
-    import reshard.shim.table as table
+    import reshard.shim.reads as reads
+    import reshard.shim.requests as requests
     from reshard.core.marker import is_marker
-    monkeypatch.setattr(table, "_hidden", is_marker)
+    monkeypatch.setattr(requests, "_hidden", is_marker)
+    monkeypatch.setattr(reads, "_hidden", is_marker)
     must_find(scenario(spec25.reverse_migration_in_the_retain_window), preemption_bound=1)
 
 
@@ -148,11 +134,15 @@ def test_mutation_targets_are_the_names_main_uses():
     import reshard.jobs.cleanup as cleanup
     import reshard.jobs.strip as strip
     import reshard.shim.phase_cache as phase_cache
+    import reshard.shim.reads as reads
+    import reshard.shim.requests as requests
     import reshard.shim.table as table
+    import reshard.shim.writes as writes
     from reshard.control.store import ControlStore
     from reshard.core import phases, versions
     from reshard.jobs.facts import DatedWrites
-    assert table.own_attempt is versions.own_attempt and table.not_version is versions.not_version
+    assert writes.own_attempt is versions.own_attempt and writes.not_version is versions.not_version
+    assert reads._hidden is requests._hidden
     assert phase_cache.routing_of is phases.routing_of
     for fn, name in ((table.ShardedTable._call, "horizon=self._horizon"),
                      (table.ShardedTable._authoritative, "own_attempt("), (table.ShardedTable._authoritative, "not_version("),
@@ -162,4 +152,4 @@ def test_mutation_targets_are_the_names_main_uses():
                      (phases.preconditions, "catch_up_refusal("), (phase_cache.PhaseCache._refresh_locked, "_check_marker(")):
         assert name in inspect.getsource(fn), (fn.__qualname__, name)
     assert "phase_version = :nv" in inspect.getsource(ControlStore.clear_newer_may_be)
-    assert "self._catch_up(" in inspect.getsource(table.ShardedTable)
+    assert "self._catch_up(" in inspect.getsource(writes.WriteProtocol)
