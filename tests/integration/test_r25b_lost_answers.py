@@ -1,0 +1,104 @@
+"""r25b: a second outside review of issue 25 after r25's fixes (B2: "an update or a conditional
+write whose answer was lost is not sent again blindly"). Forced interleavings on dynalite behind
+the fidelity proxy, with the harness of ``test_r25_late_writes.py`` (server deadline enforced,
+H = 30 s so real time never expires a request by accident). Each break is
+``xfail(strict=True)`` so the suite stays green until fixed."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from reshard.core.phases import Phase
+from tests.integration.test_r25_late_writes import _run, _to, proxy  # noqa: F401 - the fixture
+from tests.late_support import Background, key_of, plain
+
+
+# ------------------------------------------------------------------ 1. a conditional plain delete
+@pytest.mark.xfail(strict=True, reason="r25b: a conditional delete in cleanup/complete whose answer was lost is "
+                                       "sent again blindly and answers ConditionalCheckFailed though it landed")
+@pytest.mark.parametrize("phase", ["cleanup", "complete"])
+def test_r25b_a_lost_answer_of_a_conditional_delete_fails_a_landed_delete(proxy, unique_name, phase):
+    """``cleanup``/``complete`` (stamping phases, no tombstones): the shim's delete is a plain
+    DeleteItem carrying the application's condition. Its first attempt lands (the item is gone),
+    the answer is lost, and ``Dynamo.call`` sends it again (RETRY_UNKNOWN is only cleared for
+    writes that go through ``_authoritative``): the retry meets the absent item, fails the
+    application's own condition and the application hears ConditionalCheckFailed -- "your
+    delete did not happen" -- for a delete that landed. docs/late-writes.md promises "never a
+    ConditionalCheckFailed for a write that landed" for every write with an application
+    condition in a stamping phase, and excludes only a *plain* delete as "idempotent in
+    effect": a conditional one is not. (With another writer's put between the attempt and the
+    retry, the retry deletes that acknowledged put instead: a lost write, guarantee 1.)"""
+    from botocore.exceptions import ClientError
+
+    run = _run(proxy, unique_name)
+    _to(run, phase)
+    a = run.shim(read_timeout=60)
+    try:
+        assert a.phase == phase
+        item = run.moving(val=1, n=Decimal(10))
+        a.put_item(Item=item)
+        _, new_key = run.keys(item)
+        assert run.stored(new_key) is not None
+        proxy.lose_answer(op="DeleteItem", key=plain(new_key))
+        try:
+            a.delete_item(Key=key_of(item), ConditionExpression="attribute_exists(sensor_id)")
+            outcome = "acknowledged"
+        except ClientError as e:
+            outcome = e.response["Error"]["Code"]
+        assert run.stored(new_key) is None, "the delete landed"
+        assert outcome in ("acknowledged", "ReshardOutcomeUnknown"), \
+            f"a delete that landed answered {outcome} (\"not applied\")"
+    finally:
+        a.close()
+
+
+# ------------------------------------------------------------------ 2. "no version stored: not landed"
+@pytest.mark.xfail(strict=True, reason="r25b: in cutover a lost answer's read finds no item (a cleanup shim's "
+                                       "plain delete removed the landed attempt) and the ADD is sent again")
+def test_r25b_a_lost_answer_in_cutover_resent_after_a_cleanup_shims_delete(proxy, unique_name):
+    """The B2 fix decides a lost answer in a fenced phase by one consistent read, and takes "no
+    item (or an older version) stored" for "not landed: send it again under the same
+    version", on the premise that "a landed attempt is only ever replaced by a newer version".
+    Right after ``cutover -> cleanup`` a cleanup-phase shim (adjacent phase, allowed to coexist)
+    deletes with a plain, unversioned DeleteItem. So: shim A (still ``cutover``) sends
+    ``ADD n 1``: it lands (n = 11), its answer is lost; shim B (``cleanup``) deletes the item
+    (acknowledged); A's read finds nothing and sends the ADD again: the item B deleted comes
+    back as ``{n: 1}`` -- the ADD applied twice (n = 11 was stored, then 1) and an item deleted
+    through the shim resurrected by a write that had already landed before the delete.
+    Guarantees 1/2 through 5b ("an answer lost and its request retried")."""
+    run = _run(proxy, unique_name)
+    _to(run, "cutover")
+    a = run.shim(read_timeout=60)
+    try:
+        assert a.phase == "cutover"
+        item = run.moving(val=1, n=Decimal(10))
+        a.put_item(Item=item)
+        _, new_key = run.keys(item)
+        # cutover -> cleanup: B is a shim of the new phase; A has not refreshed yet (the
+        # adjacent-phase mix every transition allows until the old phase's facts expire).
+        run.store.set_phase(run.store.load_state(run.migration.id), Phase("cleanup"), "test", "test")
+        b = run.shim()
+        try:
+            assert b.phase == "cleanup" and a.phase == "cutover"
+            proxy.lose_answer(op="UpdateItem", key=plain(new_key))
+            read_rule = proxy.hold(op="GetItem", key=plain(new_key))
+            add = Background(lambda: a.update_item(Key=key_of(item), UpdateExpression="ADD n :one",
+                                                   ExpressionAttributeValues={":one": 1}))
+            read = proxy.wait_held(1, rule=read_rule, timeout=30)[0]["handle"]
+            proxy.remove_rule(read_rule)
+            assert run.stored(new_key)["n"] == {"N": "11"}, "A's first attempt landed"
+            b.delete_item(Key=key_of(item))  # acknowledged
+            assert run.stored(new_key) is None
+            proxy.release(read)
+            try:
+                add.result()
+            except Exception:  # noqa: BLE001 - ReshardOutcomeUnknown would be a right answer
+                pass
+            got = b.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
+            assert got is None, f"the item B deleted came back after A's landed ADD was sent again: {got}"
+        finally:
+            b.close()
+    finally:
+        a.close()
