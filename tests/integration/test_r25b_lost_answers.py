@@ -102,3 +102,56 @@ def test_r25b_a_lost_answer_in_cutover_resent_after_a_cleanup_shims_delete(proxy
             b.close()
     finally:
         a.close()
+
+
+# ------------------------------------------------------------------ 3. the resend's fence loss
+@pytest.mark.xfail(strict=True, reason="r25b: a lost attempt still in flight lands after the resend was decided; "
+                                       "another writer lands; the resend's fence loss is taken for a plain race "
+                                       "and the ADD is applied a second time above it")
+def test_r25b_a_resent_add_loses_its_fence_to_a_writer_after_the_first_attempt_landed(proxy, unique_name):
+    """``cutover`` (fenced). A's ``ADD n 1`` (attempt 1, version v) is held by the network and A's
+    connection is closed (it may land later: the fault model's "a request that lands at any
+    later time"). A's one consistent read finds the older stored version: "not landed", so A
+    sends it again under v (attempt 2), and attempt 2 is held a moment. Attempt 1 is delivered:
+    n = 11 under v. B's ``SET val = 2`` lands (version w > v, acknowledged). Attempt 2 arrives
+    and fails the fence; the shim's ConditionalCheckFailed path reads w (not its own v), takes it
+    for an ordinary fence loss ("another writer is ahead: go above it") and sends the ADD again
+    under a newer version: n = 12. The B2 fix covers a lost answer's *first* resend decision
+    only; the ConditionalCheckFailed branch forgets that an earlier attempt of this write may
+    have landed. Guarantee 1 through 5b (no order of the two acknowledged writes gives 12)."""
+    from botocore.exceptions import ClientError
+
+    run = _run(proxy, unique_name)
+    _to(run, "cutover")
+    a, b = run.shim(read_timeout=60), run.shim()
+    try:
+        assert a.phase == "cutover" and b.phase == "cutover"
+        item = run.moving(val=1, n=Decimal(10))
+        a.put_item(Item=item)
+        _, new_key = run.keys(item)
+        first_rule = proxy.hold(op="UpdateItem", key=plain(new_key), mode="lose")
+        read_rule = proxy.hold(op="GetItem", key=plain(new_key))
+        add = Background(lambda: a.update_item(Key=key_of(item), UpdateExpression="ADD n :one",
+                                               ExpressionAttributeValues={":one": 1}))
+        first = proxy.wait_held(1, rule=first_rule, timeout=30)[0]["handle"]
+        read = proxy.wait_held(1, rule=read_rule, timeout=30)[0]["handle"]
+        proxy.remove_rule(read_rule)
+        second_rule = proxy.hold(op="UpdateItem", key=plain(new_key))
+        proxy.release(read)  # the decision read: the put's older version, so "not landed"
+        second = proxy.wait_held(1, rule=second_rule, timeout=30)[0]["handle"]
+        proxy.remove_rule(second_rule)
+        out = proxy.release(first)
+        assert out["status"] == 200, out
+        assert run.stored(new_key)["n"] == {"N": "11"}, "attempt 1 landed"
+        b.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 2})
+        proxy.release(second)
+        try:
+            add.result()
+        except ClientError as e:  # ReshardOutcomeUnknown would be a right answer
+            assert e.response["Error"]["Code"] == "ReshardOutcomeUnknown", e.response["Error"]
+        got = b.get_item(Key=key_of(item), ConsistentRead=True)["Item"]
+        assert got["val"] == 2
+        assert got["n"] == 11, "one ADD was applied twice"
+    finally:
+        a.close()
+        b.close()
