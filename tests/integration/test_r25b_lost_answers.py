@@ -155,3 +155,46 @@ def test_r25b_a_resent_add_loses_its_fence_to_a_writer_after_the_first_attempt_l
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.xfail(strict=True, reason="r25b: a create-if-absent put whose first attempt lands late, after its resend "
+                                       "was decided, answers ConditionalCheckFailed though it landed")
+def test_r25b_a_resent_create_fails_on_its_own_late_first_attempt(proxy, unique_name):
+    """The interleaving of the test above with ``put_item(..., attribute_not_exists)`` (r25's
+    ``..._fails_a_landed_put``, reached through a late first attempt instead of a lost answer):
+    attempt 1 held, the decision read finds no item ("not landed"), attempt 2 held; attempt 1
+    lands (A's item created); B's put lands; attempt 2 fails the fence; the shim goes above B
+    with a new version, the application's condition now fails on A's own first effect, and A
+    hears ConditionalCheckFailed -- "not applied" -- for a create that landed."""
+    from botocore.exceptions import ClientError
+
+    run = _run(proxy, unique_name)
+    _to(run, "cutover")
+    a, b = run.shim(read_timeout=60), run.shim()
+    try:
+        item = run.moving(val=1)
+        _, new_key = run.keys(item)
+        first_rule = proxy.hold(op="PutItem", key=plain(new_key), mode="lose")
+        read_rule = proxy.hold(op="GetItem", key=plain(new_key))
+        put = Background(lambda: a.put_item(Item=item, ConditionExpression="attribute_not_exists(sensor_id)"))
+        first = proxy.wait_held(1, rule=first_rule, timeout=30)[0]["handle"]
+        read = proxy.wait_held(1, rule=read_rule, timeout=30)[0]["handle"]
+        proxy.remove_rule(read_rule)
+        second_rule = proxy.hold(op="PutItem", key=plain(new_key))
+        proxy.release(read)  # no item: "not landed"
+        second = proxy.wait_held(1, rule=second_rule, timeout=30)[0]["handle"]
+        proxy.remove_rule(second_rule)
+        assert proxy.release(first)["status"] == 200
+        assert run.stored(new_key)["val"] == {"N": "1"}, "A's attempt 1 created the item"
+        b.put_item(Item={**item, "val": 2})
+        proxy.release(second)
+        try:
+            put.result()
+            outcome = "acknowledged"
+        except ClientError as e:
+            outcome = e.response["Error"]["Code"]
+        assert outcome in ("acknowledged", "ReshardOutcomeUnknown"), \
+            f"a create that landed answered {outcome} (\"not applied\")"
+    finally:
+        a.close()
+        b.close()
