@@ -198,3 +198,55 @@ def test_r25b_a_resent_create_fails_on_its_own_late_first_attempt(proxy, unique_
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------ 4. a duplicate after another writer
+@pytest.mark.xfail(strict=True, reason="r25b: in cleanup/complete a duplicated request delivered after another "
+                                       "writer's write passes `_rs_v <> :v` (that writer's version is not ours) "
+                                       "and applies a second time")
+@pytest.mark.parametrize("phase", ["cleanup", "complete"])
+@pytest.mark.parametrize("op", ["add", "put", "delete"])
+def test_r25b_a_duplicate_delivered_after_another_writer_applies_again(proxy, unique_name, phase, op):
+    """``cleanup``/``complete`` fence nothing: a write's only guard against its own duplicate is
+    ``_rs_v <> :v`` (a put/update), or nothing (a plain delete). That guard compares with the
+    *latest* stored version only. A's write lands and is acknowledged; the network keeps a copy
+    (``duplicate(copy="hold")``: the fault model's "a request that lands ... twice"). B's write of
+    the same item lands and is acknowledged *after* A's. The copy is delivered, well inside its
+    horizon (no strip has run, nothing waits): B's version is not A's, so it passes and A's
+    write is applied a second time, after B's: ``ADD`` twice (n = 12), A's put undoing B's later
+    acknowledged put, A's delete removing B's later acknowledged put. Guarantee 1 (the item no
+    longer equals its last acknowledged write) through 5b. r25's B1 fix (strip waits H + 2 s)
+    and B2 fix (no blind resend) cover neither: this copy is not a retry and no strip ran."""
+    run = _run(proxy, unique_name)
+    _to(run, phase)
+    a, b = run.shim(), run.shim()
+    try:
+        assert a.phase == phase and b.phase == phase
+        item = run.moving(val=1, n=Decimal(10))
+        _, new_key = run.keys(item)
+        b.put_item(Item=item)
+        if op == "add":
+            rule = proxy.duplicate(op="UpdateItem", key=plain(new_key), copy="hold")
+            a.update_item(Key=key_of(item), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1})
+            copy = proxy.held(rule=rule)[0]["handle"]
+            b.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 2})
+            expected = {**item, "val": 2, "n": 11}
+        elif op == "put":
+            rule = proxy.duplicate(op="PutItem", key=plain(new_key), copy="hold")
+            a.put_item(Item={**item, "val": 3})
+            copy = proxy.held(rule=rule)[0]["handle"]
+            b.put_item(Item={**item, "val": 2})
+            expected = {**item, "val": 2}
+        else:
+            rule = proxy.duplicate(op="DeleteItem", key=plain(new_key), copy="hold")
+            a.delete_item(Key=key_of(item))
+            copy = proxy.held(rule=rule)[0]["handle"]
+            b.put_item(Item={**item, "val": 2})
+            expected = {**item, "val": 2}
+        assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") == expected  # B's write acknowledged
+        outcome = proxy.release(copy)
+        got = b.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
+        assert got == expected, f"A's {op} was applied again after B's acknowledged write ({outcome['status']}): {got}"
+    finally:
+        a.close()
+        b.close()
