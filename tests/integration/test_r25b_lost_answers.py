@@ -250,3 +250,46 @@ def test_r25b_a_duplicate_delivered_after_another_writer_applies_again(proxy, un
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------ 5. a fenced write's duplicate after a plain delete
+@pytest.mark.xfail(strict=True, reason="r25b: a cutover write's duplicate delivered after a cleanup shim's plain "
+                                       "delete passes its fence (attribute_not_exists(_rs_v)) and resurrects the item")
+@pytest.mark.parametrize("op", ["put", "add"])
+def test_r25b_a_cutover_duplicate_resurrects_what_a_cleanup_shim_deleted(proxy, unique_name, op):
+    """Right after ``cutover -> cleanup`` (the adjacent-phase mix every transition allows):
+    shim A (still ``cutover``, fenced) writes the item and is acknowledged; the network keeps a
+    copy of A's request. Shim B (``cleanup``) deletes the item with a plain DeleteItem and is
+    acknowledged. The copy is delivered inside its horizon: its fence is
+    ``attribute_not_exists(_rs_v) OR _rs_v < :v``, and an item a plain delete removed has no
+    ``_rs_v``: it passes, and the item B deleted after A's write comes back (a put: A's item;
+    an ``ADD``: ``{n: 1}``). Guarantee 2 (an item deleted through the shim never comes back)
+    through 5b. Cleanup's delete leaves no version behind for the fenced phase next to it to
+    compare with (a tombstone until the previous phase's requests expired would)."""
+    run = _run(proxy, unique_name)
+    _to(run, "cutover")
+    a = run.shim()
+    try:
+        item = run.moving(val=1, n=Decimal(10))
+        _, new_key = run.keys(item)
+        a.put_item(Item=item)
+        run.store.set_phase(run.store.load_state(run.migration.id), Phase("cleanup"), "test", "test")
+        b = run.shim()
+        try:
+            assert a.phase == "cutover" and b.phase == "cleanup"
+            if op == "put":
+                rule = proxy.duplicate(op="PutItem", key=plain(new_key), copy="hold")
+                a.put_item(Item={**item, "val": 3})
+            else:
+                rule = proxy.duplicate(op="UpdateItem", key=plain(new_key), copy="hold")
+                a.update_item(Key=key_of(item), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1})
+            copy = proxy.held(rule=rule)[0]["handle"]
+            b.delete_item(Key=key_of(item))  # acknowledged, after A's write was
+            assert b.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None
+            outcome = proxy.release(copy)
+            got = b.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
+            assert got is None, f"the item B deleted came back ({outcome['status']}): {got}"
+        finally:
+            b.close()
+    finally:
+        a.close()
