@@ -154,12 +154,23 @@ class WriteProtocol:
                         kwargs["ReturnValues"] = "ALL_OLD"
                     if on_failure and condition and i == 0:
                         kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+                    # A conditional delete whose answer was lost is not sent again: its resend
+                    # would fail on its own effect (r25b's B1); a read cannot tell "we deleted
+                    # it" from "it was gone", so the app hears the outcome is unknown.
+                    token = RETRY_UNKNOWN.set(False) if condition and i == 0 else None
                     try:
                         resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
                     except errors.ConditionalCheckFailed as e:
                         if on_failure:
                             self._failed_item(e, key, self.mapper.layout(st.routing.writes[0]))
                         raise
+                    except errors.AWSError as e:
+                        if getattr(e, "outcome_unknown", False):
+                            raise OutcomeUnknown("DeleteItem") from e
+                        raise
+                    finally:
+                        if token is not None:
+                            RETRY_UNKNOWN.reset(token)
                     if i == 0:
                         old, first = resp.get("Attributes"), resp
                 return self._response(old, self.mapper.layout(st.routing.writes[0]), first, key_wire)
@@ -527,6 +538,7 @@ class WriteProtocol:
         # Without a version (the steady state) nothing could tell our attempt from another
         # writer's: boto3's behaviour, a retry, stays.
         unsafe = bool(version) and (update or bool(app_condition))
+        unknown = False  # an earlier attempt's outcome is unknown (it may land, or have landed)
         for _ in range(MAX_FENCE_RETRIES + 1):
             names: dict = {}
             values: dict = {}
@@ -565,6 +577,11 @@ class WriteProtocol:
                 # A stored version is input: one no reshard writer wrote (malformed, or further
                 # ahead than the clocks' skew) is never adopted; this item's write is refused.
                 stored = stored_version(item, self.versions.now(), f"item {_key_text(key)} of table {self.table!r}")
+                if unknown:
+                    # An earlier attempt's answer was lost and it may have landed (late) before
+                    # this one: a fence or condition lost now cannot be told from our own
+                    # effect followed by another write (r25b's B3). Not applied again.
+                    raise OutcomeUnknown("UpdateItem" if update else "PutItem")
                 if not st.routing.fenced:
                     if not app_condition:
                         continue  # an update's retired-copy guard, and that copy is gone since: again
@@ -586,9 +603,14 @@ class WriteProtocol:
                 if own_attempt(version, item):
                     log.info("reshard shim %s: %s landed on a lost answer; not applied again", self.instance_id, key)
                     return version, _Landed(Attributes=item)
-                if st.routing.fenced and not is_retired(item) and (
-                        item is None or version_of(item) is None or stored_version(
-                            item, self.versions.now(), f"item {_key_text(key)} of table {self.table!r}") < version):
+                # Sent again only on proof it did not land: an older version stored (a landed
+                # attempt is replaced only by a newer version). An absent or unversioned item
+                # proves nothing: a neighbouring phase's plain delete may have removed our
+                # landed attempt (r25b's B2).
+                if st.routing.fenced and item is not None and not is_retired(item) and \
+                        version_of(item) is not None and stored_version(
+                            item, self.versions.now(), f"item {_key_text(key)} of table {self.table!r}") < version:
+                    unknown = True  # the lost attempt itself may still land late
                     continue
                 log.warning("reshard shim %s: the outcome of a write to %s is unknown (its answer was lost, another "
                             "write is stored now); not sent again", self.instance_id, key)
