@@ -133,11 +133,13 @@ def test_app_timeouts_and_the_refresh_policy(dynalite_server, unique_name):
 
 
 def test_an_app_policy_past_reshards_bounds_is_refused_with_the_fix(dynalite_server, unique_name):
-    """botocore's defaults (10 attempts of 60 + 60 s) let one write last ~50 minutes: past what the
-    gates wait for. Refused at construction, one line naming a Config that fits."""
+    """botocore's legacy retry mode (DynamoDB: 10 attempts of 60 + 60 s; the default before
+    botocore 1.44, whose default is standard mode's 3) lets one write last ~50 minutes: past what
+    the gates wait for. Refused at construction, one line naming a Config that fits."""
     m = migration("sensor", table=unique_name)
     with pytest.raises(errors.BadInput, match=r"2980\.8s.*total_max_attempts"):
-        ShardedTable(m, *_app(_client(dynalite_server))[:1], control_table="ctl", start=False)
+        ShardedTable(m, *_app(_client(dynalite_server, retries={"mode": "legacy"}))[:1], control_table="ctl",
+                     start=False)
     ok = _client(dynalite_server, connect_timeout=5, read_timeout=30, retries={"mode": "standard",
                                                                               "total_max_attempts": 3})
     data, control = _app(ok)
