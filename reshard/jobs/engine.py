@@ -91,29 +91,28 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_MAX_REQUEST_SECONDS = ASSUMED_MAX_REQUEST_SECONDS
 
 
-def same_host_alive(owner: str, host: str | None = None) -> bool:
-    """True when ``owner`` is a process of this host that still exists (ours, or a sibling)."""
+def _local_pid(owner: str, host: str | None = None) -> int | None:
+    """The pid of ``owner`` (``host:pid:...``) when it is a process of this host, else None."""
     parts = owner.split(":")
     if len(parts) < 2 or parts[0] != (host or socket.gethostname()):
-        return False
+        return None
     try:
-        pid = int(parts[1])
+        return int(parts[1])
     except ValueError:
-        return False
-    return pid == os.getpid() or not same_host_dead(owner, host)
+        return None
+
+
+def same_host_alive(owner: str, host: str | None = None) -> bool:
+    """True when ``owner`` is a process of this host that still exists (ours, or a sibling)."""
+    pid = _local_pid(owner, host)
+    return pid is not None and (pid == os.getpid() or not same_host_dead(owner, host))
 
 
 def same_host_dead(owner: str, host: str | None = None) -> bool:
     """True when ``owner`` is a process of this host that no longer exists."""
-    parts = owner.split(":")
-    if len(parts) < 2 or parts[0] != (host or socket.gethostname()):
-        return False
-    try:
-        pid = int(parts[1])
-    except ValueError:
-        return False
-    if pid == os.getpid():
-        return False  # our own process: its threads release their leases themselves
+    pid = _local_pid(owner, host)
+    if pid is None or pid == os.getpid():
+        return False  # another host's, or our own process: its threads release their leases themselves
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -95,15 +95,12 @@ class JobFacts:
         #: migration the marker does not name).
         self.horizon_cap = float("inf")
         self.reads = 0
-        if state is not None:
-            self._learn(state, None)
         if marker is not None and (state is None or state.server_deadline):
             # The owner the job begins under (not at its first page: a job stalled before it
             # must still see a next migration's claim as a change).
-            dynamo, table, key = marker
-            item = dynamo.call("get_item", TableName=table, Key=key, ConsistentRead=True).get("Item")
-            self._check_owner(markers.owner_of(item))
-            self.horizon_seconds = min(self.horizon_seconds, self.horizon_cap) if state is not None else 0.0
+            self._check_owner(markers.owner_of(self._read_marker()[0]))
+        if state is not None:
+            self._learn(state, None)
 
     # -- reading the control row
     def _read(self) -> None:
@@ -111,13 +108,17 @@ class JobFacts:
         date = self.store.dynamo.answer_date()
         owner_why = None
         if self.marker is not None and state.server_deadline:
-            dynamo, table, key = self.marker
-            item = dynamo.call("get_item", TableName=table, Key=key, ConsistentRead=True).get("Item")
-            marker_date = dynamo.answer_date()
+            item, marker_date = self._read_marker()
             if date is not None and marker_date is not None:
                 date = min(date, marker_date)  # the fact is as old as its older read
             owner_why = self._check_owner(markers.owner_of(item))
         self._learn(state, date, owner_why)
+
+    def _read_marker(self) -> tuple[dict | None, float | None]:
+        """The table marker as it is now (consistent), and the server's Date of that answer."""
+        dynamo, table, key = self.marker
+        item = dynamo.call("get_item", TableName=table, Key=key, ConsistentRead=True).get("Item")
+        return item, dynamo.answer_date()
 
     def _check_owner(self, owner: markers.Owner | None) -> str | None:
         seen = None if owner is None else (owner.migration_id, owner.control_table)
