@@ -56,3 +56,69 @@ def test_a25_doctor_deletes_a_tombstone_a_late_duplicate_still_needs(proxy, uniq
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------ 2. --no-server-deadline after an enforced owner
+@pytest.mark.xfail(strict=True, reason="a25: a next migration started with --no-server-deadline leaves `planned` at "
+                                       "once: the previous owner's late delete (dated by its horizon) lands in "
+                                       "dual_write")
+def test_a25_no_server_deadline_on_the_next_migration_forgets_the_previous_horizon(proxy, unique_name):
+    """M1 ran with the server deadline enforced (H = 30 s) and is ``complete``; shim A still runs
+    M1's file and deletes an item (a plain delete: ``complete``); the request is held on the way,
+    inside its horizon, and the application is redeployed with M2's file (A closes: its
+    heartbeat goes, the census no longer counts it). M2 is started on the same table -- the same enforcing server -- with
+    ``--no-server-deadline`` (``RESHARD_NO_SERVER_DEADLINE=1`` left in an operator's shell, or a
+    script written for the test server): ``start`` probes nothing and records ``server_deadline =
+    off``, and with it every wait of docs/late-writes.md section 2 is off, also the one r25's B6 fix
+    added (``planned`` lasts the previous owner's horizon: ``control/horizon.horizon_for`` is only
+    consulted with a server deadline), although ``start`` recorded ``previous_horizon`` = 30 s.
+    ``advance`` moves M2 to ``dual_write`` at once; M2's shim B updates the item (old layout
+    authoritative) and is acknowledged. A's delete lands (its horizon has not passed: DynamoDB
+    accepts it) and B's acknowledged update is gone -- a read in ``dual_write`` finds nothing.
+    Guarantees 1 and 4 through 5b; r25's B6 again, through the opt-out.
+
+    The option was meant for servers that do not check signatures; here it also switches off the
+    fences a previous, enforced migration's requests still rely on. ``start --no-server-deadline``
+    could keep ``planned`` for ``previous_horizon`` on the server's clock whatever its own mode,
+    or probe anyway and refuse the option on a server that enforces the window."""
+    from reshard.core.layout import KeyMapper
+    from reshard.core.migration import parse
+    from reshard.core.phases import Action
+    from tests.integration.test_r25_late_writes import _to
+    from tests.late_support import Background, Run
+
+    m1 = _run(proxy, unique_name)
+    _to(m1, "complete")
+    a = m1.shim(read_timeout=120)
+    try:
+        item = m1.moving(val=1)
+        a.put_item(Item=item)
+        _, k = m1.keys(item)  # M1's new layout: M2's old
+        rule = proxy.hold(op="DeleteItem", key=plain(k))
+        delete = Background(lambda: a.delete_item(Key=key_of(item)))
+        handle = proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
+        a.close()  # the application is redeployed with M2's file: A leaves the census at once
+
+        text = m1.migration.text.replace("shards = 32", "shards = 64").replace("shards = 16", "shards = 32")
+        m2 = parse(text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-32-to-64"'), "<m2>")
+        started = operations.start(m1.dynamo, m1.store, m2, server_deadline=False)
+        assert started.state.previous_horizon == 30 and not started.state.server_deadline
+        moved = operations.transition(m1.store, m2.id, Action.ADVANCE, allow_no_shims=True)
+        assert str(moved.after.phase) == "dual_write", moved
+        run2 = Run(proxy, m1.dynamo, m2, KeyMapper(m2), m1.store, m1.control)
+        b = run2.shim()
+        try:
+            assert b.phase == "dual_write"
+            b.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 2})
+            outcome = proxy.release(handle)
+            try:
+                delete.result()
+            except Exception:  # noqa: BLE001 - refused is what a fix gives
+                pass
+            got = b.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
+            assert got is not None and got["val"] == 2, \
+                f"M1's late delete ({outcome['status']}) undid B's acknowledged update in M2's dual_write: {got}"
+        finally:
+            b.close()
+    finally:
+        a.close()
