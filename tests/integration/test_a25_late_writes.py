@@ -122,3 +122,70 @@ def test_a25_no_server_deadline_on_the_next_migration_forgets_the_previous_horiz
             b.close()
     finally:
         a.close()
+
+
+# ------------------------------------------------------------------ 3. a retired migration's shim and the retry
+@pytest.mark.xfail(strict=True, reason="a25: a retired migration's shim signs with the retired migration's H, but "
+                                       "the retry migration's `planned` waits only the steady horizon (the retire "
+                                       "removed the marker, so previous_horizon is 0)")
+def test_a25_a_retired_migrations_late_delete_lands_in_the_retry_migrations_dual_write(proxy, unique_name):
+    """M1 (``--request-horizon 30``) is aborted and retired: the retire removes the table marker
+    (M1 replaced no owner) and M1's shims serve the steady state -- but each steady request is
+    still dated by M1's ``request_horizon`` (``shim/phase_cache``: ``facts.saw(...,
+    state.request_horizon)`` for any registered state, a retired one too), i.e. it may land up to
+    30 s after its fact. Shim A (M1's file, after the retire) deletes an item; the DeleteItem is
+    held on the way, inside that horizon; the application is redeployed with the retry
+    migration's file (A closes, its heartbeat goes). M1' (the retry: same layouts, another id,
+    ``--request-horizon 6``) is started by ``operations.start``: the marker it claims names no
+    previous owner, so ``previous_horizon`` = 0 and ``planned`` lasts ``max(6, steady 15, 0) + 2``
+    = 17 s of server time (``control/horizon.horizon_for``), then ``dual_write``. M1''s shim B
+    updates the item (old layout authoritative), acknowledged. A's delete lands (17 s < 30 s: the
+    server accepts it): B's acknowledged update is gone, a read in ``dual_write`` finds nothing.
+    Guarantees 1 and 4 through 5b (r25's B6, through the retire instead of ``complete``).
+
+    Either a retired migration's shims sign with at most the steady horizon (as its jobs do:
+    ``JobFacts.horizon_cap``), or the retire keeps the retired migration's horizon where the next
+    ``start`` finds it (the marker's previous owner, or a table-level row)."""
+    from reshard.control.horizon import horizon_for
+    from reshard.core.layout import KeyMapper
+    from reshard.core.migration import parse
+    from reshard.core.phases import Phase
+    from tests.late_support import Background, Run
+
+    m1 = _run(proxy, unique_name)
+    _move(m1, "aborted")
+    transition.retire(m1.store, m1.migration.id, dynamo=m1.dynamo)
+    a = m1.shim(read_timeout=120)
+    try:
+        assert a.phase == "steady"
+        item = m1.moving(val=1)
+        a.put_item(Item=item)
+        old_key, _ = m1.keys(item)
+        rule = proxy.hold(op="DeleteItem", key=plain(old_key))
+        delete = Background(lambda: a.delete_item(Key=key_of(item)))
+        handle = proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
+    finally:
+        a.close()  # redeployed with the retry migration's file: A leaves the census at once
+
+    retry = parse(m1.migration.text.replace(f'id = "{m1.migration.id}"', f'id = "{m1.migration.id}-retry"'), "<m1'>")
+    started = operations.start(m1.dynamo, m1.store, retry, request_horizon=6)
+    assert started.state.server_deadline and started.state.previous_horizon == 0
+    wait = horizon_for(started.state)
+    assert wait < 30, wait  # what `advance` waits out of planned: less than A's horizon
+    proxy.advance_clock(wait + 2)
+    m1.store.set_phase(m1.store.load_state(retry.id), Phase.DUAL_WRITE, "test", "test")
+    run2 = Run(proxy, m1.dynamo, retry, KeyMapper(retry), m1.store, m1.control)
+    b = run2.shim()
+    try:
+        assert b.phase == "dual_write"
+        b.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 2})
+        outcome = proxy.release(handle)
+        try:
+            delete.result()
+        except Exception:  # noqa: BLE001 - refused is what a fix gives
+            pass
+        got = b.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
+        assert got is not None and got["val"] == 2, \
+            f"the retired migration's late delete ({outcome['status']}) undid B's acknowledged update: {got}"
+    finally:
+        b.close()
