@@ -189,3 +189,32 @@ def test_a25_a_retired_migrations_late_delete_lands_in_the_retry_migrations_dual
             f"the retired migration's late delete ({outcome['status']}) undid B's acknowledged update: {got}"
     finally:
         b.close()
+
+
+# ------------------------------------------------------------------ 4. the operator's own compare-and-set, answer lost
+@pytest.mark.xfail(strict=True, reason="a25: a lost answer of the switch's first compare-and-set: the retry fails on "
+                                       "its own landed write, the operator hears 'already moved; nothing done' and "
+                                       "the fleet is left holding every write")
+def test_a25_a_lost_answer_of_the_switch_leaves_the_fleet_holding(proxy, unique_name):
+    """``rollback`` from ``cutover`` (a switch). The first compare-and-set (``switching`` to
+    ``backfill``) lands; its answer is lost; ``Dynamo.call`` sends it again and the retry fails
+    its own condition (``phase_version = :v``: the first attempt moved it). ``set_phase`` takes
+    that for another operator's move: ``ConcurrentChange`` "root@... already moved it from cutover
+    to backfill; nothing done ... run the command again if you still mean it", ``finish_switch``
+    never runs and the row stays ``switching``: every shim holds every request (reads too) until
+    someone runs ``advance`` (finishes it) or ``rollback`` again (which *abandons* it: back to
+    ``cutover``, not what the operator meant). Nothing is lost (guarantees 1-4 hold), but the
+    command reports its own move as someone else's and "nothing done", and the application is
+    down for as long as nobody notices -- the data path's lesson (a stored version equal to the
+    attempt's own is this writer's own attempt) is not applied to the control plane:
+    ``updated_at``/``updated_by`` of the row are the attempt's own ``:now``/``:who`` and would
+    say so. The same holds for every ``set_phase``, ``clear_newer_may_be`` and ``mark_retired``."""
+    from reshard.core.phases import Action
+    from tests.integration.test_r25_late_writes import _to
+
+    run = _run(proxy, unique_name)
+    _to(run, "cutover")
+    proxy.lose_answer(op="UpdateItem", contains=b"switching = :sw")
+    out = operations.transition(run.store, run.migration.id, Action.ROLLBACK, allow_no_shims=True,
+                                sleep=lambda s: proxy.advance_clock(s))
+    assert out.after.phase.value == "backfill" and not out.after.switching
