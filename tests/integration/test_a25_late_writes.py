@@ -218,3 +218,59 @@ def test_a25_a_lost_answer_of_the_switch_leaves_the_fleet_holding(proxy, unique_
     out = operations.transition(run.store, run.migration.id, Action.ROLLBACK, allow_no_shims=True,
                                 sleep=lambda s: proxy.advance_clock(s))
     assert out.after.phase.value == "backfill" and not out.after.switching
+
+
+# ------------------------------------------------------------------ 5. the retire's sweep and a steady update
+@pytest.mark.xfail(strict=True, reason="a25: the retired migration's tombstone sweep deletes `_rs_v = <scanned>`; a "
+                                       "steady shim's update over the tombstone keeps that `_rs_v`, so the sweep "
+                                       "deletes the acknowledged update")
+def test_a25_the_retire_sweep_deletes_a_steady_update_made_over_a_tombstone(proxy, unique_name, monkeypatch):
+    """``aborted``: shim B deletes an item (a tombstone at its old key, ``_rs_v`` = v, ``_rs_del``).
+    The abort's cleanup pass ends in the retire; the shims serve the steady state (no version
+    stamped, the application's requests as boto3 sends them). The cleanup command's second
+    sweep (``operations.sweeps_again``; it starts once the retire lasted H + 2 s) scans the
+    tombstone. Between that scan and its delete, steady shim C updates the item (an upsert:
+    ``SET val = 5``, the tombstone flag removed, acknowledged; ``get_item`` returns it). The
+    sweep's delete is conditioned on ``_rs_v = v`` only (``core/versions.unchanged``) -- and a
+    steady write stamps no version, so C's update kept ``_rs_v = v``: the condition passes and
+    C's acknowledged write is deleted. Guarantee 1 (and 4: C read its write, then it was gone).
+    No late fault is needed; a frozen sweep (its delete landing any time later) widens it.
+    ``reshard doctor --repair``'s leftover-tombstone delete has the same condition
+    (``control/doctor._delete_items``).
+
+    The condition must say "still the tombstone scanned" (``attribute_exists(_rs_del) AND
+    _rs_v = :v``), or a steady write over a tombstone must drop its ``_rs_v`` too."""
+    from reshard.core.phases import CLEANUP_JOB
+    from reshard.jobs import cleanup as cleanup_job
+    from reshard.jobs.runner import JobOptions
+
+    run = _run(proxy, unique_name)
+    _move(run, "aborted")
+    b = run.shim()
+    item = run.moving(val=1)
+    try:
+        b.put_item(Item=item)
+        b.delete_item(Key=key_of(item))  # a tombstone at the old key
+    finally:
+        b.close()
+    transition.retire(run.store, run.migration.id, dynamo=run.dynamo)
+    proxy.advance_clock(30 + 2)  # the sweep's wait: the retire lasted H + 2 s
+    c = run.shim()
+    try:
+        assert c.phase == "steady"
+        original = cleanup_job.Cleaner._delete_if_unchanged
+        acked = []
+
+        def between_scan_and_delete(self, guard, scanned):
+            if not acked:  # the sweep scanned the tombstone; C's update lands now
+                c.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 5})
+                acked.append(c.get_item(Key=key_of(item), ConsistentRead=True).get("Item"))
+            return original(self, guard, scanned)
+        monkeypatch.setattr(cleanup_job.Cleaner, "_delete_if_unchanged", between_scan_and_delete)
+        operations.run_data_job(CLEANUP_JOB, run.dynamo, run.store, run.migration.id,
+                                JobOptions(segments=1, workers=1))
+        assert acked and acked[0]["val"] == 5, acked  # C's update was acknowledged and read back
+        got = c.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
+        assert got == acked[0], f"the sweep deleted C's acknowledged update: {got}"
+    finally:
+        c.close()
