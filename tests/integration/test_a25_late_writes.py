@@ -274,3 +274,54 @@ def test_a25_the_retire_sweep_deletes_a_steady_update_made_over_a_tombstone(prox
         assert got == acked[0], f"the sweep deleted C's acknowledged update: {got}"
     finally:
         c.close()
+
+
+# ------------------------------------------------------------------ 6. a steady update over a retired copy
+@pytest.mark.xfail(strict=True, reason="a25: a steady shim's update (an upsert) over an earlier migration's retired "
+                                       "copy (_rs_gone) lands on it and stays hidden: acknowledged, never readable")
+def test_a25_a_steady_update_over_a_retired_copy_is_acknowledged_and_never_read(proxy, unique_name):
+    """How the table gets there: M1 (16 -> 32) completes; its cleanup marked every moved old item
+    ``_rs_gone`` with a TTL ``retain_hours`` (a week by default) away. An item X is deleted
+    afterwards (its 32-shard copy goes; its retired 16-shard copy stays until the TTL). M2 (the
+    reverse, 32 -> 16) runs within the week and completes: its backfill had nothing to copy for X,
+    so X's 16-shard key still holds M1's retired copy. The application then deploys the next
+    migration's file (from the 16-shard layout) before its ``start``: a steady shim
+    (docs/late-writes.md: "an application deployed with the next migration's file before start is
+    fine"). Here the retired copy is put in place directly (the state after that history), and
+    M1 is complete.
+
+    The steady shim's ``update_item(SET val = 5)`` of X (an upsert: X does not exist for any
+    reader) is sent as boto3 would send it: no ``attribute_not_exists(_rs_gone)`` guard (only the
+    stamping phases carry it, ``shim/writes._authoritative``: ``fence is None`` in the steady
+    state). It lands on the retired copy, which keeps ``_rs_gone`` (and the deleted item's stale
+    attributes): every read drops it (``shim/requests._hidden``), and its TTL deletes it later.
+    The application was told the write happened; ``get_item`` says there is no item. Guarantees 1
+    and 4. A plain boto3 Table would have created the item. The steady shim could guard its
+    updates the same way (``attribute_not_exists(_rs_gone)``, delete the retired copy, retry):
+    one condition, no version."""
+    from reshard.aws.dynamo import to_wire
+    from reshard.core.layout import KeyMapper
+    from reshard.core.migration import parse
+    from tests.integration.test_r25_late_writes import _to
+    from tests.late_support import Run
+
+    m1 = _run(proxy, unique_name)
+    _to(m1, "complete")
+    nxt = parse(m1.migration.text.replace(f'id = "{m1.migration.id}"', 'id = "sensor-events-next"'), "<next>")
+    steady = Run(proxy, m1.dynamo, nxt, KeyMapper(nxt), m1.store, m1.control)
+    s = steady.shim()
+    try:
+        assert s.phase == "steady"
+        item = steady.moving(5, val=1, note="deleted long ago")
+        key, _ = steady.keys(item)
+        retired = {**to_wire(item), **key, "_rs_v": {"S": "1700000000000.000000.aaaaaaaaaaaa"},
+                   "_rs_gone": {"S": m1.migration.id}, "expires_at": {"N": "4102444800"}}
+        m1.dynamo.call("put_item", TableName=m1.migration.table, Item=retired)
+        assert s.get_item(Key=key_of(item), ConsistentRead=True).get("Item") is None  # absent for every reader
+
+        s.update_item(Key=key_of(item), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 5})
+        got = s.get_item(Key=key_of(item), ConsistentRead=True).get("Item")
+        assert got is not None and got["val"] == 5, f"the acknowledged upsert reads as {got}"
+        assert "note" not in got, f"the deleted item's attributes came back with the upsert: {got}"
+    finally:
+        s.close()
