@@ -210,6 +210,9 @@ class Fleet:
         #: DynamoDB does); None: registered as before issue 25, ``server_deadline`` off, on a
         #: server that does not check signature dates (dynalite, moto: what ``off`` is for).
         self.horizon = horizon
+        #: A request horizon per migration id, for migrations started with another ``H`` than
+        #: the fleet's (:meth:`add_migration`'s ``horizon``: the previous owner's H differs).
+        self.horizons: dict[str, float] = {}
         if horizon is None:
             w.db.signature_window = None
         # A guarded request (a job's data write or renewal) has a yield point before its
@@ -277,8 +280,8 @@ class Fleet:
             self.store.register(m, who=who)
             return
         from reshard import operations
-        operations.start(self.w.dynamo, self.store, m, sample=20, segments=1, request_horizon=self.horizon,
-                         server_deadline=True)
+        operations.start(self.w.dynamo, self.store, m, sample=20, segments=1,
+                         request_horizon=self.horizons.get(m.id, self.horizon), server_deadline=True)
 
     # ------------------------------------------------------------ items
     def key(self, name: str, **fields) -> dict:
@@ -303,11 +306,15 @@ class Fleet:
         self.initial[name] = None if attrs is None else {**self.keys[name], **attrs}
 
     # ------------------------------------------------------------ more migrations of the table
-    def add_migration(self, key: str, m: Migration, phase: str | None = None) -> Migration:
+    def add_migration(self, key: str, m: Migration, phase: str | None = None,
+                      horizon: float | None = None) -> Migration:
         """Another migration of the same table (a second one after ``complete``, a retry after an
         abort): known to the scenario as ``key`` (``"advance@m2"``, ``shim_actor(migration="m2")``);
         registered and moved to ``phase`` now (set-up, unscheduled) if given, else started by an
-        operator action ``"start@m2"`` inside the schedule."""
+        operator action ``"start@m2"`` inside the schedule; ``horizon``: its ``--request-horizon``
+        when not the fleet's."""
+        if horizon is not None:
+            self.horizons[m.id] = horizon
         self.migrations[key] = m
         self.mappers[key] = KeyMapper(m)
         if phase is not None:

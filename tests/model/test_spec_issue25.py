@@ -521,3 +521,49 @@ def test_a_lost_answer_then_another_writer():
     write whose answer was lost reads first, and another writer's newer write there ends it with
     an unknown outcome instead of a second ADD."""
     run(lost_answer_then_another_writer, preemption_bound=1, lost=True)
+
+
+# ----------------------------------------------------------------------------- r25/r25b fences (docs/late-writes.md 2b)
+
+def duplicate_across_strip(w: World) -> Fleet:
+    """r25's B1: ``complete`` has lasted H + 2 s (strip may start at once). The network holds A's
+    ``ADD`` (A times out; the update is not sent again blindly: A's read finds nothing of its own,
+    the outcome is unknown) and may deliver it twice; the operator runs ``--strip-bookkeeping``.
+    A duplicate delivered after strip removed the ``_rs_v`` the first delivery stamped passes
+    ``_rs_v <> :v``: the ADD counts twice -- unless strip sent its REMOVE only H + 2 s after its
+    scan (``jobs/strip.py``, ``hold_seconds``), when every duplicate has expired."""
+    f = sensor_fleet_at(w, "complete")
+    f.shim_actor("A", ("add", "k"))
+    f.operator("op", "strip")
+    return f
+
+
+def held_twice(actor: str, delivered: int = 1):
+    """The opening: ``actor``'s first data-table write is held by the network (two copies: a
+    duplicate), ``delivered`` of them arrive at once and ``actor`` runs to its end; the rest may
+    arrive at any later point, or never. (Fixed here rather than offered at every point: the explorer's ``deliver`` moves
+    are free, and two of them at every point of a strip pass is thousands of schedules.)"""
+    def drive(w: World) -> None:
+        a = w.sched.actors[actor]
+        while a.pending and not DATA(*a.pending):
+            w.apply(actor)
+        assert a.pending, f"{actor} never wrote the data table"
+        w.sched.hold(actor, 2)
+        for ident in list(w.sched.held)[:delivered]:
+            w.sched.deliver(ident)
+        while a.pending:  # the writer's read decides (its own attempt landed), it is answered
+            w.apply(actor)
+    return drive
+
+
+def sensor_fleet_at(w: World, phase: str, **kwargs) -> Fleet:
+    """:func:`sensor_fleet` whose phase has already lasted H + 2 s of server time when the actors
+    start (the removing jobs start at once; the shims' facts are read then)."""
+    f = fleet(w, phase, **kwargs)
+    f.key("k", **SENSOR_KEY)
+    w.clock.advance(H + 2)
+    return f
+
+
+def test_a_duplicate_across_strip():
+    explored(duplicate_across_strip, late="A", plan=True, preemption_bound=1, drive=held_twice("A"))

@@ -153,3 +153,19 @@ def test_mutation_targets_are_the_names_main_uses():
         assert name in inspect.getsource(fn), (fn.__qualname__, name)
     assert "phase_version = :nv" in inspect.getsource(ControlStore.clear_newer_may_be)
     assert "self._catch_up(" in inspect.getsource(writes.WriteProtocol)
+
+
+# ----------------------------------------------------------------------------- r25/r25b fences (docs/late-writes.md 2b)
+
+def test_strip_without_its_per_page_hold(monkeypatch):
+    """r25's B1: strip sends a page's REMOVEs right after its scan (``Stripper.hold_seconds`` 0):
+    the duplicate of A's ADD, delivered after ``_rs_v`` went, passes ``_rs_v <> :v``: counted twice."""
+    from reshard.jobs.strip import Stripper
+    real = Stripper.__init__
+
+    def no_hold(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.hold_seconds = 0.0
+    monkeypatch.setattr(Stripper, "__init__", no_hold)
+    found = must_find(scenario(spec25.duplicate_across_strip), preemption_bound=1, drive=spec25.held_twice("A"))
+    assert "applied twice" in found
