@@ -169,3 +169,25 @@ def test_strip_without_its_per_page_hold(monkeypatch):
     monkeypatch.setattr(Stripper, "__init__", no_hold)
     found = must_find(scenario(spec25.duplicate_across_strip), preemption_bound=1, drive=spec25.held_twice("A"))
     assert "applied twice" in found
+
+
+def test_a_lost_answers_update_sent_again_blindly(monkeypatch):
+    """r25's B2: the shim no longer keeps ``Dynamo.call`` from re-sending an update whose answer
+    was lost (``shim/writes`` sets ``aws/dynamo.RETRY_UNKNOWN`` False around it; here that does
+    nothing): B's ADD lands between A's landed attempt and its resend, the resend loses its fence
+    to B's newer version, and the shim goes above it -- A's ADD counts twice. (A create-if-absent
+    put re-sent by a lone writer is recognised as its own attempt by the read after its failed
+    condition: this mutation needs the second writer.)"""
+    import reshard.shim.writes as writes
+
+    class Blind:
+        """``RETRY_UNKNOWN`` as seen from shim/writes: setting it changes nothing."""
+
+        def set(self, value):
+            return None
+
+        def reset(self, token):
+            raise AssertionError("never set")
+    monkeypatch.setattr(writes, "RETRY_UNKNOWN", Blind())
+    found = must_find(scenario(spec25.lost_answer_then_another_writer), preemption_bound=1)
+    assert "applied twice" in found or "wrong result" in found
