@@ -538,7 +538,7 @@ def duplicate_across_strip(w: World) -> Fleet:
     return f
 
 
-def held_twice(actor: str, delivered: int = 1):
+def held_twice(actor: str, delivered: int = 1, copies: int = 2):
     """The opening: ``actor``'s first data-table write is held by the network (two copies: a
     duplicate), ``delivered`` of them arrive at once and ``actor`` runs to its end; the rest may
     arrive at any later point, or never. (Fixed here rather than offered at every point: the explorer's ``deliver`` moves
@@ -548,7 +548,7 @@ def held_twice(actor: str, delivered: int = 1):
         while a.pending and not DATA(*a.pending):
             w.apply(actor)
         assert a.pending, f"{actor} never wrote the data table"
-        w.sched.hold(actor, 2)
+        w.sched.hold(actor, copies)
         for ident in list(w.sched.held)[:delivered]:
             w.sched.deliver(ident)
         while a.pending:  # the writer's read decides (its own attempt landed), it is answered
@@ -567,3 +567,33 @@ def sensor_fleet_at(w: World, phase: str, **kwargs) -> Fleet:
 
 def test_a_duplicate_across_strip():
     explored(duplicate_across_strip, late="A", plan=True, preemption_bound=1, drive=held_twice("A"))
+
+
+def late_delete_of_the_previous_owner(w: World) -> Fleet:
+    """r25's B6: m1 (16 -> 32, started with ``--request-horizon 30``) is complete; A still runs
+    m1's file and deletes the item (``complete``: a plain delete). The network holds the first
+    attempt (the opening; A's retry lands: acknowledged). The operator starts m2 (32 -> 64, H 5:
+    m2's old layout is m1's new one) and moves it to ``dual_write``, where B (m2) updates the item
+    and reads it. The held delete arrives at any point, or never: within m1's horizon it removes
+    B's acknowledged update from the layout ``dual_write`` reads -- unless ``planned`` lasted the
+    previous owner's horizon too (``previous_horizon``, ``control/horizon.horizon_for``)."""
+    from tests.model.spec import migration_variant
+    f = Fleet(w, phase="complete", horizon=PREVIOUS_H)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)), horizon=H)
+    f.shim_actor("A", ("delete", "k"), ("close",))  # A leaves the census: m2's transitions may go on
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2", "advance@m2")),
+             f.shim_body("B", b, (("update", "k", {"temp": 5}), ("get", "k")), late=True))
+    return f
+
+
+#: The previous migration's request horizon in :func:`late_delete_of_the_previous_owner`: longer
+#: than the steady horizon (15 s) and the next migration's H.
+PREVIOUS_H = 30.0
+
+
+def test_a_late_delete_of_the_previous_owners_shim():
+    explored(late_delete_of_the_previous_owner, late="A", plan=True, preemption_bound=1,
+             drive=held_twice("A", delivered=0, copies=1))

@@ -191,3 +191,32 @@ def test_a_lost_answers_update_sent_again_blindly(monkeypatch):
     monkeypatch.setattr(writes, "RETRY_UNKNOWN", Blind())
     found = must_find(scenario(spec25.lost_answer_then_another_writer), preemption_bound=1)
     assert "applied twice" in found or "wrong result" in found
+
+
+def test_start_without_the_previous_horizon(monkeypatch):
+    """r25's B6: ``start`` records no ``previous_horizon`` (``control/marker.previous_horizon``
+    says 0): m2's ``planned`` lasts max(H, steady) + 2 = 17 s, and the held delete of m1's shim
+    (H 30) lands in m2's ``dual_write``, over B's acknowledged update."""
+    from reshard.control import marker
+    monkeypatch.setattr(marker, "previous_horizon", lambda store, mine: 0.0)
+    found = must_find(scenario(spec25.late_delete_of_the_previous_owner), preemption_bound=1,
+                      drive=spec25.held_twice("A", delivered=0, copies=1))
+    assert "lost acknowledged write" in found and "dual_write" in found
+
+
+def test_planned_not_lasting_the_previous_horizon(monkeypatch):
+    """The same fence on the transition's side: ``horizon_for`` ignores the recorded
+    ``previous_horizon`` (``planned`` lasts max(H, steady) + 2)."""
+    import reshard.control.transition as transition_module
+    from reshard.control.horizon import horizon_for
+    from reshard.core.deadlines import STEADY_HORIZON_SECONDS
+    from reshard.core.phases import Phase
+
+    def without_previous(state):
+        h = horizon_for(state)
+        return max(state.request_horizon, STEADY_HORIZON_SECONDS) if state.phase is Phase.PLANNED and \
+            not state.switching else h
+    monkeypatch.setattr(transition_module, "horizon_for", without_previous)
+    found = must_find(scenario(spec25.late_delete_of_the_previous_owner), preemption_bound=1,
+                      drive=spec25.held_twice("A", delivered=0, copies=1))
+    assert "lost acknowledged write" in found and "dual_write" in found
