@@ -597,3 +597,51 @@ PREVIOUS_H = 30.0
 def test_a_late_delete_of_the_previous_owners_shim():
     explored(late_delete_of_the_previous_owner, late="A", plan=True, preemption_bound=1,
              drive=held_twice("A", delivered=0, copies=1))
+
+
+def parked_at_scan(actor: str):
+    """The opening: ``actor`` (a job) runs its precondition, claims its segment and is about to
+    scan its first page; it stays there (stalled: a slow host) until the scenario resumes it."""
+    def drive(w: World) -> None:
+        a = w.sched.actors[actor]
+        while a.pending and not (a.pending[0] == "scan" and a.pending[1].get("TableName") == w.fleet.table):
+            w.apply(actor)
+        assert a.pending, f"{actor} never scanned the data table"
+        w.sched.stall(actor)
+    return drive
+
+
+def is_mirror(op: str, kwargs: dict) -> bool:
+    """A shim's mirror to the new layout (a put carrying the new-copy marker)."""
+    return op == "put_item" and "_rs_new" in kwargs.get("Item", {})
+
+
+def previous_strip_across_the_next_start(w: World) -> Fleet:
+    """r25's B4: m1 (16 -> 32, H 2) is complete and its ``--strip-bookkeeping`` S claimed its
+    segment and stalls before its first scan (the opening; its lease is long). The operator starts
+    m2 (32 -> 64, H 10) and brings it to ``dual_read``; A (m2) puts the item (old layout, then its
+    mirror: the network may hold the mirror's first attempt, A's retry lands), B (m2) deletes it
+    (tombstones in both layouts) and reads it; then S runs on. Were its facts renewed (m1 is
+    complete, a phase strip may write in), it would delete m2's tombstones (strip deletes every
+    tombstone it meets) H1 + 2 s after its scan, and A's held mirror, dated by m2's H, lands on
+    the empty key: the deleted item is back. S's facts are keyed by the table marker it began
+    under, which m2's ``start`` replaced: S stops."""
+    from tests.model.spec import migration_variant
+    f = Fleet(w, phase="complete", horizon=2.0, lease_seconds=300.0)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)), horizon=10.0)
+    w.actor("S", lambda: f.strip_pass("S"))
+    a = f.shim("A", migration="m2", late=True)
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.shim_body("A", a, (("put", "k", {"by": "A"}), ("close",)), late=True),
+             f.shim_body("B", b, (("delete", "k"), ("get", "k"), ("close",)), late=True),
+             lambda: w.sched.resume("S"))
+    w.may_hold("op", where=is_mirror)
+    return f
+
+
+def test_the_previous_migrations_strip_across_the_next_start():
+    _, seen = explored(previous_strip_across_the_next_start, plan=True, preemption_bound=1,
+                       drive=parked_at_scan("S"))

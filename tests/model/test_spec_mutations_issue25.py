@@ -220,3 +220,23 @@ def test_planned_not_lasting_the_previous_horizon(monkeypatch):
     found = must_find(scenario(spec25.late_delete_of_the_previous_owner), preemption_bound=1,
                       drive=spec25.held_twice("A", delivered=0, copies=1))
     assert "lost acknowledged write" in found and "dual_write" in found
+
+
+def _facts_blind_to_the_marker(monkeypatch) -> None:
+    """A job's facts no longer keyed by the table marker it began under: the first read still
+    learns the owner (and caps a foreign migration's horizon), a later owner is not a change."""
+    from reshard.jobs.facts import JobFacts
+    real = JobFacts._check_owner
+
+    def blind(self, owner):
+        return real(self, owner) if not self._owner_read else None
+    monkeypatch.setattr(JobFacts, "_check_owner", blind)
+
+
+def test_job_facts_not_keyed_by_the_table_marker(monkeypatch):
+    """r25's B4: m1's strip, stalled across m2's start, renews its facts (m1 is complete) and
+    deletes m2's tombstones; A's held mirror lands on the empty key: the item B deleted is back."""
+    _facts_blind_to_the_marker(monkeypatch)
+    found = must_find(scenario(spec25.previous_strip_across_the_next_start), preemption_bound=1,
+                      drive=spec25.parked_at_scan("S"))
+    assert "resurrection" in found
