@@ -643,5 +643,45 @@ def previous_strip_across_the_next_start(w: World) -> Fleet:
 
 
 def test_the_previous_migrations_strip_across_the_next_start():
-    _, seen = explored(previous_strip_across_the_next_start, plan=True, preemption_bound=1,
+    _, seen = explored(previous_strip_across_the_next_start, plan=True, preemption_bound=1, never_write=("S",),
                        drive=parked_at_scan("S"))
+    assert_fenced_late(seen)
+
+
+def assert_fenced_late(seen: Seen) -> None:
+    """The held mirror arrived after the operator's actor (and the shims of its script) ended, in
+    time, and its version fence (B's tombstone) refused it: the scenario reached its point."""
+    assert any("ConditionalCheckFailed" in calls for calls in seen.late_calls), \
+        f"the held mirror never arrived after B's delete: {seen.summary()}"
+
+
+def retired_sweep_across_the_retry(w: World) -> Fleet:
+    """r25's B5: m1 was aborted, its cleanup pass retired it, and the retire has lasted H + 2 s;
+    a sweep of m1 (``reshard cleanup`` again, the second pass) S claimed its segment and stalls
+    before its first scan (the opening; its lease is long). The operator starts the retry m2 (the
+    same layouts) and brings it to ``dual_read``; A (m2) puts the item (its mirror's first attempt
+    may be held by the network), B (m2) deletes it and reads it; then S runs on. ``aborted`` is a
+    phase the sweep may always write in: were its facts renewed, it would retire m2's tombstones,
+    and A's held mirror lands on the empty key. S's facts are keyed by the table marker (none,
+    after the retire) it began under, which m2's ``start`` claimed: S stops."""
+    f = Fleet(w, phase="aborted", horizon=H, lease_seconds=300.0)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.setup_to("m1", "retired")
+    w.clock.advance(H + 2)
+    retry_migration(f)
+    w.actor("S", lambda: f.cleanup_pass("S", run=2))
+    a = f.shim("A", migration="m2", late=True)
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.shim_body("A", a, (("put", "k", {"by": "A"}), ("close",)), late=True),
+             f.shim_body("B", b, (("delete", "k"), ("get", "k"), ("close",)), late=True),
+             lambda: w.sched.resume("S"))
+    w.may_hold("op", where=is_mirror)
+    return f
+
+
+def test_a_retired_migrations_sweep_across_the_retry():
+    _, seen = explored(retired_sweep_across_the_retry, plan=True, preemption_bound=1, never_write=("S",),
+                       drive=parked_at_scan("S"))
+    assert_fenced_late(seen)

@@ -240,3 +240,12 @@ def test_job_facts_not_keyed_by_the_table_marker(monkeypatch):
     found = must_find(scenario(spec25.previous_strip_across_the_next_start), preemption_bound=1,
                       drive=spec25.parked_at_scan("S"))
     assert "resurrection" in found
+
+
+def test_job_facts_not_keyed_by_the_table_marker_in_a_retired_sweep(monkeypatch):
+    """r25's B5: a retired migration's sweep, stalled across the retry's start, renews its facts
+    (``aborted``) and retires the retry's tombstones: the item B deleted is back."""
+    _facts_blind_to_the_marker(monkeypatch)
+    found = must_find(scenario(spec25.retired_sweep_across_the_retry), preemption_bound=1,
+                      drive=spec25.parked_at_scan("S"))
+    assert "resurrection" in found
