@@ -685,3 +685,79 @@ def test_a_retired_migrations_sweep_across_the_retry():
     _, seen = explored(retired_sweep_across_the_retry, plan=True, preemption_bound=1, never_write=("S",),
                        drive=parked_at_scan("S"))
     assert_fenced_late(seen)
+
+
+def _inside(w: World, actor: str, function: str, owner: type) -> bool:
+    """Whether ``actor``'s parked call was made from inside ``owner.function`` (its thread's stack)."""
+    import sys
+    frame = sys._current_frames().get(w.sched.actors[actor].thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == function and isinstance(frame.f_locals.get("self"), owner):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def repair_reading_its_fact_before_cleanup(repairer: str, operator: str):
+    """The opening of :func:`frozen_repair_across_the_catch_up_clear`: ``repairer`` (a ``verify
+    --repair``) runs until its repair write passed its lease check and its fact keeper is about to
+    read META for the write's date (the decision was taken); then ``operator`` runs its plan until
+    it is about to compare-and-set the phase to ``cleanup`` (the catch-up clear done, the cleared
+    version has lasted H + 2 s)."""
+    def drive(w: World) -> None:
+        from reshard.jobs.facts import JobFacts
+        v = w.sched.actors[repairer]
+        while v.pending and not (v.pending[0] == "get_item" and _inside(w, repairer, "horizon", JobFacts)):
+            w.apply(repairer)
+        assert v.pending, f"{repairer} never dated a repair write"
+        o = w.sched.actors[operator]
+
+        def to_cleanup(op: str, kwargs: dict) -> bool:
+            return op == "update_item" and kwargs.get("UpdateExpression", "").startswith("SET phase = :to") and \
+                kwargs.get("ExpressionAttributeValues", {}).get(":to") == {"S": "cleanup"}
+        while o.pending and not to_cleanup(*o.pending):
+            w.apply(operator)
+        assert o.pending, f"{operator} never moved to cleanup: {w.fleet.outcomes}"
+    return drive
+
+
+def frozen_repair_across_the_catch_up_clear(w: World) -> Fleet:
+    """r25's B3: in ``backfill`` the old copy of the item became newer than the new one (a lost
+    mirror: set up directly), and the switch to ``cutover`` flagged ``newer_may_be = old``. V runs
+    ``verify --repair``: it judges "old is newer" and, past its repair write's lease check, stalls
+    just before its fact keeper dates the write (the opening; requests have no in-flight bound).
+    Meanwhile B updates the item (catch-up: both layouts), a verify passes, and the operator's
+    advance clears the flag (a new phase version, lasting H + 2 s) and is about to enter
+    ``cleanup``. Then V reads META -- ``cutover``, the cleared version -- and would date its stale
+    repair by it; the operator enters cleanup and D deletes the item (a plain delete); the repair
+    lands on the empty key: the deleted item back. V's facts are keyed by the phase version its
+    run began under: the write is not sent."""
+    from reshard.core.versions import VersionClock
+    # H 2: the repair's fact (the page guard's read) is older than H/3 after the settle's 1 s
+    # pause, so the fact keeper reads META again for the write's date: the point of the case.
+    f = Fleet(w, phase="backfill", horizon=2.0)
+    f.open_catch_up, f.lost_mirrors = False, True
+    w.max_request_seconds = None
+    f.key("k", **SENSOR_KEY)
+    x = f.shim("X")
+    x.put_item(Item={**f.keys["k"], "temp": 1})  # both layouts
+    x.close()
+    from tests.shim_helpers import by_layout
+    old = next(iter(by_layout(f.mapper, w.db.items(f.table))["old"].values()))[0]
+    newer = VersionClock("Y", now_ms=lambda: int((w.clock() + 1) * 1000)).next()
+    w.dynamo.call("put_item", TableName=f.table, Item={**old, "temp": {"N": "2"}, "_rs_v": {"S": newer}})
+    f.expect_initial("k", {"temp": 2})  # what the application read (newest of both layouts)
+    f.setup_to("m1", "cutover")
+    assert f.store.load_state(f.m.id).newer_may_be == "old"
+    w.actor("V", lambda: f.transition("V", "repair"))
+    b = f.shim("B", late=True)
+    d = f.shim("D", late=True)
+    f.script("op", f.shim_body("B", b, (("update", "k", {"temp": 3}), ("close",)), late=True),
+             f.operator_body("op", ("verify", "advance")),
+             f.shim_body("D", d, (("delete", "k"), ("get", "k")), late=True))
+    return f
+
+
+def test_a_frozen_repair_across_the_catch_up_clear():
+    explored(frozen_repair_across_the_catch_up_clear, plan=True, preemption_bound=1, never_write=("V",),
+             drive=repair_reading_its_fact_before_cleanup("V", "op"))

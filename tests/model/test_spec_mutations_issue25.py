@@ -249,3 +249,19 @@ def test_job_facts_not_keyed_by_the_table_marker_in_a_retired_sweep(monkeypatch)
     found = must_find(scenario(spec25.retired_sweep_across_the_retry), preemption_bound=1,
                       drive=spec25.parked_at_scan("S"))
     assert "resurrection" in found
+
+
+def test_job_facts_keyed_by_the_phase_name(monkeypatch):
+    """r25's B3: a job's facts are those of any version of an allowed phase (every version read
+    is taken for the one the job began under): V's repair, decided while ``newer_may_be`` was
+    set, is dated by a read of the cleared version and lands after cleanup's plain delete."""
+    from reshard.jobs.facts import JobFacts
+    real = JobFacts._learn
+
+    def by_name(self, state, date, owner_why=None):
+        self._version = state.phase_version
+        return real(self, state, date, owner_why)
+    monkeypatch.setattr(JobFacts, "_learn", by_name)
+    found = must_find(scenario(spec25.frozen_repair_across_the_catch_up_clear), preemption_bound=1,
+                      drive=spec25.repair_reading_its_fact_before_cleanup("V", "op"))
+    assert "resurrection" in found
