@@ -152,6 +152,18 @@ def test_mutation_targets_are_the_names_main_uses():
                      (phases.preconditions, "catch_up_refusal("), (phase_cache.PhaseCache._refresh_locked, "_check_marker(")):
         assert name in inspect.getsource(fn), (fn.__qualname__, name)
     assert "phase_version = :nv" in inspect.getsource(ControlStore.clear_newer_may_be)
+    # The r25/r25b fences below the section marker.
+    import reshard.operations as operations
+    from reshard.control import horizon, marker
+    from reshard.jobs.facts import JobFacts
+    assert writes.RETRY_UNKNOWN is __import__("reshard.aws.dynamo", fromlist=["RETRY_UNKNOWN"]).RETRY_UNKNOWN
+    assert transition_module.horizon_for is horizon.horizon_for and callable(marker.previous_horizon)
+    for fn, name in ((strip.Stripper.page, "self.hold_seconds"), (strip._make_page, "hold_seconds=hold"),
+                     (writes.WriteProtocol, "RETRY_UNKNOWN.set(False)"),
+                     (operations.start, "markers.previous_horizon("), (horizon.horizon_for, "state.previous_horizon"),
+                     (transition_module.transition, "horizon_for(state)"),
+                     (JobFacts._read, "self._check_owner("), (JobFacts._learn, "state.phase_version != self._version")):
+        assert name in inspect.getsource(fn), (fn.__qualname__, name)
     assert "self._catch_up(" in inspect.getsource(writes.WriteProtocol)
 
 
