@@ -761,3 +761,25 @@ def frozen_repair_across_the_catch_up_clear(w: World) -> Fleet:
 def test_a_frozen_repair_across_the_catch_up_clear():
     explored(frozen_repair_across_the_catch_up_clear, plan=True, preemption_bound=1, never_write=("V",),
              drive=repair_reading_its_fact_before_cleanup("V", "op"))
+
+
+# ----------------------------------------------------------------------------- cleanup/complete fenced (r25b's B4/B5)
+
+def duplicate_after_another_writer(phase: str):
+    """r25b's B4: A's ``ADD`` is held by the network with a duplicate; one copy lands at once and A,
+    reading its own version, is answered (the opening); B adds and reads; the duplicate arrives at
+    any point, or never. Where writes carry only ``_rs_v <> :v`` (cleanup, complete before the
+    fenced phases) the duplicate passes over B's version: A's ADD counts twice."""
+    def build(w: World) -> Fleet:
+        f = sensor_fleet(w, phase)
+        f.shim_actor("A", ("add", "k"))
+        f.shim_actor("B", ("add", "k"), ("get", "k"))
+        return f
+    return build
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="r25b's B4 (open on main): in cleanup and complete a "
+                   "duplicate delivered after another writer's write passes _rs_v <> :v and applies again")
+@pytest.mark.parametrize("phase", ["cleanup", "complete"])
+def test_a_duplicate_after_another_writer(phase):
+    explored(duplicate_after_another_writer(phase), preemption_bound=1, drive=held_twice("A"))
