@@ -710,14 +710,30 @@ def repair_reading_its_fact_before_cleanup(repairer: str, operator: str):
         while v.pending and not (v.pending[0] == "get_item" and _inside(w, repairer, "horizon", JobFacts)):
             w.apply(repairer)
         assert v.pending, f"{repairer} never dated a repair write"
+        at_move_to(operator, "cleanup")(w)
+    return drive
+
+
+def at_move_to(operator: str, phase: str):
+    """The opening: ``operator`` runs its plan until it is about to compare-and-set the phase to
+    ``phase`` (every wait before it done)."""
+    def drive(w: World) -> None:
         o = w.sched.actors[operator]
 
-        def to_cleanup(op: str, kwargs: dict) -> bool:
+        def cas(op: str, kwargs: dict) -> bool:
             return op == "update_item" and kwargs.get("UpdateExpression", "").startswith("SET phase = :to") and \
-                kwargs.get("ExpressionAttributeValues", {}).get(":to") == {"S": "cleanup"}
-        while o.pending and not to_cleanup(*o.pending):
+                kwargs.get("ExpressionAttributeValues", {}).get(":to") == {"S": phase}
+        while o.pending and not cas(*o.pending):
             w.apply(operator)
-        assert o.pending, f"{operator} never moved to cleanup: {w.fleet.outcomes}"
+        assert o.pending, f"{operator} never moved to {phase}: {w.fleet.outcomes}"
+    return drive
+
+
+def both(*openings):
+    """One opening after the other."""
+    def drive(w: World) -> None:
+        for opening in openings:
+            opening(w)
     return drive
 
 
@@ -783,3 +799,30 @@ def duplicate_after_another_writer(phase: str):
 @pytest.mark.parametrize("phase", ["cleanup", "complete"])
 def test_a_duplicate_after_another_writer(phase):
     explored(duplicate_after_another_writer(phase), preemption_bound=1, drive=held_twice("A"))
+
+
+def cutover_duplicate_after_a_cleanup_delete(w: World) -> Fleet:
+    """r25b's B5: A (cutover) refreshes and puts the item; the network holds the put with a
+    duplicate (A's retry lands: acknowledged); the operator enters cleanup, where B deletes the
+    item (a plain delete before the fenced cleanup) and reads it; the held copies arrive at any
+    point, or never: within A's horizon one lands on the empty key."""
+    from tests.model.spec import lift_catch_up
+    f = sensor_fleet(w, "cutover")
+    lift_catch_up(f.store, f.m.id)  # the catch-up verify passed: cutover -> cleanup may go
+    f.shim_actor("A", ("refresh",), ("put", "k", {"by": "A"}), ("close",))
+    b = f.shim("B", late=True)
+    f.script("op", f.operator_body("op", ("advance",)),
+             f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True))
+    return f
+
+
+#: The opening of :func:`cutover_duplicate_after_a_cleanup_delete`: the operator at its
+#: compare-and-set to cleanup, then A refreshes and puts, its first attempt held with a
+#: duplicate, its retry acknowledged (exploring the hold anywhere: 12,425 schedules, 150 s).
+CUTOVER_DUPLICATE = both(at_move_to("op", "cleanup"), held_twice("A", delivered=0))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="r25b's B5 (open on main): a cutover put's duplicate "
+                   "delivered after a cleanup shim's plain delete resurrects the item")
+def test_a_cutover_duplicate_after_a_cleanup_delete():
+    explored(cutover_duplicate_after_a_cleanup_delete, preemption_bound=1, drive=CUTOVER_DUPLICATE)
