@@ -371,8 +371,9 @@ class Fleet:
                    skew: float = 0.0, late: bool = False) -> ShardedTable:
         """A shim instance running ``steps`` in order: ("refresh",), ("close",), ("put", item, attrs),
         ("update", item, attrs) (SET), ("add", item), ("delete", item), ("cas", item, expect, ver),
-        ("get", item). See :meth:`shim` for the other arguments (``late``: the instance starts as the
-        actor's first steps, at any point of the schedule)."""
+        ("get", item); ("batch_put", item, attrs) and ("batch_delete", item) through ``batch_writer``.
+        See :meth:`shim` for the other arguments (``late``: the instance starts as the actor's
+        first steps, at any point of the schedule)."""
         t = self.shim(name, migration, control_table, skew, late)
         self.w.actor(name, self.shim_body(name, t, steps, late))
         return t
@@ -392,13 +393,21 @@ class Fleet:
                 if kind == "close":  # the instance shuts down: its heartbeat leaves the census
                     t.close()
                     continue
+                # ("batch_put", ...) / ("batch_delete", ...): the same write through the shim's
+                # batch_writer (one request in the batch, flushed when the block ends).
+                batch = kind.startswith("batch_")
+                kind = kind[len("batch_"):] if batch else kind
                 ident = step[1]
                 key = self.keys[ident]
                 args = {"put": lambda: dict(step[2]), "update": lambda: dict(step[2]),
                         "cas": lambda: {"expect": step[2], "ver": step[3], "by": name}}.get(kind, dict)()
                 op = h.begin(name, kind, ident, args)
                 try:
-                    if kind == "put":
+                    if kind == "put" and batch:
+                        with t.batch_writer() as writer:
+                            writer.put_item(Item={**key, **args})
+                        h.done(op)
+                    elif kind == "put":
                         t.put_item(Item={**key, **args})
                         h.done(op)
                     elif kind == "update":
@@ -412,6 +421,10 @@ class Fleet:
                         r = t.update_item(Key=key, UpdateExpression="ADD n :one",
                                           ExpressionAttributeValues={":one": 1}, ReturnValues="UPDATED_NEW")
                         h.done(op, r["Attributes"]["n"])
+                    elif kind == "delete" and batch:
+                        with t.batch_writer() as writer:
+                            writer.delete_item(Key=key)
+                        h.done(op)
                     elif kind == "delete":
                         t.delete_item(Key=key)
                         h.done(op)

@@ -801,19 +801,24 @@ def test_a_duplicate_after_another_writer(phase):
     explored(duplicate_after_another_writer(phase), preemption_bound=1, drive=held_twice("A"))
 
 
-def cutover_duplicate_after_a_cleanup_delete(w: World) -> Fleet:
+def cutover_duplicate_after_a_cleanup_delete(w: World, delete: str = "delete") -> Fleet:
     """r25b's B5: A (cutover) refreshes and puts the item; the network holds the put with a
     duplicate (A's retry lands: acknowledged); the operator enters cleanup, where B deletes the
-    item (a plain delete before the fenced cleanup) and reads it; the held copies arrive at any
-    point, or never: within A's horizon one lands on the empty key."""
+    item (a plain delete before the fenced cleanup; ``"batch_delete"``: through ``batch_writer``)
+    and reads it; the held copies arrive at any point, or never: within A's horizon one lands on
+    the empty key."""
     from tests.model.spec import lift_catch_up
     f = sensor_fleet(w, "cutover")
     lift_catch_up(f.store, f.m.id)  # the catch-up verify passed: cutover -> cleanup may go
     f.shim_actor("A", ("refresh",), ("put", "k", {"by": "A"}), ("close",))
     b = f.shim("B", late=True)
     f.script("op", f.operator_body("op", ("advance",)),
-             f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True))
+             f.shim_body("B", b, ((delete, "k"), ("get", "k")), late=True))
     return f
+
+
+def cutover_duplicate_after_a_cleanup_batch_delete(w: World) -> Fleet:
+    return cutover_duplicate_after_a_cleanup_delete(w, "batch_delete")
 
 
 #: The opening of :func:`cutover_duplicate_after_a_cleanup_delete`: the operator at its
@@ -824,8 +829,10 @@ CUTOVER_DUPLICATE = both(at_move_to("op", "cleanup"), held_twice("A", delivered=
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="r25b's B5 (open on main): a cutover put's duplicate "
                    "delivered after a cleanup shim's plain delete resurrects the item")
-def test_a_cutover_duplicate_after_a_cleanup_delete():
-    explored(cutover_duplicate_after_a_cleanup_delete, preemption_bound=1, drive=CUTOVER_DUPLICATE)
+@pytest.mark.parametrize("build", [cutover_duplicate_after_a_cleanup_delete, cutover_duplicate_after_a_cleanup_batch_delete],
+                         ids=["delete", "batch_writer"])
+def test_a_cutover_duplicate_after_a_cleanup_delete(build):
+    explored(build, preemption_bound=1, drive=CUTOVER_DUPLICATE)
 
 
 def held_put_across_a_tombstones_removal(phase: str):
