@@ -17,6 +17,13 @@ and B keys, hash-only and composite tables, every attribute type):
   attribute pickers (~4 ms an item): an attribute value, already in wire form, is written
   as it is (binaries base64-encoded, as the serializer does).
 
+And one fix that is not a speed-up: moto runs a DynamoDB request's condition check and its write
+without a lock, so two threads (the server's request threads, or several workers in one process
+under ``mock_aws``) could both pass one compare-and-set -- two workers claimed one segment in CI.
+:func:`install` makes DynamoDB's handler run one request at a time (also when it patches nothing else) (``DynamoHandler.call_action``
+under one lock), as a DynamoDB partition orders writes to an item. The wrapper depends on nothing
+inside the function it wraps, so it is not fingerprinted.
+
 :func:`install` is idempotent; it imports moto (the ``demo`` and ``test`` extras).
 
 They lean on moto's private code, so they apply only to the code they were checked against:
@@ -31,6 +38,7 @@ compare the functions' changes, run tests/functional/test_moto_speedups.py, then
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import importlib
 import inspect
@@ -60,6 +68,7 @@ KNOWN_SOURCES: dict[str, frozenset[str]] = {
 _installed = False
 _active = False
 _lock = threading.Lock()
+_serial = threading.RLock()  # one DynamoDB request at a time (see the module docstring)
 _here = threading.local()  # the partition a Query on this thread reads, while it runs
 
 
@@ -113,6 +122,19 @@ def active() -> bool:
     return _active
 
 
+def _one_request_at_a_time() -> None:
+    """Run moto's DynamoDB requests one at a time (the module docstring says why)."""
+    from moto.dynamodb.responses import DynamoHandler
+    call_action = DynamoHandler.__dict__["call_action"]
+
+    @functools.wraps(call_action)
+    def one_at_a_time(self):
+        with _serial:
+            return call_action(self)
+
+    DynamoHandler.call_action = one_at_a_time
+
+
 def install(strict: bool = False) -> bool:
     """Patch moto's DynamoDB backend, serializer and server dispatch in this process (once);
     True if they are in place. On a moto whose code is not the code checked: nothing is patched,
@@ -122,6 +144,7 @@ def install(strict: bool = False) -> bool:
         if _installed:
             return _active
         _installed = True
+    _one_request_at_a_time()  # a fix, not a speed-up: always
     if os.environ.get("RESHARD_MOTO_SPEEDUPS") == "0":  # to measure what they save (docs/benchmarks.md)
         return False
     changed = unrecognised()

@@ -88,9 +88,9 @@ def test_failed_segments_are_listed_and_exit_1(moto_dynamo, capsys, monkeypatch)
     assert "InternalServerError" in summary["failed"][0]["error"]
     assert "1 segment(s) failed: 1" in out.err
     monkeypatch.setattr(Dynamo, "call", real)
-    # The next run retries it. One worker: moto's conditional writes are not atomic across
-    # threads, so two workers could both win the claim's compare-and-set on lease_counter
-    # (DynamoDB lets one; the claim race itself is tested on dynalite).
+    # The next run retries it. One worker: two workers once both won the claim's compare-and-set
+    # on moto (its requests now run one at a time: reshard/aws/moto_speedups.py); the claim race
+    # itself is tested on dynalite.
     assert main(["--output", "json", "backfill", m.id, "--segments", "2", "--workers", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["worked_here"] == [1]
 

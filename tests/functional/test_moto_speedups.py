@@ -118,3 +118,52 @@ def test_a_fingerprint_follows_the_source(tmp_path, monkeypatch):
     (tmp_path / "fp_probe_b.py").write_text("class T:\n    def f(self):\n        return 2\n")
     a, b = fingerprint("fp_probe_a:T.f"), fingerprint("fp_probe_b:T.f")
     assert len(a) == 16 and a != b and fingerprint("fp_probe_a:T.g") == "missing"
+
+
+def test_one_compare_and_set_wins_across_threads(monkeypatch):
+    """Two threads put one key under `attribute_not_exists`: exactly one wins. Forced: each
+    request waits (at most 0.5 s) after moto read the current item, for the other request to
+    have read it too. Without reshard's lock (``_one_request_at_a_time``) both read "absent",
+    both pass the condition and both writes are acknowledged (two workers once claimed one
+    segment this way in CI); with it the second request only reads once the first wrote."""
+    import threading
+
+    from botocore.exceptions import ClientError
+
+    barrier = threading.Barrier(2, timeout=0.5)
+    real_get = Table.get_item
+    racing = threading.local()
+
+    def get_item(self, *args, **kwargs):
+        got = real_get(self, *args, **kwargs)
+        if getattr(racing, "on", False):
+            racing.on = False
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass  # serialised: the other request is not in moto yet
+        return got
+
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+        client.create_table(TableName="cas", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                            BillingMode="PAY_PER_REQUEST")
+        monkeypatch.setattr(Table, "get_item", get_item)
+        outcomes: list[str] = []
+
+        def claim(who: str) -> None:
+            racing.on = True
+            try:
+                client.put_item(TableName="cas", Item={"pk": {"S": "seg-1"}, "owner": {"S": who}},
+                                ConditionExpression="attribute_not_exists(pk)")
+                outcomes.append("won")
+            except ClientError as e:
+                outcomes.append(e.response["Error"]["Code"])
+
+        threads = [threading.Thread(target=claim, args=(w,)) for w in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert sorted(outcomes) == ["ConditionalCheckFailedException", "won"]
