@@ -45,7 +45,7 @@ from reshard.core.decode import MAX_LIVENESS_SECONDS, MAX_REQUEST_SECONDS, secon
 from reshard.core.layout import NEW_COPY_ATTR, TOMBSTONE_ATTR
 from reshard.core.marker import Owner, owner_of
 from reshard.core.leases import FREE, LeaseWatch, SegmentRecord
-from reshard.core.phases import JOB_RULES
+from reshard.core.phases import JOB_RULES, Phase
 from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, get_n, get_s
 
@@ -239,7 +239,13 @@ def _data_findings(dynamo: Dynamo, table: str, states: list[MigrationState],
     # by a version's wall time against ours (issue 25, case 6).
     server_now = store_now
     retired = {s.id for s in states if s.retired and retire_settled(s, server_now)}
-    cutoff = rules.tombstone_cutoff_ms(facts(active) if active else None, active.created_at if active else 0.0)
+    # A complete migration's shims still delete with tombstones (every migration phase does,
+    # issue 25) while the application runs its file; `--strip-bookkeeping` deletes them after
+    # its hold (a late request older than a tombstone must have expired first), never the
+    # doctor's repair, which does not wait: they count as the newest migration's own.
+    newest_state = max(states, key=lambda s: s.created_at) if states else None
+    owner = active or (newest_state if newest_state is not None and newest_state.phase is Phase.COMPLETE else None)
+    cutoff = rules.tombstone_cutoff_ms(facts(owner) if owner else None, owner.created_at if owner else 0.0)
     key_attrs = [k["AttributeName"] for k in dynamo.describe_table(table)["KeySchema"]]
     # Only items carrying a marker can be leftovers; the filter saves the transfer, not the reads.
     items, scanned, _ = inspect.scan_matching(dynamo, table, "attribute_exists(#d) OR attribute_exists(#n)",

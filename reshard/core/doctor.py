@@ -43,8 +43,8 @@ KINDS = {
     "retired_copies": "new-layout copies (_rs_new) of an aborted and retired migration are left in the table",
     "orphan_marker": "the data table's marker names a migration no control table knows (a start that died "
                      "before registering it): shims of other migrations refuse the table",
-    "old_tombstones": "delete markers (_rs_del) older than the table's current migration, or left after the "
-                      "last migration ended",
+    "old_tombstones": "delete markers (_rs_del) older than the table's current migration (active, or the newest "
+                      "if complete: its own are --strip-bookkeeping's), or left after the last migration ended",
     "dead_budget_member": "a process's beat row in a job run's budget (B#<job>#<run>#<member>) outlived it: "
                           "its run is over, or it has not beaten within its liveness window (killed?)",
     "stale_lock": "a table lock (T#<table>) names a migration that is finished or does not exist",
@@ -245,9 +245,11 @@ def missing_lock_finding(m: MigrationFacts, holder: str | None) -> Finding | Non
 def tombstone_cutoff_ms(active: MigrationFacts | None, created_at: float) -> int | None:
     """Tombstones with a version before this (unix ms) are leftovers; None: every tombstone is.
 
-    With no active migration on the table nothing writes tombstones (steady, complete and
-    retired shims delete plainly), so any left is garbage. With one, only those clearly
-    from before it started (its registration minus a clock-skew margin) are.
+    With no migration writing the table nothing writes tombstones (steady and retired shims
+    delete plainly), so any left is garbage. With one -- active, or the newest one on the
+    table and ``complete`` (its shims delete with tombstones until the application runs
+    without its file; ``--strip-bookkeeping`` removes them after its hold) -- only those
+    clearly from before it started (its registration minus a clock-skew margin) are.
     """
     if active is None:
         return None

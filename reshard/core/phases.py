@@ -53,10 +53,12 @@ class Routing:
     ``writes``: layouts written, authoritative first (``"old"`` / ``"new"``).
     ``reads``: layouts read; with two, the newest version wins.
     ``tombstones``: deletes leave a versioned marker instead of removing the item,
-        because a copy (backfill, a lagging shim's mirror write) could otherwise bring
-        the item back.
+        because a copy (backfill, a lagging shim's mirror write) or a late request (a
+        duplicate, a held first attempt) could otherwise bring the item back.
     ``fenced``: authoritative writes carry a version condition, so versions grow
-        monotonically per item and mirror writes can be ordered by them.
+        monotonically per item, mirror writes can be ordered by them, and a late
+        request of an older write never lands over a newer one. Every phase of a
+        registered migration is fenced with tombstones; only :data:`STEADY` is not.
     ``hold``: the fleet is switching authority (:data:`SWITCH`): requests wait, and
         never act on either layout, until the switch is over.
     ``catch_up``: the layout (``"old"``/``"new"``) that may hold a newer copy than the
@@ -84,8 +86,13 @@ ROUTING: dict[Phase, Routing] = {
     Phase.DUAL_READ: Routing(("old", "new"), ("old", "new"), tombstones=True, fenced=True),
     Phase.BACKFILL: Routing(("old", "new"), ("old", "new"), tombstones=True, fenced=True),
     Phase.CUTOVER: Routing(("new", "old"), ("new",), tombstones=True, fenced=True),
-    Phase.CLEANUP: Routing(("new",), ("new",), tombstones=False, fenced=False),
-    Phase.COMPLETE: Routing(("new",), ("new",), tombstones=False, fenced=False),
+    # One layout, yet fenced with tombstones (issue 25): a duplicate or a held first attempt
+    # of an acknowledged write may land until its horizon, after a later acknowledged write
+    # (`_rs_v <> :v` would let it pass) or on the empty key a plain delete left. The full
+    # fence and a versioned tombstone leave the server something to compare it with;
+    # `reshard cleanup` / strip delete a tombstone only H + 2 s after a scan saw it.
+    Phase.CLEANUP: Routing(("new",), ("new",), tombstones=True, fenced=True),
+    Phase.COMPLETE: Routing(("new",), ("new",), tombstones=True, fenced=True),
     Phase.ABORTED: Routing(("old",), ("old",), tombstones=True, fenced=True),
 }
 
@@ -127,7 +134,8 @@ def routing_of(phase: Phase, switching: bool = False, newer_may_be: str | None =
     return replace(r, reads=reads, catch_up=newer_may_be)
 
 
-#: The shim's routing when no migration is registered for its table at all.
+#: The shim's routing when no migration is registered for its table at all: boto3's
+#: semantics (plain writes, no versions, plain deletes, BatchWriteItem), by decision.
 STEADY = Routing(("old",), ("old",), tombstones=False, fenced=False)
 
 
@@ -329,8 +337,10 @@ JOB_RULES: dict[str, JobRule] = {
                                       "written (backfill and cutover)"),
     CLEANUP_JOB: JobRule((Phase.CLEANUP, Phase.ABORTED), "old items may be retired only once no shim reads them, "
                                                          "and new copies removed only once a migration is aborted"),
-    # complete: one layout, unfenced, no tombstones (ROUTING), so no write compares a
-    # stored version any more and the bookkeeping can go (see reshard.jobs.strip).
+    # complete: one layout, read without "newest wins", so the bookkeeping can go -- each
+    # page's REMOVEs and tombstone deletes H + 2 s after the scan that saw them, when every
+    # write older than the scan has expired (complete-phase shims still fence against
+    # `_rs_v` and write tombstones: see reshard.jobs.strip).
     STRIP_JOB: JobRule((Phase.COMPLETE,), "the versions and markers fence writes and tell the layouts apart "
                                           "until the migration is complete"),
 }

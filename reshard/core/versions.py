@@ -246,17 +246,6 @@ def fence_for(version: str) -> Fence:
     return Fence("attribute_not_exists(#rs_v) OR #rs_v < :rs_v", names, {":rs_v": {"S": version}})
 
 
-def not_version(version: str) -> Fence:
-    """Only if the item does not already hold exactly ``version``: the condition of every stamped
-    write in phases without a version fence (cleanup, complete).
-
-    A write whose answer was lost is retried by the client with the same version; if the first
-    attempt landed, the retry fails this condition instead of applying again (an ``ADD`` twice),
-    and :func:`own_attempt` recognises the landed attempt. Costs no capacity: a condition.
-    """
-    return Fence("attribute_not_exists(#rs_v) OR #rs_v <> :rs_v", {"#rs_v": VERSION_ATTR}, {":rs_v": {"S": version}})
-
-
 def own_attempt(version: str | None, stored: Mapping[str, Any] | None) -> bool:
     """Whether ``stored`` (read after a write of ``version`` failed its condition) is that write's
     own landed attempt: its answer was lost and the retry met it.

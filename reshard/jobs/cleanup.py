@@ -13,11 +13,20 @@ layout any more):
   touched (unless it is a tombstone, which is retired).
 * a **new-layout item** (``_rs_new`` marker) is never touched, unless it is a tombstone.
 * **tombstones** (delete markers) of either layout are deleted, each conditioned on
-  its version, so a write that replaced one in the meantime survives.
+  its version, so a write that replaced one in the meantime survives -- and, with a server
+  deadline, only ``H + DATE_MARGIN`` s after the page's scan answer (``runner.removal_hold``,
+  the strip's hold, shared): ``cleanup``-phase shims still write tombstones (issue 25), and a
+  live shim's request older than one (a held first attempt, a duplicate) can land until its
+  horizon; on the empty key a deletion left it would pass its fence and bring the item back.
+  Every such request was signed under a fact older than the scan answer that saw the
+  tombstone, so it has expired once that answer is ``H + 2`` s old. A page without a
+  tombstone to delete waits for nothing: old-layout expiries and the abort's removal of new
+  copies have no live writer (theirs expired before the pass started: ``_check``).
 
 On an **aborted** migration (fleet acknowledged ``aborted``): the new-layout copies
 (marked with this migration's id) are deleted and the old layout's tombstones retired,
-each conditioned on its version; no live old item is ever touched. The pass starts only
+each conditioned on its version (the tombstones after the same hold: aborted shims write
+them); no live old item is ever touched. The pass starts only
 once no backfill or repair worker can still write a copy (every lease released, or
 unchanged for lease + the longest request on this host's clock: a worker stalled past
 its lease stops at its own deadline), so no copy lands behind the scan; the retire checks
@@ -57,7 +66,8 @@ from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import N, S, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
-from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, count_writes, scan_page
+from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, count_writes, hold_after_scan,
+                                 removal_hold, scan_page)
 
 
 def check_ttl(dynamo: Dynamo, migration: Migration, enable: bool) -> None:
@@ -90,7 +100,13 @@ class Cleaner:
 
     def __init__(self, dynamo: Dynamo, mapper: KeyMapper, table: str, budget: CapacityBudget,
                  opts: JobOptions, aborted: bool, clock: Callable[[], float] = time.time,
-                 retired: Iterable[str] = (), concurrency: int = 1):
+                 retired: Iterable[str] = (), concurrency: int = 1, hold_seconds: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic):
+        #: How long after a page's scan answer its tombstone deletes may be sent
+        #: (``runner.removal_hold``: H + DATE_MARGIN with a server deadline, else 0).
+        self.hold_seconds = hold_seconds
+        self.sleep = sleep
+        self.monotonic = monotonic
         self.dynamo = dynamo
         self.mapper = mapper
         self.table = table
@@ -113,6 +129,7 @@ class Cleaner:
         # Consistent: the last mirrors of cutover (or the last copies before an abort) may have
         # landed a moment ago; a stale page would not show them, and nothing passes again.
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.opts.page_size, consistent=True)
+        scanned_at = self.monotonic()
         items = resp.get("Items", [])
         writes = []
         for item in items:
@@ -129,6 +146,12 @@ class Cleaner:
                 counts[action] += 1
             else:
                 writes.append((action, item))
+        if self.hold_seconds and any(is_tombstone(item) for _, item in writes):
+            # A live shim's request older than a tombstone (a held first attempt, a duplicate)
+            # may land until its horizon; deleted earlier, the empty key lets it pass its fence
+            # and the deleted item comes back. Every such request has expired once the scan
+            # answer that saw the tombstone is H + 2 s old (the strip's hold, shared).
+            hold_after_scan(ctx, scanned_at, self.hold_seconds, self.sleep, self.monotonic)
         # One conditional request per item, several in flight (runner.item_writes).
         count_writes(ctx, self.budget, self._write, writes, self.concurrency, counts)
         return counts, resp.get("LastEvaluatedKey")
@@ -250,7 +273,7 @@ def _make_page(ctx: JobContext):
     return Cleaner(ctx.dynamo, ctx.mapper, ctx.migration.table, ctx.budget, ctx.options,
                    ctx.state.phase is Phase.ABORTED, ctx.clock,
                    retired_migrations(ctx.store, ctx.migration.table, ctx.state.id),
-                   concurrency=ctx.options.concurrency).page
+                   concurrency=ctx.options.concurrency, hold_seconds=removal_hold(ctx.state), sleep=ctx.sleep).page
 
 
 def _finish(ctx: JobContext, result: RunResult) -> None:

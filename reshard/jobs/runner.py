@@ -35,6 +35,7 @@ from reshard.control.runs import allowed_unmappable, run_to_join
 from reshard.control.store import ControlStore
 from reshard.core.capacity import page_scan_units
 from reshard.core.compare import KINDS, differences, passes
+from reshard.core.deadlines import DATE_MARGIN_SECONDS
 from reshard.core.layout import GONE_ATTR, KeyMapper
 from reshard.core.migration import Migration
 from reshard.core.phases import VERIFY_JOB, Phase, job_rule
@@ -532,6 +533,30 @@ def scan_page(dynamo: Dynamo, budget: CapacityBudget, table: str, ctx: PageConte
         kwargs["ExclusiveStartKey"] = start_key
     with budget.spend("read", page_scan_units(page_size, avg_item_bytes, consistent)):
         return dynamo.call("scan", **kwargs)
+
+
+def removal_hold(state: MigrationState) -> float:
+    """How long after a page's scan answer a job may delete a tombstone (or strip ``_rs_v``)
+    that page showed: ``H + DATE_MARGIN`` with a server deadline, else 0 (nothing expires).
+
+    A live writer's request older than the tombstone (a held first attempt, a duplicate) was
+    signed under a fact older than the scan answer that saw the tombstone, so DynamoDB refuses
+    it once that answer is ``H + DATE_MARGIN`` old; removed earlier, the empty key (or the
+    unversioned item) would let it pass its fence (docs/late-writes.md, 5)."""
+    return state.request_horizon + DATE_MARGIN_SECONDS if state.server_deadline else 0.0
+
+
+def hold_after_scan(ctx: PageContext, scanned_at: float, seconds: float, sleep: Callable[[float], None] = time.sleep,
+                    monotonic: Callable[[], float] = time.monotonic) -> None:
+    """Wait until ``seconds`` have passed since ``scanned_at`` (``monotonic``'s clock, taken when
+    the page's scan answer came): :func:`removal_hold`. In slices of a second, checking the
+    page's write guard before each: a stopped job (Ctrl-C, the phase guard) does not sleep it
+    all out."""
+    left = seconds - (monotonic() - scanned_at)
+    while left > 0:
+        ctx.write_guard()
+        sleep(min(left, 1.0))
+        left = seconds - (monotonic() - scanned_at)
 
 
 # --------------------------------------------------------------------------- per-item writes of a page

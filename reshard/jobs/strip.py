@@ -7,34 +7,36 @@ this budgeted, resumable pass (the segment engine, like the backfill) removes th
 each item with an ``UpdateItem REMOVE`` conditioned on the version scanned.
 
 Why this is safe while shims still run the migration's file in ``complete``
-    ``complete`` routes every read and write to one layout (the new one), unfenced and
-    without tombstones (:data:`reshard.core.phases.ROUTING`), and every live shim has
-    acknowledged it before the pass starts (the runner checks). So no write is fenced by
-    a stored ``_rs_v`` any more (only a retry's ``_rs_v <> :v``: below), no read picks the
-    newest of two copies, and no job tells layouts apart by ``_rs_new``: the attributes are inert. The pass only REMOVEs those
-    attributes, never touches an application attribute, and conditions each REMOVE on
-    the version it scanned (or, for an unversioned item, on it still existing
-    unversioned): a shim write that lands between the scan and the REMOVE stamped a
-    newer version, the condition fails, and the item keeps exactly what the shim wrote
-    (counted ``changed_meanwhile``). A write landing after the REMOVE rewrites the item
-    in full (PutItem) or updates it, stamping ``_rs_v`` again (and ``_rs_new`` on a
-    moved key): nothing is lost, and the attributes come back on that item. So the
-    pass is lasting only once the application runs without the migration (a steady
-    shim or a plain Table writes no bookkeeping); run it again then.
+    ``complete`` routes every read and write to one layout (the new one), and every live
+    shim has acknowledged it before the pass starts (the runner checks). Its writes are
+    fenced (``attribute_not_exists(_rs_v) OR _rs_v < :v``) and its deletes write tombstones,
+    as in every phase of a registered migration (:data:`reshard.core.phases.ROUTING`, issue
+    25): a stripped item counts as unversioned (oldest), so a later write lands on it, and no
+    read picks the newest of two copies nor does a job tell layouts apart by ``_rs_new``. The
+    pass only REMOVEs those attributes, never touches an application attribute, and
+    conditions each REMOVE on the version it scanned (or, for an unversioned item, on it
+    still existing unversioned): a shim write that lands between the scan and the REMOVE
+    stamped a newer version, the condition fails, and the item keeps exactly what the shim
+    wrote (counted ``changed_meanwhile``). A write landing after the REMOVE stamps ``_rs_v``
+    again (and ``_rs_new`` on a moved key), and a delete leaves a tombstone again: nothing is
+    lost, and the bookkeeping comes back on that item. So the pass is lasting only once the
+    application runs without the migration (a steady shim or a plain Table writes no
+    bookkeeping and no tombstones); run it again then -- before a plain boto3 ``Table``
+    replaces the shim, which would read a leftover tombstone as an item.
 
-A stripped ``_rs_v`` must outlive every duplicate of the write that stamped it (issue 25, r25's
-B1): in ``complete`` a shim's retry is kept from applying twice by ``_rs_v <> :v`` (its own
-attempt's version), and that compares against nothing once ``_rs_v`` is gone. A duplicate (a
-retry after a lost answer, a request held in the network) is refused by DynamoDB once its
-signature date is older than ``H`` past its fact, and its fact is older than its landing. So
-with a server deadline each page's REMOVEs are sent only ``H + DATE_MARGIN`` after the page's
-scan answer came (the scan saw the stamp, so the stamping write had landed by then), and each
+A stripped ``_rs_v`` (or a deleted tombstone) must outlive every request older than it (issue 25,
+r25's B1): a duplicate of a complete-phase write, or a held first attempt, compares its version
+with the stored one, and an unversioned item or an empty key passes that fence. Such a request
+is refused by DynamoDB once its signature date is older than ``H`` past its fact, and its fact
+is older than the stamp (or tombstone) the scan saw. So with a server deadline each page's
+REMOVEs and tombstone deletes are sent only ``H + DATE_MARGIN`` after the page's scan answer
+came (``runner.removal_hold`` / ``hold_after_scan``, shared with ``reshard cleanup``), and each
 is conditioned on the version the scan saw: a newer write meanwhile fails it. Cost: a strip
 pass takes at least ``H + 2`` s per page per segment (use more segments on a big table).
 
 A tombstone (``_rs_del``) is never stripped, which would turn a delete into a visible
-item: it is deleted, conditioned on its version (nothing writes tombstones in
-``complete``, so any left is garbage).
+item: it is deleted after that hold, conditioned on its version (complete-phase shims keep
+writing tombstones while they run the migration's file).
 """
 
 from __future__ import annotations
@@ -45,14 +47,14 @@ import time
 from reshard.aws.dynamo import Dynamo
 from reshard.control.horizon import await_before_removal
 from reshard.control.store import ControlStore
-from reshard.core.deadlines import DATE_MARGIN_SECONDS
 from reshard.core.layout import VERSION_ATTR, item_size, not_data, strip_action
 from reshard.core.phases import STRIP_JOB
 from reshard.core.versions import unchanged, version_of
 from reshard.core.wire import key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
-from reshard.jobs.runner import JobContext, JobOptions, JobSpec, conditional_delete, scan_page
+from reshard.jobs.runner import (JobContext, JobOptions, JobSpec, conditional_delete, hold_after_scan, removal_hold,
+                                 scan_page)
 from reshard import errors
 
 #: The counters of a strip pass (status and the CLI show them).
@@ -65,8 +67,8 @@ class Stripper:
     def __init__(self, dynamo: Dynamo, table: str, key_attrs: tuple[str, ...], budget: CapacityBudget,
                  opts: JobOptions, hold_seconds: float = 0.0, sleep=time.sleep,
                  monotonic=time.monotonic):
-        #: How long after a page's scan answer its REMOVEs may be sent (H + DATE_MARGIN with a
-        #: server deadline, else 0): every duplicate of the writes it saw has expired by then.
+        #: How long after a page's scan answer its REMOVEs and deletes may be sent
+        #: (``runner.removal_hold``): every request older than what it saw has expired by then.
         self.hold_seconds = hold_seconds
         self.sleep = sleep
         self.monotonic = monotonic
@@ -83,11 +85,7 @@ class Stripper:
         scanned_at = self.monotonic()
         items = resp.get("Items", [])
         if self.hold_seconds and any(strip_action(i)[0] != "clean" for i in items if not not_data(i)):
-            left = self.hold_seconds - (self.monotonic() - scanned_at)
-            while left > 0:  # in slices: a stopped job (Ctrl-C, the phase guard) does not sleep it all out
-                ctx.write_guard()
-                self.sleep(min(left, 1.0))
-                left = self.hold_seconds - (self.monotonic() - scanned_at)
+            hold_after_scan(ctx, scanned_at, self.hold_seconds, self.sleep, self.monotonic)
         for item in items:
             if not_data(item):  # the table marker (it stays after complete), a retired leftover
                 counts["not_data"] += 1
@@ -130,9 +128,8 @@ class Stripper:
 
 def _make_page(ctx: JobContext):
     keys = ctx.migration.keys  # the key attribute names, whatever the layouts (an index-only file has none)
-    hold = ctx.state.request_horizon + DATE_MARGIN_SECONDS if ctx.state.server_deadline else 0.0
     return Stripper(ctx.dynamo, ctx.migration.table, [keys.partition] + ([keys.sort] if keys.sort else []),
-                    ctx.budget, ctx.options, hold_seconds=hold, sleep=ctx.sleep).page
+                    ctx.budget, ctx.options, hold_seconds=removal_hold(ctx.state), sleep=ctx.sleep).page
 
 
 def _check(store: ControlStore, state, options: JobOptions) -> float:

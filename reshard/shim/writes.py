@@ -5,7 +5,8 @@ Writes (put, update, delete)
     The authoritative layout is written first, then the other layout gets the full
     resulting item (:meth:`WriteProtocol._mirror_to`). Every write of a registered
     migration stamps ``_rs_v`` (a :class:`~reshard.core.versions.VersionClock` version, one
-    clock per ShardedTable). In fenced phases both writes carry the fence
+    clock per ShardedTable). In every phase of a registered migration (all are fenced:
+    ``core/phases.ROUTING``) both writes carry the fence
     ``attribute_not_exists(_rs_v) OR _rs_v < :v``: versions only grow on each copy, so both
     layouts converge to the newest write, also when two instances on adjacent phases
     (``backfill`` / ``cutover``) have different authoritative layouts. A fenced
@@ -18,11 +19,13 @@ Writes (put, update, delete)
     per app write.
 
 Deletes
-    In ``routing.tombstones`` phases a delete writes a tombstone (physical key, the
-    logical key fields, ``_rs_v``, ``_rs_del``) fenced to both layouts, so neither a
-    racing backfill copy nor a lagging mirror write can bring the item back; reads
-    treat a tombstone as absent; ``reshard cleanup`` retires them. Elsewhere (steady,
-    cleanup, complete) a delete is a plain DeleteItem.
+    In ``routing.tombstones`` phases (every phase of a registered migration) a delete
+    writes a tombstone (physical key, the logical key fields, ``_rs_v``, ``_rs_del``)
+    fenced to every layout, so neither a racing backfill copy, a lagging mirror write nor
+    a late request (a duplicate, a held first attempt) can bring the item back; reads
+    treat a tombstone as absent; ``reshard cleanup`` (and strip, in ``complete``) delete
+    them ``H + 2`` s after a scan saw them. Elsewhere (the steady state, an index-only
+    migration's single layout) a delete is a plain DeleteItem.
 
 Tombstones and the application's conditions
     A tombstone stores the logical key fields (the backfill must be able to re-key it),
@@ -73,7 +76,7 @@ from reshard.aws.dynamo import RETRY_UNKNOWN, expression_kwargs
 from reshard.core.decode import safe_text
 from reshard.core.layout import (GONE_ATTR, MAX_ITEM_BYTES, NEW_COPY_ATTR, SOURCE_ATTR, TOMBSTONE_ATTR, VERSION_ATTR,
                                  is_retired, is_tombstone, item_size)
-from reshard.core.versions import fence_for, newest, not_version, own_attempt, stored_version, unchanged, version_of
+from reshard.core.versions import fence_for, newest, own_attempt, stored_version, unchanged, version_of
 from reshard.core.wire import dump_key, still_as_read
 from reshard.shim import metrics as shim_metrics
 from reshard.shim.errors import ItemTooLarge, OldValuesUnknown, OutcomeUnknown
@@ -127,17 +130,17 @@ class WriteProtocol:
 
     def _write_delete(self, key_wire: dict, fields: dict, ConditionExpression: str | None, app_names: dict,
                       app_values: dict, want_old: bool, on_failure: bool) -> dict:
-        """``delete_item``'s write: a plain DeleteItem where no copy can race it, else a tombstone put through."""
+        """``delete_item``'s write: a tombstone put through every layout; a plain DeleteItem only where
+        nothing is versioned (the steady state) or one physical item serves every layout (index-only)."""
         st = self._begin()
         try:
             targets = self._write_keys(st, fields)
             self._catch_up(st, fields, targets)
             keys = [k for k, _ in targets]
             if not st.routing.tombstones:
-                # No racing copy exists in these phases (steady, cleanup, complete): a
-                # plain delete, with the app's condition as DynamoDB would check it. The
-                # condition and ALL_OLD belong to the authoritative key (in these phases
-                # it is the only one).
+                # The steady state (boto3's semantics, by decision) or an index-only
+                # migration's single layout: a plain delete, with the app's condition as
+                # DynamoDB would check it, on the authoritative key (the only one here).
                 old, first = None, {}
                 condition, uses = tombstone_aware(ConditionExpression)  # a leftover tombstone is absent
                 if uses:
@@ -305,16 +308,19 @@ class WriteProtocol:
         return self._update_answer(rv, resp, attrs, targets, internal_rv, landed, clauses, app_names, key_wire)
 
     def _write_batch(self, ops: list[tuple[str, Mapping[str, Any]]]) -> None:
-        """A ``batch_writer()`` flush: one BatchWriteItem where the phase writes one unfenced
-        layout with computable keys; otherwise each request as its own fenced put/delete."""
+        """A ``batch_writer()`` flush: one BatchWriteItem in the steady state (with computable
+        keys); in every phase of a registered migration each request as its own fenced put or
+        tombstone.
+
+        BatchWriteItem takes no condition, and a duplicated batch request (the fault model:
+        any request may land twice, within its horizon) would land again after a later
+        acknowledged write of the same item, or bring back an item deleted since: only
+        where nothing is versioned (boto3's semantics, by decision) is it sent as one."""
         st = self._begin()
         try:
             layout = self.mapper.layout(st.routing.writes[0])
-            batchable = (len(st.routing.writes) == 1 and not st.routing.fenced and not layout.random
-                         and not st.routing.catch_up)
-            if batchable:
-                # BatchWriteItem takes no conditions: fine here, as these phases fence
-                # nothing and need no lookup. (One request per key: duplicates were refused above.)
+            if not st.stamps and not layout.random and not st.routing.catch_up:
+                # The steady state: unfenced, no lookup. (One request per key: duplicates were refused above.)
                 requests: dict[str, dict] = {}  # physical key -> request
                 for kind, body in ops:
                     if kind == "put":
@@ -323,8 +329,6 @@ class WriteProtocol:
                         key = layout.key(fields)
                         item = self._with_index_values(st, logical, fields)
                         item.update(key)
-                        if st.stamps:  # cleanup/complete: versions keep growing, as for single puts
-                            item[VERSION_ATTR] = {"S": self.versions.next()}
                         requests[repr(sorted(key.items()))] = {"PutRequest": {"Item": item}}
                     else:
                         _, fields = self._key(body)
@@ -340,7 +344,7 @@ class WriteProtocol:
                 return
         finally:
             self._end(st)
-        for kind, body in ops:  # fenced phases: each write on its own, fenced
+        for kind, body in ops:  # a registered migration: each write on its own, fenced
             if kind == "put":
                 self.put_item(Item=body)
             else:
@@ -517,14 +521,14 @@ class WriteProtocol:
                        update: bool = False) -> tuple[str | None, dict]:
         """Run ``attempt(version, condition, names, values)`` on the authoritative copy.
 
-        In fenced phases the condition is the app's AND the version fence; in stamped phases
-        without a fence (cleanup, complete) the app's AND ``_rs_v <> :v`` (``not_version``). On a
-        failed condition one consistent read tells them apart:
+        In every phase of a registered migration the condition is the app's AND the version
+        fence (the steady state stamps nothing: the app's condition alone, as boto3 sends it).
+        On a failed condition one consistent read tells them apart:
 
         * the stored version *is* ours: our own attempt landed and its answer was lost (the
           client retried it): returns a :class:`_Landed` with the stored item -- the write
           happened exactly once, and is not applied again (an ``ADD`` stays single);
-        * fenced, stored version >= ours: a fence loss: observe it and retry above it;
+        * stored version >= ours: a fence loss: observe it and retry above it;
         * otherwise the application's condition failed.
 
         A copy a cleanup retired (``_rs_gone``) at the key is no item: when it fails a condition
@@ -543,7 +547,7 @@ class WriteProtocol:
             names: dict = {}
             values: dict = {}
             condition = app_condition
-            fence = fence_for(version) if st.routing.fenced else not_version(version) if version else None
+            fence = fence_for(version) if version else None  # every stamping phase is fenced
             if fence is not None:
                 ours = fence.expression
                 if update:
@@ -568,9 +572,7 @@ class WriteProtocol:
                 if is_retired(item):
                     self._remove_retired(key, item)
                     continue
-                if own_attempt(version, item) or (not st.routing.fenced and not app_condition and not update):
-                    # (An unfenced put with no app condition: only `_rs_v <> :v` can have failed, so
-                    # our attempt landed, even if a newer write replaced it before this read.)
+                if own_attempt(version, item):
                     log.info("reshard shim %s: %s landed on a lost answer's first attempt; not applied again",
                              self.instance_id, key)
                     return version, _Landed(Attributes=item)
@@ -582,32 +584,28 @@ class WriteProtocol:
                     # this one: a fence or condition lost now cannot be told from our own
                     # effect followed by another write (r25b's B3). Not applied again.
                     raise OutcomeUnknown("UpdateItem" if update else "PutItem")
-                if not st.routing.fenced:
-                    if not app_condition:
-                        continue  # an update's retired-copy guard, and that copy is gone since: again
-                    raise  # not ours: the app's condition failed
                 if stored >= version:
                     self.versions.observe(stored)  # another writer is ahead: go above it
                 elif app_condition:
                     raise  # the stored item is older than us, so it was the app's condition
-                # Otherwise the newer item that beat our fence was replaced or removed
-                # before our read (e.g. by an unfenced cleanup-phase instance): try again.
+                # Otherwise the newer item that beat our fence was removed before our read
+                # (a tombstone deleted by cleanup or strip, a retired copy): try again.
                 version = self.versions.next()
             except errors.AWSError as e:
                 if not getattr(e, "outcome_unknown", False):
                     raise
-                # Its answer was lost: did it land? Ours stored: yes (exactly once). In a fenced
-                # phase an older (or no) version stored: no (a landed attempt is only ever
-                # replaced by a newer version), so send it again. Anything else: unknown.
+                # Its answer was lost: did it land? Ours stored: yes (exactly once). An older
+                # version stored: no (a landed attempt is only ever replaced by a newer
+                # version), so send it again. Anything else: unknown.
                 item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
                 if own_attempt(version, item):
                     log.info("reshard shim %s: %s landed on a lost answer; not applied again", self.instance_id, key)
                     return version, _Landed(Attributes=item)
                 # Sent again only on proof it did not land: an older version stored (a landed
                 # attempt is replaced only by a newer version). An absent or unversioned item
-                # proves nothing: a neighbouring phase's plain delete may have removed our
-                # landed attempt (r25b's B2).
-                if st.routing.fenced and item is not None and not is_retired(item) and \
+                # proves nothing: a plain delete (the steady state after a retire, r25b's B2
+                # when cleanup deleted plainly) may have removed our landed attempt.
+                if item is not None and not is_retired(item) and \
                         version_of(item) is not None and stored_version(
                             item, self.versions.now(), f"item {_key_text(key)} of table {self.table!r}") < version:
                     unknown = True  # the lost attempt itself may still land late

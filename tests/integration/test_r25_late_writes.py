@@ -249,6 +249,8 @@ def test_r25_a_frozen_repair_dated_by_a_fresh_fact_resurrects_after_cleanup(prox
     try:
         assert c.phase == "cleanup"
         c.delete_item(Key=key_of(item))
+        # `reshard cleanup` removes the tombstone (after its hold): the repair's horizon alone must fence it.
+        run.dynamo.call("delete_item", TableName=run.migration.table, Key=new_key)
         assert run.stored(new_key) is None
         outcome = proxy.release(handle) if handle is not None else {"status": None}
         try:
@@ -450,7 +452,8 @@ def test_r25_a_retired_migrations_sweep_deletes_the_next_ones_tombstones(proxy, 
 # ------------------------------------------------------------------ 6. the previous migration's horizon
 def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dual_write(proxy, unique_name):
     """M1 (started with ``--request-horizon 30``) is ``complete``; shim A still runs M1's file. A deletes
-    an item (a plain delete: ``complete`` routing); the request is held on the way, inside its
+    an item (a plain delete then: ``complete`` routing; a tombstone now, which B's newer version
+    also fences); the request is held on the way, inside its
     horizon (M1's fact + 30 s). M2 (32 -> 64, ``--request-horizon 6``) starts on the table; out
     of ``planned`` the operator waits ``max(H, STEADY_HORIZON_SECONDS) + 2`` = 17 s
     (``control/horizon.horizon_for``), then ``dual_write``. M2's shim B updates the item (old
@@ -472,7 +475,8 @@ def test_r25_a_late_delete_of_the_previous_migrations_shim_lands_in_the_next_dua
         item = m1.moving(val=1)
         a.put_item(Item=item)
         _, k = m1.keys(item)  # M1's new layout: M2's old
-        rule = proxy.hold(op="DeleteItem", key=plain(k))
+        # A tombstone (a PutItem) since complete deletes with one; a plain DeleteItem before.
+        rule = proxy.hold(op=["DeleteItem", "PutItem"], key=plain(k))
         delete = Background(lambda: a.delete_item(Key=key_of(item)))
         handle = proxy.wait_held(1, rule=rule, timeout=30)[0]["handle"]
 

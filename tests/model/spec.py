@@ -54,7 +54,7 @@ from reshard.core.versions import VersionClock
 from reshard.jobs.backfill import Backfill
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import SegmentEngine
-from reshard.jobs.runner import JobOptions, phase_guard, require_phase_and_ack
+from reshard.jobs.runner import JobOptions, phase_guard, removal_hold, require_phase_and_ack
 from reshard.jobs.verify import Verifier
 from reshard.shim.table import ShardedTable
 from tests.backfill_support import create_table as create_data_table
@@ -556,8 +556,10 @@ class Fleet:
             cleanup.check_ttl(self.w.dynamo, m, enable=True)
         budget = CapacityBudget(None, None, clock=self.w.clock, sleep=self.w.sleep)
         guard, dynamo = self.job(key, "cleanup")
+        # With a server deadline a page's tombstone deletes wait H + 2 s after its scan (cleanup._make_page).
         page = cleanup.Cleaner(dynamo, mapper, self.table, budget, opts, state.phase is Phase.ABORTED,
-                               self.w.clock, cleanup.retired_migrations(self.store, self.table, m.id)).page
+                               self.w.clock, cleanup.retired_migrations(self.store, self.table, m.id),
+                               hold_seconds=removal_hold(state), sleep=self.w.sleep, monotonic=self.w.clock).page
         engine = SegmentEngine(self.store, m.id, "cleanup", run, 1, page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,
                                sleep=self.w.sleep, host=who, invocation=who, is_dead=lambda owner: False,
@@ -587,7 +589,6 @@ class Fleet:
     def strip_pass(self, who: str, key: str = "m1") -> None:
         """`reshard cleanup --strip-bookkeeping` of migration ``key`` (complete): run_job's
         precondition, then the real Stripper page function over one segment, inline."""
-        from reshard.core.deadlines import DATE_MARGIN_SECONDS
         from reshard.core.phases import STRIP_JOB
         from reshard.jobs.strip import Stripper
         m = self.migrations[key]
@@ -599,9 +600,9 @@ class Fleet:
         guard, dynamo = self.job(key, STRIP_JOB)
         keys = m.keys
         # With a server deadline each page's REMOVEs wait H + 2 s after its scan (strip._make_page).
-        hold = state.request_horizon + DATE_MARGIN_SECONDS if state.server_deadline else 0.0
         page = Stripper(dynamo, self.table, [keys.partition] + ([keys.sort] if keys.sort else []), budget,
-                        JobOptions(segments=1, workers=1, page_size=50), hold_seconds=hold, sleep=self.w.sleep,
+                        JobOptions(segments=1, workers=1, page_size=50), hold_seconds=removal_hold(state),
+                        sleep=self.w.sleep,
                         monotonic=self.w.clock).page
         engine = SegmentEngine(self.store, m.id, STRIP_JOB, 1, 1, page, workers=1, clock=self.w.clock,
                                lease_seconds=self.lease_seconds, max_request_seconds=self.max_request_seconds,

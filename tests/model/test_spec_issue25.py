@@ -179,14 +179,15 @@ def frozen_before_mirror(actor: str, then: tuple[str, ...] = (), seconds: float 
 def frozen_mirror_across_cleanup(w: World) -> Fleet:
     """Case 1: in backfill, A's put lands on the old layout (authoritative) and A freezes before its
     mirror; C reads the put. The fleet goes through the switch to cutover (a verify run in
-    between) and cleanup, where B (started then) deletes the item: a plain delete. A's mirror
-    may land at any point after that."""
+    between) and cleanup, where B (started then) deletes the item (a tombstone) and the cleanup
+    job deletes the tombstone (after its hold). A's mirror may land at any point after that."""
     f = sensor_fleet(w, "backfill")
     f.shim_actor("A", ("put", "k", {"by": "A"}))
     f.shim_actor("C", ("get", "k"), ("close",))
     b = f.shim("B", late=True)
     f.script("op", f.operator_body("op", ("advance", "repair", "verify", "advance")),
-             f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True))
+             f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True),
+             f.operator_body("op", ("cleanup",)))
     return f
 
 
@@ -283,12 +284,14 @@ def stalled_copy(w: World) -> Fleet:
 def stalled_copy_across_cleanup(w: World) -> Fleet:
     """Case 2: C1 passed its lease check and stalls with its copy on the wire (the opening);
     C2 takes the segment over and finishes, the operator cuts over (the real wait for job
-    leases: nothing is held any more), verifies and enters cleanup, and B (started then) deletes
-    the item -- a plain delete. C1's copy lands at any point."""
+    leases: nothing is held any more), verifies and enters cleanup, B (started then) deletes
+    the item (a tombstone) and the cleanup job deletes the tombstone (after its hold). C1's copy
+    lands at any point."""
     f = stalled_copy(w)
     b = f.shim("B", late=True)
     f.copier("C2", then=lambda: (f.operator_body("op", ("advance", "verify", "advance"))(),
-                                 f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True)()))
+                                 f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True)(),
+                                 f.operator_body("op", ("cleanup",))()))
     return f
 
 
@@ -400,8 +403,8 @@ def test_a_retire_under_clock_skew(coarse_switch_polls):
 def reverse_migration_in_the_retain_window(w: World) -> Fleet:
     """Case 6 (a second migration inside the first one's ``retain_hours``): m1 (16 -> 32) went
     through cleanup with TTL (its old copy of the item waits for TTL deletion, ``retain_hours``)
-    to complete; D deletes the item (complete: a plain delete of the new copy); the operator
-    starts the reverse migration m2 (32 -> 16: its new keys are m1's old keys) and brings it to
+    to complete; D deletes the item (complete: a tombstone on the new copy, which
+    ``--strip-bookkeeping`` then deletes after its hold); the operator starts the reverse migration m2 (32 -> 16: its new keys are m1's old keys) and brings it to
     dual_read, where R reads the item: the TTL-pending leftover sits at its new key."""
     from tests.model.spec import migration_variant
     f = sensor_fleet(w, "backfill")
@@ -416,7 +419,7 @@ def reverse_migration_in_the_retain_window(w: World) -> Fleet:
     d = f.shim("D", late=True)
     r = f.shim("R", migration="m2", late=True)
     f.script("op", f.shim_body("D", d, (("delete", "k"), ("close",)), late=True),
-             f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.operator_body("op", ("strip", "start@m2", "advance@m2", "advance@m2")),
              f.shim_body("R", r, (("get", "k"),), late=True))
     return f
 
@@ -447,9 +450,6 @@ def test_a_held_first_attempt_after_a_delete_in_cutover():
     assert late, f"the held attempt never arrived after B's delete: {seen.summary()}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 25 (found by the model, open): in cleanup and complete a delete is "
-                                       "plain; a put's first attempt held by the network, retried (acknowledged), "
-                                       "then deleted, lands within its horizon on the empty key: the item comes back")
 @pytest.mark.parametrize("phase", ["cleanup", "complete"])
 def test_a_held_first_attempt_after_a_plain_delete(phase):
     run(held_then_deleted(phase), preemption_bound=1)

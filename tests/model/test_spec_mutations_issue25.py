@@ -6,6 +6,8 @@ The table in ``tests/model/README.md`` lists them with the violation each one fi
 
 from __future__ import annotations
 
+import pytest
+
 from tests.model import test_spec_issue12 as spec12
 from tests.model import test_spec_issue25 as spec25
 from tests.model.spec import scenario
@@ -91,6 +93,10 @@ def test_without_the_catch_up_gates(monkeypatch, coarse_switch_polls):
               preemption_bound=1, drive=spec25.dead_before_mirror("A", then=("C",)))
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="p25: a cleanup shim deletes with a tombstone now, which a flagged reader of both layouts "
+                          "takes as newest; the clear's version bump is defence in depth in this scenario (the "
+                          "cleanup job, which removes tombstones, starts only once the fleet acknowledged cleanup)")
 def test_the_catch_up_clear_without_its_version_bump(monkeypatch, coarse_switch_polls):
     """Clearing ``newer_may_be`` as before main's fix: a plain compare-and-set that removes the
     flag, same phase version (shims on that version keep reading both layouts)."""
@@ -154,11 +160,11 @@ def test_mutation_targets_are_the_names_main_uses():
     from reshard.control.store import ControlStore
     from reshard.core import phases, versions
     from reshard.jobs.facts import DatedWrites
-    assert writes.own_attempt is versions.own_attempt and writes.not_version is versions.not_version
+    assert writes.own_attempt is versions.own_attempt
     assert reads._hidden is requests._hidden
     assert phase_cache.routing_of is phases.routing_of
     for fn, name in ((table.ShardedTable._call, "horizon=self._horizon"),
-                     (table.ShardedTable._authoritative, "own_attempt("), (table.ShardedTable._authoritative, "not_version("),
+                     (table.ShardedTable._authoritative, "own_attempt("),
                      (table.ShardedTable._get, "_hidden("), (DatedWrites.call, '"horizon"'),
                      (transition_module.transition, "await_phase_age("), (transition_module.finish_switch, "await_phase_age("),
                      (cleanup._check, "await_before_removal("), (strip._check, "await_before_removal("),

@@ -17,8 +17,8 @@ Oracle
     and that no *acknowledged* write strictly after W (started after W ended) had
     finished before the read started -- for concurrent writes any overlapping candidate
     is accepted. Failed writes stay candidates (a write that raised may have landed).
-    Under late faults (``late_window``), a write sent in an unfenced phase (cleanup,
-    complete: no version condition) may land up to that long after it ended -- a held
+    Under late faults (``late_window``), a write sent in an unfenced phase (the steady
+    state: no version condition; every migration phase is fenced) may land up to that long after it ended -- a held
     request or a late duplicate, which DynamoDB refuses only past its horizon -- so only
     an acknowledged write started after that supersedes it.
 """
@@ -152,7 +152,7 @@ class Write:
     acked: bool
     expect: dict | None        # attributes the result must show (None for a delete)
     note: str = ""             # who wrote it, in which phase (for failure messages)
-    unfenced: bool = False     # sent in a phase without a version fence (cleanup, complete, steady)
+    unfenced: bool = False     # sent in a phase without a version fence (the steady state only)
 
 
 @dataclass

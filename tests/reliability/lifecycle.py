@@ -12,8 +12,9 @@ request, so those lifecycles register the migration with it enforced (`start` wi
 ``--no-server-deadline``, ``--request-horizon`` LATE_HORIZON; the proxy enforces the 5-minute
 signature window). What the contract allows and the checks know: a mirror refused past its
 horizon is lost by design and verify reports it until ``verify --repair`` (LostMirrors); a
-write in an unfenced phase (cleanup, complete) may land up to its horizon late, over newer
-writes, as a plain DynamoDB write would (``Oracle.late_window``). The soak, every seed a run::
+write in an unfenced phase (the steady state; cleanup and complete are fenced since issue 25's
+last cases) may land up to its horizon late, over newer writes, as a plain DynamoDB write would
+(``Oracle.late_window``). The soak, every seed a run::
 
     for s in 1 2 3 4 5; do RESHARD_CHAOS_SEED=$s RESHARD_CHAOS_LATE=1 RESHARD_CHAOS_FIDELITY=1 \
         python3 -m pytest -q -n 1 tests/reliability/test_chaos_lifecycle.py \

@@ -8,7 +8,9 @@ import pytest
 from reshard import errors
 from reshard.core.deadlines import SEND_MARGIN_SECONDS
 from reshard.core.phases import ROUTING, SWITCH, Phase, routing_of
-from reshard.core.versions import not_version, own_attempt
+from reshard.core import versions
+from reshard.core.phases import STEADY
+from reshard.core.versions import own_attempt
 from reshard.shim.phase_cache import Facts, PhaseCache, PhaseState
 
 
@@ -45,10 +47,14 @@ def test_a_flag_naming_the_authoritative_layout_changes_nothing(phase, flag):
 
 
 # ------------------------------------------------------------------ versions
-def test_not_version_is_the_retry_condition_and_own_attempt_needs_equal_versions():
-    f = not_version("0000000000001.000000.w")
-    assert f.expression == "attribute_not_exists(#rs_v) OR #rs_v <> :rs_v"
-    assert f.values == {":rs_v": {"S": "0000000000001.000000.w"}}
+def test_every_migration_phase_is_fenced_with_tombstones_and_own_attempt_needs_equal_versions():
+    # Issue 25: a duplicate or held first attempt lands until its horizon in every phase, so
+    # every phase of a registered migration fences (`_rs_v < :v`) and deletes with a tombstone;
+    # `_rs_v <> :v` (which recognised only our own landed attempt) is gone. Steady: boto3's.
+    for p in Phase:
+        assert ROUTING[p].fenced and ROUTING[p].tombstones, p
+    assert not STEADY.fenced and not STEADY.tombstones
+    assert not hasattr(versions, "not_version")
     assert own_attempt("1.2.w", {"_rs_v": {"S": "1.2.w"}})
     assert not own_attempt("1.2.w", {"_rs_v": {"S": "1.3.w"}})
     assert not own_attempt("1.2.w", None) and not own_attempt(None, {"_rs_v": {"S": ""}})
