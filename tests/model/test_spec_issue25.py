@@ -307,10 +307,11 @@ def test_a_copy_stalled_after_its_lease_check_across_cutover_cleanup_and_a_delet
                 drive=copy_on_the_wire("C1", watchers=("C2",)))
 
 
-def retry_migration(f: Fleet):
-    """The retry of an aborted migration of the same table: the same layouts, another id."""
+def retry_migration(f: Fleet, horizon: float | None = None):
+    """The retry of an aborted migration of the same table: the same layouts, another id
+    (``horizon``: its own request horizon)."""
     from tests.model.spec import migration_variant
-    return f.add_migration("m2", migration_variant(f.kind, f.table, f.m.id + "-retry"))
+    return f.add_migration("m2", migration_variant(f.kind, f.table, f.m.id + "-retry"), horizon=horizon)
 
 
 def stalled_copy_across_abort_and_retry(w: World) -> Fleet:
@@ -665,13 +666,15 @@ def retired_sweep_across_the_retry(w: World) -> Fleet:
     may be held by the network), B (m2) deletes it and reads it; then S runs on. ``aborted`` is a
     phase the sweep may always write in: were its facts renewed, it would retire m2's tombstones,
     and A's held mirror lands on the empty key. S's facts are keyed by the table marker (none,
-    after the retire) it began under, which m2's ``start`` claimed: S stops."""
-    f = Fleet(w, phase="aborted", horizon=H, lease_seconds=300.0)
+    after the retire) it began under, which m2's ``start`` claimed: S stops. (m1's H is 2 and
+    m2's 10, as in :func:`previous_strip_across_the_next_start`: the sweep deletes a tombstone
+    H1 + 2 s after its scan, which A's mirror must outlive.)"""
+    f = Fleet(w, phase="aborted", horizon=2.0, lease_seconds=300.0)
     f.open_catch_up, f.lost_mirrors = False, True
     f.key("k", **SENSOR_KEY)
     f.setup_to("m1", "retired")
-    w.clock.advance(H + 2)
-    retry_migration(f)
+    w.clock.advance(2.0 + 2)
+    retry_migration(f, horizon=10.0)
     w.actor("S", lambda: f.cleanup_pass("S", run=2))
     a = f.shim("A", migration="m2", late=True)
     b = f.shim("B", migration="m2", late=True)
@@ -796,8 +799,6 @@ def duplicate_after_another_writer(phase: str):
     return build
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="r25b's B4 (open on main): in cleanup and complete a "
-                   "duplicate delivered after another writer's write passes _rs_v <> :v and applies again")
 @pytest.mark.parametrize("phase", ["cleanup", "complete"])
 def test_a_duplicate_after_another_writer(phase):
     explored(duplicate_after_another_writer(phase), preemption_bound=1, drive=held_twice("A"))
@@ -829,8 +830,6 @@ def cutover_duplicate_after_a_cleanup_batch_delete(w: World) -> Fleet:
 CUTOVER_DUPLICATE = both(at_move_to("op", "cleanup"), held_twice("A", delivered=0))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="r25b's B5 (open on main): a cutover put's duplicate "
-                   "delivered after a cleanup shim's plain delete resurrects the item")
 @pytest.mark.parametrize("build", [cutover_duplicate_after_a_cleanup_delete, cutover_duplicate_after_a_cleanup_batch_delete],
                          ids=["delete", "batch_writer"])
 def test_a_cutover_duplicate_after_a_cleanup_delete(build):
@@ -876,9 +875,6 @@ def run_out(*actors: str):
 HELD_BEFORE_THE_SCAN = both(at_scan("op"), held_twice("A", delivered=0, copies=1), run_out("B"))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 25 (open on main, p25's tombstone hold): the "
-                   "abort's cleanup pass retires a tombstone right after its scan; a put's held first attempt, older "
-                   "than the tombstone and within its horizon, then lands on the empty key: the deleted item is back")
-@pytest.mark.parametrize("phase", ["aborted"])
+@pytest.mark.parametrize("phase", ["aborted", "cleanup"])
 def test_a_held_put_across_a_tombstones_removal(phase):
     explored(held_put_across_a_tombstones_removal(phase), preemption_bound=1, drive=HELD_BEFORE_THE_SCAN)

@@ -177,7 +177,7 @@ def test_mutation_targets_are_the_names_main_uses():
     from reshard.jobs.facts import JobFacts
     assert writes.RETRY_UNKNOWN is __import__("reshard.aws.dynamo", fromlist=["RETRY_UNKNOWN"]).RETRY_UNKNOWN
     assert transition_module.horizon_for is horizon.horizon_for and callable(marker.previous_horizon)
-    for fn, name in ((strip.Stripper.page, "self.hold_seconds"), (strip._make_page, "hold_seconds=hold"),
+    for fn, name in ((strip.Stripper.page, "self.hold_seconds"), (strip._make_page, "hold_seconds=removal_hold("),
                      (writes.WriteProtocol, "RETRY_UNKNOWN.set(False)"),
                      (operations.start, "markers.previous_horizon("), (horizon.horizon_for, "state.previous_horizon"),
                      (transition_module.transition, "horizon_for(state)"),
@@ -224,6 +224,11 @@ def test_a_lost_answers_update_sent_again_blindly(monkeypatch):
     assert "applied twice" in found or "wrong result" in found
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="defence in depth since p25 in this scenario: m1's "
+                   "complete is fenced with tombstones, so A's held delete is a tombstone older than B's update "
+                   "and fails its version fence wherever it lands; previous_horizon matters only where an older "
+                   "request can land on an erased item (a tombstone removed H2 + 2 s after a scan, H2 < m1's H), "
+                   "which needs m2 run to its cleanup inside m1's horizon")
 def test_start_without_the_previous_horizon(monkeypatch):
     """r25's B6: ``start`` records no ``previous_horizon`` (``control/marker.previous_horizon``
     says 0): m2's ``planned`` lasts max(H, steady) + 2 = 17 s, and the held delete of m1's shim
@@ -235,6 +240,11 @@ def test_start_without_the_previous_horizon(monkeypatch):
     assert "lost acknowledged write" in found and "dual_write" in found
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="defence in depth since p25 in this scenario: m1's "
+                   "complete is fenced with tombstones, so A's held delete is a tombstone older than B's update "
+                   "and fails its version fence wherever it lands; previous_horizon matters only where an older "
+                   "request can land on an erased item (a tombstone removed H2 + 2 s after a scan, H2 < m1's H), "
+                   "which needs m2 run to its cleanup inside m1's horizon")
 def test_planned_not_lasting_the_previous_horizon(monkeypatch):
     """The same fence on the transition's side: ``horizon_for`` ignores the recorded
     ``previous_horizon`` (``planned`` lasts max(H, steady) + 2)."""
@@ -282,6 +292,10 @@ def test_job_facts_not_keyed_by_the_table_marker_in_a_retired_sweep(monkeypatch)
     assert "resurrection" in found
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="defence in depth since p25: D's delete in cleanup "
+                   "is a tombstone newer than the stale repair, which fails its fence; the tombstone is removed only "
+                   "H + 2 s after a scan that follows the repair's fact read, when the repair has expired (the same "
+                   "migration's H dates both)")
 def test_job_facts_keyed_by_the_phase_name(monkeypatch):
     """r25's B3: a job's facts are those of any version of an allowed phase (every version read
     is taken for the one the job began under): V's repair, decided while ``newer_may_be`` was
