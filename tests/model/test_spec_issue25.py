@@ -837,8 +837,8 @@ def test_a_cutover_duplicate_after_a_cleanup_delete(build):
 
 
 def held_put_across_a_tombstones_removal(phase: str):
-    """The removing job's tombstone hold: in ``phase`` (lasted H + 2 s: the cleanup pass starts at
-    once), A refreshes and puts the item, its first attempt held by the network (A's retry lands:
+    """The removing job's tombstone hold: in ``phase`` (lasted H + 2 s: the cleanup pass -- in
+    ``complete``, ``--strip-bookkeeping`` -- starts at once), A refreshes and puts the item, its first attempt held by the network (A's retry lands:
     acknowledged); B deletes it (a tombstone) and reads it; the operator's cleanup pass scans and
     removes the tombstone. The held attempt (older than the tombstone) arrives at any point, or
     never: after the tombstone's removal, within A's horizon, it lands on the empty key, unless the
@@ -847,7 +847,7 @@ def held_put_across_a_tombstones_removal(phase: str):
         f = sensor_fleet_at(w, phase)
         f.shim_actor("A", ("refresh",), ("put", "k", {"by": "A"}), ("close",))
         f.shim_actor("B", ("delete", "k"), ("get", "k"), ("close",))
-        f.operator("op", "cleanup")
+        f.operator("op", "strip" if phase == "complete" else "cleanup")  # the job that removes tombstones there
         return f
     return build
 
@@ -875,6 +875,6 @@ def run_out(*actors: str):
 HELD_BEFORE_THE_SCAN = both(at_scan("op"), held_twice("A", delivered=0, copies=1), run_out("B"))
 
 
-@pytest.mark.parametrize("phase", ["aborted", "cleanup"])
+@pytest.mark.parametrize("phase", ["aborted", "cleanup", "complete"])
 def test_a_held_put_across_a_tombstones_removal(phase):
     explored(held_put_across_a_tombstones_removal(phase), preemption_bound=1, drive=HELD_BEFORE_THE_SCAN)

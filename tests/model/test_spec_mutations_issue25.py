@@ -181,7 +181,12 @@ def test_mutation_targets_are_the_names_main_uses():
                      (writes.WriteProtocol, "RETRY_UNKNOWN.set(False)"),
                      (operations.start, "markers.previous_horizon("), (horizon.horizon_for, "state.previous_horizon"),
                      (transition_module.transition, "horizon_for(state)"),
-                     (JobFacts._read, "self._check_owner("), (JobFacts._learn, "state.phase_version != self._version")):
+                     (JobFacts._read, "self._check_owner("), (JobFacts._learn, "state.phase_version != self._version"),
+                     # p25's fenced cleanup/complete, batch_writer and tombstone hold
+                     (writes.WriteProtocol._authoritative, "fence_for(version)"),
+                     (writes.WriteProtocol._write_batch, "not st.stamps"),
+                     (writes.WriteProtocol._write_delete, "st.routing.tombstones"),
+                     (cleanup.Cleaner.page, "self.hold_seconds")):
         assert name in inspect.getsource(fn), (fn.__qualname__, name)
     assert "self._catch_up(" in inspect.getsource(writes.WriteProtocol)
 
@@ -309,4 +314,103 @@ def test_job_facts_keyed_by_the_phase_name(monkeypatch):
     monkeypatch.setattr(JobFacts, "_learn", by_name)
     found = must_find(scenario(spec25.frozen_repair_across_the_catch_up_clear), preemption_bound=1,
                       drive=spec25.repair_reading_its_fact_before_cleanup("V", "op"))
+    assert "resurrection" in found
+
+
+# ----------------------------------------------------------------------------- cleanup/complete fenced (p25)
+
+def _in(frame, function: str) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.parametrize("phase", ["cleanup", "complete"])
+def test_cleanup_and_complete_writes_fenced_by_inequality_again(monkeypatch, phase):
+    """The authoritative write of a cleanup/complete shim carries ``_rs_v <> :v`` again (as before
+    the fenced phases): the duplicate of A's ADD, delivered after B's ADD, applies again."""
+    import sys
+
+    import reshard.shim.writes as writes
+    from reshard.core.versions import Fence
+    real = writes.fence_for
+
+    def fence_for(version):
+        fence = real(version)
+        caller = sys._getframe(1)
+        st = caller.f_locals.get("st")
+        if caller.f_code.co_name == "_authoritative" and st is not None and st.phase in ("cleanup", "complete") \
+                and fence.values:
+            return Fence("attribute_not_exists(#rs_v) OR #rs_v <> :rs_v", fence.names, fence.values)
+        return fence
+    monkeypatch.setattr(writes, "fence_for", fence_for)
+    found = must_find(scenario(spec25.duplicate_after_another_writer(phase)), preemption_bound=1,
+                      drive=spec25.held_twice("A"))
+    assert "applied twice" in found
+
+
+def _plain_deletes_in(monkeypatch, phases: tuple[str, ...]) -> None:
+    import dataclasses
+
+    import reshard.shim.phase_cache as phase_cache
+    real = phase_cache.routing_of
+
+    def routing_of(phase, switching=False, newer_may_be=None):
+        r = real(phase, switching, newer_may_be)
+        return dataclasses.replace(r, tombstones=False) if str(getattr(phase, "value", phase)) in phases else r
+    monkeypatch.setattr(phase_cache, "routing_of", routing_of)
+
+
+@pytest.mark.parametrize("phase", ["cleanup", "complete"])
+def test_cleanup_and_complete_delete_plainly_again(monkeypatch, phase):
+    """Cleanup/complete shims delete with a plain DeleteItem again: A's put, its first attempt held
+    and its retry acknowledged, then B's delete: the held attempt lands on the empty key."""
+    _plain_deletes_in(monkeypatch, (phase,))
+    found = must_find(scenario(spec25.held_then_deleted(phase)), preemption_bound=1)
+    assert "resurrection" in found or "stale read" in found
+
+
+def test_a_cleanup_shims_plain_delete_under_a_cutover_duplicate(monkeypatch):
+    """r25b's B5 with plain cleanup deletes again: the cutover put's duplicate lands on the empty key."""
+    _plain_deletes_in(monkeypatch, ("cleanup",))
+    found = must_find(scenario(spec25.cutover_duplicate_after_a_cleanup_delete), preemption_bound=1,
+                      drive=spec25.CUTOVER_DUPLICATE)
+    assert "resurrection" in found
+
+
+@pytest.mark.parametrize("phase", ["aborted", "cleanup", "complete"])
+def test_tombstones_removed_right_after_the_scan(monkeypatch, phase):
+    """The cleanup job (cleanup, aborted) and strip (complete) delete a tombstone at once after the
+    scan that saw it (``hold_seconds`` 0): A's held put, older than B's tombstone, lands on the
+    empty key within its horizon."""
+    from reshard.jobs.cleanup import Cleaner
+    from reshard.jobs.strip import Stripper
+    for cls in (Cleaner, Stripper):
+        real = cls.__init__
+
+        def no_hold(self, *args, _real=real, **kwargs):
+            _real(self, *args, **kwargs)
+            self.hold_seconds = 0.0
+        monkeypatch.setattr(cls, "__init__", no_hold)
+    found = must_find(scenario(spec25.held_put_across_a_tombstones_removal(phase)), preemption_bound=1,
+                      drive=spec25.HELD_BEFORE_THE_SCAN)
+    assert "'by': 'A'" in found
+
+
+def test_batch_writer_flushing_one_unconditional_batch_again(monkeypatch):
+    """``batch_writer`` sends a migration phase's requests as one BatchWriteItem again (the steady
+    state's path, taken where the routing writes one calculated layout): a cleanup shim's batched
+    delete is plain, and the cutover put's duplicate lands on the empty key."""
+    import sys
+
+    from reshard.shim.phase_cache import PhaseState
+    real = PhaseState.stamps
+
+    def stamps(self):
+        return False if sys._getframe(1).f_code.co_name == "_write_batch" else real.fget(self)
+    monkeypatch.setattr(PhaseState, "stamps", property(stamps))
+    found = must_find(scenario(spec25.cutover_duplicate_after_a_cleanup_batch_delete), preemption_bound=1,
+                      drive=spec25.CUTOVER_DUPLICATE)
     assert "resurrection" in found
