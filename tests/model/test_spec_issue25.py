@@ -801,7 +801,8 @@ def duplicate_after_another_writer(phase: str):
 
 @pytest.mark.parametrize("phase", ["cleanup", "complete"])
 def test_a_duplicate_after_another_writer(phase):
-    explored(duplicate_after_another_writer(phase), preemption_bound=1, drive=held_twice("A"))
+    _, seen = explored(duplicate_after_another_writer(phase), operator="B", preemption_bound=1, drive=held_twice("A"))
+    assert any("ConditionalCheckFailed" in calls for calls in seen.late_calls), seen.summary()
 
 
 def cutover_duplicate_after_a_cleanup_delete(w: World, delete: str = "delete") -> Fleet:
@@ -833,7 +834,8 @@ CUTOVER_DUPLICATE = both(at_move_to("op", "cleanup"), held_twice("A", delivered=
 @pytest.mark.parametrize("build", [cutover_duplicate_after_a_cleanup_delete, cutover_duplicate_after_a_cleanup_batch_delete],
                          ids=["delete", "batch_writer"])
 def test_a_cutover_duplicate_after_a_cleanup_delete(build):
-    explored(build, preemption_bound=1, drive=CUTOVER_DUPLICATE)
+    _, seen = explored(build, preemption_bound=1, drive=CUTOVER_DUPLICATE)
+    assert_fenced_late(seen)
 
 
 def held_put_across_a_tombstones_removal(phase: str):
@@ -877,4 +879,4 @@ HELD_BEFORE_THE_SCAN = both(at_scan("op"), held_twice("A", delivered=0, copies=1
 
 @pytest.mark.parametrize("phase", ["aborted", "cleanup", "complete"])
 def test_a_held_put_across_a_tombstones_removal(phase):
-    explored(held_put_across_a_tombstones_removal(phase), preemption_bound=1, drive=HELD_BEFORE_THE_SCAN)
+    explored(held_put_across_a_tombstones_removal(phase), late="A", preemption_bound=1, drive=HELD_BEFORE_THE_SCAN)
