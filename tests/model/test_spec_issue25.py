@@ -880,3 +880,35 @@ HELD_BEFORE_THE_SCAN = both(at_scan("op"), held_twice("A", delivered=0, copies=1
 @pytest.mark.parametrize("phase", ["aborted", "cleanup", "complete"])
 def test_a_held_put_across_a_tombstones_removal(phase):
     explored(held_put_across_a_tombstones_removal(phase), late="A", preemption_bound=1, drive=HELD_BEFORE_THE_SCAN)
+
+
+def held_put_of_the_previous_owner_across_an_abort(w: World) -> Fleet:
+    """r25's B6 since cleanup/complete are fenced: m1 (16 -> 32, H 60) is complete; A (m1's file)
+    puts the item, its first attempt held by the network (the opening; A's retry lands:
+    acknowledged; A closes). The operator starts m2 (32 -> 64, H 2); B (m2, planned) deletes the
+    item: a tombstone on m2's old layout (m1's new one); the operator aborts m2 and runs the abort's
+    cleanup, which removes the tombstone H2 + 2 s after its scan and retires m2 (the application
+    reads m2's old layout, steady). A's held put (older than the tombstone) arrives at any point,
+    or never: once the tombstone is gone, within m1's horizon, it lands on the empty key -- unless
+    ``planned`` lasted m1's horizon too (``previous_horizon``)."""
+    from tests.model.spec import migration_variant
+    f = Fleet(w, phase="complete", horizon=LONG_PREVIOUS_H)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)), horizon=2.0)
+    f.shim_actor("A", ("put", "k", {"by": "A"}), ("close",))
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2",)),
+             f.shim_body("B", b, (("delete", "k"), ("get", "k"), ("close",)), late=True),
+             f.operator_body("op", ("abort@m2", "cleanup@m2")))
+    return f
+
+
+#: m1's request horizon in :func:`held_put_of_the_previous_owner_across_an_abort`: longer than
+#: m2's planned (17 s without ``previous_horizon``) + its abort's cleanup (2 + 2 s, then its hold).
+LONG_PREVIOUS_H = 60.0
+
+
+def test_a_held_put_of_the_previous_owner_across_an_abort():
+    explored(held_put_of_the_previous_owner_across_an_abort, late="A", plan=True, preemption_bound=1,
+             drive=held_twice("A", delivered=0, copies=1))

@@ -229,45 +229,6 @@ def test_a_lost_answers_update_sent_again_blindly(monkeypatch):
     assert "applied twice" in found or "wrong result" in found
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="defence in depth since p25 in this scenario: m1's "
-                   "complete is fenced with tombstones, so A's held delete is a tombstone older than B's update "
-                   "and fails its version fence wherever it lands; previous_horizon matters only where an older "
-                   "request can land on an erased item (a tombstone removed H2 + 2 s after a scan, H2 < m1's H), "
-                   "which needs m2 run to its cleanup inside m1's horizon")
-def test_start_without_the_previous_horizon(monkeypatch):
-    """r25's B6: ``start`` records no ``previous_horizon`` (``control/marker.previous_horizon``
-    says 0): m2's ``planned`` lasts max(H, steady) + 2 = 17 s, and the held delete of m1's shim
-    (H 30) lands in m2's ``dual_write``, over B's acknowledged update."""
-    from reshard.control import marker
-    monkeypatch.setattr(marker, "previous_horizon", lambda store, mine: 0.0)
-    found = must_find(scenario(spec25.late_delete_of_the_previous_owner), preemption_bound=1,
-                      drive=spec25.held_twice("A", delivered=0, copies=1))
-    assert "lost acknowledged write" in found and "dual_write" in found
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="defence in depth since p25 in this scenario: m1's "
-                   "complete is fenced with tombstones, so A's held delete is a tombstone older than B's update "
-                   "and fails its version fence wherever it lands; previous_horizon matters only where an older "
-                   "request can land on an erased item (a tombstone removed H2 + 2 s after a scan, H2 < m1's H), "
-                   "which needs m2 run to its cleanup inside m1's horizon")
-def test_planned_not_lasting_the_previous_horizon(monkeypatch):
-    """The same fence on the transition's side: ``horizon_for`` ignores the recorded
-    ``previous_horizon`` (``planned`` lasts max(H, steady) + 2)."""
-    import reshard.control.transition as transition_module
-    from reshard.control.horizon import horizon_for
-    from reshard.core.deadlines import STEADY_HORIZON_SECONDS
-    from reshard.core.phases import Phase
-
-    def without_previous(state):
-        h = horizon_for(state)
-        return max(state.request_horizon, STEADY_HORIZON_SECONDS) if state.phase is Phase.PLANNED and \
-            not state.switching else h
-    monkeypatch.setattr(transition_module, "horizon_for", without_previous)
-    found = must_find(scenario(spec25.late_delete_of_the_previous_owner), preemption_bound=1,
-                      drive=spec25.held_twice("A", delivered=0, copies=1))
-    assert "lost acknowledged write" in found and "dual_write" in found
-
-
 def _facts_blind_to_the_marker(monkeypatch) -> None:
     """A job's facts no longer keyed by the table marker it began under: the first read still
     learns the owner (and caps a foreign migration's horizon), a later owner is not a change."""
@@ -318,14 +279,6 @@ def test_job_facts_keyed_by_the_phase_name(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- cleanup/complete fenced (p25)
-
-def _in(frame, function: str) -> bool:
-    while frame is not None:
-        if frame.f_code.co_name == function:
-            return True
-        frame = frame.f_back
-    return False
-
 
 @pytest.mark.parametrize("phase", ["cleanup", "complete"])
 def test_cleanup_and_complete_writes_fenced_by_inequality_again(monkeypatch, phase):
@@ -413,4 +366,33 @@ def test_batch_writer_flushing_one_unconditional_batch_again(monkeypatch):
     monkeypatch.setattr(PhaseState, "stamps", property(stamps))
     found = must_find(scenario(spec25.cutover_duplicate_after_a_cleanup_batch_delete), preemption_bound=1,
                       drive=spec25.CUTOVER_DUPLICATE)
+    assert "resurrection" in found
+
+
+def test_start_without_the_previous_horizon_across_an_abort(monkeypatch):
+    """r25's B6 since the fenced complete: without ``previous_horizon`` m2's ``planned`` lasts 17 s,
+    the abort's cleanup removes B's tombstone inside m1's horizon (60 s), and A's held put (m1's
+    file) lands on the empty key: the item B deleted is back after the retire."""
+    from reshard.control import marker
+    monkeypatch.setattr(marker, "previous_horizon", lambda store, mine: 0.0)
+    found = must_find(scenario(spec25.held_put_of_the_previous_owner_across_an_abort), preemption_bound=1,
+                      drive=spec25.held_twice("A", delivered=0, copies=1))
+    assert "resurrection" in found
+
+
+def test_planned_not_lasting_the_previous_horizon_across_an_abort(monkeypatch):
+    """The same on the transition's side (``horizon_for`` ignores ``previous_horizon``; an abort
+    out of ``planned`` is a transition out of it like an advance)."""
+    import reshard.control.transition as transition_module
+    from reshard.control.horizon import horizon_for
+    from reshard.core.deadlines import STEADY_HORIZON_SECONDS
+    from reshard.core.phases import Phase
+
+    def without_previous(state):
+        h = horizon_for(state)
+        return max(state.request_horizon, STEADY_HORIZON_SECONDS) if state.phase is Phase.PLANNED and \
+            not state.switching else h
+    monkeypatch.setattr(transition_module, "horizon_for", without_previous)
+    found = must_find(scenario(spec25.held_put_of_the_previous_owner_across_an_abort), preemption_bound=1,
+                      drive=spec25.held_twice("A", delivered=0, copies=1))
     assert "resurrection" in found
