@@ -182,7 +182,8 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
     In the cleanup phase: old-layout items whose key moved get the TTL attribute
     (now + retain_hours; an item's own sooner TTL is kept), or are deleted with
     --delete; items whose key did not move and new-layout items are never touched;
-    delete markers (tombstones) are retired.
+    delete markers (tombstones) are retired (with a server deadline, a page that has
+    one waits H + 2 s after its scan first: a late older write must have expired).
     On an aborted migration: removes the new-layout copies and the old layout's
     tombstones, never an old item, then marks the migration retired (the shims go back
     to plain steady state and the table is free for a new migration); once every live
@@ -200,8 +201,9 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
     version) and _rs_new (new-copy marker) after complete; nothing needs them then.
     This pass removes them with an UpdateItem REMOVE conditioned on the version it
     scanned (a shim write in between keeps what it wrote), and deletes leftover delete
-    markers. Shims still running the migration's file stamp them again on the items
-    they write: run it again once the application runs without the migration.
+    markers (after the same wait). Shims still running the migration's file stamp them
+    again on the items they write and delete with markers: run it again once the
+    application runs without the migration.
 
     \b
     Example:
