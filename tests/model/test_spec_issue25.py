@@ -176,19 +176,26 @@ def frozen_before_mirror(actor: str, then: tuple[str, ...] = (), seconds: float 
     return drive
 
 
-def frozen_mirror_across_cleanup(w: World) -> Fleet:
+def frozen_mirror_across_cleanup(w: World, job: bool = False) -> Fleet:
     """Case 1: in backfill, A's put lands on the old layout (authoritative) and A freezes before its
     mirror; C reads the put. The fleet goes through the switch to cutover (a verify run in
-    between) and cleanup, where B (started then) deletes the item (a tombstone) and the cleanup
-    job deletes the tombstone (after its hold). A's mirror may land at any point after that."""
+    between) and cleanup, where B (started then) deletes the item (a tombstone since issue 25's
+    last cases; a plain delete before). A's mirror may land at any point after that."""
     f = sensor_fleet(w, "backfill")
     f.shim_actor("A", ("put", "k", {"by": "A"}))
     f.shim_actor("C", ("get", "k"), ("close",))
     b = f.shim("B", late=True)
     f.script("op", f.operator_body("op", ("advance", "repair", "verify", "advance")),
              f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True),
-             f.operator_body("op", ("cleanup",)))
+             f.operator_body("op", ("cleanup",) if job else ()))
     return f
+
+
+def frozen_mirror_across_the_cleanup_job(w: World) -> Fleet:
+    """:func:`frozen_mirror_across_cleanup`, then the operator's cleanup job (it removes B's
+    tombstone H + 2 s after its scan). Explored from the opening and the operator's whole plan
+    (``test_spec_mutations_issue25``): the whole space takes minutes."""
+    return frozen_mirror_across_cleanup(w, job=True)
 
 
 def test_a_frozen_mirror_across_cutover_cleanup_and_a_delete(coarse_switch_polls):
@@ -284,9 +291,19 @@ def stalled_copy(w: World) -> Fleet:
 def stalled_copy_across_cleanup(w: World) -> Fleet:
     """Case 2: C1 passed its lease check and stalls with its copy on the wire (the opening);
     C2 takes the segment over and finishes, the operator cuts over (the real wait for job
-    leases: nothing is held any more), verifies and enters cleanup, B (started then) deletes
-    the item (a tombstone) and the cleanup job deletes the tombstone (after its hold). C1's copy
-    lands at any point."""
+    leases: nothing is held any more), verifies and enters cleanup, and B (started then) deletes
+    the item -- a tombstone since issue 25's last cases (a plain delete before). C1's copy lands
+    at any point."""
+    f = stalled_copy(w)
+    b = f.shim("B", late=True)
+    f.copier("C2", then=lambda: (f.operator_body("op", ("advance", "verify", "advance"))(),
+                                 f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True)()))
+    return f
+
+
+def stalled_copy_across_the_cleanup_job(w: World) -> Fleet:
+    """:func:`stalled_copy_across_cleanup`, then C2 runs the cleanup job (it removes B's tombstone
+    H + 2 s after its scan). Explored from the opening and C2's whole plan."""
     f = stalled_copy(w)
     b = f.shim("B", late=True)
     f.copier("C2", then=lambda: (f.operator_body("op", ("advance", "verify", "advance"))(),
