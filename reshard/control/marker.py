@@ -55,11 +55,16 @@ def owner_state(store: ControlStore, owner: Owner) -> MigrationState | None:
 def previous_horizon(store: ControlStore, mine: Owner) -> float:
     """The request horizon of the owner ``mine`` replaced (0 without one): its shims and jobs
     may still have requests in flight dated by it, so the new migration's ``planned`` lasts
-    at least that long (r25's B6). An owner whose row cannot be read: the longest horizon."""
+    at least that long (r25's B6), whatever the new migration's own ``server_deadline`` (a25's
+    finding 2: the next migration's ``--no-server-deadline`` must not end the previous owner's
+    bound early). An owner without a server deadline recorded no bound to honour: 0. An owner
+    whose row cannot be read: the longest horizon."""
     if mine.previous is None:
         return 0.0
     st = owner_state(store, mine.previous)
-    return st.request_horizon if st is not None else MAX_HORIZON_SECONDS
+    if st is None:
+        return MAX_HORIZON_SECONDS
+    return st.request_horizon if st.server_deadline else 0.0
 
 
 def claim(dynamo: Dynamo, store: ControlStore, migration_id: str, table: str, desc: dict) -> Owner:

@@ -141,9 +141,12 @@ def transition(store: ControlStore, migration_id: str, action: Action, who: str 
         # lasts H + 2 s on the server's clock), so nothing is watched.
         writers = await_no_writers(store, migration_id, WRITING_JOBS, lease_wait, on_wait=on_lease_wait)
     decision = _judge(store, state, action, gates, allow_no_shims, writers)
-    if state.server_deadline:
+    if state.server_deadline or (state.phase is Phase.PLANNED and not state.switching and state.previous_horizon):
         # Refusals first (they need no wait), then the phase's minimum age, then judge again
-        # on what is true after the wait.
+        # on what is true after the wait. `planned` outlasts the previous owner's horizon
+        # even when this migration runs without a server deadline: that owner's requests
+        # are bounded by it, and only waiting it out keeps them out of dual_write (a25's
+        # finding 2; `previous_horizon` is recorded only for an owner with a deadline).
         state = await_phase_age(store, state, horizon_for(state), say=say, sleep=sleep,
                                 why=f"before {action.value} to {decision.target}: requests that obeyed the phase "
                                     "before it must have landed or expired")

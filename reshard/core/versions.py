@@ -269,6 +269,18 @@ def unchanged(version: str, key_attr: str) -> Fence:
     return Fence("#rs_v = :rs_v", {"#rs_v": VERSION_ATTR}, {":rs_v": {"S": version}})
 
 
+def still_tombstone(version: str, key_attr: str) -> Fence:
+    """:func:`unchanged`, and still a delete marker: for deleting a tombstone we scanned.
+
+    The version alone is not enough: a write that stamps no version (a steady shim's update,
+    after a retire) turns the tombstone back into an item -- it removes ``_rs_del`` -- and
+    keeps the ``_rs_v`` it found, so "same version" would delete an acknowledged write
+    (a25's finding 4)."""
+    fence = unchanged(version, key_attr)
+    return Fence(f"attribute_exists(#rs_del) AND ({fence.expression})", {**fence.names, "#rs_del": TOMBSTONE_ATTR},
+                 fence.values)
+
+
 def copy_fence(version: str, key_attr: str, source: str) -> Fence:
     """The fence of the backfill's copy of an old item of ``version`` whose old key is ``source``.
 

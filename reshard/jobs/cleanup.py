@@ -62,7 +62,7 @@ from reshard.control.transition import WRITING_JOBS, retire
 from reshard.core.layout import GONE_ATTR, NEW_COPY_ATTR, KeyMapper, is_tombstone, item_size, not_data
 from reshard.core.migration import Migration
 from reshard.core.phases import CLEANUP_JOB, Phase
-from reshard.core.versions import unchanged, version_of
+from reshard.core.versions import still_tombstone, unchanged, version_of
 from reshard.core.wire import N, S, key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext, RunResult
@@ -165,7 +165,7 @@ class Cleaner:
         # since (a late request of a lagging shim) is newer, and it stays.
         done = {"retire": "tombstones_retired", "remove_copy": "new_copies_removed",
                 "remove_retired_copy": "retired_copies_removed", "expire": "deleted"}[action]
-        return done if self._delete_if_unchanged(guard, item) else "changed_meanwhile"
+        return done if self._delete_if_unchanged(guard, item, tombstone=action == "retire") else "changed_meanwhile"
 
     def action(self, item: dict) -> str:
         """What the pass does to one scanned item (pure decision, see the module docstring)."""
@@ -195,11 +195,12 @@ class Cleaner:
             return "unmoved"
         return "expire"
 
-    def _delete_if_unchanged(self, guard: Callable[[], None], item: dict) -> bool:
-        """Delete an item only if its version is still the one scanned (a newer write wins).
-        ``guard``: the lease's, before every attempt."""
-        return conditional_delete(self.dynamo, self.budget, self.table, self._key(item),
-                                  unchanged(version_of(item), self.key_attrs[0]), guard=guard)
+    def _delete_if_unchanged(self, guard: Callable[[], None], item: dict, tombstone: bool = False) -> bool:
+        """Delete an item only if its version is still the one scanned (a newer write wins),
+        and a tombstone only while it still is one (``still_tombstone``). ``guard``: the
+        lease's, before every attempt."""
+        fence = (still_tombstone if tombstone else unchanged)(version_of(item), self.key_attrs[0])
+        return conditional_delete(self.dynamo, self.budget, self.table, self._key(item), fence, guard=guard)
 
     def _set_ttl(self, guard: Callable[[], None], item: dict) -> str:
         """Give an old item the TTL attribute, unless its own TTL expires sooner, and mark it

@@ -49,7 +49,7 @@ from reshard.control.horizon import await_before_removal
 from reshard.control.store import ControlStore
 from reshard.core.layout import VERSION_ATTR, item_size, not_data, strip_action
 from reshard.core.phases import STRIP_JOB
-from reshard.core.versions import unchanged, version_of
+from reshard.core.versions import still_tombstone, unchanged, version_of
 from reshard.core.wire import key_of
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import PageContext
@@ -96,7 +96,8 @@ class Stripper:
                 counts["clean"] += 1
             elif action == "delete":
                 ok = conditional_delete(self.dynamo, self.budget, self.table, key_of(item, self.key_attrs),
-                                        unchanged(version_of(item), self.key_attrs[0]), guard=ctx.write_guard)
+                                        still_tombstone(version_of(item), self.key_attrs[0]),
+                                        guard=ctx.write_guard)
                 counts["tombstones_deleted" if ok else "changed_meanwhile"] += 1
             else:
                 counts["stripped" if self._strip(ctx, item, attrs) else "changed_meanwhile"] += 1

@@ -160,6 +160,21 @@ def registered_migration(dynamo: Dynamo, control_table: str, migration_id: str) 
     return ControlStore(dynamo, control_table).load_state(migration_id).migration()
 
 
+def _signing_horizon(state) -> float:
+    """The horizon a shim's requests are dated by under ``state`` (None: no migration).
+
+    A retired migration's shims serve the steady state, and the next migration of the table
+    (its marker no longer names the retired one: no ``previous_horizon``) waits out only the
+    steady horizon in ``planned``: so they sign with at most that (a25's finding 3), as a
+    retired migration's jobs do (``jobs/facts``). A shorter horizon is always safe: it only
+    refreshes sooner."""
+    if state is None:
+        return STEADY_HORIZON_SECONDS
+    if state.retired:
+        return min(state.request_horizon, STEADY_HORIZON_SECONDS)
+    return state.request_horizon
+
+
 class PhaseCache:
     """The phase one shim instance acts on, kept fresh in the background.
 
@@ -398,8 +413,7 @@ class PhaseCache:
             # The fact: the earliest answer it rests on dates it (a request obeying it was
             # decided no earlier than that); the latest answer tells the server's clock now.
             self.facts.note_answer(max(dates, default=None))
-            self.facts.saw(new.version, min(dates, default=None),
-                           state.request_horizon if state is not None else STEADY_HORIZON_SECONDS)
+            self.facts.saw(new.version, min(dates, default=None), _signing_horizon(state))
             self._enforced = state is not None and state.server_deadline
             # New requests use the new phase at once; the heartbeat may still name an
             # older one (see _ack_state_locked) until the requests on it drain.
