@@ -270,7 +270,8 @@ def test_fence_builders_are_the_ones_patched():
     assert backfill.copy_fence is versions.copy_fence and cleanup.unchanged is versions.unchanged
     assert verify.conditional_put is conditional_put
     # Each fence is built (or the wait made) inside the very function the mutation names.
-    for fn, name in ((backfill.Backfill._copy, "copy_fence("), (cleanup.Cleaner._delete_if_unchanged, "unchanged("),
+    for fn, name in ((backfill.Backfill._copy, "copy_fence("), (cleanup.Cleaner._delete_if_unchanged, "unchanged)("),
+                     (cleanup.Cleaner._delete_if_unchanged, "still_tombstone if tombstone"),
                      (transition_module.transition, "await_no_writers("), (transition_module.retire, "await_no_writers("),
                      (cleanup._check, "await_no_writers("), (PageContext.write_guard, "self.check_deadline()"),
                      (verify.Verifier._repair, "guard=ctx.write_guard"), (verify.Verifier._mirror_to_old, "guard=ctx.write_guard"),
