@@ -249,8 +249,11 @@ def _data_findings(dynamo: Dynamo, table: str, states: list[MigrationState],
     # issue 25) while the application runs its file; `--strip-bookkeeping` deletes them after
     # its hold (a late request older than a tombstone must have expired first), never the
     # doctor's repair, which does not wait: they count as the newest migration's own.
-    newest_state = max(states, key=lambda s: s.created_at) if states else None
-    owner = active or (newest_state if newest_state is not None and newest_state.phase is Phase.COMPLETE else None)
+    # The newest *complete* one, not the newest: a later migration aborted and retired gives the
+    # marker back to it, and its shims write tombstones again (b25's finding 1).
+    complete = [s for s in states if s.phase is Phase.COMPLETE]
+    newest_state = max(complete, key=lambda s: s.created_at) if complete else None
+    owner = active or newest_state
     cutoff = rules.tombstone_cutoff_ms(facts(owner) if owner else None, owner.created_at if owner else 0.0)
     key_attrs = [k["AttributeName"] for k in dynamo.describe_table(table)["KeySchema"]]
     # Only items carrying a marker can be leftovers; the filter saves the transfer, not the reads.

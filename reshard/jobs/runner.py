@@ -542,8 +542,14 @@ def removal_hold(state: MigrationState) -> float:
     A live writer's request older than the tombstone (a held first attempt, a duplicate) was
     signed under a fact older than the scan answer that saw the tombstone, so DynamoDB refuses
     it once that answer is ``H + DATE_MARGIN`` old; removed earlier, the empty key (or the
-    unversioned item) would let it pass its fence (docs/late-writes.md, 5)."""
-    return state.request_horizon + DATE_MARGIN_SECONDS if state.server_deadline else 0.0
+    unversioned item) would let it pass its fence (docs/late-writes.md, 5).
+
+    ``H`` is the longest horizon of a writer that may still write the table: this migration's,
+    and the previous owner's (``previous_horizon``): after an abort's retire the marker goes back
+    to that owner, whose shims (in ``complete``) write tombstones again, dated by *their* H, while
+    the retired migration's second sweep deletes tombstones (b25's finding 2)."""
+    h = max(state.request_horizon if state.server_deadline else 0.0, state.previous_horizon)
+    return h + DATE_MARGIN_SECONDS if h else 0.0
 
 
 def hold_after_scan(ctx: PageContext, scanned_at: float, seconds: float, sleep: Callable[[float], None] = time.sleep,
