@@ -149,3 +149,24 @@ def test_an_index_only_tombstone_is_deleted_only_once_a_held_put_cannot_land(pro
     finally:
         a.close()
         b.close()
+
+
+def test_an_index_only_duplicate_after_another_writers_put_was_fenced_already(proxy, unique_name):
+    """The sibling case needed no change (a check, passing before the tombstones too): A's put
+    lands (acknowledged) and the network keeps a copy; B's later put lands (acknowledged). The
+    copy, delivered within its horizon, fails its version fence (index-only writes are fenced in
+    every phase of a registered migration): B's write stays."""
+    run = IndexRun(proxy, unique_name)
+    run.move("dual_write", "dual_read", "backfill", "cutover", "cleanup")
+    a, b = run.shim(), run.shim()
+    try:
+        rule = run.proxy.duplicate(op="PutItem", table=run.table, key=KEY, copy="hold")
+        a.put_item(Item=ITEM)
+        (copy,) = run.proxy.held(rule=rule)
+        b.put_item(Item={**ITEM, "amount": 200})
+        outcome = run.proxy.release(copy["handle"])
+        assert b.get_item(Key=KEY, ConsistentRead=True)["Item"]["amount"] == 200, outcome
+        assert outcome["status"] == 400 and outcome["code"] == "ConditionalCheckFailedException", outcome
+    finally:
+        a.close()
+        b.close()
