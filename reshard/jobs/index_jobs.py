@@ -4,6 +4,13 @@ Items keep their keys, so there is nothing to copy and nothing to expire: the wh
 migration is one attribute per item, rewritten from the ``from`` layout's value to the
 ``to`` layout's (:mod:`reshard.core.index`).
 
+Cleanup (``reshard cleanup``)
+    Nothing expires, but shims delete with versioned tombstones in every phase (issue 25: a
+    held older put must not land on an empty key): the pass scans consistently and deletes each
+    tombstone only while it still is one (``still_tombstone``) and, with a server deadline,
+    ``H + 2`` s after the scan answer that saw it (``runner.removal_hold``). In ``aborted`` the
+    same pass also rewrites every item back to its old value, then the migration is retired.
+
 The rewrite (``reshard backfill``; abort's ``reshard cleanup`` runs it backwards)
     Per page of one parallel-scan segment: for each item in the GSI whose value is not
     already the destination layout's, one UpdateItem ``SET <attr> = :dest`` conditioned on
