@@ -210,6 +210,9 @@ class Fleet:
         #: DynamoDB does); None: registered as before issue 25, ``server_deadline`` off, on a
         #: server that does not check signature dates (dynalite, moto: what ``off`` is for).
         self.horizon = horizon
+        #: A request horizon per migration id, for migrations started with another ``H`` than
+        #: the fleet's (:meth:`add_migration`'s ``horizon``: the previous owner's H differs).
+        self.horizons: dict[str, float] = {}
         if horizon is None:
             w.db.signature_window = None
         # A guarded request (a job's data write or renewal) has a yield point before its
@@ -277,8 +280,8 @@ class Fleet:
             self.store.register(m, who=who)
             return
         from reshard import operations
-        operations.start(self.w.dynamo, self.store, m, sample=20, segments=1, request_horizon=self.horizon,
-                         server_deadline=True)
+        operations.start(self.w.dynamo, self.store, m, sample=20, segments=1,
+                         request_horizon=self.horizons.get(m.id, self.horizon), server_deadline=True)
 
     # ------------------------------------------------------------ items
     def key(self, name: str, **fields) -> dict:
@@ -303,11 +306,15 @@ class Fleet:
         self.initial[name] = None if attrs is None else {**self.keys[name], **attrs}
 
     # ------------------------------------------------------------ more migrations of the table
-    def add_migration(self, key: str, m: Migration, phase: str | None = None) -> Migration:
+    def add_migration(self, key: str, m: Migration, phase: str | None = None,
+                      horizon: float | None = None) -> Migration:
         """Another migration of the same table (a second one after ``complete``, a retry after an
         abort): known to the scenario as ``key`` (``"advance@m2"``, ``shim_actor(migration="m2")``);
         registered and moved to ``phase`` now (set-up, unscheduled) if given, else started by an
-        operator action ``"start@m2"`` inside the schedule."""
+        operator action ``"start@m2"`` inside the schedule; ``horizon``: its ``--request-horizon``
+        when not the fleet's."""
+        if horizon is not None:
+            self.horizons[m.id] = horizon
         self.migrations[key] = m
         self.mappers[key] = KeyMapper(m)
         if phase is not None:
@@ -364,8 +371,9 @@ class Fleet:
                    skew: float = 0.0, late: bool = False) -> ShardedTable:
         """A shim instance running ``steps`` in order: ("refresh",), ("close",), ("put", item, attrs),
         ("update", item, attrs) (SET), ("add", item), ("delete", item), ("cas", item, expect, ver),
-        ("get", item). See :meth:`shim` for the other arguments (``late``: the instance starts as the
-        actor's first steps, at any point of the schedule)."""
+        ("get", item); ("batch_put", item, attrs) and ("batch_delete", item) through ``batch_writer``.
+        See :meth:`shim` for the other arguments (``late``: the instance starts as the actor's
+        first steps, at any point of the schedule)."""
         t = self.shim(name, migration, control_table, skew, late)
         self.w.actor(name, self.shim_body(name, t, steps, late))
         return t
@@ -385,13 +393,21 @@ class Fleet:
                 if kind == "close":  # the instance shuts down: its heartbeat leaves the census
                     t.close()
                     continue
+                # ("batch_put", ...) / ("batch_delete", ...): the same write through the shim's
+                # batch_writer (one request in the batch, flushed when the block ends).
+                batch = kind.startswith("batch_")
+                kind = kind[len("batch_"):] if batch else kind
                 ident = step[1]
                 key = self.keys[ident]
                 args = {"put": lambda: dict(step[2]), "update": lambda: dict(step[2]),
                         "cas": lambda: {"expect": step[2], "ver": step[3], "by": name}}.get(kind, dict)()
                 op = h.begin(name, kind, ident, args)
                 try:
-                    if kind == "put":
+                    if kind == "put" and batch:
+                        with t.batch_writer() as writer:
+                            writer.put_item(Item={**key, **args})
+                        h.done(op)
+                    elif kind == "put":
                         t.put_item(Item={**key, **args})
                         h.done(op)
                     elif kind == "update":
@@ -405,6 +421,10 @@ class Fleet:
                         r = t.update_item(Key=key, UpdateExpression="ADD n :one",
                                           ExpressionAttributeValues={":one": 1}, ReturnValues="UPDATED_NEW")
                         h.done(op, r["Attributes"]["n"])
+                    elif kind == "delete" and batch:
+                        with t.batch_writer() as writer:
+                            writer.delete_item(Key=key)
+                        h.done(op)
                     elif kind == "delete":
                         t.delete_item(Key=key)
                         h.done(op)

@@ -176,7 +176,7 @@ def frozen_before_mirror(actor: str, then: tuple[str, ...] = (), seconds: float 
     return drive
 
 
-def frozen_mirror_across_cleanup(w: World) -> Fleet:
+def frozen_mirror_across_cleanup(w: World, job: bool = False) -> Fleet:
     """Case 1: in backfill, A's put lands on the old layout (authoritative) and A freezes before its
     mirror; C reads the put. The fleet goes through the switch to cutover (a verify run in
     between) and cleanup, where B (started then) deletes the item (a tombstone since issue 25's
@@ -186,8 +186,16 @@ def frozen_mirror_across_cleanup(w: World) -> Fleet:
     f.shim_actor("C", ("get", "k"), ("close",))
     b = f.shim("B", late=True)
     f.script("op", f.operator_body("op", ("advance", "repair", "verify", "advance")),
-             f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True))
+             f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True),
+             f.operator_body("op", ("cleanup",) if job else ()))
     return f
+
+
+def frozen_mirror_across_the_cleanup_job(w: World) -> Fleet:
+    """:func:`frozen_mirror_across_cleanup`, then the operator's cleanup job (it removes B's
+    tombstone H + 2 s after its scan). Explored from the opening and the operator's whole plan
+    (``test_spec_mutations_issue25``): the whole space takes minutes."""
+    return frozen_mirror_across_cleanup(w, job=True)
 
 
 def test_a_frozen_mirror_across_cutover_cleanup_and_a_delete(coarse_switch_polls):
@@ -293,6 +301,17 @@ def stalled_copy_across_cleanup(w: World) -> Fleet:
     return f
 
 
+def stalled_copy_across_the_cleanup_job(w: World) -> Fleet:
+    """:func:`stalled_copy_across_cleanup`, then C2 runs the cleanup job (it removes B's tombstone
+    H + 2 s after its scan). Explored from the opening and C2's whole plan."""
+    f = stalled_copy(w)
+    b = f.shim("B", late=True)
+    f.copier("C2", then=lambda: (f.operator_body("op", ("advance", "verify", "advance"))(),
+                                 f.shim_body("B", b, (("delete", "k"), ("get", "k")), late=True)(),
+                                 f.operator_body("op", ("cleanup",))()))
+    return f
+
+
 def copy_on_the_wire(actor: str, seconds: float = 11.0, watchers: tuple[str, ...] = ()):
     """The opening: ``actor`` (a copier) scanned its page and passed its lease check; its copy is
     sent but has not arrived (parked at the PutItem) while ``seconds`` pass (past its lease)."""
@@ -305,10 +324,11 @@ def test_a_copy_stalled_after_its_lease_check_across_cutover_cleanup_and_a_delet
                 drive=copy_on_the_wire("C1", watchers=("C2",)))
 
 
-def retry_migration(f: Fleet):
-    """The retry of an aborted migration of the same table: the same layouts, another id."""
+def retry_migration(f: Fleet, horizon: float | None = None):
+    """The retry of an aborted migration of the same table: the same layouts, another id
+    (``horizon``: its own request horizon)."""
     from tests.model.spec import migration_variant
-    return f.add_migration("m2", migration_variant(f.kind, f.table, f.m.id + "-retry"))
+    return f.add_migration("m2", migration_variant(f.kind, f.table, f.m.id + "-retry"), horizon=horizon)
 
 
 def stalled_copy_across_abort_and_retry(w: World) -> Fleet:
@@ -521,3 +541,391 @@ def test_a_lost_answer_then_another_writer():
     write whose answer was lost reads first, and another writer's newer write there ends it with
     an unknown outcome instead of a second ADD."""
     run(lost_answer_then_another_writer, preemption_bound=1, lost=True)
+
+
+# ----------------------------------------------------------------------------- r25/r25b fences (docs/late-writes.md 2b)
+
+def duplicate_across_strip(w: World) -> Fleet:
+    """r25's B1: ``complete`` has lasted H + 2 s (strip may start at once). The network holds A's
+    ``ADD`` (A times out; the update is not sent again blindly: A's read finds nothing of its own,
+    the outcome is unknown) and may deliver it twice; the operator runs ``--strip-bookkeeping``.
+    A duplicate delivered after strip removed the ``_rs_v`` the first delivery stamped passes
+    ``_rs_v <> :v``: the ADD counts twice -- unless strip sent its REMOVE only H + 2 s after its
+    scan (``jobs/strip.py``, ``hold_seconds``), when every duplicate has expired."""
+    f = sensor_fleet_at(w, "complete")
+    f.shim_actor("A", ("add", "k"))
+    f.operator("op", "strip")
+    return f
+
+
+def held_twice(actor: str, delivered: int = 1, copies: int = 2):
+    """The opening: ``actor``'s first data-table write is held by the network (two copies: a
+    duplicate), ``delivered`` of them arrive at once and ``actor`` runs to its end; the rest may
+    arrive at any later point, or never. (Fixed here rather than offered at every point: the explorer's ``deliver`` moves
+    are free, and two of them at every point of a strip pass is thousands of schedules.)"""
+    def drive(w: World) -> None:
+        a = w.sched.actors[actor]
+        while a.pending and not DATA(*a.pending):
+            w.apply(actor)
+        assert a.pending, f"{actor} never wrote the data table"
+        w.sched.hold(actor, copies)
+        for ident in list(w.sched.held)[:delivered]:
+            w.sched.deliver(ident)
+        while a.pending:  # the writer's read decides (its own attempt landed), it is answered
+            w.apply(actor)
+    return drive
+
+
+def sensor_fleet_at(w: World, phase: str, **kwargs) -> Fleet:
+    """:func:`sensor_fleet` whose phase has already lasted H + 2 s of server time when the actors
+    start (the removing jobs start at once; the shims' facts are read then)."""
+    f = fleet(w, phase, **kwargs)
+    f.key("k", **SENSOR_KEY)
+    w.clock.advance(H + 2)
+    return f
+
+
+def test_a_duplicate_across_strip():
+    explored(duplicate_across_strip, late="A", plan=True, preemption_bound=1, drive=held_twice("A"))
+
+
+def late_delete_of_the_previous_owner(w: World) -> Fleet:
+    """r25's B6: m1 (16 -> 32, started with ``--request-horizon 30``) is complete; A still runs
+    m1's file and deletes the item (``complete``: a plain delete). The network holds the first
+    attempt (the opening; A's retry lands: acknowledged). The operator starts m2 (32 -> 64, H 5:
+    m2's old layout is m1's new one) and moves it to ``dual_write``, where B (m2) updates the item
+    and reads it. The held delete arrives at any point, or never: within m1's horizon it removes
+    B's acknowledged update from the layout ``dual_write`` reads -- unless ``planned`` lasted the
+    previous owner's horizon too (``previous_horizon``, ``control/horizon.horizon_for``)."""
+    from tests.model.spec import migration_variant
+    f = Fleet(w, phase="complete", horizon=PREVIOUS_H)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)), horizon=H)
+    f.shim_actor("A", ("delete", "k"), ("close",))  # A leaves the census: m2's transitions may go on
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2", "advance@m2")),
+             f.shim_body("B", b, (("update", "k", {"temp": 5}), ("get", "k")), late=True))
+    return f
+
+
+#: The previous migration's request horizon in :func:`late_delete_of_the_previous_owner`: longer
+#: than the steady horizon (15 s) and the next migration's H.
+PREVIOUS_H = 30.0
+
+
+def test_a_late_delete_of_the_previous_owners_shim():
+    explored(late_delete_of_the_previous_owner, late="A", plan=True, preemption_bound=1,
+             drive=held_twice("A", delivered=0, copies=1))
+
+
+def parked_at_scan(actor: str):
+    """The opening: ``actor`` (a job) runs its precondition, claims its segment and is about to
+    scan its first page; it stays there (stalled: a slow host) until the scenario resumes it."""
+    def drive(w: World) -> None:
+        a = w.sched.actors[actor]
+        while a.pending and not (a.pending[0] == "scan" and a.pending[1].get("TableName") == w.fleet.table):
+            w.apply(actor)
+        assert a.pending, f"{actor} never scanned the data table"
+        w.sched.stall(actor)
+    return drive
+
+
+def is_mirror(op: str, kwargs: dict) -> bool:
+    """A shim's mirror to the new layout (a put carrying the new-copy marker)."""
+    return op == "put_item" and "_rs_new" in kwargs.get("Item", {})
+
+
+def previous_strip_across_the_next_start(w: World) -> Fleet:
+    """r25's B4: m1 (16 -> 32, H 2) is complete and its ``--strip-bookkeeping`` S claimed its
+    segment and stalls before its first scan (the opening; its lease is long). The operator starts
+    m2 (32 -> 64, H 10) and brings it to ``dual_read``; A (m2) puts the item (old layout, then its
+    mirror: the network may hold the mirror's first attempt, A's retry lands), B (m2) deletes it
+    (tombstones in both layouts) and reads it; then S runs on. Were its facts renewed (m1 is
+    complete, a phase strip may write in), it would delete m2's tombstones (strip deletes every
+    tombstone it meets) H1 + 2 s after its scan, and A's held mirror, dated by m2's H, lands on
+    the empty key: the deleted item is back. S's facts are keyed by the table marker it began
+    under, which m2's ``start`` replaced: S stops."""
+    from tests.model.spec import migration_variant
+    f = Fleet(w, phase="complete", horizon=2.0, lease_seconds=300.0)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)), horizon=10.0)
+    w.actor("S", lambda: f.strip_pass("S"))
+    a = f.shim("A", migration="m2", late=True)
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.shim_body("A", a, (("put", "k", {"by": "A"}), ("close",)), late=True),
+             f.shim_body("B", b, (("delete", "k"), ("get", "k"), ("close",)), late=True),
+             lambda: w.sched.resume("S"))
+    w.may_hold("op", where=is_mirror)
+    return f
+
+
+def test_the_previous_migrations_strip_across_the_next_start():
+    _, seen = explored(previous_strip_across_the_next_start, plan=True, preemption_bound=1, never_write=("S",),
+                       drive=parked_at_scan("S"))
+    assert_fenced_late(seen)
+
+
+def assert_fenced_late(seen: Seen) -> None:
+    """The held mirror arrived after the operator's actor (and the shims of its script) ended, in
+    time, and its version fence (B's tombstone) refused it: the scenario reached its point."""
+    assert any("ConditionalCheckFailed" in calls for calls in seen.late_calls), \
+        f"the held mirror never arrived after B's delete: {seen.summary()}"
+
+
+def retired_sweep_across_the_retry(w: World) -> Fleet:
+    """r25's B5: m1 was aborted, its cleanup pass retired it, and the retire has lasted H + 2 s;
+    a sweep of m1 (``reshard cleanup`` again, the second pass) S claimed its segment and stalls
+    before its first scan (the opening; its lease is long). The operator starts the retry m2 (the
+    same layouts) and brings it to ``dual_read``; A (m2) puts the item (its mirror's first attempt
+    may be held by the network), B (m2) deletes it and reads it; then S runs on. ``aborted`` is a
+    phase the sweep may always write in: were its facts renewed, it would retire m2's tombstones,
+    and A's held mirror lands on the empty key. S's facts are keyed by the table marker (none,
+    after the retire) it began under, which m2's ``start`` claimed: S stops. (m1's H is 2 and
+    m2's 10, as in :func:`previous_strip_across_the_next_start`: the sweep deletes a tombstone
+    H1 + 2 s after its scan, which A's mirror must outlive.)"""
+    f = Fleet(w, phase="aborted", horizon=2.0, lease_seconds=300.0)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.setup_to("m1", "retired")
+    w.clock.advance(2.0 + 2)
+    retry_migration(f, horizon=10.0)
+    w.actor("S", lambda: f.cleanup_pass("S", run=2))
+    a = f.shim("A", migration="m2", late=True)
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2", "advance@m2", "advance@m2")),
+             f.shim_body("A", a, (("put", "k", {"by": "A"}), ("close",)), late=True),
+             f.shim_body("B", b, (("delete", "k"), ("get", "k"), ("close",)), late=True),
+             lambda: w.sched.resume("S"))
+    w.may_hold("op", where=is_mirror)
+    return f
+
+
+def test_a_retired_migrations_sweep_across_the_retry():
+    _, seen = explored(retired_sweep_across_the_retry, plan=True, preemption_bound=1, never_write=("S",),
+                       drive=parked_at_scan("S"))
+    assert_fenced_late(seen)
+
+
+def _inside(w: World, actor: str, function: str, owner: type) -> bool:
+    """Whether ``actor``'s parked call was made from inside ``owner.function`` (its thread's stack)."""
+    import sys
+    frame = sys._current_frames().get(w.sched.actors[actor].thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == function and isinstance(frame.f_locals.get("self"), owner):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def repair_reading_its_fact_before_cleanup(repairer: str, operator: str):
+    """The opening of :func:`frozen_repair_across_the_catch_up_clear`: ``repairer`` (a ``verify
+    --repair``) runs until its repair write passed its lease check and its fact keeper is about to
+    read META for the write's date (the decision was taken); then ``operator`` runs its plan until
+    it is about to compare-and-set the phase to ``cleanup`` (the catch-up clear done, the cleared
+    version has lasted H + 2 s)."""
+    def drive(w: World) -> None:
+        from reshard.jobs.facts import JobFacts
+        v = w.sched.actors[repairer]
+        while v.pending and not (v.pending[0] == "get_item" and _inside(w, repairer, "horizon", JobFacts)):
+            w.apply(repairer)
+        assert v.pending, f"{repairer} never dated a repair write"
+        at_move_to(operator, "cleanup")(w)
+    return drive
+
+
+def at_move_to(operator: str, phase: str):
+    """The opening: ``operator`` runs its plan until it is about to compare-and-set the phase to
+    ``phase`` (every wait before it done)."""
+    def drive(w: World) -> None:
+        o = w.sched.actors[operator]
+
+        def cas(op: str, kwargs: dict) -> bool:
+            return op == "update_item" and kwargs.get("UpdateExpression", "").startswith("SET phase = :to") and \
+                kwargs.get("ExpressionAttributeValues", {}).get(":to") == {"S": phase}
+        while o.pending and not cas(*o.pending):
+            w.apply(operator)
+        assert o.pending, f"{operator} never moved to {phase}: {w.fleet.outcomes}"
+    return drive
+
+
+def both(*openings):
+    """One opening after the other."""
+    def drive(w: World) -> None:
+        for opening in openings:
+            opening(w)
+    return drive
+
+
+def frozen_repair_across_the_catch_up_clear(w: World) -> Fleet:
+    """r25's B3: in ``backfill`` the old copy of the item became newer than the new one (a lost
+    mirror: set up directly), and the switch to ``cutover`` flagged ``newer_may_be = old``. V runs
+    ``verify --repair``: it judges "old is newer" and, past its repair write's lease check, stalls
+    just before its fact keeper dates the write (the opening; requests have no in-flight bound).
+    Meanwhile B updates the item (catch-up: both layouts), a verify passes, and the operator's
+    advance clears the flag (a new phase version, lasting H + 2 s) and is about to enter
+    ``cleanup``. Then V reads META -- ``cutover``, the cleared version -- and would date its stale
+    repair by it; the operator enters cleanup and D deletes the item (a plain delete); the repair
+    lands on the empty key: the deleted item back. V's facts are keyed by the phase version its
+    run began under: the write is not sent."""
+    from reshard.core.versions import VersionClock
+    # H 2: the repair's fact (the page guard's read) is older than H/3 after the settle's 1 s
+    # pause, so the fact keeper reads META again for the write's date: the point of the case.
+    f = Fleet(w, phase="backfill", horizon=2.0)
+    f.open_catch_up, f.lost_mirrors = False, True
+    w.max_request_seconds = None
+    f.key("k", **SENSOR_KEY)
+    x = f.shim("X")
+    x.put_item(Item={**f.keys["k"], "temp": 1})  # both layouts
+    x.close()
+    from tests.shim_helpers import by_layout
+    old = next(iter(by_layout(f.mapper, w.db.items(f.table))["old"].values()))[0]
+    newer = VersionClock("Y", now_ms=lambda: int((w.clock() + 1) * 1000)).next()
+    w.dynamo.call("put_item", TableName=f.table, Item={**old, "temp": {"N": "2"}, "_rs_v": {"S": newer}})
+    f.expect_initial("k", {"temp": 2})  # what the application read (newest of both layouts)
+    f.setup_to("m1", "cutover")
+    assert f.store.load_state(f.m.id).newer_may_be == "old"
+    w.actor("V", lambda: f.transition("V", "repair"))
+    b = f.shim("B", late=True)
+    d = f.shim("D", late=True)
+    f.script("op", f.shim_body("B", b, (("update", "k", {"temp": 3}), ("close",)), late=True),
+             f.operator_body("op", ("verify", "advance")),
+             f.shim_body("D", d, (("delete", "k"), ("get", "k")), late=True))
+    return f
+
+
+def test_a_frozen_repair_across_the_catch_up_clear():
+    explored(frozen_repair_across_the_catch_up_clear, plan=True, preemption_bound=1, never_write=("V",),
+             drive=repair_reading_its_fact_before_cleanup("V", "op"))
+
+
+# ----------------------------------------------------------------------------- cleanup/complete fenced (r25b's B4/B5)
+
+def duplicate_after_another_writer(phase: str):
+    """r25b's B4: A's ``ADD`` is held by the network with a duplicate; one copy lands at once and A,
+    reading its own version, is answered (the opening); B adds and reads; the duplicate arrives at
+    any point, or never. Where writes carry only ``_rs_v <> :v`` (cleanup, complete before the
+    fenced phases) the duplicate passes over B's version: A's ADD counts twice."""
+    def build(w: World) -> Fleet:
+        f = sensor_fleet(w, phase)
+        f.shim_actor("A", ("add", "k"))
+        f.shim_actor("B", ("add", "k"), ("get", "k"))
+        return f
+    return build
+
+
+@pytest.mark.parametrize("phase", ["cleanup", "complete"])
+def test_a_duplicate_after_another_writer(phase):
+    _, seen = explored(duplicate_after_another_writer(phase), operator="B", preemption_bound=1, drive=held_twice("A"))
+    assert any("ConditionalCheckFailed" in calls for calls in seen.late_calls), seen.summary()
+
+
+def cutover_duplicate_after_a_cleanup_delete(w: World, delete: str = "delete") -> Fleet:
+    """r25b's B5: A (cutover) refreshes and puts the item; the network holds the put with a
+    duplicate (A's retry lands: acknowledged); the operator enters cleanup, where B deletes the
+    item (a plain delete before the fenced cleanup; ``"batch_delete"``: through ``batch_writer``)
+    and reads it; the held copies arrive at any point, or never: within A's horizon one lands on
+    the empty key."""
+    from tests.model.spec import lift_catch_up
+    f = sensor_fleet(w, "cutover")
+    lift_catch_up(f.store, f.m.id)  # the catch-up verify passed: cutover -> cleanup may go
+    f.shim_actor("A", ("refresh",), ("put", "k", {"by": "A"}), ("close",))
+    b = f.shim("B", late=True)
+    f.script("op", f.operator_body("op", ("advance",)),
+             f.shim_body("B", b, ((delete, "k"), ("get", "k")), late=True))
+    return f
+
+
+def cutover_duplicate_after_a_cleanup_batch_delete(w: World) -> Fleet:
+    return cutover_duplicate_after_a_cleanup_delete(w, "batch_delete")
+
+
+#: The opening of :func:`cutover_duplicate_after_a_cleanup_delete`: the operator at its
+#: compare-and-set to cleanup, then A refreshes and puts, its first attempt held with a
+#: duplicate, its retry acknowledged (exploring the hold anywhere: 12,425 schedules, 150 s).
+CUTOVER_DUPLICATE = both(at_move_to("op", "cleanup"), held_twice("A", delivered=0))
+
+
+@pytest.mark.parametrize("build", [cutover_duplicate_after_a_cleanup_delete, cutover_duplicate_after_a_cleanup_batch_delete],
+                         ids=["delete", "batch_writer"])
+def test_a_cutover_duplicate_after_a_cleanup_delete(build):
+    _, seen = explored(build, preemption_bound=1, drive=CUTOVER_DUPLICATE)
+    assert_fenced_late(seen)
+
+
+def held_put_across_a_tombstones_removal(phase: str):
+    """The removing job's tombstone hold: in ``phase`` (lasted H + 2 s: the cleanup pass -- in
+    ``complete``, ``--strip-bookkeeping`` -- starts at once), A refreshes and puts the item, its first attempt held by the network (A's retry lands:
+    acknowledged); B deletes it (a tombstone) and reads it; the operator's cleanup pass scans and
+    removes the tombstone. The held attempt (older than the tombstone) arrives at any point, or
+    never: after the tombstone's removal, within A's horizon, it lands on the empty key, unless the
+    pass removes a tombstone only H + 2 s after the scan answer that saw it."""
+    def build(w: World) -> Fleet:
+        f = sensor_fleet_at(w, phase)
+        f.shim_actor("A", ("refresh",), ("put", "k", {"by": "A"}), ("close",))
+        f.shim_actor("B", ("delete", "k"), ("get", "k"), ("close",))
+        f.operator("op", "strip" if phase == "complete" else "cleanup")  # the job that removes tombstones there
+        return f
+    return build
+
+
+def at_scan(actor: str):
+    """The opening: ``actor`` (a job) runs until it is about to scan the data table."""
+    def drive(w: World) -> None:
+        a = w.sched.actors[actor]
+        while a.pending and not (a.pending[0] == "scan" and a.pending[1].get("TableName") == w.fleet.table):
+            w.apply(actor)
+        assert a.pending, f"{actor} never scanned the data table"
+    return drive
+
+
+def run_out(*actors: str):
+    def drive(w: World) -> None:
+        for name in actors:
+            while w.sched.actors[name].pending:
+                w.apply(name)
+    return drive
+
+
+#: The opening of :func:`held_put_across_a_tombstones_removal`: the pass about to scan, then A's
+#: put (first attempt held, the retry acknowledged) and B's delete.
+HELD_BEFORE_THE_SCAN = both(at_scan("op"), held_twice("A", delivered=0, copies=1), run_out("B"))
+
+
+@pytest.mark.parametrize("phase", ["aborted", "cleanup", "complete"])
+def test_a_held_put_across_a_tombstones_removal(phase):
+    explored(held_put_across_a_tombstones_removal(phase), late="A", preemption_bound=1, drive=HELD_BEFORE_THE_SCAN)
+
+
+def held_put_of_the_previous_owner_across_an_abort(w: World) -> Fleet:
+    """r25's B6 since cleanup/complete are fenced: m1 (16 -> 32, H 60) is complete; A (m1's file)
+    puts the item, its first attempt held by the network (the opening; A's retry lands:
+    acknowledged; A closes). The operator starts m2 (32 -> 64, H 2); B (m2, planned) deletes the
+    item: a tombstone on m2's old layout (m1's new one); the operator aborts m2 and runs the abort's
+    cleanup, which removes the tombstone H2 + 2 s after its scan and retires m2 (the application
+    reads m2's old layout, steady). A's held put (older than the tombstone) arrives at any point,
+    or never: once the tombstone is gone, within m1's horizon, it lands on the empty key -- unless
+    ``planned`` lasted m1's horizon too (``previous_horizon``)."""
+    from tests.model.spec import migration_variant
+    f = Fleet(w, phase="complete", horizon=LONG_PREVIOUS_H)
+    f.open_catch_up, f.lost_mirrors = False, True
+    f.key("k", **SENSOR_KEY)
+    f.add_migration("m2", migration_variant(f.kind, f.table, "sensor-events-32-to-64", (32, 64)), horizon=2.0)
+    f.shim_actor("A", ("put", "k", {"by": "A"}), ("close",))
+    b = f.shim("B", migration="m2", late=True)
+    f.script("op", f.operator_body("op", ("start@m2",)),
+             f.shim_body("B", b, (("delete", "k"), ("get", "k"), ("close",)), late=True),
+             f.operator_body("op", ("abort@m2", "cleanup@m2")))
+    return f
+
+
+#: m1's request horizon in :func:`held_put_of_the_previous_owner_across_an_abort`: longer than
+#: m2's planned (17 s without ``previous_horizon``) + its abort's cleanup (2 + 2 s, then its hold).
+LONG_PREVIOUS_H = 60.0
+
+
+def test_a_held_put_of_the_previous_owner_across_an_abort():
+    explored(held_put_of_the_previous_owner_across_an_abort, late="A", plan=True, preemption_bound=1,
+             drive=held_twice("A", delivered=0, copies=1))
