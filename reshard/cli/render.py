@@ -470,7 +470,7 @@ def plan_index_data(p: IndexPlanReport, file: str, prefix: str = "") -> dict:
 
 
 def next_commands_index(mid: str, file: str, prefix: str = "", max_wcu: float | None = None) -> list[str]:
-    """The session of an index-only migration (cleanup has nothing to expire but records its pass)."""
+    """The session of an index-only migration (cleanup has nothing to expire: it deletes the shims' tombstones)."""
     budget = f" --max-wcu {max_wcu:g}" if max_wcu else ""
     return [
         f"reshard{prefix} start {shlex.quote(file)}",

@@ -191,8 +191,9 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
     had not seen it yet left behind. Waits first for stalled backfill/verify workers
     (lease + longest request, watched on this host's clock).
     Resumable and budgeted like the backfill.
-    An index-only migration ([index.NAME]) has nothing to expire (the pass only records
-    itself); aborted, its cleanup rewrites every GSI value back to the old layout. A file
+    An index-only migration ([index.NAME]) has nothing to expire: the pass deletes its
+    shims' delete markers (after the same hold); aborted, its cleanup also rewrites every
+    GSI value back to the old layout. A file
     that also re-keys the table: its old copies expire; aborted, the new copies are
     deleted and every other item's GSI value is rewritten back.
 
@@ -237,9 +238,9 @@ def cleanup(env: Env, migration, segments, processes, workers, concurrency, dele
                          ("changed_meanwhile", "changed while we looked (left; re-run to retry)")):
             if c.get(k):
                 lines.append(f"  {c[k]:>8}  {label}")
-        if c.get("index_only"):
-            lines.append("  nothing to expire: an index-only migration keeps every item's key (no copies, no "
-                         "tombstones)")
+        if "already" in c and "expiring" not in c:  # an index-only migration's pass (jobs/index_jobs)
+            lines.append("  nothing to expire: an index-only migration keeps every item's key (its shims' delete "
+                         "markers are retired)")
         for k, label in (("moved", "items whose GSI value was rewritten back to the old layout"),
                          ("raced", "written or deleted since the scan (their own write stays)")):
             if c.get(k):

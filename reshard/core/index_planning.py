@@ -255,7 +255,8 @@ class IndexPlan:
                                                        "index_wcu": round(index, 1), "wcu": round(wcu, 1)},
                 "max_wcu": max_wcu, "backfill_seconds": round(wcu / max_wcu, 1) if max_wcu else None,
                 "verify": {"scan_rcu": round(scan, 1), "index_rcu": round(entries, 1), "rcu": round(scan + entries, 1)},
-                "cleanup": "nothing to expire: items keep their keys",
+                "cleanup": "nothing to expire: items keep their keys (one consistent scan deletes the shims' "
+                           "delete markers)",
                 "on_demand": {"write_price_per_million": write_price, "read_price_per_million": read_price,
                               "backfill_usd": round(usd, 4)}}
 

@@ -4,6 +4,13 @@ Items keep their keys, so there is nothing to copy and nothing to expire: the wh
 migration is one attribute per item, rewritten from the ``from`` layout's value to the
 ``to`` layout's (:mod:`reshard.core.index`).
 
+Cleanup (``reshard cleanup``)
+    Nothing expires, but shims delete with versioned tombstones in every phase (issue 25: a
+    held older put must not land on an empty key): the pass scans consistently and deletes each
+    tombstone only while it still is one (``still_tombstone``) and, with a server deadline,
+    ``H + 2`` s after the scan answer that saw it (``runner.removal_hold``). In ``aborted`` the
+    same pass also rewrites every item back to its old value, then the migration is retired.
+
 The rewrite (``reshard backfill``; abort's ``reshard cleanup`` runs it backwards)
     Per page of one parallel-scan segment: for each item in the GSI whose value is not
     already the destination layout's, one UpdateItem ``SET <attr> = :dest`` conditioned on
@@ -73,19 +80,21 @@ from reshard.core.index_planning import index_entry_size
 from reshard.core.join import COLUMNS, fields_from_text, from_row
 from reshard.core.layout import VERSION_ATTR, is_tombstone, item_size, not_data
 from reshard.core.migration import Keys
-from reshard.core.phases import BACKFILL_JOB, VERIFY_JOB, Phase
+from reshard.core.phases import BACKFILL_JOB, CLEANUP_JOB, VERIFY_JOB, Phase
 from reshard.core.deadlines import DATE_MARGIN_SECONDS
 from reshard.core.settle import Watch, decide, settle_window
-from reshard.core.versions import unchanged, version_of
+from reshard.core.versions import still_tombstone, unchanged, version_of
 from reshard.core.wire import N, S, dump_key, key_of, projection
 from reshard.jobs.budget import CapacityBudget
 from reshard.jobs.engine import LeaseLost, PageContext, settle_text, settle_wait
 from reshard.jobs.records import END, RESCAN_TOKEN, Join, RunRecords, SegmentFiles, StaleWrite, _groups, segment_path
 from reshard.jobs.records import complete as records_complete
-from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair, count_writes,
-                                 scan_page)
+from reshard.jobs.runner import (DEFAULT_PAGE_SIZE, JobContext, JobOptions, JobSpec, announce_repair,
+                                 conditional_delete, count_writes, hold_after_scan, removal_hold, scan_page)
 
 REWRITE_COUNTERS = ("scanned", "moved", "already", "raced", "not_indexed", "unmappable", "rcu", "wcu")
+#: What cleanup's pass counts besides (the tombstones it deleted, or found changed since the scan).
+RETIRE_COUNTERS = ("tombstones_retired", "changed_meanwhile")
 
 #: Rewrites of one item whose condition failed (a write since the scan or the last read).
 _TRIES = 3
@@ -102,47 +111,76 @@ class IndexRewrite:
 
     def __init__(self, dynamo: Dynamo, store: ControlStore, migration_id: str, job: str, index_mappers: dict,
                  keys: Keys, table: str, budget: CapacityBudget, dest: str, projections: dict,
-                 page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 1, rng: random.Random | None = None):
+                 page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 1, rng: random.Random | None = None,
+                 retire_tombstones: bool = False, hold_seconds: float = 0.0, sleep=time.sleep,
+                 monotonic=time.monotonic):
         self.dynamo, self.store, self.migration_id, self.job = dynamo, store, migration_id, job
+        #: ``reshard cleanup``'s pass (``dest`` None in ``cleanup``: nothing to rewrite; OLD in
+        #: ``aborted``) also deletes the shims' tombstones, each ``hold_seconds`` after the scan
+        #: answer that saw it (``runner.removal_hold``) and only while it still is one.
+        self.retire_tombstones = retire_tombstones
+        self.hold_seconds = hold_seconds
+        self.sleep, self.monotonic = sleep, monotonic
         self.mappers: list[IndexMapper] = list(index_mappers.values())
         self.keys = keys
         self.key_attrs = [keys.partition] + ([keys.sort] if keys.sort else [])
         self.table = table
         self.budget = budget
         self.dest = dest
-        self.source = OLD if dest == NEW else NEW
+        self.source = None if dest is None else OLD if dest == NEW else NEW
         self.projections = projections
         self.page_size = page_size
         self.concurrency = concurrency
         self.rng = rng or random.Random()
 
     def page(self, ctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
-        counts = dict.fromkeys(REWRITE_COUNTERS, 0)
+        counts = dict.fromkeys(REWRITE_COUNTERS + (RETIRE_COUNTERS if self.retire_tombstones else ()), 0)
         self.budget.take_usage()
         # The abort's rewrite back to old values is consistent: a backfill's rewrite that landed
         # a moment ago would show its item still at the old value on a stale page, and stay new.
+        # Cleanup's pass is consistent too: a tombstone written a moment ago must not be missed.
         resp = scan_page(self.dynamo, self.budget, self.table, ctx, start_key, self.page_size,
-                         consistent=self.dest == OLD)
+                         consistent=self.dest == OLD or self.retire_tombstones)
+        scanned_at = self.monotonic()
         items = resp.get("Items", [])
         counts["scanned"] = len(items)
-        work = []
+        work, tombstones = [], []
         for item in items:
+            if self.retire_tombstones and is_tombstone(item) and not not_data(item):
+                tombstones.append(item)
+                continue
             outcome, changes = self.plan(item)
             if changes:
                 work.append((item, changes))
             else:
                 counts[outcome] += 1
         count_writes(ctx, self.budget, self._update, work, self.concurrency, counts)
+        if tombstones:
+            if self.hold_seconds:
+                # A live shim's request older than a tombstone (a held first attempt, a duplicate)
+                # may land until its horizon; deleted earlier, the empty key lets it pass its fence
+                # and the deleted item comes back (the table cleanup's hold, shared).
+                hold_after_scan(ctx, scanned_at, self.hold_seconds, self.sleep, self.monotonic)
+            count_writes(ctx, self.budget, self._retire, tombstones, self.concurrency, counts)
         return counts, resp.get("LastEvaluatedKey")
+
+    def _retire(self, guard, item: dict) -> str:
+        """Delete a tombstone while it still is one, at the version scanned (``still_tombstone``:
+        an update over it since keeps its ``_rs_v`` but removes ``_rs_del``, and stays)."""
+        fence = still_tombstone(version_of(item), self.keys.partition)
+        ok = conditional_delete(self.dynamo, self.budget, self.table, key_of(item, self.key_attrs), fence, guard=guard)
+        return "tombstones_retired" if ok else "changed_meanwhile"
 
     def plan(self, item: dict) -> tuple[str, list]:
         """What the rewrite does to one scanned item: (counter, [(mapper, seen, value)]).
 
         The changes of every index of the item go into one UpdateItem."""
         if is_tombstone(item) or not_data(item):
-            # A leftover delete marker of an earlier migration, the table marker, an old item a
-            # cleanup retired (``_rs_gone``): not an item.
+            # A delete marker (a shim's delete: it carries the key fields only, never a GSI
+            # value), the table marker, an old item a cleanup retired (``_rs_gone``): not an item.
             return "not_indexed", []
+        if self.dest is None:  # cleanup's pass: nothing to rewrite (shims write the new value)
+            return "already", []
         changes, indexed = [], False
         for m in self.mappers:
             if not m.in_index(item):
@@ -669,12 +707,14 @@ def _show(av: dict) -> str:
 
 # --------------------------------------------------------------------------- JobSpecs
 
-def _rewrite_page(dest: str, job: str):
+def _rewrite_page(dest: str | None, job: str):
     def make(ctx: JobContext):
         m = ctx.migration
+        retire = job == CLEANUP_JOB  # shims of every migration phase delete with tombstones
         return IndexRewrite(ctx.dynamo, ctx.store, ctx.state.id, job, mappers(m.indexes), m.keys, m.table, ctx.budget,
                             dest, _projections(ctx.dynamo, m.table), ctx.options.page_size,
-                            ctx.options.concurrency).page
+                            ctx.options.concurrency, retire_tombstones=retire,
+                            hold_seconds=removal_hold(ctx.state) if retire else 0.0, sleep=ctx.sleep).page
     return make
 
 
@@ -689,25 +729,21 @@ def _verify_page(ctx: JobContext):
                          horizon=ctx.state.request_horizon if ctx.state.server_deadline else None).page
 
 
-def _nothing_to_expire(ctx: JobContext):
-    def page(pctx: PageContext, start_key: dict | None) -> tuple[dict, dict | None]:
-        return {"index_only": 1}, None
-    return page
-
-
 def _cleanup_page(ctx: JobContext):
     if ctx.state.phase is Phase.ABORTED:
-        return _rewrite_page(OLD, "cleanup")(ctx)  # abort: every item back to an old value, then retire
-    return _nothing_to_expire(ctx)
+        # abort: every item back to an old value and the shims' tombstones deleted, then retire
+        return _rewrite_page(OLD, CLEANUP_JOB)(ctx)
+    # cleanup: nothing expires (every item keeps its key); the shims' tombstones are deleted
+    return _rewrite_page(None, CLEANUP_JOB)(ctx)
 
 
 def index_spec(spec: JobSpec) -> JobSpec:
     """The index-only variant of a data job's spec (same name, checks, run choice and finish)."""
     from dataclasses import replace
-    make = {BACKFILL_JOB: _rewrite_page(NEW, BACKFILL_JOB), VERIFY_JOB: _verify_page, "cleanup": _cleanup_page}
+    make = {BACKFILL_JOB: _rewrite_page(NEW, BACKFILL_JOB), VERIFY_JOB: _verify_page, CLEANUP_JOB: _cleanup_page}
     if spec.name not in make:
         raise errors.BadInput(f"{spec.name} does not apply to an index-only migration")
     # cleanup's TTL check (prepare) has nothing to do: nothing expires.
     # verify's last segment joins the scan with the index side (IndexVerifier); the others have none.
     return replace(spec, make_page=make[spec.name], join=spec.name == VERIFY_JOB,
-                   prepare=(lambda ctx: None) if spec.name == "cleanup" else spec.prepare)
+                   prepare=(lambda ctx: None) if spec.name == CLEANUP_JOB else spec.prepare)

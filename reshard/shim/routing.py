@@ -15,7 +15,8 @@ physical keys of those layouts.
   goes to a shard derived from its identity, so two racing creators pick the same key. A
   read asks for every candidate key (:meth:`Routes._read_keys`; N read units per read).
 * Index-only migrations (``[index.NAME]`` alone) keep every item at its key: the table is
-  one identity layout (:func:`_table_view`), no copies, no tombstones.
+  one identity layout (:func:`_table_view`), no copies; a delete leaves a versioned tombstone
+  at the item's own key, as in a table migration (docs/late-writes.md, 5).
 
 A mixin of :class:`~reshard.shim.table.ShardedTable` (which sets ``mapper``, ``migration`` and
 ``_single``, the index-only routings).
@@ -144,12 +145,14 @@ class Routes:
 
     def _index_only_routing(self, st: PhaseState) -> PhaseState:
         """The request's phase state with an index-only migration's table routing."""
-        # Items keep their keys: one layout, no copies, so no tombstones (a delete is a plain
-        # delete: nothing can bring the item back, the index rewrite never creates an item).
-        # Writes stay fenced and stamped as the phase says.
+        # Items keep their keys: one layout, no copies. Deletes still leave a versioned
+        # tombstone (as the phase says: every phase of a registered migration): a held first
+        # attempt or a duplicate of an older put may land within its horizon after a later
+        # acknowledged delete, and on an empty key it would pass its fence and bring the
+        # deleted item back. Cleanup and strip delete the tombstones after their hold.
         r = st.routing
         single = self._single.get(r)
         if single is None:
-            single = self._single[r] = Routing(("old",), ("old",), tombstones=False, fenced=r.fenced,
+            single = self._single[r] = Routing(("old",), ("old",), tombstones=r.tombstones, fenced=r.fenced,
                                                hold=r.hold)
         return dataclasses.replace(st, routing=single)

@@ -130,17 +130,17 @@ class WriteProtocol:
 
     def _write_delete(self, key_wire: dict, fields: dict, ConditionExpression: str | None, app_names: dict,
                       app_values: dict, want_old: bool, on_failure: bool) -> dict:
-        """``delete_item``'s write: a tombstone put through every layout; a plain DeleteItem only where
-        nothing is versioned (the steady state) or one physical item serves every layout (index-only)."""
+        """``delete_item``'s write: a tombstone put through every layout (an index-only migration's
+        one: the item's own key); a plain DeleteItem only where nothing is versioned (the steady state)."""
         st = self._begin()
         try:
             targets = self._write_keys(st, fields)
             self._catch_up(st, fields, targets)
             keys = [k for k, _ in targets]
             if not st.routing.tombstones:
-                # The steady state (boto3's semantics, by decision) or an index-only
-                # migration's single layout: a plain delete, with the app's condition as
-                # DynamoDB would check it, on the authoritative key (the only one here).
+                # The steady state (boto3's semantics, by decision): a plain delete, with the
+                # app's condition as DynamoDB would check it, on the authoritative key (the only
+                # one here).
                 old, first = None, {}
                 condition, uses = tombstone_aware(ConditionExpression)  # a leftover tombstone is absent
                 if uses:

@@ -20,6 +20,7 @@ from boto3.dynamodb.conditions import Key
 from reshard import errors
 from reshard.control.store import ControlStore
 from reshard.core.index import IndexMapper
+from reshard.core.layout import is_tombstone
 from reshard.core.migration import parse
 from reshard.shim.table import ShardedTable
 
@@ -170,7 +171,8 @@ def test_gsi_4_random_to_16_hashed_from_the_command_line_with_live_queries(dynal
     assert ControlStore(dynalite, control).load_state(m.id).phase.value == "complete"
     mapper = IndexMapper(m.indexes[0])
     items = dynalite.call("scan", TableName=table, ConsistentRead=True)["Items"]
-    headers = {i["PK"]["S"]: i for i in items if i["SK"]["S"] == "root"}
+    # Deletes leave tombstones (issue 25): those of `complete` stay until --strip-bookkeeping.
+    headers = {i["PK"]["S"]: i for i in items if i["SK"]["S"] == "root" and not is_tombstone(i)}
     live = {pk for pk, x in app.expected.items() if x is not None}
     assert set(headers) == live  # no lost write, nothing resurrected
     for pk, item in headers.items():
