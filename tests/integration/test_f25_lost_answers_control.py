@@ -187,3 +187,17 @@ def test_a_lost_answer_of_a_lease_claim(proxy, unique_name):
     result = run_job(BACKFILL, run.dynamo, run.store, run.migration.id, JobOptions(segments=1, workers=1))
     _lost(proxy, rule)
     assert result.done, result.summary() if hasattr(result, "summary") else result
+
+
+def test_a_lost_answer_of_a_live_control_change(proxy, unique_name):
+    """``reshard throttle``'s compare-and-set on the run's control row lands, its answer is lost.
+    Before: the resend failed, the re-read found the change already there and the operator was
+    told nothing changed (``changed`` False, no change record of its own)."""
+    from reshard.control import live
+    run = Run.start(proxy, unique_name)
+    live.change(run.store, run.migration.id, "backfill", 1, "throttle", who="a@h", max_wcu=100.0)
+    rule = proxy.lose_answer(op="PutItem", contains=b"version = :v")
+    done = live.change(run.store, run.migration.id, "backfill", 1, "throttle", who="op@h", max_wcu=50.0)
+    _lost(proxy, rule)
+    assert done.changed and done.change is not None and done.change.who == "op@h", done
+    assert live.read_control(run.store, run.migration.id, "backfill", 1).version == 2
