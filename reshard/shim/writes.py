@@ -541,7 +541,8 @@ class WriteProtocol:
         """Run ``attempt(version, condition, names, values)`` on the authoritative copy.
 
         In every phase of a registered migration the condition is the app's AND the version
-        fence (the steady state stamps nothing: the app's condition alone, as boto3 sends it).
+        fence (the steady state stamps nothing: the app's condition as boto3 sends it, with the
+        retired-copy guard below where it applies).
         On a failed condition one consistent read tells them apart:
 
         * the stored version *is* ours: our own attempt landed and its answer was lost (the
