@@ -177,7 +177,7 @@ class WriteProtocol:
                                               **kwargs)
                             break
                         except errors.ConditionalCheckFailed as e:
-                            if condition and i == 0 and self._read_past_retired(key)[1]:
+                            if condition and i == 0 and self._read_past_retired(key, e)[1]:
                                 continue  # a retired copy (now deleted) failed it: the absent item decides
                             if on_failure:
                                 self._failed_item(e, key, self.mapper.layout(st.routing.writes[0]))
@@ -589,12 +589,13 @@ class WriteProtocol:
                 finally:
                     if token is not None:
                         RETRY_UNKNOWN.reset(token)
-            except errors.ConditionalCheckFailed:
+            except errors.ConditionalCheckFailed as e:
                 if ours is None:
                     raise  # no condition of ours (a steady plain put cannot fail): the app's failed
                 # Consistent: a stale (older) version would turn our fence loss into a
-                # false "condition failed" for the application.
-                item, retired = self._read_past_retired(key)
+                # false "condition failed" for the application. In the steady state the item
+                # the failure carries will do (the fenced phases' tests compare versions on a read).
+                item, retired = self._read_past_retired(key, e if fence is None else None)
                 if retired:
                     continue
                 if fence is None:
@@ -648,10 +649,15 @@ class WriteProtocol:
         raise errors.AWSError("write", "ReshardVersionConflict",
                               f"lost the version race on {key} {MAX_FENCE_RETRIES + 1} times; retry the request")
 
-    def _read_past_retired(self, key: dict) -> tuple[dict | None, bool]:
-        """After a failed condition: the item at ``key`` now (one consistent read) and whether it is
-        a copy a cleanup retired -- then removed (:meth:`_remove_retired`): the write tries again."""
-        item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+    def _read_past_retired(self, key: dict, failed: BaseException | None = None) -> tuple[dict | None, bool]:
+        """After a failed condition: the item at ``key`` and whether it is a copy a cleanup retired
+        -- then removed (:meth:`_remove_retired`): the write tries again. The item is the one
+        the failure carries (``failed``: ReturnValuesOnConditionCheckFailure, where the server
+        sends it: the very item the condition was judged on, no request), else one consistent read."""
+        sent = getattr(failed, "response", None)
+        item = sent.get("Item") if isinstance(sent, dict) else None
+        if item is None:
+            item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
         if is_retired(item):
             self._remove_retired(key, item)
             return item, True
