@@ -1,10 +1,11 @@
 """The shim's cost in ``cleanup`` / ``complete`` (issue 25's last cases: fenced, with tombstones).
 
-    PYTHONPATH=. python3 benchmarks/cleanup_phase.py [--ops 200] [--rounds 5]
+    PYTHONPATH=. python3 benchmarks/cleanup_phase.py [--ops 200] [--rounds 5] [--phases steady,cleanup,complete]
 
 Starts its own dynalite and, per phase (``steady`` for reference, ``cleanup``, ``complete``),
 a shim on a table of its own (``benchmarks/shim.phase_shim``). Times, interleaved in rounds:
-put, ``ADD`` update and delete of an existing item (client CPU per operation:
+put, ``ADD`` update and delete of an existing item, a put and an ``ADD`` with an application
+condition (always true: ``*_if``) (client CPU per operation:
 ``time.process_time``, this process; wall median per operation), and one ``batch_writer``
 flush of 25 puts (requests sent per flush, counted on the client's ``before-send`` event, which
 botocore and reshard's lean path both emit; CPU and wall per flush). Every request pays an
@@ -44,6 +45,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--ops", type=int, default=200, help="operations per case per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--latency-ms", type=float, default=3.0)
+    ap.add_argument("--phases", default="steady,cleanup,complete",
+                    help="comma-separated: which phases' shims to time (steady = no migration registered)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cleanup_phase.json"))
     args = ap.parse_args(argv)
     sent = [0]
@@ -56,13 +59,21 @@ def main(argv=None) -> dict:
             if args.latency_ms > 0:
                 time.sleep(args.latency_ms / 1000)
         dyn.client.meta.events.register("before-send.dynamodb", before_send)
-        shims = {p or "steady": phase_shim(m, dyn, p) for p in (None, "cleanup", "complete")}
+        phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+        shims = {p: phase_shim(m, dyn, None if p == "steady" else p) for p in phases}
         n = args.ops
         cases = {}
         for name, t in shims.items():
             cases[f"{name}_put"] = (lambda t: lambda i: t.put_item(Item=item(i)))(t)
             cases[f"{name}_add"] = (lambda t: lambda i: t.update_item(
                 Key=key(i), UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": Decimal(1)}))(t)
+            # With an application condition (always true here: the write lands): what the
+            # condition costs beside the shim's own guards.
+            cases[f"{name}_put_if"] = (lambda t: lambda i: t.put_item(
+                Item=item(i), ConditionExpression="attribute_not_exists(nope)"))(t)
+            cases[f"{name}_add_if"] = (lambda t: lambda i: t.update_item(
+                Key=key(i), UpdateExpression="ADD n :one", ConditionExpression="attribute_exists(#t)",
+                ExpressionAttributeNames={"#t": "temp"}, ExpressionAttributeValues={":one": Decimal(1)}))(t)
             cases[f"{name}_delete"] = (lambda t: lambda i: t.delete_item(Key=key(i)))(t)
 
             def flush(i, t=t):

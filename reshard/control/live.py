@@ -86,13 +86,17 @@ def change(store: ControlStore, migration_id: str, job: str, run: int, action: s
         record = ControlChange(before.version + 1, action, who, at, {k: now[k] for k in diff}, diff)
         after = replace(before, **diff, version=before.version + 1, updated_by=who, updated_at=at,
                         changes=(before.changes + (record,))[-CONTROL_CHANGES_KEPT:])
+        item = after.to_item()
         try:
             if before.version == 0:
-                store.put(after.to_item(), condition="attribute_not_exists(pk)")
+                store.put(item, condition="attribute_not_exists(pk)")
             else:
-                store.put(after.to_item(), condition="version = :v", values={":v": N(before.version)})
+                store.put(item, condition="version = :v", values={":v": N(before.version)})
             return Changed(job, run, before, after)
         except errors.ConditionalCheckFailed:
+            if store.landed(item["pk"]["S"], item["sk"]["S"], {k: item[k] for k in ("version", "updated_by",
+                                                                                     "updated_at")}):
+                return Changed(job, run, before, after)  # ours, its answer lost (the resend failed on it)
             continue  # another operator changed it first: read again, apply on top
     raise errors.ConcurrentChange(f"the control row of {job} run {run} of {migration_id!r} kept changing under "
                                   f"{attempts} attempts; check `reshard status {migration_id}` and retry")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from reshard import errors
 from reshard.aws.dynamo import Dynamo
 from reshard.control.records import MigrationState
-from reshard.control.store import ControlStore
+from reshard.control.store import ControlStore, landed
 from reshard.core.deadlines import MAX_HORIZON_SECONDS
 from reshard.core.marker import CONTROL_ATTR, MARKER_ATTR, Owner, marker_item, marker_key, owner_of
 from reshard.core.wire import S
@@ -84,9 +84,12 @@ def claim(dynamo: Dynamo, store: ControlStore, migration_id: str, table: str, de
                                   f"--control-table {owner.control_table}`)")
     previous = Owner(owner.migration_id, owner.control_table) if owner is not None else None
     mine = Owner(migration_id, store.table, previous)
+    wrote = marker_item(key, mine)
     try:
-        dynamo.call("put_item", TableName=table, Item=marker_item(key, mine), **_as_written(item))
+        dynamo.call("put_item", TableName=table, Item=wrote, **_as_written(item))
     except errors.ConditionalCheckFailed:
+        if landed(dynamo, table, key, wrote):
+            return mine  # ours, its answer lost (the resend failed on it): no orphan, no "another operator"
         raise errors.ConcurrentChange(f"another operator wrote the table marker of {table!r} at the same moment; "
                                       "check `reshard status` and retry") from None
     return mine
@@ -105,11 +108,14 @@ def give_back(dynamo: Dynamo, store: ControlStore, migration_id: str, table: str
     owner = owner_of(item)
     if owner is None or owner.migration_id != migration_id or owner.control_table != store.table:
         return "the marker does not name it (nothing to give back)"
+    wrote = None if owner.previous is None else marker_item(key, owner.previous)
+    done = "marker removed (no previous owner)" if wrote is None else f"marker given back to {owner.previous.text()}"
     try:
-        if owner.previous is None:
+        if wrote is None:
             dynamo.call("delete_item", TableName=table, Key=key, **_as_written(item))
-            return "marker removed (no previous owner)"
-        dynamo.call("put_item", TableName=table, Item=marker_item(key, owner.previous), **_as_written(item))
-        return f"marker given back to {owner.previous.text()}"
+        else:
+            dynamo.call("put_item", TableName=table, Item=wrote, **_as_written(item))
     except errors.ConditionalCheckFailed:
-        return "the marker changed meanwhile (left alone)"
+        if not landed(dynamo, table, key, wrote):  # ours landed, its answer lost: done all the same
+            return "the marker changed meanwhile (left alone)"
+    return done

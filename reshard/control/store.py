@@ -17,7 +17,7 @@ import os
 import pathlib
 import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from reshard import errors
 from reshard.aws.dynamo import Dynamo, expression_kwargs
@@ -27,7 +27,7 @@ from reshard.core.deadlines import DEFAULT_HORIZON_SECONDS, clamp_horizon
 from reshard.core.leases import LeaseWatch
 from reshard.core.migration import Migration, load
 from reshard.core.phases import Phase
-from reshard.core.wire import N, S, get_s, projection
+from reshard.core.wire import N, S, carries, get_s, projection
 
 DEFAULT_CONTROL_TABLE = "reshard-control"
 #: What an operator needs on the control table (named in permission errors).
@@ -45,6 +45,17 @@ def operator_name() -> str:
     except Exception:  # no login name in some containers
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+def landed(dynamo: Dynamo, table: str, key: dict, wrote: Mapping[str, dict] | None) -> bool:
+    """Did my conditional write land? Asked after it failed its condition: ``Dynamo.call``
+    sends a write again when its answer was lost, and the resend fails on the first attempt's
+    own effect. One consistent read: the item holds exactly what this write set (``wrote``,
+    with something only this attempt writes: a new version, its own ``updated_at`` and
+    operator; None for a delete: the item is gone) -- the write happened, and the caller goes
+    on as if the answer had come. Otherwise another writer's change failed it."""
+    item = dynamo.call("get_item", TableName=table, Key=key, ConsistentRead=True).get("Item")
+    return carries(item, wrote)
 
 
 class ControlStore:
@@ -175,6 +186,10 @@ class ControlStore:
         self.dynamo.call("delete_item", TableName=self.table, Key={"pk": S(pk), "sk": S(sk)},
                          **expression_kwargs(condition, names, values))
 
+    def landed(self, pk: str, sk: str, wrote: Mapping[str, dict] | None) -> bool:
+        """Whether the row holds what a conditional write of ours set (:func:`landed`)."""
+        return landed(self.dynamo, self.table, {"pk": S(pk), "sk": S(sk)}, wrote)
+
     # ------------------------------------------------------------------ migrations
     @staticmethod
     def mpk(migration_id: str) -> str:
@@ -227,9 +242,11 @@ class ControlStore:
         try:
             self.put(item, condition="attribute_not_exists(pk)")
         except errors.ConditionalCheckFailed:
-            # Someone registered the same id between our read and write.
-            return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline,
-                                 previous_horizon=previous_horizon)
+            if not self.landed(self.mpk(m.id), META, {k: item[k] for k in ("created_at", "created_by", "meaning_hash")}):
+                # Someone registered the same id between our read and write.
+                return self.register(m, who, request_horizon=request_horizon, server_deadline=server_deadline,
+                                     previous_horizon=previous_horizon)
+            # else: our own put landed and its answer was lost (the resend failed on it): go on.
         self.stamp_since(m.id, 1)
         self.record_history(m.id, Transition(1, "", Phase.PLANNED.value, "start", who, now))
         return self.load_state(m.id), True
@@ -272,6 +289,8 @@ class ControlStore:
         try:
             self.put(lock, condition="migration_id = :other", values={":other": S(other)})
         except errors.ConditionalCheckFailed:
+            if self.landed(table_lock_pk(m.table), TABLE_LOCK_SK, {"migration_id": lock["migration_id"], "at": lock["at"]}):
+                return  # our takeover landed; its answer was lost
             raise errors.ConcurrentChange(f"another operator claimed table {m.table!r} at the same moment; "
                                           "check `reshard status` and retry") from None
 
@@ -329,7 +348,9 @@ class ControlStore:
         ``Date`` of this write's answer (a second write: the date is known only once the
         server answered). A process that dies in between leaves it absent, and the next
         reader counts from its own first sight of the version -- never from the previous
-        phase's date, which would end this phase too early.
+        phase's date, which would end this phase too early. After a lost answer (the write
+        landed, :func:`landed` says so) the date recorded is that of a later answer (the
+        read's): the phase counts as begun later, never earlier.
         """
         now = self.clock()
         new_version = state.phase_version + 1
@@ -338,14 +359,20 @@ class ControlStore:
                   ":sw": {"BOOL": switching}}
         sets = ("SET phase = :to, phase_version = :nv, updated_at = :now, updated_by = :who, "
                 "last_from = :from, last_to = :to, last_action = :act, switching = :sw")
+        wrote = {"phase": values[":to"], "phase_version": values[":nv"], "updated_at": values[":now"],
+                 "updated_by": values[":who"], "last_from": values[":from"], "last_action": values[":act"],
+                 "switching": values[":sw"]}
         if newer_may_be is not None:
             sets += ", newer_may_be = :nmb"
-            values[":nmb"] = S(newer_may_be)
+            values[":nmb"] = wrote["newer_may_be"] = S(newer_may_be)
         try:
             self.update(self.mpk(state.id), META, sets + " REMOVE phase_since",
                         condition="phase_version = :v AND phase = :from", values=values)
         except errors.ConditionalCheckFailed:
-            raise self.lost_race(state.id, state.phase_version) from None
+            # Our own write, landed with its answer lost (the resend failed on it: a25), is no
+            # other operator's move: go on as if the answer had come.
+            if not self.landed(self.mpk(state.id), META, wrote):
+                raise self.lost_race(state.id, state.phase_version) from None
         self.stamp_since(state.id, new_version)
         self.record_history(state.id, Transition(new_version, state.phase.value, target.value, action, who, now))
         return self.load_state(state.id)
@@ -378,16 +405,16 @@ class ControlStore:
         copy again.
         """
         now = self.clock()
+        values = {":nv": N(state.phase_version + 1), ":now": N(now), ":who": S(who), ":ph": S(state.phase.value),
+                  ":act": S("catch-up"), ":v": N(state.phase_version), ":f": S(state.newer_may_be or "")}
         try:
             self.update(self.mpk(state.id), META,
                         "SET phase_version = :nv, updated_at = :now, updated_by = :who, last_from = :ph, "
                         "last_to = :ph, last_action = :act REMOVE newer_may_be, phase_since",
-                        condition="phase_version = :v AND phase = :ph AND newer_may_be = :f",
-                        values={":nv": N(state.phase_version + 1), ":now": N(now), ":who": S(who),
-                                ":ph": S(state.phase.value), ":act": S("catch-up"), ":v": N(state.phase_version),
-                                ":f": S(state.newer_may_be or "")})
+                        condition="phase_version = :v AND phase = :ph AND newer_may_be = :f", values=values)
         except errors.ConditionalCheckFailed:
-            return False
+            if not self.landed(self.mpk(state.id), META, _moved(values)):
+                return False
         self.stamp_since(state.id, state.phase_version + 1)
         self.record_history(state.id, Transition(state.phase_version + 1, state.phase.value, state.phase.value,
                                                  "catch-up", who, now))
@@ -396,18 +423,19 @@ class ControlStore:
     def mark_retired(self, state: MigrationState, who: str) -> None:
         """Compare-and-set ``retired`` on an aborted migration, bumping ``phase_version`` so
         shims pick the change up (and acknowledge it) like a phase change. A lost race means
-        another host retired it first: fine."""
+        another host retired it first: fine. Our own write, landed with its answer lost, goes
+        on to its date and history row (:func:`landed`)."""
         now = self.clock()
+        values = {":t": {"BOOL": True}, ":nv": N(state.phase_version + 1), ":now": N(now), ":who": S(who),
+                  ":ph": S(Phase.ABORTED.value), ":act": S("retire"), ":v": N(state.phase_version)}
         try:
             self.update(self.mpk(state.id), META,
                         "SET retired = :t, phase_version = :nv, updated_at = :now, updated_by = :who, "
                         "last_from = :ph, last_to = :ph, last_action = :act REMOVE phase_since",
-                        condition="phase_version = :v AND phase = :ph",
-                        values={":t": {"BOOL": True}, ":nv": N(state.phase_version + 1), ":now": N(now),
-                                ":who": S(who), ":ph": S(Phase.ABORTED.value), ":act": S("retire"),
-                                ":v": N(state.phase_version)})
+                        condition="phase_version = :v AND phase = :ph", values=values)
         except errors.ConditionalCheckFailed:
-            return
+            if not self.landed(self.mpk(state.id), META, {**_moved(values), "retired": values[":t"]}):
+                return
         self.stamp_since(state.id, state.phase_version + 1)  # the second sweep counts from here
         self.record_history(state.id, Transition(state.phase_version + 1, Phase.ABORTED.value,
                                                  Phase.ABORTED.value, "retire", who, now))
@@ -451,6 +479,13 @@ class ControlStore:
     def active_migration_ids(self) -> list[str]:
         """Ids of migrations that still own their table (not complete, not aborted-and-cleaned)."""
         return [s.id for s in self.list_states() if s.active]
+
+
+def _moved(values: Mapping[str, dict]) -> dict[str, dict]:
+    """What a same-phase version bump (catch-up clear, retire) writes, from its expression
+    values: the row it leaves, for :func:`landed`."""
+    return {"phase": values[":ph"], "phase_version": values[":nv"], "updated_at": values[":now"],
+            "updated_by": values[":who"], "last_action": values[":act"]}
 
 
 def moved_meanwhile(t: Transition, migration_id: str, after_start: bool = False) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from decimal import Decimal, InvalidOperation
 from typing import Iterable, Mapping
 
 
@@ -20,6 +21,30 @@ def S(v: str) -> dict:
 def N(v: float | int) -> dict:
     """A number attribute value (``repr`` keeps a float's full precision)."""
     return {"N": repr(v) if isinstance(v, float) else str(v)}
+
+
+def carries(item: Mapping | None, wrote: Mapping[str, dict] | None) -> bool:
+    """Whether a stored ``item`` (wire form) holds exactly the values ``wrote`` of one write
+    (``wrote`` None: the item is absent, a delete's effect).
+
+    How a writer tells its own landed write from another writer's after a conditional write
+    failed -- its first attempt landed, the answer was lost, the retry failed on that very
+    effect: ``wrote`` includes something only this attempt writes (a fresh version, its own
+    ``updated_at`` and operator). Numbers compare by value: DynamoDB normalises their text."""
+    if wrote is None or item is None:
+        return wrote is None and item is None
+    for k, v in wrote.items():
+        got = item.get(k)
+        if got == v:
+            continue
+        if got is None or "N" not in v or "N" not in got:
+            return False
+        try:
+            if Decimal(got["N"]) != Decimal(v["N"]):
+                return False
+        except (InvalidOperation, TypeError):
+            return False
+    return True
 
 
 def number(text: str) -> float | int:

@@ -432,12 +432,18 @@ class SegmentEngine:
             values[":seen"] = N(rec.lease_counter)
         else:
             condition = "attribute_not_exists(pk)"
+        sk = segment_sk(self.job, self.run, rec.segment)
         try:
-            new = self.store.update(self.pk, segment_sk(self.job, self.run, rec.segment), "SET " + ", ".join(sets),
-                                    condition=condition, names={"#owner": "owner", "#seg": "segment"}, values=values,
-                                    return_new=True)
+            new = self.store.update(self.pk, sk, "SET " + ", ".join(sets), condition=condition,
+                                    names={"#owner": "owner", "#seg": "segment"}, values=values, return_new=True)
         except errors.ConditionalCheckFailed:
-            return None
+            # Our own claim, landed with its answer lost (the resend failed on it), is no other
+            # worker's: left unclaimed, the segment would be leased to this worker, which gave it up.
+            ours = {"owner": values[":me"], "lease_expires": values[":exp"],
+                    "lease_counter": N(rec.lease_counter + 1)}  # 0 + 1 for a new record
+            if not self.store.landed(self.pk, sk, ours):
+                return None
+            new = self.store.get(self.pk, sk)
         fresh = SegmentRecord.from_item(rec.segment, new)
         lease = Lease(rec.segment, me, fresh.lease_counter, sent, self.lease_seconds, self.max_request_seconds,
                       fresh.attempts)

@@ -43,7 +43,8 @@ Late writes (docs/late-writes.md)
     A write retried after a lost answer recognises its own landed attempt
     (``_authoritative``: a :class:`_Landed`). While the control row's ``newer_may_be`` is
     set, each write first catches the authoritative copy up (:meth:`WriteProtocol._catch_up`).
-    No update builds on a copy a cleanup retired (``_rs_gone``: ``_remove_retired``).
+    No update, and no application condition, acts on a copy a cleanup retired (``_rs_gone``),
+    in any phase, the steady state too (``_authoritative``, ``_remove_retired``).
 
 Sharded GSIs (``[index.NAME]`` migrations)
     Writes give the GSI attribute of items in the index the value of the layout the phase
@@ -91,6 +92,11 @@ log = logging.getLogger("reshard.shim")
 
 #: How often a fenced authoritative write may lose to a newer version before giving up.
 MAX_FENCE_RETRIES = 5
+
+#: The guard of every update and every write with an application condition, in every phase:
+#: a copy a cleanup retired (``_rs_gone``) is no item (``_authoritative``).
+RETIRED_NAME = "#rs_gone"
+NOT_RETIRED = f"attribute_not_exists({RETIRED_NAME})"
 
 
 class _Landed(dict):
@@ -145,35 +151,48 @@ class WriteProtocol:
                 condition, uses = tombstone_aware(ConditionExpression)  # a leftover tombstone is absent
                 if uses:
                     app_names = {**app_names, TOMBSTONE_NAME: TOMBSTONE_ATTR}
+                if condition:
+                    # Judged on a retired copy the app's condition would see a deleted item: not
+                    # there (below, as for a put or an update in _authoritative).
+                    condition = and_conditions(condition, NOT_RETIRED)
+                    app_names = {**app_names, RETIRED_NAME: GONE_ATTR}
                 for i, key in enumerate(keys):
                     kwargs: dict[str, Any] = {"TableName": self.table, "Key": key}
                     if condition and i == 0:
                         kwargs["ConditionExpression"] = condition
-                        if app_names:
-                            kwargs["ExpressionAttributeNames"] = app_names
+                        kwargs["ExpressionAttributeNames"] = app_names
                         if app_values:
                             kwargs["ExpressionAttributeValues"] = app_values
                     if want_old and i == 0:
                         kwargs["ReturnValues"] = "ALL_OLD"
                     if on_failure and condition and i == 0:
                         kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-                    # A conditional delete whose answer was lost is not sent again: its resend
-                    # would fail on its own effect (r25b's B1); a read cannot tell "we deleted
-                    # it" from "it was gone", so the app hears the outcome is unknown.
-                    token = RETRY_UNKNOWN.set(False) if condition and i == 0 else None
-                    try:
-                        resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None, **kwargs)
-                    except errors.ConditionalCheckFailed as e:
-                        if on_failure:
-                            self._failed_item(e, key, self.mapper.layout(st.routing.writes[0]))
-                        raise
-                    except errors.AWSError as e:
-                        if getattr(e, "outcome_unknown", False):
-                            raise OutcomeUnknown("DeleteItem") from e
-                        raise
-                    finally:
-                        if token is not None:
-                            RETRY_UNKNOWN.reset(token)
+                    for _ in range(MAX_FENCE_RETRIES + 1):
+                        # A conditional delete whose answer was lost is not sent again: its resend
+                        # would fail on its own effect (r25b's B1); a read cannot tell "we deleted
+                        # it" from "it was gone", so the app hears the outcome is unknown.
+                        token = RETRY_UNKNOWN.set(False) if condition and i == 0 else None
+                        try:
+                            resp = self._call("delete_item", guard=self._phases.check_live if i == 0 else None,
+                                              **kwargs)
+                            break
+                        except errors.ConditionalCheckFailed as e:
+                            if condition and i == 0 and self._read_past_retired(key, e)[1]:
+                                continue  # a retired copy (now deleted) failed it: the absent item decides
+                            if on_failure:
+                                self._failed_item(e, key, self.mapper.layout(st.routing.writes[0]))
+                            raise
+                        except errors.AWSError as e:
+                            if getattr(e, "outcome_unknown", False):
+                                raise OutcomeUnknown("DeleteItem") from e
+                            raise
+                        finally:
+                            if token is not None:
+                                RETRY_UNKNOWN.reset(token)
+                    else:
+                        raise errors.AWSError("delete_item", "ReshardVersionConflict",
+                                              f"a retired copy at {_key_text(key)} kept failing the condition "
+                                              f"{MAX_FENCE_RETRIES + 1} times; retry the request")
                     if i == 0:
                         old, first = resp.get("Attributes"), resp
                 return self._response(old, self.mapper.layout(st.routing.writes[0]), first, key_wire)
@@ -522,7 +541,8 @@ class WriteProtocol:
         """Run ``attempt(version, condition, names, values)`` on the authoritative copy.
 
         In every phase of a registered migration the condition is the app's AND the version
-        fence (the steady state stamps nothing: the app's condition alone, as boto3 sends it).
+        fence (the steady state stamps nothing: the app's condition as boto3 sends it, with the
+        retired-copy guard below where it applies).
         On a failed condition one consistent read tells them apart:
 
         * the stored version *is* ours: our own attempt landed and its answer was lost (the
@@ -531,10 +551,16 @@ class WriteProtocol:
         * stored version >= ours: a fence loss: observe it and retry above it;
         * otherwise the application's condition failed.
 
-        A copy a cleanup retired (``_rs_gone``) at the key is no item: when it fails a condition
-        (an ``update`` never writes over one: it would keep its stale attributes) it is deleted,
-        still retired and unchanged, and the write is tried again.
+        A copy a cleanup retired (``_rs_gone``) at the key is no item, in every phase, the steady
+        state too: an update, and a write with an application condition, carry
+        ``attribute_not_exists(_rs_gone)`` (an update would keep the copy's stale attributes, and
+        hide itself under its mark; a condition judged on it would see a deleted item), and when
+        the condition fails on one (one consistent read) the copy is deleted, still retired and
+        unchanged, and the write is tried again. A plain put replaces it whole: no guard. In the
+        steady state the guard is the only condition of ours: a failure on anything else is the
+        application's condition (without one, the retired copy went meanwhile: try again).
         """
+        guarded = update or bool(app_condition)
         version = self.versions.next() if st.stamps else None
         # A write that may not be repeated blindly (an update: an ADD would apply twice; a
         # conditional write: its condition would fail on its own first effect) is not sent
@@ -546,16 +572,16 @@ class WriteProtocol:
         for _ in range(MAX_FENCE_RETRIES + 1):
             names: dict = {}
             values: dict = {}
-            condition = app_condition
+            ours = None
             fence = fence_for(version) if version else None  # every stamping phase is fenced
             if fence is not None:
                 ours = fence.expression
-                if update:
-                    ours = f"({ours}) AND attribute_not_exists(#rs_gone)"
-                    names["#rs_gone"] = GONE_ATTR
-                condition = and_conditions(app_condition, ours)
                 names.update(fence.names)
                 values.update(fence.values)
+            if guarded:
+                ours = and_conditions(ours, NOT_RETIRED)
+                names[RETIRED_NAME] = GONE_ATTR
+            condition = and_conditions(app_condition, ours)
             token = RETRY_UNKNOWN.set(False) if unsafe else None
             try:
                 try:
@@ -563,15 +589,20 @@ class WriteProtocol:
                 finally:
                     if token is not None:
                         RETRY_UNKNOWN.reset(token)
-            except errors.ConditionalCheckFailed:
-                if fence is None:
-                    raise  # no condition of ours in this phase: only the app's can have failed
+            except errors.ConditionalCheckFailed as e:
+                if ours is None:
+                    raise  # no condition of ours (a steady plain put cannot fail): the app's failed
                 # Consistent: a stale (older) version would turn our fence loss into a
-                # false "condition failed" for the application.
-                item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
-                if is_retired(item):
-                    self._remove_retired(key, item)
+                # false "condition failed" for the application. In the steady state the item
+                # the failure carries will do (the fenced phases' tests compare versions on a read).
+                item, retired = self._read_past_retired(key, e if fence is None else None)
+                if retired:
                     continue
+                if fence is None:
+                    # The steady state: our guard is our only condition, and no retired copy is there now.
+                    if app_condition:
+                        raise
+                    continue  # the retired copy our guard met went meanwhile: try again
                 if own_attempt(version, item):
                     log.info("reshard shim %s: %s landed on a lost answer's first attempt; not applied again",
                              self.instance_id, key)
@@ -617,6 +648,20 @@ class WriteProtocol:
         # the request loudly instead of spinning.
         raise errors.AWSError("write", "ReshardVersionConflict",
                               f"lost the version race on {key} {MAX_FENCE_RETRIES + 1} times; retry the request")
+
+    def _read_past_retired(self, key: dict, failed: BaseException | None = None) -> tuple[dict | None, bool]:
+        """After a failed condition: the item at ``key`` and whether it is a copy a cleanup retired
+        -- then removed (:meth:`_remove_retired`): the write tries again. The item is the one
+        the failure carries (``failed``: ReturnValuesOnConditionCheckFailure, where the server
+        sends it: the very item the condition was judged on, no request), else one consistent read."""
+        sent = getattr(failed, "response", None)
+        item = sent.get("Item") if isinstance(sent, dict) else None
+        if item is None:
+            item = self._call("get_item", TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+        if is_retired(item):
+            self._remove_retired(key, item)
+            return item, True
+        return item, False
 
     def _remove_retired(self, key: dict, item: Mapping[str, Any]) -> None:
         """Delete a copy a cleanup retired (``_rs_gone``), if it is still that copy: no reader

@@ -192,9 +192,6 @@ def test_a25_a_retired_migrations_late_delete_lands_in_the_retry_migrations_dual
 
 
 # ------------------------------------------------------------------ 4. the operator's own compare-and-set, answer lost
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a25: a lost answer of the switch's first compare-and-set: the retry fails on "
-                                       "its own landed write, the operator hears 'already moved; nothing done' and "
-                                       "the fleet is left holding every write")
 def test_a25_a_lost_answer_of_the_switch_leaves_the_fleet_holding(proxy, unique_name):
     """``rollback`` from ``cutover`` (a switch). The first compare-and-set (``switching`` to
     ``backfill``) lands; its answer is lost; ``Dynamo.call`` sends it again and the retry fails
@@ -279,8 +276,6 @@ def test_a25_the_retire_sweep_deletes_a_steady_update_made_over_a_tombstone(prox
 
 
 # ------------------------------------------------------------------ 6. a steady update over a retired copy
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a25: a steady shim's update (an upsert) over an earlier migration's retired "
-                                       "copy (_rs_gone) lands on it and stays hidden; a create-if-absent put fails on it")
 @pytest.mark.parametrize("op", ["update", "create"])
 def test_a25_a_steady_update_over_a_retired_copy_is_acknowledged_and_never_read(proxy, unique_name, op):
     """How the table gets there: M1 (16 -> 32) completes; its cleanup marked every moved old item

@@ -198,3 +198,44 @@ def test_no_write_builds_on_a_retired_copy(dynalite, unique_name, phase):
     assert "Attributes" not in out
     assert t.get_item(Key=key(k), ConsistentRead=True)["Item"] == ev(k, val=1)
     assert not [i for i in scan(dynalite, m.table) if GONE_ATTR in i]
+
+
+def _write(t, op: str, k: int, condition: str, **kw):
+    if op == "put":
+        return t.put_item(Item=ev(k, val=1), ConditionExpression=condition, **kw)
+    if op == "delete":
+        return t.delete_item(Key=key(k), ConditionExpression=condition, **kw)
+    return t.update_item(Key=key(k), UpdateExpression="SET val = :v", ExpressionAttributeValues={":v": 1},
+                         ConditionExpression=condition, **kw)
+
+
+@pytest.mark.parametrize("op", ["put", "delete", "update"])
+@pytest.mark.parametrize("phase", [None, "cutover"], ids=["steady", "cutover"])
+def test_an_app_condition_judges_a_retired_copy_as_the_absent_item_it_stands_for(dynalite, unique_name, phase, op):
+    """A retired copy (stale ``val``, an *older* version than any write's) at the key a conditional
+    write goes to: the application's condition is decided as boto3's Table decides it on an
+    absent item. ``attribute_exists(val)`` fails (``ReturnValuesOnConditionCheckFailure``: no
+    item); ``attribute_not_exists(val)`` holds: the put/update stores only its own attributes,
+    the delete deletes nothing that was there (no old values). Before the fix the condition was
+    judged on the retired copy: a put or delete with ``attribute_exists`` passed (a put in the
+    steady state and in cutover alike: the old copy's version does not stop it), the update with
+    ``attribute_not_exists`` landed on the copy in the steady state (the a25 finding) and the
+    ones with ``attribute_not_exists`` failed."""
+    m = migration("sensor", table=unique_name)
+    create_table(dynalite, m)
+    mapper = KeyMapper(m)
+    k = _moving(mapper)
+    side = "old" if phase is None else "new"  # the authoritative layout
+    t = shim(m, dynalite, phase)
+    _gone_copy(dynalite, m, mapper, ev(k), side, "1700000000000.000000.aa", val=99, old="stale")
+    with pytest.raises(errors.ConditionalCheckFailed) as e:
+        _write(t, op, k, "attribute_exists(val)", ReturnValuesOnConditionCheckFailure="ALL_OLD")
+    assert "Item" not in e.value.response, e.value.response
+    assert t.get_item(Key=key(k), ConsistentRead=True).get("Item") is None
+
+    _gone_copy(dynalite, m, mapper, ev(k), side, "1700000000000.000000.aa", val=99, old="stale")
+    out = _write(t, op, k, "attribute_not_exists(val)", **({} if op == "update" else {"ReturnValues": "ALL_OLD"}))
+    assert "Attributes" not in out, out
+    got = t.get_item(Key=key(k), ConsistentRead=True).get("Item")
+    assert got == (None if op == "delete" else ev(k, val=1))
+    assert not [i for i in scan(dynalite, m.table) if GONE_ATTR in i]

@@ -66,9 +66,10 @@ def test_two_operators_race_a_transition():
     # A transition is 18 calls (the census also lists the table's other migrations: a Scan and
     # a META read; and reads heartbeats in both their partition and where older releases put
     # them; the winner records the compare-and-set answer's Date as ``phase_since``); a loser
-    # that got as far as the compare-and-set makes 15, fails it and reads the state once more
-    # for its message: 16. Longest: 18 + 16.
-    assert result.longest == 34
+    # that got as far as the compare-and-set makes 15, fails it, reads the row once (did its own
+    # write land, its answer lost? ``store.landed``: no) and the state once more for its
+    # message: 17. Longest: 18 + 17.
+    assert result.longest == 35
     # Bound 1: the 2 serial orders, plus, for either operator first, a switch after any of its
     # first 17 calls (then the other runs to its end, then the first finishes: forced): 2 + 2 * 17.
     assert result.schedules == 36 and result.sampled == 20

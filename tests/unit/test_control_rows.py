@@ -80,3 +80,17 @@ def test_each_writer_has_its_own_partitions():
     mine = {records.migration_pk("m"), records.heartbeat_pk("m"), records.table_lock_pk("m"),
             *(records.jobs_pk("m", j) for j in ("backfill", "verify", "cleanup"))}
     assert len(mine) == 6
+
+
+def test_carries_tells_a_writers_own_landed_write():
+    """``core/wire.carries``: what a conditional write set, found in the row after its resend
+    failed. Numbers by value (DynamoDB normalises ``1700000000.0`` to ``1700000000``); any other
+    value, or a missing attribute, is another writer's row; None: a delete's effect."""
+    from reshard.core.wire import N, S, carries
+    row = {"pk": S("M#x"), "phase_version": {"N": "7"}, "updated_at": {"N": "1700000000"}, "updated_by": S("a@h")}
+    assert carries(row, {"phase_version": N(7), "updated_at": N(1700000000.0), "updated_by": S("a@h")})
+    assert not carries(row, {"phase_version": N(7), "updated_at": N(1700000000.5)})
+    assert not carries(row, {"updated_by": S("b@h")})
+    assert not carries(row, {"last_action": S("advance")})
+    assert not carries(row, {"updated_by": N(1)}) and not carries(row, {"phase_version": S("7")})
+    assert carries(None, None) and not carries(row, None) and not carries(None, {"pk": S("M#x")})
