@@ -279,8 +279,12 @@ def _make_page(ctx: JobContext):
 
 def _finish(ctx: JobContext, result: RunResult) -> None:
     if ctx.state.phase is Phase.ABORTED:
-        # retire checks again that no backfill/repair worker can still write a copy.
-        retire(ctx.store, ctx.state.id, lease_wait=ctx.options.lease_wait, dynamo=ctx.dynamo)
+        # retire checks again that no backfill/repair worker can still write a copy. Its marker
+        # give-back is not one of the job's data writes: sent dated by the job's facts, it was
+        # refused (FactExpired) once mark_retired had bumped the phase version, leaving the
+        # marker and the table lock behind (f25 saw it under load; a window of H/3 in production).
+        retire(ctx.store, ctx.state.id, lease_wait=ctx.options.lease_wait,
+               dynamo=getattr(ctx.dynamo, "undated", ctx.dynamo))
 
 
 #: ``reshard cleanup``: a fresh pass per phase; retires an aborted migration when done.

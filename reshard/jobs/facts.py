@@ -223,6 +223,13 @@ class DatedWrites:
     def __getattr__(self, name: str):
         return getattr(self._dynamo, name)
 
+    @property
+    def undated(self) -> Dynamo:
+        """The client itself: for a write that obeys no fact of the job (the retire's marker
+        give-back, conditional on the marker naming the retired migration: safe whenever it
+        lands), which the job's facts would refuse once the retire moved the phase version."""
+        return self._dynamo
+
     def call(self, operation: str, **kwargs):
         if operation in WRITE_OPERATIONS and "horizon" not in kwargs and (
                 kwargs.get("TableName") == self._table or self._table in kwargs.get("RequestItems", {})):

@@ -132,3 +132,31 @@ def test_a_duplicated_batch_writer_flush_never_undoes_a_later_put(proxy, unique_
     finally:
         a.close()
         b.close()
+
+
+def test_the_aborts_retire_gives_the_marker_back_whatever_the_jobs_facts_say(proxy, unique_name, monkeypatch):
+    """The abort's cleanup ends in the retire, which bumps the phase version (``mark_retired``)
+    and then gives the table marker back. That give-back is a write to the data table; sent
+    through the job's dated client, it asked the job's facts for a date, and a facts read after
+    the bump (due whenever the fact is ``H/3`` old) stops the job for good: ``FactExpired``,
+    the marker and the table lock left behind, every shim of the table refusing. Forced: every
+    date the job asks for reads META afresh."""
+    from reshard.control import marker as markers
+    from reshard.core.marker import owner_of
+    from reshard.jobs import facts as facts_module
+
+    real = facts_module.JobFacts.horizon
+
+    def always_fresh(self):
+        self._fact_mono = -1e18  # the fact is old: the next date reads META first
+        return real(self)
+    monkeypatch.setattr(facts_module.JobFacts, "horizon", always_fresh)
+    run = _run(proxy, unique_name)
+    _move(run, "aborted")
+    key = markers.key_for(run.dynamo.describe_table(run.migration.table))
+    assert owner_of(markers.read(run.dynamo, run.migration.table, key)).migration_id == run.migration.id
+    result = run_job(CLEANUP, run.dynamo, run.store, run.migration.id, JobOptions(segments=1, workers=1))
+    assert result.done, result
+    assert run.store.load_state(run.migration.id).retired
+    owner = owner_of(markers.read(run.dynamo, run.migration.table, key))
+    assert owner is None or owner.migration_id != run.migration.id, f"the marker still names the retired migration: {owner}"
