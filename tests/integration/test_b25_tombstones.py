@@ -28,9 +28,6 @@ def _next(m1, suffix: str = "next"):
 
 
 # ------------------------------------------------------------------ 1. doctor after a retired next migration
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="b25: doctor calls a complete migration's fresh tombstones leftovers once a newer "
-                          "migration of the table was retired, and deletes them with no hold")
 def test_b25_doctor_deletes_a_complete_migrations_tombstone_after_a_next_migration_was_retired(proxy, unique_name):
     """M1 is ``complete``; its application still runs M1's file (its shims write versioned
     tombstones: ``complete`` is fenced since p25). M2 (the next migration of the table) is started
@@ -76,9 +73,6 @@ def test_b25_doctor_deletes_a_complete_migrations_tombstone_after_a_next_migrati
 
 
 # ------------------------------------------------------------------ 2. a retired next migration's sweep
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="b25: a retired next migration's second sweep deletes the restored owner's fresh "
-                          "tombstones after a hold of its own (shorter) horizon, not the owner's")
 def test_b25_a_retired_next_migrations_sweep_deletes_the_restored_owners_tombstone_too_soon(proxy, unique_name):
     """M1 (H = 30 s, enforced) is ``complete``; its application still runs M1's file. M2, the next
     migration of the table, is started with ``--request-horizon 4``, aborted, and its abort's
