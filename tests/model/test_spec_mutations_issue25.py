@@ -392,6 +392,10 @@ def test_start_without_the_previous_horizon_across_an_abort(monkeypatch):
     assert "resurrection" in found
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="defence in depth since b25's fix: the abort's cleanup holds a tombstone's removal for the "
+                          "longest writer's horizon (its previous_horizon, 60 s) too, so A's held put has expired "
+                          "before B's tombstone goes; the planned-side wait alone is no longer what stops it here")
 def test_planned_not_lasting_the_previous_horizon_across_an_abort(monkeypatch):
     """The same on the transition's side (``horizon_for`` ignores ``previous_horizon``; an abort
     out of ``planned`` is a transition out of it like an advance)."""
