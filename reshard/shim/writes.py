@@ -567,7 +567,7 @@ class WriteProtocol:
         # again after a lost answer: one consistent read decides (below).
         # Without a version (the steady state) nothing could tell our attempt from another
         # writer's: boto3's behaviour, a retry, stays.
-        unsafe = bool(version) and (update or bool(app_condition))
+        unsafe = bool(version) and guarded
         unknown = False  # an earlier attempt's outcome is unknown (it may land, or have landed)
         for _ in range(MAX_FENCE_RETRIES + 1):
             names: dict = {}
