@@ -155,8 +155,10 @@ def test_two_processes_split_the_segments(dynalite, dynalite_server, unique_name
     m, mapper, store = setup_migration(dynalite, kind, unique_name, control=control, mid=unique_name)
     shim = Shim(dynalite, mapper, m.table)
     _seed(dynalite, shim, kind, 2000)
+    # A budget (shared by the run's processes) keeps the copy going for seconds: without it the
+    # first process could finish every segment before the second one had even started (CI saw it).
     cmd = _cli(dynalite_server.endpoint, control, "--output", "json", "backfill", m.id, "--segments",
-               str(segments), "--workers", "2", "--page-size", "50")
+               str(segments), "--workers", "2", "--page-size", "50", "--max-wcu", "200")
     procs = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
